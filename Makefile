@@ -1,0 +1,55 @@
+# Every target sets itself up on a fresh machine: the venv, torch (the CPU build on local disk,
+# installed first so nothing pulls a CUDA build), DeepSpeed (built against that torch), hpctrain.
+PY      ?= python3.11
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.installed-stamp
+PYTEST  := $(BIN)/python -m pytest
+export OMP_NUM_THREADS ?= 1
+export DS_ACCELERATOR ?= cpu
+export DS_BUILD_OPS ?= 0
+
+.PHONY: venv demo test test-fast test-slurm cluster-up cluster-down bench bench-quick wheel clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q --no-build-isolation 'deepspeed==0.19.8'
+	$(BIN)/pip install -q -e '.[test,deepspeed]'
+	touch $@
+
+demo: $(STAMP)
+	$(BIN)/hpctrain submit --profile local --name demo --nodes 2 --gpus 1 --wait --replace-finished -- --max-steps 60
+
+# The live Slurm tests need root (CI runs as root). The cluster is stopped whatever happens.
+test: $(STAMP)
+	bash tests/slurm/cluster.sh up
+	$(PYTEST) -q -x --durations=15 tests; rc=$$?; bash tests/slurm/cluster.sh down; exit $$rc
+
+test-fast: $(STAMP)
+	$(PYTEST) -q -m "not slurm and not slow" tests
+
+test-slurm: $(STAMP)
+	bash tests/slurm/cluster.sh up
+	$(PYTEST) -q -m slurm --durations=0 tests; rc=$$?; bash tests/slurm/cluster.sh down; exit $$rc
+
+cluster-up:
+	bash tests/slurm/cluster.sh up
+
+cluster-down:
+	bash tests/slurm/cluster.sh down
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/run.py
+
+bench-quick: $(STAMP)
+	$(BIN)/python benchmarks/run.py --quick
+
+wheel: $(STAMP)
+	$(BIN)/python -m build --wheel --no-isolation --outdir dist .
+
+clean:
+	rm -rf $(VENV) dist build runs .pytest_cache

@@ -1,0 +1,75 @@
+"""The `hpctrain` command. Thin: each subcommand lives in its own module and is imported only
+when it runs, so `hpctrain --help` and the render/submit/status paths never import torch."""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+from hpctrain import __version__
+
+# name -> "module:attribute"; one source of truth for the command list.
+COMMANDS: dict[str, str] = {
+    "profiles": "hpctrain.cli.profiles:profiles",
+    "render": "hpctrain.cli.jobs:render",
+    "submit": "hpctrain.cli.jobs:submit",
+    "status": "hpctrain.cli.jobs:status",
+    "logs": "hpctrain.cli.jobs:logs",
+    "cancel": "hpctrain.cli.jobs:cancel",
+    "runs": "hpctrain.cli.jobs:runs",
+    "resume": "hpctrain.cli.resume:resume",
+    "preempt": "hpctrain.cli.resume:preempt",
+    "check-resume": "hpctrain.cli.resume:check_resume",
+    "plan": "hpctrain.cli.plan:plan",
+    "doctor": "hpctrain.cli.doctor:doctor",
+}
+
+SHORT_HELP: dict[str, str] = {
+    "profiles": "List, show, validate and publish site profiles.",
+    "render": "Print the sbatch script that submit would hand to the scheduler.",
+    "submit": "Submit a training run (Slurm, or this machine with the local profile).",
+    "status": "Show the state of one run or of all runs.",
+    "logs": "Show a run's logs, per node or rank.",
+    "cancel": "Cancel a run's current job.",
+    "runs": "List runs in a table.",
+    "resume": "Resubmit a stopped run from its newest verified checkpoint.",
+    "preempt": "Send a run the profile's preemption signal, as the scheduler would.",
+    "check-resume": "Prove that interrupting and resuming your config is bit-exact.",
+    "plan": "Estimate memory per GPU and pick a strategy before submitting.",
+    "doctor": "Check the network, ports, GPUs and collectives on the allocated nodes.",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        target = COMMANDS.get(name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            return None
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Short help without importing every command module.
+        rows = [(name, SHORT_HELP.get(name, "")) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="hpctrain")
+def main() -> None:
+    """Train on N nodes x G GPUs of your cluster, right the first time, surviving preemption.
+
+    \b
+    Example:
+      hpctrain submit --nodes 2 --gpus 8 --profile mycluster --name gpt-small
+      hpctrain status gpt-small
+      hpctrain resume gpt-small
+    """
