@@ -1,0 +1,435 @@
+"""Atomic, verified checkpoints for DDP, FSDP2 (torch.distributed.checkpoint) and DeepSpeed (its engine).
+
+One save, whatever the strategy:
+  1. every rank writes into checkpoints/.staging-step-<N>/: the weights and optimizer (DCP shards, or
+     the DeepSpeed engine's files), rng/rank-<R>.json (this rank's generators), and rank 0 writes
+     train_state.json (step, epoch, micro-step, data position, scheduler, scaler) and config.json;
+  2. rank 0, once every rank's files are on disk: fsyncs them, writes MANIFEST.json last (every file
+     with size and sha256, world size, strategy, step, torch version), renames the folder to
+     checkpoints/step-<8 digits>, then replaces checkpoints/latest (temp file + rename), then prunes.
+A folder named step-<N> therefore always has a manifest; a crash leaves at most a .staging-* folder.
+
+Load: the newest step-<N> whose manifest verifies (sizes and checksums). A truncated or corrupted one
+is reported (one warning line naming it and why) and skipped; nothing is deleted because of it.
+
+This module imports torch only inside the Checkpointer, so the CLI can read manifests without it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from hpctrain.errors import UserError
+
+STEP_RE = re.compile(r"^step-(\d{8})$")
+MANIFEST = "MANIFEST.json"
+LATEST = "latest"
+FORMAT = 1
+DCP_STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = (*DCP_STRATEGIES, "deepspeed")
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+# ---------------------------------------------------------------- files and manifests (no torch)
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a rename is durable only once its directory is synced)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace `path` with `text`: temp file in the same folder, fsync, rename, fsync the folder."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+
+
+def list_files(folder: Path) -> list[str]:
+    """Every regular file under `folder` (relative POSIX paths, sorted), the manifest excluded."""
+    out = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            rel = (Path(root) / name).relative_to(folder).as_posix()
+            if rel != MANIFEST:
+                out.append(rel)
+    return sorted(out)
+
+
+def verify(folder: Path) -> tuple[dict | None, str | None]:
+    """(manifest, None) when every file the manifest lists has its size and checksum, else (None, why)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None, f"no {MANIFEST} (the save did not finish)"
+    except (OSError, ValueError) as exc:
+        return None, f"unreadable {MANIFEST}: {exc}"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        return None, f"{MANIFEST} lists no files"
+    for rel, entry in sorted(files.items()):
+        path = folder / rel
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            return None, f"{rel} is missing"
+        if size != entry["size"]:
+            return None, f"{rel} is {size} bytes, the manifest says {entry['size']} (truncated?)"
+        if sha256_file(path) != entry["sha256"]:
+            return None, f"{rel} does not match its sha256 checksum (corrupted)"
+    return manifest, None
+
+
+def step_folders(ckpt_dir: Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every step-<N> folder, newest first."""
+    if not ckpt_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := STEP_RE.match(p.name))]
+    return sorted(found, reverse=True)
+
+
+def newest_verified(ckpt_dir: Path, warn: Callable[[str], None] | None = None
+                    ) -> tuple[Path, dict] | None:
+    """The newest checkpoint whose manifest verifies; every one skipped on the way is reported."""
+    for _, folder in step_folders(ckpt_dir):
+        manifest, why = verify(folder)
+        if manifest is not None:
+            return folder, manifest
+        if warn:
+            warn(f"checkpoint {folder} skipped: {why}; it is left in place")
+    return None
+
+
+def _stderr(msg: str) -> None:
+    print(f"[hpctrain checkpoint] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- the checkpointer
+@dataclass
+class _Pending:
+    """An async save in flight: DCP's future, and rank 0's commit thread that follows it."""
+    future: Any
+    staging: Path
+    step: int
+    started: float
+    committer: threading.Thread | None = None
+    error: BaseException | None = None
+
+
+class _AppState:
+    """DCP Stateful holder: model + optimizer through get/set_state_dict (FQNs without wrappers)."""
+
+    def __init__(self, model: Any, optimizer: Any) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def state_dict(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model)}
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {"model": model_sd, "optim": optim_sd}
+
+    def load_state_dict(self, sd: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+        if self.optimizer is None:
+            set_model_state_dict(self.model, sd["model"])
+        else:
+            set_state_dict(self.model, self.optimizer, model_state_dict=sd["model"],
+                           optim_state_dict=sd["optim"])
+
+
+class Checkpointer:
+    """Saves and loads TrainState atomically; see the module docstring and docs/checkpoint-resume.md.
+
+    Every method is called by every rank at the same point of the loop (they are collectives).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, *, strategy: str, every_steps: int | None = None,
+                 every_minutes: float | None = None, keep: int = 2, async_save: bool = False,
+                 log: Callable[[str], None] | None = None) -> None:
+        if strategy not in STRATEGIES:
+            raise UserError(f"checkpoint: unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}")
+        if keep < 2:
+            raise UserError(f"checkpoint.keep is {keep}: keep at least 2 (the newest may be half "
+                            "written when the job is killed); set checkpoint.keep: 2")
+        self.dir = Path(run_dir).resolve() / "checkpoints"
+        self.strategy = strategy
+        self.every_steps = every_steps or None
+        self.every_minutes = every_minutes or None
+        self.keep = keep
+        self.async_save = bool(async_save) and strategy in DCP_STRATEGIES  # DeepSpeed saves sync
+        self._log = log or _stderr
+        self._last_time = time.monotonic()
+        self._last_step: int | None = None
+        self._pending: _Pending | None = None
+        self._async_group: Any = None
+        self.timings: list[dict] = []   # per save: step, blocked_s (training time lost), total_s
+
+    # ------------------------------------------------------------ helpers
+    @staticmethod
+    def _dist() -> tuple[Any, int, int]:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist, dist.get_rank(), dist.get_world_size()
+        return None, 0, 1
+
+    def _barrier(self) -> None:
+        dist, _, _ = self._dist()
+        if dist is not None:
+            dist.barrier()
+
+    def _broadcast(self, obj: Any) -> Any:
+        dist, _, _ = self._dist()
+        if dist is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _any_rank(self, flag: bool) -> bool:
+        dist, _, _ = self._dist()
+        if dist is None:
+            return flag
+        import torch
+
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def _warn(self, msg: str) -> None:
+        if self._dist()[1] == 0:
+            self._log(f"WARNING: {msg}")
+
+    # ------------------------------------------------------------ load
+    def load_latest(self, state: Any) -> int | None:
+        """Restore `state` in place from the newest verified checkpoint; the step, or None if none."""
+        from train_entry import state as st
+
+        _, rank, world = self._dist()
+        choice = None
+        if rank == 0:
+            found = newest_verified(self.dir, warn=self._warn)
+            choice = (str(found[0]), found[1]) if found else None
+        choice = self._broadcast(choice)
+        if choice is None:
+            return None
+        folder, manifest = Path(choice[0]), choice[1]
+        self._check_compatible(folder, manifest, world)
+        started = time.monotonic()
+        if self.strategy == "deepspeed":
+            load_path, _ = state.model.load_checkpoint(str(self.dir), tag=folder.name,
+                                                       load_optimizer_states=True,
+                                                       load_lr_scheduler_states=True)
+            if load_path is None:
+                raise UserError(f"DeepSpeed could not load {folder}")
+        else:
+            import torch.distributed.checkpoint as dcp
+
+            dcp.load({"app": _AppState(state.model, state.optimizer)}, checkpoint_id=str(folder))
+        state.load_loop_state(st.loads((folder / "train_state.json").read_text()))
+        rng_file = folder / "rng" / f"rank-{rank:05d}.json"
+        if rng_file.exists():
+            st.restore_rng(st.loads(rng_file.read_text()))
+        else:
+            self._log(f"rank {rank}: {folder} has no RNG state for this rank (saved with "
+                      f"{manifest['world_size']} ranks); its generators keep their seeded state")
+        self._last_step, self._last_time = state.step, time.monotonic()
+        if rank == 0:
+            self._log(f"resumed from {folder} (step {state.step}, saved by {manifest['world_size']} "
+                      f"ranks, loaded by {world}) in {time.monotonic() - started:.2f}s")
+        return state.step
+
+    def _check_compatible(self, folder: Path, manifest: dict, world: int) -> None:
+        saved = manifest.get("strategy")
+        if (saved == "deepspeed") != (self.strategy == "deepspeed"):
+            raise UserError(
+                f"{folder} was saved by strategy {saved!r} and this run uses {self.strategy!r}: "
+                "DDP and FSDP checkpoints load into each other, DeepSpeed ones only into DeepSpeed. "
+                f"Resume with --strategy {saved}, or start a new run (another --name).")
+        if saved == "deepspeed" and manifest.get("world_size") != world:
+            raise UserError(
+                f"{folder} was saved by DeepSpeed with {manifest.get('world_size')} ranks and this run "
+                f"has {world}: DeepSpeed checkpoints load only at the same world size. Resume with the "
+                "same nodes x GPUs; or convert: ZeRO stage 3 via deepspeed.checkpoint.ds_to_universal "
+                "and \"checkpoint\": {\"load_universal\": true}; any stage to plain weights via "
+                "zero_to_fp32.py (weights only, the optimizer restarts). See docs/checkpoint-resume.md.")
+
+    # ------------------------------------------------------------ save
+    def maybe_save(self, state: Any, *, last: bool = False) -> bool:
+        """Save if a trigger fires (every N steps, every T minutes agreed across ranks, or `last`)."""
+        due = last or bool(self.every_steps and state.step % self.every_steps == 0)
+        if not due and self.every_minutes:
+            # Clocks differ per rank: any rank past the interval makes every rank save this step.
+            due = self._any_rank(time.monotonic() - self._last_time >= self.every_minutes * 60)
+        if not due or state.step == self._last_step:
+            return False
+        self.save(state, sync=not self.async_save)
+        return True
+
+    def save(self, state: Any, *, sync: bool = True) -> Path:
+        """Write a checkpoint of `state`. sync=False (DCP only) returns once the tensors are staged;
+        the write and the commit finish in the background and `wait()` waits for them."""
+        self.wait()   # one save at a time: the previous one is committed before this starts
+        dist, rank, world = self._dist()
+        t0 = time.monotonic()
+        name = step_name(state.step)
+        final, staging = self.dir / name, self.dir / f".staging-{name}"
+        if rank == 0:
+            self._prepare(final, staging)
+        self._barrier()
+        self._write_side_files(state, staging, rank, world)
+
+        if self.strategy == "deepspeed":
+            state.model.save_checkpoint(str(self.dir), tag=staging.name, client_state={},
+                                        save_latest=False)
+            sync = True
+        else:
+            import torch.distributed.checkpoint as dcp
+
+            holder = {"app": _AppState(state.model, state.optimizer)}
+            if not sync:
+                if dist is not None and self._async_group is None:
+                    # The background write runs collectives; keep them off the training group.
+                    self._async_group = dist.new_group(backend="gloo")
+                future = dcp.async_save(holder, checkpoint_id=str(staging),
+                                        process_group=self._async_group)
+                pending = _Pending(future, staging, state.step, t0)
+                if rank == 0:
+                    pending.committer = threading.Thread(
+                        target=self._commit_after, args=(pending, world), daemon=True,
+                        name=f"hpctrain-commit-{name}")
+                    pending.committer.start()
+                self._pending = pending
+                self._last_step, self._last_time = state.step, time.monotonic()
+                self.timings.append({"step": state.step, "async": True,
+                                     "blocked_s": time.monotonic() - t0})
+                return final
+            dcp.save(holder, checkpoint_id=str(staging))
+
+        self._barrier()          # every rank's files are written (DCP/DeepSpeed fsync their own)
+        if rank == 0:
+            self._commit(staging, final, state.step, world)
+        self._barrier()          # nobody goes on (or exits 75) before the checkpoint is committed
+        self._last_step, self._last_time = state.step, time.monotonic()
+        took = time.monotonic() - t0
+        self.timings.append({"step": state.step, "async": False, "blocked_s": took, "total_s": took})
+        return final
+
+    def wait(self) -> None:
+        """Block until the pending async save is written and committed (on every rank)."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        t0 = time.monotonic()
+        pending.future.result()
+        if pending.committer is not None:
+            pending.committer.join()
+        self._barrier()
+        if self.timings and self.timings[-1]["step"] == pending.step:
+            self.timings[-1]["total_s"] = time.monotonic() - pending.started
+            self.timings[-1]["wait_blocked_s"] = time.monotonic() - t0
+        if pending.error is not None:
+            raise RuntimeError(f"async checkpoint of step {pending.step} failed: {pending.error}")
+
+    # ------------------------------------------------------------ the steps of a save
+    def _prepare(self, final: Path, staging: Path) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if staging.exists():
+            # A save killed half way: never a checkpoint (no manifest, never renamed). Reuse the name.
+            self._log(f"removing {staging}: an earlier save of this step did not finish")
+            shutil.rmtree(staging)
+        if final.exists():
+            # Only reachable when that folder did not verify at load (else we would have resumed
+            # from it): keep it for inspection under another name, never delete it.
+            aside = final.with_name(f"{final.name}.unverified-{time.time_ns()}")
+            self._warn(f"{final} exists but was not resumed from; moved to {aside.name}")
+            os.rename(final, aside)
+        (staging / "rng").mkdir(parents=True)
+        fsync_path(self.dir)
+
+    def _write_side_files(self, state: Any, staging: Path, rank: int, world: int) -> None:
+        from train_entry import state as st
+
+        _write_synced(staging / "rng" / f"rank-{rank:05d}.json", st.dumps(st.capture_rng()))
+        if rank == 0:
+            loop = state.loop_state() | {"world_size": world, "strategy": self.strategy}
+            _write_synced(staging / "train_state.json", st.dumps(loop))
+            _write_synced(staging / "config.json",
+                          json.dumps(state.config, indent=1, sort_keys=True, default=str))
+
+    def _commit_after(self, pending: _Pending, world: int) -> None:
+        try:
+            pending.future.result()
+            self._commit(pending.staging, self.dir / pending.staging.name.removeprefix(".staging-"),
+                         pending.step, world)
+        except BaseException as exc:  # reported by wait() on the main thread
+            pending.error = exc
+
+    def _commit(self, staging: Path, final: Path, step: int, world: int) -> None:
+        """Rank 0: checksum and fsync every file, manifest last, rename, move `latest`, prune."""
+        import torch
+
+        files = {}
+        for rel in list_files(staging):
+            path = staging / rel
+            fsync_path(path)
+            files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+        for root, _, _ in os.walk(staging):
+            fsync_path(Path(root))
+        manifest = {"format": FORMAT, "step": step, "strategy": self.strategy, "world_size": world,
+                    "torch": torch.__version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "files": files}
+        _write_synced(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+        fsync_path(staging)
+        os.rename(staging, final)
+        fsync_path(self.dir)
+        write_atomic(self.dir / LATEST, final.name + "\n")
+        self._prune(step)
+
+    def _prune(self, newest: int) -> None:
+        """Drop the oldest step folders beyond `keep`, only after a newer one was committed."""
+        kept = 0
+        for step, folder in step_folders(self.dir):
+            if step > newest or not (folder / MANIFEST).exists():
+                continue
+            kept += 1
+            if kept > self.keep:
+                shutil.rmtree(folder)
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())

@@ -1,0 +1,77 @@
+"""The stop flag: raised by a signal or by the batch shell's flag file, agreed by all ranks.
+
+torchrun forwards only INT/TERM/HUP/QUIT to its workers, so Slurm's warning signal (USR2) reaches
+the batch shell only; its trap touches $HPCTRAIN_STOP_FILE, which every rank polls at each step
+boundary. A signal that does reach a rank (SIGTERM from torchrun, a direct kill -USR2) sets the same
+flag. The handlers only set a flag: saving happens in the training loop, at a step boundary, after
+`agreed()` made every rank see the same answer (an all-reduce MAX), so all ranks save the same step.
+
+For tests and `hpctrain check-resume`, HPCTRAIN_STOP_AT_STEP=N raises the flag once N optimizer
+steps are done (pass `step=` to `agreed`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+PREEMPTED_EXIT = 75
+DEFAULT_SIGNALS = ("SIGUSR2", "SIGUSR1", "SIGTERM")
+
+
+class StopFlag:
+    """`install()` once per process, then `agreed(device, step=...)` at every step boundary."""
+
+    def __init__(self, signals: tuple[str, ...] | list[str] = DEFAULT_SIGNALS,
+                 stop_file: str | os.PathLike | None = None,
+                 stop_at_step: int | None = None) -> None:
+        self.signals = tuple(s if s.startswith("SIG") else f"SIG{s}" for s in signals)
+        env_file = os.environ.get("HPCTRAIN_STOP_FILE")
+        self.stop_file = Path(stop_file) if stop_file else (Path(env_file) if env_file else None)
+        env_step = os.environ.get("HPCTRAIN_STOP_AT_STEP")
+        self.stop_at_step = stop_at_step if stop_at_step is not None else (
+            int(env_step) if env_step else None)
+        self.reason: str | None = None
+        self._raised = False
+
+    def install(self) -> "StopFlag":
+        """Install the handlers (main thread only; elsewhere the flag file still works)."""
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for name in self.signals:
+            signal.signal(getattr(signal, name), self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        # A handler must not save or do collectives: it may interrupt one. Set the flag only.
+        self._raised = True
+        self.reason = self.reason or signal.Signals(signum).name
+
+    def raise_(self, reason: str) -> None:
+        self._raised = True
+        self.reason = self.reason or reason
+
+    def local(self, step: int | None = None) -> bool:
+        """This rank's view: a signal arrived, the flag file exists, or the test step is reached."""
+        if not self._raised and self.stop_file is not None and self.stop_file.exists():
+            self.raise_(f"stop file {self.stop_file}")
+        if (not self._raised and self.stop_at_step is not None and step is not None
+                and step >= self.stop_at_step):
+            self.raise_(f"HPCTRAIN_STOP_AT_STEP={self.stop_at_step}")
+        return self._raised
+
+    def agreed(self, device: torch.device | str = "cpu", step: int | None = None) -> bool:
+        """True on every rank when any rank wants to stop. A collective: every rank calls it."""
+        mine = self.local(step)
+        if not (dist.is_available() and dist.is_initialized()):
+            return mine
+        flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() and not self._raised:
+            self.raise_("another rank")
+        return bool(flag.item())
