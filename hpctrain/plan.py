@@ -1,0 +1,450 @@
+"""Per-GPU memory model and strategy choice: the guides' decision tree and out-of-memory ladder.
+
+Pure Python: torch is imported only to count a `--model` factory's parameters on the meta device.
+
+What each strategy holds per rank, for P parameters, N data-parallel ranks, w bytes per element of
+the training dtype (4 fp32, 2 bf16/fp16) and k optimizer bytes per parameter (AdamW 8, SGD with
+momentum 4, plain SGD 0). These are what the implementations hold, measured (tests/test_plan_memory.py),
+not the ZeRO paper's idealised figures:
+
+| name | params | grads | optimizer (+ fp32 master) |
+|---|---|---|---|
+| ddp (torch autocast keeps fp32 params) | 4P | 4P | kP |
+| fsdp (FSDP2 shards stay fp32; MixedPrecisionPolicy casts per unit) | 4P/N | 4P/N | kP/N |
+| zero1, zero2 (DeepSpeed reduces grads into the owner's partition at a boundary) | wP | wP/N | (k+4)P/N |
+| zero3 | wP/N | wP/N | (k+4)P/N |
+
+DeepSpeed keeps its own fp32 master partition even in fp32 training (the "+4"). Offload variants move
+the optimizer (and fp32 grads) or also the parameters to host memory or NVMe.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hpctrain.errors import UserError
+
+GIB = 1024**3
+HEADROOM = 0.12              # allocator fragmentation, communication buckets, temporaries
+CUDA_CONTEXT_BYTES = 1 * GIB  # CUDA context + NCCL buffers, held before the first tensor
+PRECISIONS = ("fp32", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
+OPT_BYTES = {"adamw": 8, "sgd": 0, "sgd-momentum": 4}
+# Korthikanti et al. 2022, "Reducing Activation Recomputation": a transformer layer stores about
+# 34*s*b*h bytes of 16-bit activations with fused (flash) attention, i.e. 17 elements per s*b*h.
+ACT_ELEMS_PER_LAYER = 17
+DEFAULT_UNITS = 24  # wrapped units (layers) assumed for the gathered-parameter estimate without --layers
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to train: where the model state lives."""
+
+    name: str
+    strategy: str            # what train_entry runs: ddp | fsdp | deepspeed
+    zero_stage: int | None
+    offload: str             # none | optimizer | optimizer+params | nvme
+    about: str
+
+
+# The table's rows, in the order the decision tree reads them.
+LAYOUTS: tuple[Layout, ...] = (
+    Layout("ddp", "ddp", None, "none", "full replica on every GPU"),
+    Layout("zero1", "deepspeed", 1, "none", "optimizer state sharded"),
+    Layout("zero2", "deepspeed", 2, "none", "optimizer state and gradients sharded"),
+    Layout("zero2_offload", "deepspeed", 2, "optimizer", "ZeRO-2, optimizer and fp32 grads in host memory"),
+    Layout("fsdp", "fsdp", None, "none", "FSDP2 fully_shard: parameters, gradients, optimizer sharded"),
+    Layout("zero3", "deepspeed", 3, "none", "everything sharded (DeepSpeed)"),
+    Layout("zero3_offload", "deepspeed", 3, "optimizer", "ZeRO-3, optimizer and fp32 grads in host memory"),
+    Layout("fsdp_offload", "fsdp", None, "optimizer+params", "FSDP2 CPUOffloadPolicy: all state in host memory"),
+    Layout("zero3_offload_params", "deepspeed", 3, "optimizer+params", "ZeRO-3, all state in host memory"),
+    Layout("zero3_nvme", "deepspeed", 3, "nvme", "ZeRO-3, optimizer and parameters on NVMe"),
+)
+BY_NAME = {lay.name: lay for lay in LAYOUTS}
+# The out-of-memory ladder's strategy rungs (after batch -> mixed precision -> checkpointing).
+LADDER = ("ddp", "zero2", "fsdp", "zero3_offload", "zero3_offload_params", "zero3_nvme")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained and on what: everything the memory model needs."""
+
+    params: int
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    nodes: int = 1
+    gpus: int = 1                       # per node
+    gpu_mem_bytes: int = 80 * GIB
+    micro_batch: int | None = None
+    seq_len: int | None = None
+    hidden: int | None = None
+    layers: int | None = None
+    host_mem_bytes: int | None = None   # per node; None: not checked
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.gpus
+
+    @property
+    def has_activations(self) -> bool:
+        return None not in (self.micro_batch, self.seq_len, self.hidden, self.layers)
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.gpu_mem_bytes * (1 - HEADROOM)) - CUDA_CONTEXT_BYTES
+
+
+@dataclass
+class Estimate:
+    """Bytes one rank holds under one layout (GPU side unless named host)."""
+
+    name: str
+    strategy: str
+    zero_stage: int | None
+    offload: str
+    params_bytes: int
+    grads_bytes: int
+    optimizer_bytes: int
+    transient_bytes: int          # gathered parameters of the units in flight (sharded layouts)
+    activation_bytes_per_gpu: int | None
+    activation_bytes_per_gpu_checkpointed: int | None
+    host_bytes_per_node: int
+    fits: bool
+    fits_with_checkpointing: bool
+
+    @property
+    def model_state_bytes_per_gpu(self) -> int:
+        return self.params_bytes + self.grads_bytes + self.optimizer_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["model_state_bytes_per_gpu"] = self.model_state_bytes_per_gpu
+        return d
+
+
+def model_state(layout: Layout, *, params: int, world: int, precision: str,
+                optimizer: str) -> tuple[int, int, int, int]:
+    """(params, grads, optimizer, host) bytes per rank; host = what offload moves to host memory."""
+    if precision not in PRECISIONS:
+        raise UserError(f"precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if optimizer not in OPT_BYTES:
+        raise UserError(f"optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
+    P, N, k = params, world, OPT_BYTES[optimizer]
+    w = 4 if precision == "fp32" else 2
+
+    def shard(nbytes_per_param: int) -> int:
+        return math.ceil(P * nbytes_per_param / N)
+
+    if layout.strategy == "ddp":
+        return 4 * P, 4 * P, k * P, 0
+    if layout.strategy == "fsdp":
+        p, g, o = shard(4), shard(4), shard(k)
+        return (0, 0, 0, p + g + o) if layout.offload != "none" else (p, g, o, 0)
+    # DeepSpeed ZeRO
+    p = w * P if layout.zero_stage in (1, 2) else shard(w)
+    g, o = shard(w), shard(k + 4)
+    if layout.offload == "none":
+        return p, g, o, 0
+    host_opt = o + shard(4)            # fp32 master + states, and the fp32 gradient partition
+    if layout.offload == "optimizer":
+        return p, 0, 0, host_opt
+    if layout.offload == "optimizer+params":
+        return 0, 0, 0, host_opt + p
+    return 0, 0, 0, 0                  # nvme: staging buffers only
+
+
+def activation_bytes(wl: Workload, *, precision: str, micro_batch: int, checkpointed: bool) -> int | None:
+    """Activations of one micro-batch on one GPU (transformer layers, flash attention)."""
+    if not wl.has_activations:
+        return None
+    a = 4 if precision == "fp32" else 2
+    sbh = micro_batch * wl.seq_len * wl.hidden  # type: ignore[operator]
+    per_layer = ACT_ELEMS_PER_LAYER * sbh * a
+    if checkpointed:
+        # each layer's input is kept; one layer is recomputed at a time during backward
+        return wl.layers * sbh * a + per_layer  # type: ignore[operator]
+    return wl.layers * per_layer  # type: ignore[operator]
+
+
+def _transient(layout: Layout, wl: Workload, precision: str) -> int:
+    """Sharded layouts gather one wrapped unit (a layer) at a time and prefetch the next."""
+    if layout.strategy == "ddp" or layout.zero_stage in (1, 2):
+        return 0
+    w = 4 if precision == "fp32" else 2
+    unit = wl.params / (wl.layers or DEFAULT_UNITS)
+    return int(2 * unit * w)
+
+
+def estimate(layout: Layout, wl: Workload, *, precision: str | None = None,
+             micro_batch: int | None = None) -> Estimate:
+    precision = precision or wl.precision
+    mb = micro_batch or wl.micro_batch or 1
+    p, g, o, host = model_state(layout, params=wl.params, world=wl.world, precision=precision,
+                                optimizer=wl.optimizer)
+    tr = _transient(layout, wl, precision)
+    act = activation_bytes(wl, precision=precision, micro_batch=mb, checkpointed=False)
+    act_ck = activation_bytes(wl, precision=precision, micro_batch=mb, checkpointed=True)
+    host_ok = wl.host_mem_bytes is None or host * wl.gpus <= wl.host_mem_bytes * (1 - HEADROOM)
+    base = p + g + o + tr
+    return Estimate(
+        layout.name, layout.strategy, layout.zero_stage, layout.offload, p, g, o, tr, act, act_ck,
+        host * wl.gpus, host_ok and base + (act or 0) <= wl.usable_bytes,
+        host_ok and base + (act_ck or 0) <= wl.usable_bytes)
+
+
+@dataclass
+class Recommendation:
+    """What `hpctrain plan` and `submit --strategy auto` choose."""
+
+    name: str
+    strategy: str                     # ddp | fsdp | deepspeed
+    zero_stage: int | None
+    offload: str                      # none | optimizer | optimizer+params | nvme
+    precision: str
+    micro_batch: int | None
+    grad_accumulation: int            # keeps the asked global batch when micro_batch was reduced
+    activation_checkpointing: bool
+    reason: str
+    total_bytes_per_gpu: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+@dataclass
+class Plan:
+    workload: Workload
+    estimates: list[Estimate]
+    ladder: list[dict[str, Any]] = field(default_factory=list)
+    recommendation: Recommendation | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        wl = self.workload
+        rec = self.recommendation
+        return {
+            "inputs": {**asdict(wl), "world_size": wl.world},
+            "usable_bytes_per_gpu": wl.usable_bytes,
+            "headroom": HEADROOM,
+            "cuda_context_bytes": CUDA_CONTEXT_BYTES,
+            "strategies": [e.to_dict() for e in self.estimates],
+            "ladder": self.ladder,
+            "recommended": rec.name if rec else None,
+            "recommendation": asdict(rec) if rec else None,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+
+def gib(n: int | float | None) -> str:
+    return "-" if n is None else f"{n / GIB:.2f} GiB"
+
+
+def _levers(wl: Workload) -> list[tuple[str, str, int | None, bool]]:
+    """The ladder's activation rungs: (label, precision, micro_batch, checkpointing), cumulative."""
+    mb = wl.micro_batch
+    steps = [("as asked", wl.precision, mb, False)]
+    if not wl.has_activations:
+        return steps
+    prec = wl.precision
+    while mb is not None and mb > 1:
+        mb //= 2
+        steps.append((f"micro-batch {mb}", prec, mb, False))
+    if prec == "fp32":
+        prec = "bf16"
+        steps.append((f"micro-batch {mb}, bf16 mixed precision", prec, mb, False))
+    steps.append((f"micro-batch {mb}, {prec}, activation checkpointing", prec, mb, True))
+    return steps
+
+
+def make_plan(wl: Workload) -> Plan:
+    """Estimate every layout, then walk the ladder and keep the first rung that fits."""
+    if wl.params <= 0:
+        raise UserError("the model has no parameters: pass --params N (> 0) or a --model factory")
+    if wl.nodes < 1 or wl.gpus < 1:
+        raise UserError(f"--nodes {wl.nodes} --gpus {wl.gpus}: both must be at least 1")
+    if wl.usable_bytes <= 0:
+        raise UserError(f"{gib(wl.gpu_mem_bytes)} per GPU leaves nothing after the "
+                        f"{gib(CUDA_CONTEXT_BYTES)} CUDA context and {HEADROOM:.0%} headroom")
+    plan = Plan(wl, [estimate(lay, wl) for lay in LAYOUTS])
+    usable = wl.usable_bytes
+    ddp = estimate(BY_NAME["ddp"], wl)
+    for name in LADDER:
+        lay = BY_NAME[name]
+        e = estimate(lay, wl)
+        state = e.model_state_bytes_per_gpu + e.transient_bytes
+        if state > usable:   # no activation rung can help: go straight to the next strategy
+            plan.ladder.append({"name": name, "rung": "model state alone", "fits": False,
+                                "total_bytes_per_gpu": state,
+                                "why": f"{gib(state)} model state + gathered vs {gib(usable)} usable"})
+            continue
+        for label, prec, mb, ck in _levers(wl):
+            e = estimate(lay, wl, precision=prec, micro_batch=mb)
+            act = (e.activation_bytes_per_gpu_checkpointed if ck else e.activation_bytes_per_gpu) or 0
+            total = e.model_state_bytes_per_gpu + e.transient_bytes + act
+            fits = e.fits_with_checkpointing if ck else e.fits
+            why = (f"{gib(e.model_state_bytes_per_gpu)} model state + {gib(e.transient_bytes)} gathered "
+                   f"+ {gib(act)} activations = {gib(total)} vs {gib(usable)} usable")
+            if wl.host_mem_bytes is not None and e.host_bytes_per_node:
+                why += f"; host {gib(e.host_bytes_per_node)} per node of {gib(wl.host_mem_bytes)}"
+            plan.ladder.append({"name": name, "rung": label, "fits": fits, "total_bytes_per_gpu": total,
+                                "why": why})
+            if fits:
+                accum = max(1, (wl.micro_batch or 1) // (mb or 1))
+                plan.recommendation = Recommendation(
+                    name, lay.strategy, lay.zero_stage, lay.offload, prec, mb, accum, ck,
+                    _reason(name, label, why, ddp, wl, accum), total)
+                return plan
+    return plan
+
+
+def _reason(name: str, rung: str, why: str, ddp: Estimate, wl: Workload, accum: int) -> str:
+    n = wl.world
+    tree = {
+        "ddp": f"the model fits on one GPU, so DDP (fastest and simplest) across all {n} GPUs",
+        "zero2": f"DDP's replica does not fit ({gib(ddp.model_state_bytes_per_gpu)} model state); "
+                 f"ZeRO-2 shards gradients and optimizer state over {n} GPUs",
+        "fsdp": f"the model does not fit on one GPU but fits sharded over all {n} GPUs: "
+                "FSDP (PyTorch-native ZeRO-3)",
+        "zero3_offload": f"even fully sharded over {n} GPUs it does not fit: ZeRO-3 with the "
+                         "optimizer offloaded to host memory",
+        "zero3_offload_params": "ZeRO-3 with optimizer and parameters offloaded to host memory",
+        "zero3_nvme": "host memory is not enough either: ZeRO-3 with NVMe offload (slow; consider "
+                      "more GPUs or pipeline/tensor parallelism)",
+    }[name]
+    extra = "" if rung == "as asked" else f" after the ladder's earlier rungs ({rung})"
+    if accum > 1:
+        extra += f"; keep the global batch with gradient accumulation x{accum}"
+    return f"{tree}{extra}: {why}"
+
+
+def recommend(*, params: int | None = None, model: str | None = None, precision: str = "bf16",
+              optimizer: str = "adamw", nodes: int = 1, gpus: int = 1,
+              gpu_mem_gib: float | None = None, profile: str | None = None,
+              micro_batch: int | None = None, seq_len: int | None = None,
+              hidden: int | None = None, layers: int | None = None) -> Recommendation:
+    """The strategy for `hpctrain submit --strategy auto`.
+
+    Give the model as `params` (a count) or `model` ("pkg.mod:factory", built on the meta device),
+    the topology (`nodes` x `gpus` per node) and the GPU memory (`gpu_mem_gib`, else the profile's
+    `slurm.gpu_mem_gib`; a profile without GPUs plans for CPU workers sharing this machine's RAM).
+    Returns a Recommendation: `.strategy` (ddp|fsdp|deepspeed), `.zero_stage` (None, 1, 2, 3),
+    `.offload` (none|optimizer|optimizer+params|nvme), `.reason`, and `.to_json()` (write it to the
+    run folder's plan.json). Raises UserError (exit 2) when no option fits or an input is missing.
+
+        rec = recommend(params=124_000_000, nodes=2, gpus=8, profile="mycluster")
+        rec.strategy, rec.zero_stage  # ("ddp", None)
+    """
+    plan = make_plan(workload(params=params, model=model, precision=precision, optimizer=optimizer,
+                              nodes=nodes, gpus=gpus, gpu_mem_gib=gpu_mem_gib, profile=profile,
+                              micro_batch=micro_batch, seq_len=seq_len, hidden=hidden, layers=layers))
+    if plan.recommendation is None:
+        raise UserError(no_fit_message(plan))
+    return plan.recommendation
+
+
+def no_fit_message(plan: Plan) -> str:
+    wl = plan.workload
+    return (f"no strategy fits {wl.params:,} parameters on {wl.nodes} node(s) x {wl.gpus} GPU(s) of "
+            f"{gib(wl.gpu_mem_bytes)}: use more GPUs or nodes, a smaller model, or pipeline/tensor "
+            "parallelism (not provided by hpctrain)")
+
+
+def workload(*, params: int | None, model: str | None, precision: str, optimizer: str, nodes: int,
+             gpus: int, gpu_mem_gib: float | None, profile: str | None,
+             micro_batch: int | None = None, seq_len: int | None = None, hidden: int | None = None,
+             layers: int | None = None, host_mem_gib: float | None = None) -> Workload:
+    """Resolve the inputs (model size, GPU memory from the flag or the profile) into a Workload."""
+    if (params is None) == (model is None):
+        raise UserError("give exactly one of --params N or --model pkg.mod:factory")
+    if model is not None:
+        params = count_params(model)
+    mem = gpu_mem_gib
+    if mem is None and profile is not None:
+        mem, host = _profile_memory(profile, nodes=nodes, gpus=gpus)
+        host_mem_gib = host_mem_gib if host_mem_gib is not None else host
+    if mem is None:
+        raise UserError("GPU memory unknown: pass --gpu-mem-gib M, or a --profile whose "
+                        "slurm.gpu_mem_gib is set")
+    if mem <= 0:
+        raise UserError(f"--gpu-mem-gib {mem}: must be positive")
+    return Workload(int(params), precision, optimizer, nodes, gpus, int(mem * GIB), micro_batch,  # type: ignore[arg-type]
+                    seq_len, hidden, layers,
+                    None if host_mem_gib is None else int(host_mem_gib * GIB))
+
+
+def _profile_memory(name: str, *, nodes: int, gpus: int) -> tuple[float | None, float | None]:
+    """(GPU memory GiB, host memory GiB per node) from a profile. A profile without GPUs (local,
+    CPU workers) shares this machine's RAM between all its workers."""
+    from hpctrain.profiles import resolve
+
+    prof = resolve(name)
+    slurm = _get(prof, "slurm")
+    gpu_mem = _get(slurm, "gpu_mem_gib")
+    host = _parse_mem(_get(slurm, "mem"))
+    if gpu_mem is None and not (_get(slurm, "gpus_per_node") or 0):
+        ram = _meminfo_gib()
+        if ram:
+            return ram / max(1, nodes * gpus), ram
+    return gpu_mem, host
+
+
+def _get(obj: Any, key: str) -> Any:
+    """Attribute or mapping access: the resolved profile may be a model or a dict."""
+    for o in (obj, getattr(obj, "profile", None), getattr(obj, "values", None)):
+        if o is None:
+            continue
+        if isinstance(o, dict) and key in o:
+            return o[key]
+        if not isinstance(o, dict) and hasattr(o, key):
+            return getattr(o, key)
+    return None
+
+
+def _parse_mem(text: Any) -> float | None:
+    """Slurm --mem ("480G", "500000M", "0" = all) in GiB; None when unknown or "all"."""
+    if text in (None, "", "0", 0):
+        return None
+    s = str(text).strip().upper()
+    units = {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
+    try:
+        if s[-1] in units:
+            return float(s[:-1]) * units[s[-1]]
+        return float(s) / 1024  # Slurm's default unit is MiB
+    except ValueError:
+        return None
+
+
+def _meminfo_gib() -> float | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024**2
+    except OSError:
+        pass
+    return None
+
+
+def count_params(spec: str) -> int:
+    """Parameters of `pkg.mod:factory()` built on the meta device (no memory, no weights)."""
+    import importlib
+
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise UserError(f"--model {spec!r}: expected pkg.module:factory (a callable returning an "
+                        "nn.Module)")
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise UserError(f"--model {spec!r}: cannot import: {e}") from None
+    import torch
+
+    with torch.device("meta"):
+        model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(f"--model {spec!r}: the factory returned {type(model).__name__}, "
+                        "not a torch.nn.Module")
+    return sum(p.numel() for p in model.parameters())  # parameters() skips tied duplicates
