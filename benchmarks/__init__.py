@@ -1,0 +1,1 @@
+"""hpctrain benchmarks: see benchmarks/run.py."""

@@ -1,0 +1,150 @@
+"""Shared pieces of the benchmark harness: results, timing, launching torchrun, the machine.
+
+Every benchmark returns a list of `result(...)` dicts. A figure is always a ratio against a baseline
+measured in the same run (repetitions interleaved, medians taken); a piece that cannot be measured
+reports `not_measured(...)` with the reason instead of a number.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "benchmarks"
+BASELINES = BENCH / "baselines"
+PY = sys.executable
+
+
+class NotMeasured(Exception):
+    """A piece under measurement is missing or failed; the message says why."""
+
+
+def result(name: str, ratio: float | None, target: str, meets: bool | None, **details) -> dict:
+    """One row of the results file. `target` is text such as ">= 0.98"; `meets` is None for
+    figures that have no target (stated as measured)."""
+    if ratio is not None:
+        ratio = round(float(ratio), 4)
+    return {"name": name, "ratio": ratio, "target": target, "meets": meets, "details": details}
+
+
+def check(ratio: float, target: str) -> bool:
+    """Does `ratio` meet a target written as ">= x", "<= x", "< x" or "== x"?"""
+    op, value = target.split()
+    value = float(value)
+    return {">=": ratio >= value, "<=": ratio <= value, "<": ratio < value,
+            "==": ratio == value}[op]
+
+
+def measured(name: str, ratio: float, target: str, **details) -> dict:
+    return result(name, ratio, target, check(ratio, target), **details)
+
+
+def not_measured(name: str, target: str, reason: str) -> dict:
+    return result(name, None, target, False, not_measured=reason)
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def env(**extra: str) -> dict[str, str]:
+    """The environment every child gets: one thread per process (2 shared cores), DeepSpeed on
+    CPU with no C++ builds, the checkout importable."""
+    e = dict(os.environ)
+    e.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", DS_ACCELERATOR="cpu", DS_BUILD_OPS="0",
+             TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
+             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    # A run launched by a benchmark must not inherit the caller's run folder or stop flag.
+    for k in ("HPCTRAIN_RUN_DIR", "HPCTRAIN_STOP_FILE", "HPCTRAIN_RESTART_COUNT"):
+        e.pop(k, None)
+    e.update(extra)
+    return e
+
+
+def run(cmd: list[str], *, timeout: float, cwd: Path | None = None, check_rc: bool = True,
+        **extra_env: str) -> subprocess.CompletedProcess:
+    """Run a command, capture its output; a failure becomes NotMeasured with the output's tail."""
+    try:
+        p = subprocess.run(cmd, cwd=cwd or ROOT, env=env(**extra_env), capture_output=True,
+                           text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        raise NotMeasured(f"timed out after {timeout:.0f} s: {' '.join(map(str, cmd))}") from e
+    if check_rc and p.returncode != 0:
+        tail = (p.stdout + p.stderr).strip().splitlines()[-15:]
+        raise NotMeasured(f"exit {p.returncode}: {' '.join(map(str, cmd))}\n" + "\n".join(tail))
+    return p
+
+
+def torchrun(nproc: int = 2) -> list[str]:
+    """torchrun on this machine: --standalone picks a free port (never a fixed 29500)."""
+    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
+
+
+def steady_steps_per_s(times: list[float], warmup: int) -> float:
+    """Steps/s from per-step completion timestamps, skipping the first `warmup` steps so that
+    start-up (imports, rendezvous, first-step allocation) is excluded."""
+    if len(times) < warmup + 2:
+        raise NotMeasured(f"only {len(times)} step timestamps, need more than {warmup + 1}")
+    t = times[warmup:]
+    return (len(t) - 1) / (t[-1] - t[0])
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line:
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut by SIGKILL
+                pass
+    return rows
+
+
+def scratch(prefix: str) -> Path:
+    """A fresh folder on the same disk as the checkout (benchmarks/.work is git-ignored)."""
+    base = BENCH / ".work"
+    base.mkdir(exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import torch  # the harness process may import torch; only the CLI paths must not
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "not installed"
+    try:
+        load = os.getloadavg()[0]
+    except OSError:
+        load = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch_version,
+            "python": platform.python_version(), "os": platform.platform(),
+            "load_avg_1min_at_start": load}
+
+
+class Timer:
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.s = time.perf_counter() - self.t0

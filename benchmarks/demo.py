@@ -1,0 +1,133 @@
+"""The one place the baselines get their model, data, batch and optimizer: from train_entry itself.
+
+Both sides of a training benchmark read the same dotted overrides (the harness passes them to
+train_entry as flags and to the baselines in $BENCH_TRAIN_ARGS), resolve them with train_entry's
+own config loader and build the demo GPT and its data with train_entry's own factories, so the
+only difference measured is the loop around them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+def overrides() -> list[str]:
+    return json.loads(os.environ.get("BENCH_TRAIN_ARGS", "[]"))
+
+
+def no_deepspeed_builds() -> None:
+    """DeepSpeed would compile its shared-memory comm op at init (~30 s, needs a compiler); a plain
+    CPU user turns it off the same way train_entry does (see shared notes)."""
+    try:
+        from deepspeed import ops
+        ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    except (ImportError, AttributeError, TypeError):
+        pass
+
+
+@dataclass
+class Demo:
+    cfg: Any                      # train_entry's resolved TrainConfig
+    model: torch.nn.Module        # unwrapped, seeded as train_entry seeds it
+    dataset: Any
+    collate: Callable | None
+    micro_batch: int
+    accum: int
+    seed: int
+    clip: float | None
+
+    def loss(self, model, batch) -> torch.Tensor:
+        from train_entry.model import compute_loss  # the protocol: model(**batch) returns the loss
+        return compute_loss(model, batch)
+
+    def optimizer(self, params) -> torch.optim.Optimizer:
+        o = self.cfg.optim
+        if o.name == "sgd":
+            return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+        return torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
+                                 weight_decay=o.weight_decay)
+
+    def scheduler(self, opt):
+        """Linear warmup, then cosine/linear decay to min_lr_ratio, as the config says."""
+        s, total = self.cfg.schedule, self.cfg.train.max_steps
+
+        def factor(step: int) -> float:
+            if step < s.warmup_steps:
+                return (step + 1) / s.warmup_steps
+            if s.decay == "constant":
+                return 1.0
+            p = min(1.0, (step - s.warmup_steps) / max(1, total - s.warmup_steps))
+            shape = 0.5 * (1 + math.cos(math.pi * p)) if s.decay == "cosine" else 1 - p
+            return s.min_lr_ratio + (1 - s.min_lr_ratio) * shape
+
+        return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+    def blocks(self, model) -> list[torch.nn.Module]:
+        """The transformer blocks FSDP2 shards one by one (the FSDP2 tutorial's `model.layers`)."""
+        from train_entry.model import find_blocks
+        return find_blocks(model, self.cfg.fsdp.block_class)
+
+    def deepspeed_config(self) -> dict:
+        """DeepSpeed's getting-started config for the same batch, stage and clipping."""
+        t, ds = self.cfg.train, self.cfg.deepspeed
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        conf = {"train_batch_size": t.micro_batch * self.accum * world,
+                "train_micro_batch_size_per_gpu": t.micro_batch,
+                "gradient_accumulation_steps": self.accum,
+                "zero_optimization": {"stage": ds.zero_stage},
+                "zero_allow_untested_optimizer": True,
+                "steps_per_print": 10 ** 9}
+        if t.clip_grad_norm:
+            conf["gradient_clipping"] = t.clip_grad_norm
+        if t.precision == "bf16":
+            conf["bf16"] = {"enabled": True}
+        return conf
+
+
+def build() -> Demo:
+    """The demo model and data exactly as train_entry builds them for the same overrides."""
+    from train_entry import data as te_data
+    from train_entry import model as te_model
+    from train_entry.config import check_sizes, load_config
+
+    cfg = load_config(None, overrides())
+    accum = check_sizes(cfg)
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    model = te_model.build_model(cfg, rank=rank, world_size=world)  # seeds as train_entry does
+    dataset = te_data.build_dataset(cfg, rank=rank, world_size=world)
+    collate = None  # torch's default_collate, as train_entry's default
+    return Demo(cfg=cfg, model=model, dataset=dataset, collate=collate,
+                micro_batch=cfg.train.micro_batch, accum=accum, seed=cfg.train.seed,
+                clip=cfg.train.clip_grad_norm)
+
+
+def forever(loader, sampler=None):
+    """Batches over epochs, calling sampler.set_epoch as the guides do."""
+    epoch = 0
+    while True:
+        if sampler is not None:
+            sampler.set_epoch(epoch)
+        yield from loader
+        epoch += 1
+
+
+class StepClock:
+    """Rank 0 records the wall-clock completion time of every optimizer step."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def tick(self) -> None:
+        self.times.append(time.time())
+
+    def write(self, path: str) -> None:
+        if os.environ.get("RANK", "0") == "0":
+            with open(path, "w") as f:
+                json.dump({"step_times": self.times}, f)

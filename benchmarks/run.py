@@ -1,0 +1,132 @@
+"""Run hpctrain's benchmarks: every figure a ratio against a baseline measured beside it.
+
+    make bench                                   # everything, full repetitions
+    make bench-quick                             # the same, fewer repetitions (< 15 min on 2 cores)
+    .venv/bin/python benchmarks/run.py --only cli --only collective --quick
+    .venv/bin/python benchmarks/run.py --list
+
+Writes benchmarks/results/<YYYY-MM-DD>.json (a list of {"name", "ratio", "target", "meets",
+"details"}) and benchmarks/results/<YYYY-MM-DD>.md (a Markdown table with the machine), and prints
+each ratio and whether it meets its target. Each benchmark runs its baseline in the same run,
+repetitions interleaved, medians taken: never a comparison with numbers from another run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+# Import the benchmark modules as `benchmarks.<name>`: the script's own folder must not shadow
+# anything (it holds modules named like `checkpoint` and `cli`).
+if sys.path and Path(sys.path[0]).resolve() == HERE:
+    sys.path.pop(0)
+sys.path.insert(0, str(HERE.parent))
+
+from benchmarks import common  # noqa: E402
+
+# name -> module; the order is the order of the report.
+BENCHMARKS = {
+    "training": "benchmarks.training",        # 1 steps/s vs plain DDP / FSDP2 / DeepSpeed / Accelerate
+    "checkpoint": "benchmarks.checkpoint",    # 2 save bytes/s vs raw write+fsync, async blocking, load
+    "restart": "benchmarks.restart",          # 3 time to first resumed step
+    "preemption": "benchmarks.preemption",    # 4 steps redone after a signal / SIGKILL
+    "cli": "benchmarks.cli",                  # 5 submit --dry-run vs bare imports; 4,096-node render
+    "collective": "benchmarks.collective",    # 6 doctor's all-reduce bus bandwidth vs bare gloo
+}
+
+
+def run_one(name: str, quick: bool) -> list[dict]:
+    """One benchmark module's rows; a crash of the harness itself is reported, not raised."""
+    try:
+        module = importlib.import_module(BENCHMARKS[name])
+        return module.run(quick=quick)
+    except Exception as e:  # noqa: BLE001 - one broken benchmark must not lose the others
+        tb = traceback.format_exc().strip().splitlines()[-6:]
+        return [common.result(name, None, "-", False,
+                              not_measured=f"benchmark crashed: {e!r}", traceback=tb)]
+
+
+def fmt_ratio(row: dict) -> str:
+    return "not measured" if row["ratio"] is None else f"{row['ratio']:g}"
+
+
+def fmt_meets(row: dict) -> str:
+    return {True: "yes", False: "no", None: "-"}[row["meets"]]
+
+
+def markdown(rows: list[dict], info: dict) -> str:
+    lines = [
+        f"# Benchmarks {info['date']} ({info['mode']} mode)",
+        "",
+        f"Machine: {info['machine']['cpu']}, {info['machine']['cores']} cores, "
+        f"torch {info['machine']['torch']}, Python {info['machine']['python']}, "
+        f"load average {info['machine']['load_avg_1min_at_start']} at start "
+        "(the machine is shared: figures are noisy).",
+        f"Wall time of the whole run: {info['wall_s']:.0f} s.",
+        "",
+        "| benchmark | ratio | target | meets | note |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        d = r["details"]
+        note = d.get("not_measured") or d.get("summary", "")
+        note = str(note).replace("|", "\\|").replace("\n", " ")
+        if len(note) > 300:
+            note = note[:297] + "..."
+        lines.append(f"| {r['name']} | {fmt_ratio(r)} | {r['target']} | {fmt_meets(r)} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="example: benchmarks/run.py --quick --only cli")
+    ap.add_argument("--quick", action="store_true", help="fewer repetitions and steps")
+    ap.add_argument("--only", action="append", choices=list(BENCHMARKS), metavar="NAME",
+                    help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}")
+    ap.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    ap.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        print("\n".join(BENCHMARKS))
+        return 0
+
+    names = args.only or list(BENCHMARKS)
+    info = {"date": dt.date.today().isoformat(), "mode": "quick" if args.quick else "full",
+            "machine": common.machine(), "benchmarks": names}
+    t0 = time.perf_counter()
+    rows: list[dict] = []
+    for name in names:
+        print(f"== {name}", flush=True)
+        t = time.perf_counter()
+        for row in run_one(name, args.quick):
+            row["details"].setdefault("mode", info["mode"])
+            rows.append(row)
+            print(f"  {row['name']}: {fmt_ratio(row)} (target {row['target']}) "
+                  f"meets: {fmt_meets(row)}", flush=True)
+            if row["details"].get("not_measured"):
+                print("    " + str(row["details"]["not_measured"]).replace("\n", "\n    "))
+        print(f"  ({time.perf_counter() - t:.0f} s)", flush=True)
+    info["wall_s"] = time.perf_counter() - t0
+    for row in rows:
+        row["details"].setdefault("machine", info["machine"])
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / info["date"]
+    stem.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
+    stem.with_suffix(".md").write_text(markdown(rows, info))
+    met = sum(r["meets"] is True for r in rows)
+    print(f"wrote {stem}.json and {stem}.md: {met}/{len(rows)} rows meet their target, "
+          f"{info['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
