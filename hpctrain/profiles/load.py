@@ -51,6 +51,9 @@ class _Loader(yaml.SafeLoader):
         super().__init__(text)
         self.file, self.problems, self.depth = file, problems, 0
 
+    def problems_of_file(self, file: str) -> list[Problem]:
+        return [p for p in self.problems if p.file == file and p.key is None]
+
     def _problem(self, event: Any, message: str) -> None:
         self.problems.append(Problem(message, file=self.file, line=event.start_mark.line + 1))
 
@@ -67,7 +70,8 @@ class _Loader(yaml.SafeLoader):
                               "(profiles reuse values through `extends`, not YAML anchors)")
                 event.anchor = None
             if event.tag is not None:
-                self._problem(event, f"tag {event.tag} is not allowed (no tag may construct "
+                tag = event.tag.replace("tag:yaml.org,2002:", "!!")
+                self._problem(event, f"tag {tag} is not allowed (no tag may construct "
                               "objects); fix: remove the tag and write a plain value")
                 event.tag = None
         if isinstance(event, CollectionStartEvent):
@@ -138,7 +142,12 @@ def read_yaml(path: Path, problems: list[Problem]) -> Doc | None:
              "`name: NAME`", node.start_mark.line + 1)
         return None
     lines: dict[Path_, int] = {}
+    first = len(problems)
     data = _build(loader, node, (), lines, file, problems)
+    by_line = {n: p for p, n in sorted(lines.items(), key=lambda kv: -len(kv[0]))}
+    for p in problems[first:] + loader.problems_of_file(file):
+        if p.key is None and p.line in by_line:
+            p.key = dotted(by_line[p.line])
     return Doc(path, data, lines)
 
 
@@ -528,7 +537,7 @@ def _dedupe(problems: list[Problem]) -> list[Problem]:
         if str(p) not in seen:
             seen.add(str(p))
             out.append(p)
-    return out
+    return sorted(out, key=lambda p: (p.file or "", p.line or 0))
 
 
 _FIX = {

@@ -1,0 +1,197 @@
+"""`hpctrain profiles list|show|validate|publish`: thin commands over hpctrain.profiles."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpctrain.errors import Problem, UserError, ValidationError
+from hpctrain.profiles.load import discover, read_yaml, resolve, resolve_file, search_dirs
+
+
+def _console() -> Any:
+    from rich.console import Console
+
+    import shutil
+
+    return Console(width=max(shutil.get_terminal_size((140, 24)).columns, 100))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def profiles() -> None:
+    """List, show, validate and publish site profiles.
+
+    \b
+    Examples:
+      hpctrain profiles list
+      hpctrain profiles show generic-ib --resolved
+      hpctrain profiles validate mycluster.yaml
+      hpctrain profiles publish mycluster.yaml --to /etc/hpctrain/profiles
+    """
+
+
+@profiles.command("list")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+def list_(as_json: bool) -> None:
+    """Every profile found, where it comes from, and which file wins a name clash.
+
+    Search order (later wins): bundled, each directory of $HPCTRAIN_SITE_PATH, then
+    $XDG_CONFIG_HOME/hpctrain/profiles.
+
+    \b
+    Example:
+      HPCTRAIN_SITE_PATH=/etc/hpctrain/profiles hpctrain profiles list --json
+    """
+    rows = []
+    for e in discover():
+        row: dict[str, Any] = {"name": e.name, "scheduler": None, "description": None,
+                               "path": str(e.path), "kind": e.kind, "wins": e.wins,
+                               "shadowed_by": str(e.shadowed_by) if e.shadowed_by else None,
+                               "error": None}
+        try:
+            p = resolve_file(e.path, user_config=False, expect_name=e.name)
+            row.update(scheduler=p.scheduler, description=p.description)
+        except UserError as err:
+            row["error"] = err.message.splitlines()[0]
+        rows.append(row)
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    from rich.table import Table
+
+    table = Table("name", "scheduler", "description", "from", "status", "source")
+    table.columns[-1].overflow = "fold"
+    for r in rows:
+        status = ("[red]invalid: " + r["error"] + "[/red]" if r["error"] else
+                  "[green]wins[/green]" if r["wins"] else f"shadowed by {r['shadowed_by']}")
+        table.add_row(r["name"], r["scheduler"] or "-", r["description"] or "", r["kind"],
+                      status, r["path"])
+    _console().print(table)
+    if not rows:
+        click.echo("no profiles found in: " + ", ".join(str(d) for d, _ in search_dirs()))
+
+
+@profiles.command()
+@click.argument("name")
+@click.option("--resolved", is_flag=True,
+              help="Merge the extends chain, your config and defaults; show each value's origin.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def show(name: str, resolved: bool, as_json: bool) -> None:
+    """Show profile NAME (a name or a file path): the file as written, or --resolved.
+
+    \b
+    Examples:
+      hpctrain profiles show roce
+      hpctrain profiles show roce --resolved --json
+    """
+    profile = resolve(name)               # validates the whole chain either way
+    if resolved:
+        values = profile.model_dump(mode="json")
+        if as_json:
+            click.echo(json.dumps({"name": profile.name, "source": str(profile.source),
+                                   "chain": [str(p) for p in profile.chain],
+                                   "values": values, "origins": profile.origins}, indent=2))
+            return
+        from rich.table import Table
+
+        table = Table("key", "value", "origin", title=f"{profile.name} ({profile.source})")
+        table.columns[-1].overflow = "fold"
+        for key, origin in profile.origins.items():
+            value: Any = values
+            for part in key.split("."):
+                value = value[part]
+            table.add_row(key, json.dumps(value), origin)
+        _console().print(table)
+        return
+    assert profile.source is not None
+    if as_json:
+        problems: list[Problem] = []
+        doc = read_yaml(profile.source, problems)
+        click.echo(json.dumps({"name": profile.name, "source": str(profile.source),
+                               "data": doc.data if doc else None}, indent=2))
+        return
+    click.echo(f"# {profile.source}")
+    click.echo(profile.source.read_text(encoding="utf-8"), nl=False)
+
+
+@profiles.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False, path_type=Path))
+def validate(files: tuple[Path, ...]) -> None:
+    """Check profile FILES (with their extends chains): exit 0 when all are valid, else exit 2
+    listing every problem as file:line: key: message; fix.
+
+    \b
+    Example:
+      hpctrain profiles validate site_configs/*.yaml
+    """
+    problems: list[Problem] = []
+    for f in files:
+        try:
+            resolve_file(f, user_config=False)
+            click.echo(f"{f}: ok")
+        except ValidationError as e:
+            problems += e.problems
+        except UserError as e:
+            problems.append(Problem(e.message, file=str(f)))
+    if problems:
+        raise ValidationError(problems)
+
+
+@profiles.command()
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--to", "to", required=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Directory to install into (created 0755), e.g. one listed in HPCTRAIN_SITE_PATH.")
+@click.option("--force", is_flag=True, help="Replace a different profile of the same name.")
+def publish(file: Path, to: Path, force: bool) -> None:
+    """Validate FILE, then install it atomically as DIR/NAME.yaml with mode 0644.
+
+    \b
+    Example:
+      hpctrain profiles publish mycluster.yaml --to /etc/hpctrain/profiles
+      export HPCTRAIN_SITE_PATH=/etc/hpctrain/profiles   # users then see it
+    """
+    profile = resolve_file(file, user_config=False)
+    if profile.extends is not None and ("/" in profile.extends or profile.extends.endswith((".yaml", ".yml"))):
+        raise UserError(f"{file}: extends {profile.extends!r} is a path, which would not resolve "
+                        "from the published copy; fix: extend by profile name")
+    text = file.read_bytes()
+    created = not to.exists()
+    to.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if created:
+        os.chmod(to, 0o755)
+    mode = to.stat().st_mode
+    if mode & 0o022:
+        raise UserError(f"{to} is group- or world-writable ({mode & 0o777:04o}), so profiles in it "
+                        f"would be refused; fix: chmod go-w {to}")
+    target = to / f"{profile.name}.yaml"
+    if target.exists():
+        if target.read_bytes() == text:
+            click.echo(f"{target}: unchanged")
+            return
+        if not force:
+            raise UserError(f"{target} already holds a different profile {profile.name!r}; fix: "
+                            "pass --force to replace it, or rename the profile")
+    fd, tmp = tempfile.mkstemp(dir=to, prefix=f".{profile.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(text)
+            out.flush()
+            os.fchmod(out.fileno(), 0o644)
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dfd = os.open(to, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+    click.echo(f"published {profile.name} -> {target}")
+    if to.resolve() not in [d.resolve() for d, _ in search_dirs()]:
+        click.echo(f"note: {to} is not searched yet; add it to HPCTRAIN_SITE_PATH")
