@@ -474,8 +474,8 @@ class Profile(Strict):
 
     name: str = Field(description="Profile name, also its file name (`NAME.yaml`).")
     description: str = Field("", description="One line shown by `hpctrain profiles list`.")
-    version: str = Field("1", description="The admin's version of this profile.",
-                         json_schema_extra={"coerce": True})
+    version: str = Field("1", description="The admin's version of this profile (a number is "
+                                          "read as text).")
     extends: str | None = Field(
         None, description="Profile this one builds on: a name (found by discovery) or a path "
                           "(relative to this file). Chains are allowed, cycles are rejected.")

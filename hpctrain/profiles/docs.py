@@ -1,0 +1,182 @@
+"""Generate docs/site-profiles.md from the schema, so the doc and the code cannot drift.
+
+    python -m hpctrain.profiles.docs > docs/site-profiles.md
+"""
+
+from __future__ import annotations
+
+import json
+import types
+import typing
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+from hpctrain.profiles.load import MAX_BYTES, MAX_DEPTH
+from hpctrain.profiles.schema import Profile
+
+GUIDE = f"""\
+# Site profiles
+
+<!-- Generated from hpctrain/profiles/schema.py and hpctrain/profiles/docs.py.
+     Do not edit by hand; refresh with:
+     .venv/bin/python -m hpctrain.profiles.docs > docs/site-profiles.md -->
+
+A site profile is a YAML file that tells hpctrain everything about one cluster: how to ask Slurm
+for nodes and GPUs, which network the ranks use, how each node is set up, where run folders live,
+and how preemption works. Admins write and publish them; users pick one with `--profile NAME`.
+
+```console
+$ hpctrain profiles list                      # what exists, where from, which one wins
+$ hpctrain profiles show roce --resolved      # merged values and the origin of each
+$ hpctrain profiles validate mycluster.yaml   # exit 0, or exit 2 with every problem
+$ hpctrain profiles publish mycluster.yaml --to /etc/hpctrain/profiles
+```
+
+Shipped profiles (`site_configs/`): `local` (this machine, no Slurm), `generic-ib` (InfiniBand),
+`roce` (RoCE v2, extends generic-ib), `aws-efa` (EFA with a pyxis container), `ethernet`
+(TCP only) and `loopback` (the live two-node test cluster of `tests/slurm/cluster.sh`).
+
+## Layers
+
+A resolved profile is built from layers, lowest first:
+
+1. the defaults listed below (the schema's own defaults);
+2. the `extends` chain, root ancestor first: `extends: NAME` finds a profile by discovery,
+   `extends: ./base.yaml` is a path relative to the file. Cycles are rejected, naming the chain.
+   A profile that extends a profile of its own name gets the next one down the search order
+   (a user's `generic-ib.yaml` may extend the site's `generic-ib`);
+3. the user's config, `$XDG_CONFIG_HOME/hpctrain/config.yaml` (default `~/.config`):
+
+   ```yaml
+   default_profile: generic-ib     # used when --profile is not given
+   overrides:                      # any profile keys
+     environment:
+       activate: $HOME/venvs/mine
+   ```
+4. command-line flags (dotted keys such as `slurm.qos`).
+
+Mappings merge key by key (so `network.env` and `environment.env` add up); lists and plain values
+replace; `null` resets a key to its default. Every resolved value remembers its origin:
+`file:line`, `default`, `user config FILE:line` or `flag KEY` (`hpctrain profiles show NAME
+--resolved`).
+
+Without `--profile`: the user config's `default_profile`, else `local` when `sbatch` is not on
+PATH, else an error listing the available names.
+
+## Locked keys
+
+`locked: [slurm.account, slurm.partition]` fixes those keys (a whole section may be locked, e.g.
+`network`). Locks accumulate down the chain and bind every later layer: a profile that extends
+this one, the user config and command-line flags. Changing a locked key is an error naming the key
+and the profile file that locked it; writing the same value again is allowed. `name`, `extends`
+and `locked` cannot be set from the user config or flags.
+
+## Discovery
+
+Profiles are found by file name (`NAME.yaml` or `NAME.yml`, whose `name:` must match) in, lowest
+precedence first:
+
+1. the profiles bundled with hpctrain;
+2. each directory of `$HPCTRAIN_SITE_PATH` (colon-separated; where admins publish);
+3. `$XDG_CONFIG_HOME/hpctrain/profiles/`.
+
+A later directory wins a name clash; `hpctrain profiles list` shows every file and which one wins.
+`--profile` also takes a file path.
+
+## Trust
+
+Profiles decide what runs on the cluster, so, as ssh does with `authorized_keys`, hpctrain refuses
+a profile file, or the directory holding it, that is group- or world-writable or owned by someone
+other than you or root (bundled files: the file mode is checked). The message says which
+`chmod go-w` fixes it. The same rule applies to the user config.
+
+YAML is read safely: no tag (`!!python/object`, `!foo`, even `!!str`) is accepted, nor anchors
+or aliases; files must be UTF-8 text under {MAX_BYTES // 1024} KiB, a non-empty mapping, at most
+{MAX_DEPTH} levels deep, without duplicate keys. Every problem of a file is reported at once as
+`file:line: dotted.key: what is wrong; fix: what to write`, with a close-match suggestion for a
+misspelt key, and exit code 2.
+
+## Publishing
+
+`hpctrain profiles publish FILE --to DIR` validates FILE (with its chain), then installs it as
+`DIR/NAME.yaml`: written to a temporary file in DIR, mode 0644, fsynced, renamed into place (a
+reader never sees half a file). DIR is created with mode 0755. A different profile of the same
+name is only replaced with `--force`. A profile that extends by path cannot be published (extend
+by name). Users see it once DIR is in `$HPCTRAIN_SITE_PATH`.
+
+## Network notes
+
+- `socket_ifname` uses NCCL's syntax: `eth` (prefix), `=eth0` (exact), `ib0,ib1`, `^docker,lo`
+  (exclude), `^=docker0` (exclude exactly). `=^...`, empty items and spaces are errors.
+- gloo takes exact names only: `gloo_socket_ifname` defaults to `socket_ifname` when that names
+  interfaces (a leading `=` dropped) and is left unset when it excludes (`^`).
+- Variables with their own key (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_DISABLE,
+  NCCL_IB_HCA, NCCL_IB_GID_INDEX, NCCL_P2P_LEVEL) are refused in `network.env`.
+- `preemption.signal: USR1` is accepted, but NCCL and some launchers use USR1 themselves; prefer
+  the default USR2.
+
+# Key reference
+"""
+
+
+def _type(annotation: Any) -> str:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _type(args[0])
+    if origin is Literal:
+        return " \\| ".join(f"`{a}`" for a in args)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_type(a) for a in args if a is not type(None)]
+        return " \\| ".join(parts) + (" \\| null" if type(None) in args else "")
+    if origin is list:
+        return f"list of {_type(args[0])}"
+    if origin is dict:
+        return f"mapping NAME: {_type(args[1])}"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "mapping"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(field: Any) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+        if isinstance(value, BaseModel):
+            return "(section)"
+        return f"`{json.dumps(value)}`"
+    if field.default is PydanticUndefined:
+        return "required"
+    return f"`{json.dumps(field.default)}`"
+
+
+def _rows(model: type[BaseModel], prefix: str, sections: list[tuple[str, type[BaseModel]]]) -> list[str]:
+    rows = []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
+        rows.append(f"| `{key}` | {_type(field.annotation)} | {_default(field)} | {desc} |")
+        inner = [a for a in (field.annotation, *typing.get_args(field.annotation))
+                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        if inner:
+            sections.append((key, inner[0]))
+    return rows
+
+
+def render() -> str:
+    """The whole of docs/site-profiles.md."""
+    out = [GUIDE]
+    queue: list[tuple[str, type[BaseModel]]] = [("", Profile)]
+    while queue:
+        key, model = queue.pop(0)
+        found: list[tuple[str, type[BaseModel]]] = []
+        title = f"`{key}`" if key else "Top level"
+        doc = (model.__doc__ or "").strip().splitlines()[0]
+        out.append(f"\n## {title}\n\n{doc}\n\n| key | type | default | meaning |\n|---|---|---|---|")
+        out += _rows(model, f"{key}." if key else "", found)
+        queue += found
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    print(render(), end="")
