@@ -1,0 +1,83 @@
+"""Argument parsing for `python -m train_entry` (what torchrun runs on every node).
+
+    torchrun --standalone --nproc-per-node 2 -m train_entry --strategy ddp --run-dir runs/demo --max-steps 60
+    python -m train_entry --config my.yaml --optim.lr=3e-4 --print-config
+
+Errors in the flags or the config: one line on stderr (rank 0 only under torchrun), exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from hpctrain.errors import UserError
+from train_entry.config import STRATEGIES, TrainConfig, check_sizes, keys_help, load_config
+
+# named flag -> the config key it sets (the dotted form works for every key too)
+NAMED = {"strategy": "strategy", "max_steps": "train.max_steps", "checkpoint_every":
+         "checkpoint.every_steps", "model": "model.factory", "data": "data.factory",
+         "collate": "data.collate", "profile_steps": "profile.active"}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # argparse would print usage and exit 2 itself
+        raise UserError(f"{message}; see python -m train_entry --help")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m train_entry",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train with DDP, FSDP2 or DeepSpeed ZeRO; resumes from the newest verified "
+                    "checkpoint in the run folder by itself.",
+        epilog="example:\n  torchrun --standalone --nproc-per-node 2 -m train_entry --strategy fsdp "
+               "--run-dir runs/demo --max-steps 60 --optim.lr=3e-3\n\n"
+               "every config key can be set with a dotted flag (default, meaning):\n" + keys_help()
+               + "\n\nexit codes: 0 finished, 2 bad config or input, 75 preempted (checkpoint saved)")
+    p.add_argument("--config", metavar="FILE.yaml", help="YAML config (sections as listed below)")
+    p.add_argument("--strategy", help=f"one of {', '.join(STRATEGIES)} (default ddp)")
+    p.add_argument("--run-dir", default=None,
+                   help="run folder (default $HPCTRAIN_RUN_DIR); checkpoints, logs and metrics go here")
+    p.add_argument("--max-steps", type=int, metavar="N", help="= --train.max_steps")
+    p.add_argument("--checkpoint-every", type=int, metavar="N", help="= --checkpoint.every_steps")
+    p.add_argument("--model", metavar="PKG.MOD:FACTORY", help="= --model.factory (your nn.Module)")
+    p.add_argument("--data", metavar="PKG.MOD:FACTORY", help="= --data.factory (your dataset)")
+    p.add_argument("--collate", metavar="PKG.MOD:FN", help="= --data.collate")
+    p.add_argument("--profile-steps", type=int, metavar="N", help="= --profile.active (torch.profiler)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    return p
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, int]:
+    """Returns (args, config, grad_accum); every check that needs no process group is done here."""
+    args, rest = parser().parse_known_args(argv)
+    flags = {key: getattr(args, name) for name, key in NAMED.items()}
+    cfg = load_config(args.config, rest, flags)
+    if args.print_config:
+        return args, cfg, 0
+    accum = check_sizes(cfg)
+    if cfg.strategy == "deepspeed":
+        from train_entry.strategies.deepspeed import validate  # DeepSpeed's own checks, no processes yet
+        validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), accum=accum)
+    args.run_dir = args.run_dir or os.environ.get("HPCTRAIN_RUN_DIR")
+    if not args.run_dir:
+        raise UserError("no run folder: pass --run-dir DIR or set HPCTRAIN_RUN_DIR")
+    return args, cfg, accum
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args, cfg, accum = parse(argv)
+        if args.print_config:
+            if os.environ.get("RANK", "0") == "0":
+                sys.stdout.write(cfg.to_yaml())
+            return 0
+        from train_entry.trainer import Trainer  # torch is imported only past this line
+        return Trainer(cfg, run_dir=args.run_dir, grad_accum=accum).run()
+    except UserError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {e.format_message()}", file=sys.stderr)
+        return 2

@@ -1,0 +1,136 @@
+"""The demo task, user datasets, and a batch stream with an exact, restorable position.
+
+Position (saved in every checkpoint, world-size independent): {"epoch": e, "offset": g} where g is the
+number of samples the whole job consumed in epoch e. Map-style data goes through
+DistributedSampler(seed, drop_last) + set_epoch(e): the epoch's order depends on (seed, e) only, rank r
+reads every world_size-th index, so skipping g // world_size indices per rank resumes exactly where the
+job stopped. Iterable data must shard itself and provide state_dict()/load_state_dict() describing the
+position after the last sample it yielded; it is read in the training process (num_workers ignored).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, default_collate
+
+from hpctrain.errors import UserError
+from train_entry.model import call_factory, load_object
+
+
+class Progressions(Dataset):
+    """Demo task: arithmetic progressions mod V, x_i = (a + i*k) % V, with random a and k per sample.
+
+    The first two tokens are unpredictable (loss is masked there); every later token follows from the
+    two before it, so a model that learns the rule drives the loss from ln(V) (chance) towards 0.
+    Sample i is a pure function of (seed, i): no downloads, no state.
+    """
+
+    def __init__(self, *, vocab_size: int, seq_len: int, num_samples: int, seed: int = 0) -> None:
+        self.v, self.len, self.n, self.seed = vocab_size, seq_len, num_samples, seed
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + int(i))
+        a, k = torch.randint(0, self.v, (2,), generator=g)
+        x = (a + k * torch.arange(self.len + 1)) % self.v
+        targets = x[1:].clone()
+        targets[0] = -100  # x_1 cannot be known from x_0 alone
+        return {"idx": x[:-1], "targets": targets}
+
+
+def build_dataset(config: Any, *, rank: int, world_size: int) -> Any:
+    if config.data.factory is None:
+        m = config.model
+        return Progressions(vocab_size=m.vocab_size, seq_len=m.seq_len, num_samples=config.data.num_samples,
+                            seed=config.train.seed)
+    ds = call_factory(load_object(config.data.factory, "data.factory"), config=config, rank=rank,
+                      world_size=world_size)
+    if isinstance(ds, IterableDataset) or (not hasattr(ds, "__getitem__") and hasattr(ds, "__iter__")):
+        if not (hasattr(ds, "state_dict") and hasattr(ds, "load_state_dict")):
+            raise UserError(f"data.factory '{config.data.factory}' returned an iterable without "
+                            f"state_dict()/load_state_dict(); add them so a resume continues exactly, "
+                            f"or return a map-style Dataset")
+    elif not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")):
+        raise UserError(f"data.factory '{config.data.factory}' returned {type(ds).__name__}: need a "
+                        f"map-style Dataset (__getitem__ + __len__) or an iterable with state_dict()")
+    return ds
+
+
+class Batches:
+    """Micro-batches for this rank, forever (epoch after epoch), with `position` to save and restore."""
+
+    def __init__(self, dataset: Any, *, micro_batch: int, rank: int, world_size: int, seed: int,
+                 shuffle: bool = True, collate: Callable | None = None, num_workers: int = 0) -> None:
+        self.ds, self.micro, self.rank, self.world = dataset, micro_batch, rank, world_size
+        self.collate = collate or default_collate
+        self.num_workers = num_workers
+        self.iterable = not hasattr(dataset, "__getitem__") or isinstance(dataset, IterableDataset)
+        if not self.iterable:
+            self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
+                                              seed=seed, drop_last=True)
+            if len(self.sampler) < micro_batch:
+                raise UserError(f"the dataset has {len(dataset)} samples: fewer than world_size"
+                                f"({world_size}) * train.micro_batch({micro_batch}); use more data")
+        self.epoch, self.offset = 0, 0   # offset: samples the whole job consumed in this epoch
+        self._it: Iterator | None = None
+
+    @property
+    def position(self) -> dict:
+        if self.iterable:
+            return {"iterable": self.ds.state_dict()}
+        return {"epoch": self.epoch, "offset": self.offset}
+
+    def restore(self, position: dict) -> None:
+        if not position:
+            return
+        if self.iterable:
+            self.ds.load_state_dict(position["iterable"])
+        else:
+            self.epoch, self.offset = int(position["epoch"]), int(position["offset"])
+        self._it = None
+
+    def __iter__(self) -> "Batches":
+        return self
+
+    def __next__(self) -> Any:
+        if self.iterable:
+            if self._it is None:
+                self._it = iter(self.ds)
+            items = []
+            for _ in range(self.micro):
+                try:
+                    items.append(next(self._it))
+                except StopIteration:  # a finite iterable starts over: a new epoch
+                    self.epoch += 1
+                    self._it = iter(self.ds)
+                    items.append(next(self._it))
+            return self.collate(items)
+        if self._it is None:
+            self._it = self._loader()
+        try:
+            batch = next(self._it)
+        except StopIteration:
+            self.epoch, self.offset = self.epoch + 1, 0
+            self._it = self._loader()
+            batch = next(self._it)
+        self.offset += self.micro * self.world
+        return batch
+
+    def _loader(self) -> Iterator:
+        self.sampler.set_epoch(self.epoch)
+        skip = self.offset // self.world
+        indices = list(self.sampler)[skip:]
+        return iter(DataLoader(self.ds, batch_size=self.micro, sampler=indices, collate_fn=self.collate,
+                               num_workers=self.num_workers, drop_last=True))
+
+
+def build_batches(config: Any, *, rank: int, world_size: int) -> Batches:
+    dataset = build_dataset(config, rank=rank, world_size=world_size)
+    collate = load_object(config.data.collate, "data.collate") if config.data.collate else None
+    return Batches(dataset, micro_batch=config.train.micro_batch, rank=rank, world_size=world_size,
+                   seed=config.train.seed, shuffle=config.data.shuffle, collate=collate,
+                   num_workers=config.data.num_workers)

@@ -1,0 +1,72 @@
+"""Process group init and teardown: NCCL + CUDA on GPU machines, gloo + CPU otherwise, chosen at run time.
+
+Works under torchrun (RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT) and as a plain single process
+(a one-rank gloo group on an in-memory store), so the same code path serves tests and references.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def pick_device() -> str:
+    """cuda when the node has GPUs and HPCTRAIN_DEVICE does not say cpu (we re-check the script's guess)."""
+    if os.environ.get("HPCTRAIN_DEVICE", "").lower() == "cpu":
+        return "cpu"
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def init_distributed(*, timeout_min: float = 10.0, seed: int = 0) -> DistInfo:
+    """Join the process group (once) and seed this rank. Call before building the model."""
+    kind = pick_device()
+    if kind == "cuda":
+        # Must be set before the first CUDA allocation to take effect; fewer fragmentation OOMs.
+        os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if kind == "cuda":
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        timeout = timedelta(minutes=timeout_min)
+        if "MASTER_ADDR" in os.environ:
+            dist.init_process_group(backend, timeout=timeout, device_id=device if kind == "cuda" else None)
+        else:  # a plain `python -m train_entry`: one rank, no network
+            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    seed_rank(seed, rank)
+    return DistInfo(rank, dist.get_world_size(), local_rank, device, backend)
+
+
+def seed_rank(seed: int, rank: int) -> None:
+    """Deterministic per-rank RNG (dropout etc.) from (seed, rank); model init reseeds with seed alone."""
+    s = (seed * 1_000_003 + rank) % 2**32
+    random.seed(s)
+    np.random.seed(s)
+    torch.manual_seed(s)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,190 @@
+"""Observability: rank-0 progress (rich bar on a terminal, plain lines otherwise and always in train.log),
+metrics.jsonl, per-rank log files, GPU memory, an nvidia-smi sampler, TensorBoard, torch.profiler."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+GPU_QUERY = "index,utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu"
+
+
+def rank_logger(run_dir: Path, rank: int) -> logging.Logger:
+    """logs/rank-<R>.log, appended across restarts (the run folder is stable)."""
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    log = logging.getLogger(f"train_entry.rank{rank}")
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    if not log.handlers:
+        h = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log", mode="a")
+        h.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(message)s"))
+        log.addHandler(h)
+    return log
+
+
+def _fmt_time(s: float) -> str:
+    s = int(max(0, s))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+class Metrics:
+    """Call `step(...)` after every optimizer step on every rank (GPU memory is gathered from all)."""
+
+    def __init__(self, run_dir: Path, *, rank: int, world_size: int, device: torch.device, max_steps: int,
+                 start_step: int, log_every: int, tokens_per_sample: int | None, tensorboard: bool) -> None:
+        self.run_dir, self.rank, self.world, self.device = run_dir, rank, world_size, device
+        self.max_steps, self.start_step, self.log_every = max_steps, start_step, log_every
+        self.tokens_per_sample = tokens_per_sample
+        self.t0 = self.last_t = time.perf_counter()
+        self.last_step = start_step
+        self.main = rank == 0
+        self.jsonl = self.log = self.bar = self.tb = None
+        if not self.main:
+            return
+        self.jsonl = (run_dir / "metrics.jsonl").open("a")
+        self.log = (run_dir / "train.log").open("a")
+        if sys.stdout.isatty():
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+            self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
+                                TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+            self.task = self.bar.add_task("train", total=max_steps, completed=start_step, info="")
+            self.bar.start()
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                self.line("tensorboard is not installed (pip install tensorboard): not writing events")
+            else:
+                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def line(self, text: str) -> None:
+        """A plain progress line: train.log always, stdout when there is no live bar."""
+        if not self.main:
+            return
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self.log.write(f"{stamp} {text}\n")
+        self.log.flush()
+        if self.bar is None:
+            print(text, flush=True)
+        else:
+            self.bar.console.print(text)
+
+    def _memory(self) -> dict:
+        if self.device.type != "cuda":
+            return {}
+        gib = 2**30
+        mine = torch.tensor([torch.cuda.memory_allocated(self.device) / gib,
+                             torch.cuda.memory_reserved(self.device) / gib,
+                             torch.cuda.max_memory_allocated(self.device) / gib], device=self.device)
+        every = [torch.zeros_like(mine) for _ in range(self.world)]
+        torch.distributed.all_gather(every, mine)
+        rows = torch.stack(every).cpu().tolist()
+        return {"mem_allocated_gib": [round(r[0], 3) for r in rows],
+                "mem_reserved_gib": [round(r[1], 3) for r in rows],
+                "mem_peak_gib": [round(r[2], 3) for r in rows]}
+
+    def step(self, step: int, *, loss: float, lr: float, samples: int, grad_norm: float) -> None:
+        if step % self.log_every and step != self.max_steps:
+            return
+        mem = self._memory()          # a collective on GPU: every rank calls step()
+        if not self.main:
+            return
+        now = time.perf_counter()
+        n = step - self.last_step
+        dt = (now - self.last_t) / max(1, n)
+        self.last_t, self.last_step = now, step
+        rate = samples / dt if dt > 0 else 0.0
+        eta = (now - self.t0) / max(1, step - self.start_step) * (self.max_steps - step)
+        rec = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "samples_per_s": rate,
+               "step_time_s": dt, "time": time.time(), **mem}
+        if self.tokens_per_sample:
+            rec["tokens_per_s"] = rate * self.tokens_per_sample
+        self.jsonl.write(json.dumps(rec) + "\n")
+        self.jsonl.flush()
+        tok = f" tok/s {rec['tokens_per_s']:.0f}" if "tokens_per_s" in rec else ""
+        info = f"loss {loss:.4f} lr {lr:.2e} samples/s {rate:.1f}{tok} step {dt * 1000:.0f} ms"
+        text = f"step {step}/{self.max_steps} {info} eta {_fmt_time(eta)}"
+        self.log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
+        self.log.flush()
+        if self.bar is not None:
+            self.bar.update(self.task, completed=step, info=info)
+        else:
+            print(text, flush=True)
+        if self.tb is not None:
+            for k in ("loss", "lr", "samples_per_s", "grad_norm"):
+                self.tb.add_scalar(f"train/{k}", rec[k], step)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+        for f in (self.jsonl, self.log):
+            if f is not None:
+                f.close()
+        if self.tb is not None:
+            self.tb.close()
+
+
+class GpuSampler:
+    """Every `every_s` seconds, one nvidia-smi CSV sample appended to <run>/gpu.csv (local rank 0)."""
+
+    def __init__(self, path: Path, every_s: float = 10.0) -> None:
+        self.path, self.every_s = path, every_s
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
+
+    @staticmethod
+    def available(device: torch.device) -> bool:
+        return device.type == "cuda" and shutil.which("nvidia-smi") is not None
+
+    def start(self) -> "GpuSampler":
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        header = not self.path.exists()
+        with self.path.open("a") as out:
+            while not self.stop_event.is_set():
+                fmt = "csv" if header else "csv,noheader"
+                try:
+                    res = subprocess.run(["nvidia-smi", f"--query-gpu={GPU_QUERY}", f"--format={fmt}"],
+                                         capture_output=True, text=True, timeout=30)
+                except (OSError, subprocess.TimeoutExpired):
+                    return
+                if res.returncode == 0:
+                    stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+                    for i, row in enumerate(res.stdout.strip().splitlines()):
+                        out.write(("time, " if header and i == 0 else f"{stamp}, ") + row + "\n")
+                    out.flush()
+                    header = False
+                self.stop_event.wait(self.every_s)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.thread.join(timeout=5)
+
+
+def profiler(run_dir: Path, rank: int, *, wait: int, warmup: int, active: int) -> Any:
+    """torch.profiler over steps wait..wait+warmup+active; a Chrome trace per rank in <run>/profile/."""
+    if active <= 0:
+        return contextlib.nullcontext(None)
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    out = run_dir / "profile"
+    out.mkdir(parents=True, exist_ok=True)
+
+    def export(prof: Any) -> None:
+        prof.export_chrome_trace(str(out / f"rank-{rank}-step-{prof.step_num}.json"))
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    return profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+                   on_trace_ready=export, record_shapes=False)

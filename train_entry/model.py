@@ -1,0 +1,119 @@
+"""The demo GPT, and loading user models.
+
+Loss protocol for your own model (`--model pkg.module:factory`):
+  - the factory is called with the keyword arguments it names among `config` (the TrainConfig),
+    `rank` and `world_size`, and returns an `nn.Module`;
+  - the trainer calls `model(**batch)` when a batch is a dict (Hugging Face style), else `model(batch)`;
+  - forward returns the mean loss as a scalar tensor, or an object/dict with a `loss` entry.
+Blocks for FSDP sharding and activation checkpointing are the children of the model's ModuleLists,
+or the modules whose class is named by `fsdp.block_class`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hpctrain.errors import UserError
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention then an MLP."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        self.n_heads, self.dropout = n_heads, dropout
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, c // self.n_heads).unbind(2)
+        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                           is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
+        return x + self.drop(self.mlp(self.ln2(x)))
+
+
+class GPT(nn.Module):
+    def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, seq_len: int,
+                 dropout: float = 0.0) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(vocab_size, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, dropout) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size, bias=False)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        x = self.tok(idx) + self.pos(torch.arange(idx.shape[1], device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x)).float()
+        return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+
+
+def demo_model(config: Any) -> nn.Module:
+    m = config.model
+    return GPT(vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
+               seq_len=m.seq_len, dropout=m.dropout)
+
+
+def load_object(spec: str, what: str) -> Callable:
+    """'pkg.module:name' -> the object; a clear error when it is not there."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise UserError(f"{what} '{spec}' must look like 'pkg.module:factory'")
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as e:
+        raise UserError(f"{what} '{spec}': cannot import {module} ({e}); check the name and PYTHONPATH") from None
+    try:
+        return getattr(mod, name)
+    except AttributeError:
+        raise UserError(f"{what} '{spec}': {module} has no attribute '{name}'") from None
+
+
+def call_factory(fn: Callable, **available: Any) -> Any:
+    """Call fn with the keyword arguments it names (config, rank, world_size)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return fn(**available)
+    return fn(**{k: v for k, v in available.items() if k in params})
+
+
+def build_model(config: Any, *, rank: int, world_size: int) -> nn.Module:
+    # Same seed on every rank: FSDP2 shards each rank's own copy, so initial values must agree.
+    torch.manual_seed(config.train.seed)
+    if config.model.factory is None:
+        return demo_model(config)
+    model = call_factory(load_object(config.model.factory, "model.factory"), config=config, rank=rank,
+                         world_size=world_size)
+    if not isinstance(model, nn.Module):
+        raise UserError(f"model.factory '{config.model.factory}' returned {type(model).__name__}, "
+                        f"not an nn.Module")
+    return model
+
+
+def compute_loss(model: Callable, batch: Any) -> torch.Tensor:
+    out = model(**batch) if isinstance(batch, dict) else model(batch)
+    if isinstance(out, dict):
+        out = out["loss"]
+    elif not isinstance(out, torch.Tensor) and hasattr(out, "loss"):
+        out = out.loss
+    return out
+
+
+def find_blocks(model: nn.Module, block_class: str | None = None) -> list[nn.Module]:
+    """The repeated blocks: modules of class `block_class`, else the children of every ModuleList."""
+    if block_class:
+        return [m for m in model.modules() if type(m).__name__ == block_class]
+    return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]

@@ -1,0 +1,136 @@
+"""DeepSpeed ZeRO 0-3 with optional CPU/NVMe offload; the engine owns optimizer, schedule and scaling.
+
+The JSON is generated from our config (one source of truth), a user JSON (deepspeed.config_file) is
+merged over it, and the result is validated with DeepSpeed's own DeepSpeedConfig before any process
+group exists. On CPU: gloo, no C++ op builds (shm comm marked incompatible, torch AdamW as a client
+optimizer, which also resumes bit-exactly unlike DeepSpeed's C++ Adams).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hpctrain.errors import UserError
+from train_entry.optim import build_optimizer, build_scheduler
+from train_entry.strategies import Wrapped
+
+MISSING = "deepspeed is not installed: pip install 'hpctrain[deepspeed]'"
+
+
+def import_deepspeed(device_type: str = "cpu") -> Any:
+    if device_type == "cpu":
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    try:
+        import deepspeed
+        import deepspeed.ops
+    except ImportError:
+        raise UserError(MISSING) from None
+    # Marking the op incompatible (without probing every op) keeps DeepSpeed from compiling
+    # deepspeed_shm_comm (~30 s) in init_distributed; we use plain torch collectives.
+    ops = vars(deepspeed.ops).setdefault("__compatible_ops__", {})
+    ops["deepspeed_shm_comm"] = False
+    return deepspeed
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _offload(device: str, nvme_path: str | None) -> dict:
+    d: dict[str, Any] = {"device": device}
+    if device == "nvme":
+        d["nvme_path"] = nvme_path
+    return d
+
+
+def build_config(cfg: Any, *, world: int, accum: int) -> dict:
+    t, d = cfg.train, cfg.deepspeed
+    zero: dict[str, Any] = {"stage": d.zero_stage}
+    if d.offload_optimizer != "none":
+        zero["offload_optimizer"] = _offload(d.offload_optimizer, d.nvme_path)
+    if d.offload_param != "none":
+        zero["offload_param"] = _offload(d.offload_param, d.nvme_path)
+    conf = {
+        "train_batch_size": t.global_batch,
+        "train_micro_batch_size_per_gpu": t.micro_batch,
+        "gradient_accumulation_steps": accum,
+        "gradient_clipping": t.clip_grad_norm or 0.0,
+        "zero_optimization": zero,
+        "bf16": {"enabled": t.precision == "bf16"},
+        "fp16": {"enabled": t.precision == "fp16", "loss_scale": 0},   # 0: dynamic loss scaling
+        # our client optimizer is torch's; DeepSpeed would otherwise insist on its C++ CPU Adam
+        "zero_force_ds_cpu_optimizer": False,
+        "steps_per_print": 2**31 - 1,     # we report progress ourselves
+        "wall_clock_breakdown": False,
+        "seed": t.seed,
+    }
+    if d.config_file:
+        path = Path(d.config_file)
+        try:
+            user = json.loads(path.read_text())
+        except OSError as e:
+            raise UserError(f"deepspeed.config_file: cannot read {path} ({e.strerror})") from None
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); fix deepspeed.config_file") from None
+        for key in ("optimizer", "scheduler"):
+            if key in user:
+                raise UserError(f"{path}: remove '{key}': it comes from our config (optim.*, schedule.*)")
+        conf = _merge(conf, user)
+    return conf
+
+
+def validate(cfg: Any, *, world: int, accum: int) -> dict:
+    """Build and validate the DeepSpeed JSON with DeepSpeed's own class; no process group is needed."""
+    deepspeed = import_deepspeed("cuda" if os.environ.get("HPCTRAIN_DEVICE") == "cuda" else "cpu")
+    from deepspeed.runtime.config import DeepSpeedConfig
+
+    conf = build_config(cfg, world=world, accum=accum)
+    src = cfg.deepspeed.config_file or "the generated DeepSpeed config"
+    tb, mb, ga = (conf.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
+                                       "gradient_accumulation_steps"))
+    if tb != mb * ga * world:
+        raise UserError(f"{src}: train_batch_size({tb}) != train_micro_batch_size_per_gpu({mb}) * "
+                        f"gradient_accumulation_steps({ga}) * world_size({world}) = {mb * ga * world}")
+    # Without a process group DeepSpeedConfig assumes one rank: check per-rank arithmetic that way.
+    probe = dict(conf, train_batch_size=mb * ga)
+    try:
+        DeepSpeedConfig(probe)
+    except Exception as e:  # DeepSpeed raises AssertionError/ValueError/pydantic errors
+        msg = " ".join(str(e).split())
+        raise UserError(f"{src}: DeepSpeed rejects the config: {msg[:400]}") from None
+    del deepspeed
+    return conf
+
+
+def wrap(model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int) -> Wrapped:
+    deepspeed = import_deepspeed(device.type)
+    world = torch.distributed.get_world_size()
+    conf = validate(cfg, world=world, accum=grad_accum)
+    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+    optimizer = build_optimizer(model.parameters(), cfg)
+    engine, _, _, scheduler = deepspeed.initialize(
+        model=model, optimizer=optimizer, config=conf,
+        lr_scheduler=lambda opt: build_scheduler(opt, cfg))
+
+    def backward(loss: torch.Tensor) -> None:
+        engine.backward(loss)            # scales by 1/gradient_accumulation_steps itself
+        if not engine.is_gradient_accumulation_boundary():
+            engine.step()                # only advances DeepSpeed's micro-step counter
+
+    def step() -> float:
+        engine.step()                    # clip, optimizer, loss scale, LR schedule
+        norm = engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    return Wrapped(model=engine, optimizer=None, scheduler=scheduler, backward=backward, step=step,
+                   lr=lambda: engine.get_lr()[0], extra={"ds_config": conf})

@@ -1,0 +1,159 @@
+"""The training loop, top to bottom: build -> wrap -> resume -> steps -> save -> hash.
+
+    torchrun --standalone --nproc-per-node 2 -m train_entry --strategy ddp --run-dir runs/demo --max-steps 60
+    python -m train_entry --run-dir runs/cpu1 --max-steps 20            # one process, CPU
+
+Preemption: the stop flag (signal or $HPCTRAIN_STOP_FILE) is agreed by all ranks at every step boundary;
+then every rank saves the same step synchronously and exits 75. A restart resumes by itself from the
+newest verified checkpoint: model, optimizer, schedule, scaler, RNG and the exact data position.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from train_entry.checkpoint import Checkpointer
+from train_entry.config import TrainConfig
+from train_entry.data import build_batches
+from train_entry.dist import init_distributed, teardown
+from train_entry.metrics import GpuSampler, Metrics, profiler, rank_logger
+from train_entry.model import build_model, compute_loss
+from train_entry.preempt import PREEMPTED_EXIT, StopFlag
+from train_entry.state import TrainState, params_sha256
+from train_entry.strategies import wrap
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def tokens_per_sample(batch: Any) -> int | None:
+    """Sequence length of the first 2-D integer tensor in a batch (for tokens/s), if there is one."""
+    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
+    for t in items:
+        if isinstance(t, torch.Tensor) and t.dim() == 2 and not t.is_floating_point():
+            return t.shape[1]
+    return None
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, *, run_dir: str | Path, grad_accum: int) -> None:
+        self.cfg, self.run_dir, self.accum = cfg, Path(run_dir).resolve(), grad_accum
+
+    def run(self) -> int:
+        """0 when max_steps are done, 75 when stopped by the preemption flag (after a verified save)."""
+        info = init_distributed(timeout_min=self.cfg.train.timeout_min, seed=self.cfg.train.seed)
+        try:
+            return self._train(info)
+        finally:
+            teardown()
+
+    def _train(self, info: Any) -> int:
+        cfg, t = self.cfg, self.cfg.train
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        log = rank_logger(self.run_dir, info.rank)
+        stop = StopFlag().install()
+
+        # ---- build: model (same init on every rank), this rank's data stream, the strategy
+        model = build_model(cfg, rank=info.rank, world_size=info.world_size)
+        n_params = sum(p.numel() for p in model.parameters())
+        batches = build_batches(cfg, rank=info.rank, world_size=info.world_size)
+        w = wrap(model, cfg=cfg, device=info.device, grad_accum=self.accum)
+        device = w.model.device if cfg.strategy == "deepspeed" else info.device
+        state = TrainState(model=w.model, optimizer=w.optimizer,
+                           # DeepSpeed saves its scheduler inside its own checkpoint
+                           scheduler=None if cfg.strategy == "deepspeed" else w.scheduler,
+                           scaler=w.scaler, config=cfg.model_dump(mode="json"))
+
+        # ---- resume from the newest verified checkpoint, if any (no flag: a restart just continues)
+        metrics_log: list[str] = []
+        ckpt = Checkpointer(self.run_dir, strategy=cfg.strategy, every_steps=cfg.checkpoint.every_steps,
+                            every_minutes=cfg.checkpoint.every_minutes, keep=cfg.checkpoint.keep,
+                            async_save=cfg.checkpoint.async_save, log=metrics_log.append)
+        if ckpt.load_latest(state) is not None:
+            batches.restore(state.data)
+        metrics = Metrics(self.run_dir, rank=info.rank, world_size=info.world_size, device=device,
+                          max_steps=t.max_steps, start_step=state.step, log_every=t.log_every,
+                          tokens_per_sample=None, tensorboard=t.tensorboard)
+        for line in metrics_log:
+            metrics.line(line)
+        ckpt._log = metrics.line   # later checkpoint messages go to the progress log too
+        start = (f"{cfg.strategy}: {info.world_size} ranks ({info.backend}/{device.type}), {n_params:,} "
+                 f"params, global batch {t.global_batch} = {info.world_size} ranks x micro "
+                 f"{t.micro_batch} x accum {self.accum}, step {state.step}/{t.max_steps}")
+        metrics.line(start)
+        log.info(start)
+        sampler = GpuSampler(self.run_dir / "gpu.csv").start() \
+            if info.local_rank == 0 and GpuSampler.available(device) else None
+
+        # ---- the loop: one optimizer step per iteration
+        code = 0
+        with profiler(self.run_dir, info.rank, **cfg.profile.model_dump()) as prof:
+            while state.step < t.max_steps:
+                loss_sum = torch.zeros((), device=device)
+                for micro in range(self.accum):
+                    batch = to_device(next(batches), device)
+                    if metrics.tokens_per_sample is None:
+                        metrics.tokens_per_sample = tokens_per_sample(batch) or 0
+                    with w.sync(micro == self.accum - 1), w.autocast():
+                        loss = compute_loss(w.model, batch)
+                        w.backward(loss)
+                    loss_sum += loss.detach().float()
+                grad_norm = w.step()
+                state.step += 1
+                state.epoch, state.data = batches.epoch, batches.position
+
+                # metrics: the loss averaged over micro-steps and ranks
+                if state.step % t.log_every == 0 or state.step == t.max_steps:
+                    dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+                    mean = loss_sum.item() / (self.accum * info.world_size)
+                    metrics.step(state.step, loss=mean, lr=w.lr(), samples=t.global_batch,
+                                 grad_norm=grad_norm)
+                if prof is not None:
+                    prof.step()
+                saved = ckpt.maybe_save(state)
+
+                # preemption: every rank sees the same answer, so all save the same step
+                if stop.agreed(device, step=state.step):
+                    if not saved:
+                        ckpt.save(state, sync=True)
+                    ckpt.wait()
+                    why = f"stopped at step {state.step} ({stop.reason}): checkpoint saved, exit 75"
+                    metrics.line(why)
+                    log.info(why)
+                    if info.rank == 0:
+                        self._event({"event": "preempted", "step": state.step, "reason": stop.reason})
+                    code = PREEMPTED_EXIT
+                    break
+
+        # ---- the end: last checkpoint, wait for async saves, the final params hash
+        if code == 0:
+            ckpt.maybe_save(state, last=True)
+            ckpt.wait()
+            digest = params_sha256(w.model)   # a collective for FSDP2 / ZeRO-3
+            if info.rank == 0:
+                (self.run_dir / "final_params.sha256").write_text(digest + "\n")
+            done = f"done: {state.step} steps, final params sha256 {digest[:16]}..."
+            metrics.line(done)
+            log.info(done)
+        if sampler is not None:
+            sampler.stop()
+        metrics.close()
+        return code
+
+    def _event(self, record: dict) -> None:
+        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **record, "source": "train_entry"}
+        with (self.run_dir / "events.jsonl").open("a") as f:
+            f.write(json.dumps(record) + "\n")
