@@ -9,7 +9,6 @@ only difference measured is the loop around them.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -25,11 +24,8 @@ def overrides() -> list[str]:
 def no_deepspeed_builds() -> None:
     """DeepSpeed would compile its shared-memory comm op at init (~30 s, needs a compiler); a plain
     CPU user turns it off the same way train_entry does (see shared notes)."""
-    try:
-        from deepspeed import ops
-        ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    except (ImportError, AttributeError, TypeError):
-        pass
+    import deepspeed.ops
+    vars(deepspeed.ops).setdefault("__compatible_ops__", {})["deepspeed_shm_comm"] = False
 
 
 @dataclass
@@ -48,26 +44,12 @@ class Demo:
         return compute_loss(model, batch)
 
     def optimizer(self, params) -> torch.optim.Optimizer:
-        o = self.cfg.optim
-        if o.name == "sgd":
-            return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
-        return torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps,
-                                 weight_decay=o.weight_decay)
+        from train_entry.optim import build_optimizer  # the very same optimizer construction
+        return build_optimizer(params, self.cfg)
 
     def scheduler(self, opt):
-        """Linear warmup, then cosine/linear decay to min_lr_ratio, as the config says."""
-        s, total = self.cfg.schedule, self.cfg.train.max_steps
-
-        def factor(step: int) -> float:
-            if step < s.warmup_steps:
-                return (step + 1) / s.warmup_steps
-            if s.decay == "constant":
-                return 1.0
-            p = min(1.0, (step - s.warmup_steps) / max(1, total - s.warmup_steps))
-            shape = 0.5 * (1 + math.cos(math.pi * p)) if s.decay == "cosine" else 1 - p
-            return s.min_lr_ratio + (1 - s.min_lr_ratio) * shape
-
-        return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+        from train_entry.optim import build_scheduler  # the very same warmup + decay
+        return build_scheduler(opt, self.cfg)
 
     def blocks(self, model) -> list[torch.nn.Module]:
         """The transformer blocks FSDP2 shards one by one (the FSDP2 tutorial's `model.layers`)."""
@@ -83,6 +65,7 @@ class Demo:
                 "gradient_accumulation_steps": self.accum,
                 "zero_optimization": {"stage": ds.zero_stage},
                 "zero_allow_untested_optimizer": True,
+                "zero_force_ds_cpu_optimizer": False,  # torch AdamW, as on train_entry's side
                 "steps_per_print": 10 ** 9}
         if t.clip_grad_norm:
             conf["gradient_clipping"] = t.clip_grad_norm

@@ -1,0 +1,1 @@
+"""hpctrain-side worker scripts the benchmarks launch with torchrun."""

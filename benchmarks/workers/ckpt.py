@@ -1,0 +1,76 @@
+"""Time train_entry's Checkpointer beside a raw write + fsync of the same bytes (2 ranks, gloo).
+
+    BENCH_TRAIN_ARGS='["--model.d_model=256"]' python -m torch.distributed.run --standalone \
+        --nproc-per-node 2 benchmarks/workers/ckpt.py --run-dir D --reps 3 --out ckpt.json
+
+Each repetition, in turn: K plain training steps; an async save then K steps (the training time the
+async save costs is this minus the plain K steps); a sync save; rank 0 writes and fsyncs the same
+number of bytes raw into the same folder; a fresh Checkpointer loads the newest checkpoint.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch.distributed as dist  # noqa: E402
+
+from benchmarks.baselines.raw_write import raw_write  # noqa: E402
+from benchmarks.workers.loop import job  # noqa: E402
+from train_entry.checkpoint import Checkpointer  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--run-dir", type=Path, required=True)
+ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--steps", type=int, default=10, help="K: training steps after an async save")
+ap.add_argument("--out", required=True)
+args = ap.parse_args()
+
+j = job()
+rank = j.info.rank
+ckpt = Checkpointer(args.run_dir, strategy=j.cfg.strategy, keep=2)
+j.train(2)  # the optimizer has state to save
+
+
+def timed(fn) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - t0
+
+
+def folder_bytes(p: Path) -> int:
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+
+
+rows = []
+for _ in range(args.reps):
+    plain = timed(lambda: j.train(args.steps))
+
+    def async_then_train():
+        ckpt.save(j.state, sync=False)
+        j.train(args.steps)
+
+    async_section = timed(async_then_train)
+    call_blocked = ckpt.timings[-1]["blocked_s"]
+    wait_s = timed(ckpt.wait)
+    j.train(1)
+    box = {}
+    sync_s = timed(lambda: box.setdefault("path", ckpt.save(j.state, sync=True)))
+    nbytes = folder_bytes(box["path"])
+    raw = raw_write(nbytes, args.run_dir) if rank == 0 else None
+    dist.barrier()
+    load_s = timed(lambda: Checkpointer(args.run_dir, strategy=j.cfg.strategy,
+                                        log=lambda m: None).load_latest(j.state))
+    rows.append({"plain_steps_s": plain, "async_save_plus_steps_s": async_section,
+                 "async_call_blocked_s": call_blocked, "async_wait_after_steps_s": wait_s,
+                 "sync_save_s": sync_s, "bytes": nbytes, "load_s": load_s,
+                 "raw_write_s": raw and raw["write_s"], "raw_read_s": raw and raw["read_s"]})
+if rank == 0:
+    Path(args.out).write_text(json.dumps({"steps_after_async": args.steps, "world_size":
+                                          j.info.world_size, "reps": rows}))
+dist.destroy_process_group()
