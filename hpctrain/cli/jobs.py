@@ -1,0 +1,349 @@
+"""render, submit, status, logs, cancel, runs: thin commands over request/render/runs/dispatch.
+Nothing here imports torch (tests/test_cli_jobs.py checks sys.modules)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpctrain.errors import UserError
+
+
+def _job_options(f: Any) -> Any:
+    options = [
+        click.option("--profile", "-p", help="Site profile name or YAML path (default: your config's "
+                     "default_profile, else `local` when sbatch is not on PATH)."),
+        click.option("--nodes", "-N", type=int, help="Number of nodes (default 1)."),
+        click.option("--gpus", "-G", type=int, help="GPUs per node (local profile: CPU workers per "
+                     "simulated node). Default: all GPUs of a node, 1 locally."),
+        click.option("--time", "-t", "time_min", type=int, help="Time limit in minutes "
+                     "(default: the profile's slurm.default_time_min)."),
+        click.option("--name", "-n", help="Run name = run folder name (default: <entry>-<date>-<time>)."),
+        click.option("--strategy", "-s", type=click.Choice(["ddp", "fsdp", "deepspeed", "auto"]),
+                     help="Parallelism for train_entry (default ddp; auto: from `hpctrain plan`)."),
+        click.option("--script", type=click.Path(dir_okay=False), help="Run your own script under "
+                     "torchrun instead of train_entry."),
+        click.option("--module", help="Run your own module (PKG.MOD) under torchrun instead of train_entry."),
+        click.option("--partition", help="Override slurm.partition."),
+        click.option("--account", help="Override slurm.account."),
+        click.option("--qos", help="Override slurm.qos."),
+        click.option("--set", "sets", multiple=True, metavar="KEY=VALUE",
+                     help="Override any unlocked profile key, e.g. --set slurm.mem=0 (repeatable)."),
+        click.option("--params", type=int, help="--strategy auto: the model's parameter count."),
+        click.option("--model", "plan_model", help="--strategy auto: the model factory pkg.mod:fn."),
+        click.argument("args", nargs=-1, type=click.UNPROCESSED),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _flags(partition: str | None, account: str | None, qos: str | None, sets: tuple[str, ...]) -> dict:
+    flags: dict[str, object] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set {item!r}: write KEY=VALUE, e.g. --set slurm.mem=0")
+        flags[key] = _scalar(value)
+    for key, value in (("partition", partition), ("account", account), ("qos", qos)):
+        if value is not None:
+            flags[f"slurm.{key}"] = value
+    return flags
+
+
+def _scalar(text: str) -> object:
+    """--set values are YAML scalars (numbers, booleans, null), as in a profile file."""
+    import yaml
+
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return value if isinstance(value, (str, int, float, bool)) or value is None else text
+
+
+class Prepared:
+    """Everything submit and render agree on: the profile, the request, the run folder, the script."""
+
+    def __init__(self, o: dict[str, Any]) -> None:
+        from hpctrain.profiles import resolve
+        from hpctrain.render import render
+        from hpctrain.request import JobRequest
+        from hpctrain.runs import RunDir, runs_dir_of
+
+        self.profile = resolve(o["profile"], _flags(o["partition"], o["account"], o["qos"], o["sets"]))
+        strategy = o["strategy"]
+        self.plan = None
+        if strategy == "auto":
+            self.plan = _plan(self.profile, o)
+            strategy = self.plan.strategy
+        self.request = JobRequest.build(
+            self.profile, name=o["name"], nodes=o["nodes"], gpus=o["gpus"], time_min=o["time_min"],
+            strategy=strategy, script=o["script"], module=o["module"], args=o["args"])
+        self.run = RunDir(runs_dir_of(self.profile) / self.request.name)
+        self.script = render(self.profile, self.request, self.run.path)
+
+
+def _plan(profile: Any, o: dict[str, Any]) -> Any:
+    try:
+        from hpctrain.plan import recommend
+    except ImportError:
+        raise UserError("--strategy auto needs hpctrain.plan, which is not available in this install; "
+                        "choose --strategy ddp, fsdp or deepspeed") from None
+    if o["params"] is None and o["plan_model"] is None:
+        raise UserError("--strategy auto needs the model size: add --params N (parameter count) or "
+                        "--model pkg.mod:factory")
+    source = profile.source
+    return recommend(params=o["params"], model=o["plan_model"], nodes=o["nodes"] or 1,
+                     gpus=o["gpus"] or (profile.slurm.gpus_per_node or 1),
+                     profile=str(source) if source else profile.name)
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@_job_options
+def render(**o: Any) -> None:
+    """Print the batch script that `submit` would hand to the scheduler, byte for byte.
+
+    \b
+    Example:
+      hpctrain render --profile loopback --nodes 2 --gpus 2 --name demo -- --max-steps 60
+    """
+    prepared = Prepared(o)
+    click.echo(prepared.script, nl=False)
+
+
+@click.command(context_settings={"ignore_unknown_options": True})
+@_job_options
+@click.option("--wait", is_flag=True, help="Block until the job ends; exit 1 if it did not complete.")
+@click.option("--dry-run", is_flag=True, help="Validate and render, say where it would go, write nothing.")
+@click.option("--replace-finished", is_flag=True,
+              help="If a COMPLETED run has this name, move its folder aside to NAME.old-<time> and start again.")
+def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
+    """Submit a training run: train_entry (or --script/--module) on N nodes x G GPUs under torchrun.
+    Arguments after `--` go to the entry.
+
+    \b
+    Examples:
+      hpctrain submit --profile mycluster --nodes 2 --gpus 8 --name gpt-small -- --max-steps 1000
+      hpctrain submit --nodes 2 --gpus 1 --name demo --wait -- --max-steps 60   # local, no Slurm
+      hpctrain submit --nodes 1 --gpus 2 --script train.py --name mine -- --lr 3e-4
+    """
+    from hpctrain import dispatch
+
+    p = Prepared(o)
+    run, profile, req = p.run, p.profile, p.request
+    previous = dispatch.state(run) if run.exists() else None
+    run.check_free(previous, replace_finished=replace_finished)
+    where = "Slurm (sbatch)" if profile.scheduler == "slurm" else "this machine (local executor)"
+    topology = f"{req.nodes} node(s) x {req.gpus} {'GPU' if profile.scheduler == 'slurm' else 'worker'}(s)"
+    if dry_run:
+        click.echo(f"dry run: would submit {req.name} to {where} with profile {profile.name}\n"
+                   f"  topology: {topology}, time {req.time_min} min, strategy {req.strategy}\n"
+                   f"  run folder: {run.path}\n  script: {len(p.script.splitlines())} lines "
+                   "(`hpctrain render` with the same options prints it)\n  nothing was written")
+        return
+    run.create(profile=profile, request=req, script=p.script, replace_finished=replace_finished)
+    if p.plan is not None:
+        (run.path / "plan.json").write_text(p.plan.to_json() + "\n")
+    job_id = dispatch.submit(run, profile, time_min=req.time_min)
+    click.echo(f"submitted {req.name}: job {job_id} on {where}, {topology}\n  run folder: {run.path}\n"
+               f"  follow: hpctrain status {req.name}; hpctrain logs {req.name} --follow")
+    if wait:
+        final = dispatch.wait(run, on_change=lambda s: click.echo(f"  {time.strftime('%H:%M:%S')} {s}",
+                                                                  err=True))
+        click.echo(f"{req.name}: {final}")
+        if final != "COMPLETED":
+            sys.exit(1)
+
+
+_runs_dir_option = click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path),
+                                help="Where to look for runs by name (default ./runs, then the run index).")
+
+
+def _summary(run: Any) -> dict[str, Any]:
+    from hpctrain import dispatch
+
+    frozen = run.frozen()
+    req = frozen.get("request", {})
+    restarts = run.restarts()
+    return {
+        "name": run.name,
+        "state": dispatch.state(run),
+        "job_id": run.last_job_id(),
+        "scheduler": frozen.get("profile", {}).get("scheduler"),
+        "profile": frozen.get("profile", {}).get("name"),
+        "nodes": req.get("nodes"),
+        "gpus_per_node": req.get("gpus"),
+        "strategy": req.get("strategy"),
+        "restarts": max(0, len(restarts) - len(run.jobs())) if restarts else 0,
+        "starts": len(restarts),
+        "checkpoint_step": run.newest_checkpoint_step(),
+        "created": frozen.get("created"),
+        "path": str(run.path),
+    }
+
+
+@click.command()
+@click.argument("run", required=False)
+@_runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
+    """Show a run's state, job id, nodes, restarts and newest checkpoint step (or every run's).
+
+    \b
+    Example:
+      hpctrain status demo
+      hpctrain status demo --json
+    """
+    from hpctrain.runs import all_runs, find_run
+
+    if run is None:
+        items = [_summary(r) for r in all_runs(runs_dir)]
+        if as_json:
+            click.echo(json.dumps(items, indent=2))
+        else:
+            _table(items)
+        return
+    r = find_run(run, runs_dir)
+    info = _summary(r)
+    info["history"] = r.restarts()
+    info["jobs"] = r.jobs()
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    step = info["checkpoint_step"]
+    click.echo(f"{info['name']}: {info['state']}  (job {info['job_id']}, {info['scheduler']}, "
+               f"profile {info['profile']})\n"
+               f"  topology: {info['nodes']} node(s) x {info['gpus_per_node']}, strategy {info['strategy']}\n"
+               f"  restarts: {info['restarts']} ({info['starts']} start(s) of the script)\n"
+               f"  newest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}\n"
+               f"  folder: {info['path']}")
+    for start in info["history"]:
+        click.echo(f"    start {start.get('time')} job {start.get('job_id')} restart "
+                   f"{start.get('restart_count')} on {start.get('host')}")
+
+
+@click.command()
+@_runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def runs(runs_dir: Path | None, as_json: bool) -> None:
+    """List runs (./runs and every run created from this account) in a table.
+
+    \b
+    Example:
+      hpctrain runs
+      hpctrain runs --json
+    """
+    from hpctrain.runs import all_runs
+
+    items = [_summary(r) for r in all_runs(runs_dir)]
+    if as_json:
+        click.echo(json.dumps(items, indent=2))
+    else:
+        _table(items)
+
+
+def _table(items: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("name", "state", "job", "nodes x gpus", "strategy", "restarts", "ckpt step", "created")
+    for i in items:
+        table.add_row(i["name"], i["state"], str(i["job_id"]), f"{i['nodes']} x {i['gpus_per_node']}",
+                      str(i["strategy"]), str(i["restarts"]),
+                      "-" if i["checkpoint_step"] is None else str(i["checkpoint_step"]), str(i["created"]))
+    Console().print(table)
+
+
+@click.command()
+@click.argument("run")
+@click.option("--rank", "-r", type=int, help="Show logs/rank-R.log (train_entry writes one per rank).")
+@click.option("--node", type=int, help="Show logs/node-N.log (one per node: torchrun and the workers).")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends (Ctrl-C stops).")
+@_runs_dir_option
+def logs(run: str, rank: int | None, node: int | None, follow: bool, runs_dir: Path | None) -> None:
+    """Show a run's logs: the batch script's log, or one node's or one rank's.
+
+    \b
+    Examples:
+      hpctrain logs demo            # logs/batch.log, then every node log
+      hpctrain logs demo --rank 1
+      hpctrain logs demo --node 0 --follow
+    """
+    from hpctrain.runs import find_run
+
+    r = find_run(run, runs_dir)
+    if rank is not None and node is not None:
+        raise UserError("give --rank or --node, not both")
+    if rank is not None:
+        files = [r.logs / f"rank-{rank}.log"]
+    elif node is not None:
+        files = [r.logs / f"node-{node}.log"]
+    else:
+        files = [r.logs / "batch.log", *sorted(r.logs.glob("node-*.log"))]
+    missing = [f for f in files if not f.is_file()]
+    if rank is not None or node is not None:
+        if missing and not follow:
+            have = ", ".join(sorted(p.name for p in r.logs.glob("*.log"))) or "none yet"
+            raise UserError(f"{missing[0]} does not exist (logs of {r.name}: {have})")
+    if not follow:
+        for f in files:
+            if f.is_file():
+                if len(files) > 1:
+                    click.echo(f"==> {f} <==")
+                click.echo(f.read_text(errors="replace"), nl=False)
+        return
+    _follow(r, files)
+
+
+def _follow(run: Any, files: list[Path]) -> None:
+    from hpctrain import dispatch
+    from hpctrain.runs import TERMINAL
+
+    offsets = {f: 0 for f in files}
+    finished_polls = 0
+    try:
+        while True:
+            for f in files:
+                if f.is_file():
+                    with f.open("rb") as fh:
+                        fh.seek(offsets[f])
+                        chunk = fh.read()
+                    if chunk:
+                        offsets[f] += len(chunk)
+                        click.echo(chunk.decode(errors="replace"), nl=False)
+            if dispatch.state(run) in TERMINAL:
+                finished_polls += 1
+                if finished_polls > 1:  # one last read after the end
+                    return
+            time.sleep(1)
+    except KeyboardInterrupt:
+        return
+
+
+@click.command()
+@click.argument("run")
+@_runs_dir_option
+def cancel(run: str, runs_dir: Path | None) -> None:
+    """Cancel a run's current job (Slurm: scancel; local: TERM, then KILL after 60 s).
+    The run folder and its checkpoints stay; `hpctrain resume RUN` continues it.
+
+    \b
+    Example:
+      hpctrain cancel demo
+    """
+    from hpctrain import dispatch
+    from hpctrain.runs import TERMINAL, find_run
+
+    r = find_run(run, runs_dir)
+    before = dispatch.state(r)
+    if before in TERMINAL:
+        click.echo(f"{r.name} is not running ({before}); nothing to cancel")
+        return
+    after = dispatch.cancel(r)
+    click.echo(f"{r.name}: cancel sent (was {before}, now {after}); resume with `hpctrain resume {r.name}`")

@@ -1,0 +1,109 @@
+"""The local scheduler: submitit's LocalExecutor runs our rendered job.sh on this machine.
+
+The controller (submitit's `python -m submitit.local._local`) starts in its own session with no
+terminal and its output in submitit/controller.log, so the job survives the CLI exiting (and Ctrl-C
+in the CLI's terminal). It enforces the time limit and sends the profile's signal `warning_s` before
+it, as Slurm would. State comes from the script's own state.json plus pid liveness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from submitit.local.local import LocalExecutor, LocalJob
+
+from hpctrain.runs import RunDir
+
+# Keep the controllers' Popen objects alive: their __del__ would warn about a still-running child.
+_CONTROLLERS: list[subprocess.Popen[bytes]] = []
+
+
+class ScriptLocalExecutor(LocalExecutor):
+    """A LocalExecutor whose one task is `bash job.sh`, detached from the submitting process."""
+
+    def __init__(self, folder: Path, *, time_min: int, signal_name: str, warning_s: int) -> None:
+        super().__init__(folder)
+        self._time_min, self._signal, self._warning_s = time_min, signal_name, warning_s
+
+    def _submit_command(self, command: str) -> LocalJob:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(
+            SUBMITIT_LOCAL_NTASKS="1", SUBMITIT_LOCAL_COMMAND=command,
+            SUBMITIT_LOCAL_TIMEOUT_S=str(60 * self._time_min),
+            SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(self._warning_s), SUBMITIT_LOCAL_NODEID="0",
+            SUBMITIT_LOCAL_JOB_NUM_NODES="1", SUBMITIT_STDERR_TO_STDOUT="1", SUBMITIT_EXECUTOR="local",
+            SUBMITIT_LOCAL_WITH_SHELL="", SUBMITIT_PREEMPT_SIGNAL=self._signal,
+        )
+        with (self.folder / "controller.log").open("ab") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "submitit.local._local", str(self.folder)],
+                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _CONTROLLERS.append(process)
+        return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=[0])
+
+
+def submit(run: RunDir, *, time_min: int, signal_name: str, warning_s: int) -> str:
+    """Start job.sh; returns the controller's pid as the job id."""
+    _write_state(run, {"state": "PENDING", "pid": None, "pgid": None, "exit_code": None})
+    ex = ScriptLocalExecutor(run.submitit, time_min=time_min, signal_name=signal_name, warning_s=warning_s)
+    job = ex._submit_command(f"bash {run.job_sh}")
+    return str(job.job_id)
+
+
+def _write_state(run: RunDir, state: dict) -> None:
+    tmp = run.path / "state.json.tmp"
+    tmp.write_text(json.dumps(state) + "\n")
+    tmp.replace(run.path / "state.json")
+
+
+def alive(pid: int | None) -> bool:
+    """True if pid runs (a zombie does not count)."""
+    if not pid:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def state(run: RunDir) -> str:
+    st = run.local_state() or {}
+    value = str(st.get("state") or "UNKNOWN")
+    if value == "PENDING":
+        job_id = run.last_job_id()
+        if job_id and not alive(int(job_id)):
+            return "LOST"  # the controller ended before the script started
+    if value == "RUNNING" and not alive(st.get("pid")):
+        return "LOST"  # the script was killed before it could record its end
+    return value
+
+
+def cancel(run: RunDir, *, grace_s: float = 60.0) -> str:
+    """TERM to the script (it stops the nodes, which save); after grace_s, KILL the whole group."""
+    st = run.local_state() or {}
+    pid, pgid = st.get("pid"), st.get("pgid")
+    job_id = run.last_job_id()
+    if st.get("state") == "PENDING" and job_id and alive(int(job_id)):
+        os.killpg(int(job_id), signal.SIGKILL)  # the controller leads its own session
+        _write_state(run, {**st, "state": "CANCELLED", "exit_code": 143})
+        return "CANCELLED"
+    if not alive(pid):
+        return state(run)
+    os.kill(int(pid), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if alive(pid):
+        os.killpg(int(pgid or pid), signal.SIGKILL)
+        _write_state(run, {**st, "state": "CANCELLED", "exit_code": 137})
+    return state(run)

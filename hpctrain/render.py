@@ -1,0 +1,267 @@
+"""Profile + request -> the batch script text.
+
+Sandboxed Jinja (templates come from shared site directories) with StrictUndefined, and every `{{ }}`
+value shell-quoted by a finalize hook unless it is `Sh` (already safe: built by one of the filters
+below). Jinja comments are `{## ... ##}` (bash's `${#x}` would open a default one). The template
+search path is site first ($HPCTRAIN_SITE_PATH dirs' templates/, then the user's
+config dir), the bundled template last; the bundled one is also reachable as "hpctrain/sbatch.sh.j2" so a
+site template can `{% extends "hpctrain/sbatch.sh.j2" %}` and override one block.
+
+Rendering is deterministic: directives in a fixed order, environment sorted, absolute run folder.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpctrain import __version__
+from hpctrain.errors import UserError, ValidationError
+from hpctrain.request import JobRequest
+from hpctrain.resources import bundled
+
+TEMPLATE = "sbatch.sh.j2"
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+# What a #SBATCH line can carry: sbatch reads these lines itself, the shell never sees them, and a
+# newline would end the comment and start a command. So: no whitespace, quotes, backslashes or controls.
+DIRECTIVE_RE = re.compile(r"--[a-z][a-z-]*(=[^\s'\"\\`$;&|<>()]+)?\Z")
+# Directives that hpctrain owns (one source of truth); a profile's extra_sbatch may not set them.
+OWNED_DIRECTIVES = ("--job-name", "--nodes", "--ntasks", "--ntasks-per-node", "--gpus", "--gpus-per-node",
+                    "--gres", "--cpus-per-task", "--cpus-per-gpu", "--time", "--output", "--error",
+                    "--open-mode", "--requeue", "--no-requeue", "--signal", "--array")
+
+
+class Sh(str):
+    """Text that is already safe to put in the script as it is."""
+
+
+def _finalize(value: Any) -> str:
+    if isinstance(value, Sh):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        raise UserError("internal: the template interpolates a value that is not set (None); "
+                        "guard it with {% if ... %}")
+    return shlex.quote(str(value))
+
+
+def _shjoin(values: Any) -> Sh:
+    return Sh(" ".join(shlex.quote(str(v)) for v in values))
+
+
+def _directive(value: str) -> Sh:
+    if not DIRECTIVE_RE.match(str(value)):
+        raise UserError(f"cannot put {value!r} on an #SBATCH line: a directive is --key or --key=value "
+                        "with no spaces, quotes, newlines or shell characters")
+    return Sh(value)
+
+
+def _envname(name: str) -> Sh:
+    if not ENV_NAME_RE.match(str(name)):
+        raise UserError(f"{name!r} is not an environment variable name (letters, digits, _)")
+    return Sh(name)
+
+
+_VAR_REF = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+
+
+def _shvalue(value: Any) -> Sh:
+    """A double-quoted value in which $NAME and ${NAME} expand on the node (so a profile can say
+    LD_LIBRARY_PATH: /opt/x/lib:$LD_LIBRARY_PATH) and nothing else does: no $(...), no backticks."""
+    text, out, pos = str(value), [], 0
+    for m in _VAR_REF.finditer(text):
+        out.append(_dq_escape(text[pos:m.start()]))
+        out.append(m.group(0))
+        pos = m.end()
+    out.append(_dq_escape(text[pos:]))
+    return Sh('"' + "".join(out) + '"')
+
+
+def _dq_escape(text: str) -> str:
+    return re.sub(r'([\\"$`])', r"\\\1", text)
+
+
+def _template_dirs() -> list[Path]:
+    dirs = [Path(p) / "templates" for p in os.environ.get("HPCTRAIN_SITE_PATH", "").split(os.pathsep) if p]
+    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "hpctrain" / "templates"
+    dirs.append(config)
+    return [d for d in dirs if d.is_dir()]
+
+
+def _check_trusted(path: Path) -> None:
+    """Templates decide what runs on the cluster: refuse ones anyone but the owner may change."""
+    for p in (path, *path.parents[:1]):
+        mode = p.stat().st_mode
+        if mode & 0o022:
+            raise UserError(f"{p} is writable by group or others (mode {mode & 0o777:o}); "
+                            f"fix it with: chmod go-w {shlex.quote(str(p))}")
+
+
+def environment() -> Any:
+    from jinja2 import ChoiceLoader, FileSystemLoader, PrefixLoader, StrictUndefined
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    base = FileSystemLoader(str(bundled("templates")))
+    site = FileSystemLoader([str(d) for d in _template_dirs()] + [str(bundled("templates"))])
+    env = ImmutableSandboxedEnvironment(
+        loader=ChoiceLoader([PrefixLoader({"hpctrain": base}), site]),
+        undefined=StrictUndefined, finalize=_finalize, autoescape=False,
+        keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+        # bash's ${#array[@]} would open a default Jinja comment
+        comment_start_string="{##", comment_end_string="##}",
+    )
+    env.filters.update(safe=Sh, shjoin=_shjoin, directive=_directive, envname=_envname,
+                       shvalue=_shvalue)
+    return env
+
+
+def node_python(profile: Any) -> str:
+    """The Python the nodes run: HPCTRAIN_PYTHON if set; `python` from the activated venv/conda env or
+    the container; else this interpreter (the submit host and the nodes share the filesystem)."""
+    if os.environ.get("HPCTRAIN_PYTHON"):
+        return os.environ["HPCTRAIN_PYTHON"]
+    if profile.environment.activate or profile.environment.container:
+        return "python"
+    return sys.executable
+
+
+def cpus_per_task(profile: Any, req: JobRequest) -> int | None:
+    s = profile.slurm
+    if s.cpus_per_gpu:
+        return s.cpus_per_gpu * req.gpus
+    return s.cpus_per_task
+
+
+def sbatch_directives(profile: Any, req: JobRequest, run_dir: str) -> list[str]:
+    """Every #SBATCH line, in a fixed order, from the request (topology) and the profile."""
+    s, pre = profile.slurm, profile.preemption
+    d = [f"--job-name={req.name}", f"--nodes={req.nodes}", "--ntasks-per-node=1"]
+    if s.gpus_per_node:
+        d.append(f"--gres=gpu:{req.gpus}" if s.gpu_request == "gres" else f"--gpus-per-node={req.gpus}")
+    cpus = cpus_per_task(profile, req)
+    if cpus:
+        d.append(f"--cpus-per-task={cpus}")
+    if s.mem is not None:
+        d.append(f"--mem={s.mem}")
+    d.append(f"--time={req.time_min}")
+    for key in ("partition", "account", "qos", "constraint", "reservation"):
+        value = getattr(s, key)
+        if value:
+            d.append(f"--{key}={value}")
+    if s.exclusive:
+        d.append("--exclusive")
+    d += [f"--output={run_dir}/logs/batch.log", "--open-mode=append",
+          "--requeue" if pre.requeue else "--no-requeue", f"--signal=B:{pre.signal}@{pre.warning_s}"]
+    for extra in s.extra_sbatch:
+        key = extra.split("=", 1)[0]
+        if key in OWNED_DIRECTIVES:
+            raise UserError(f"profile {profile.name}: slurm.extra_sbatch sets {key}, which hpctrain derives "
+                            "from the request and profile; remove it (use --nodes/--gpus/--time or the "
+                            "profile's own key)")
+        d.append(extra)
+    return d
+
+
+def environment_vars(profile: Any) -> list[tuple[str, str]]:
+    """Network and site environment, sorted: (name, value). Profile env wins over derived values."""
+    net = profile.network
+    env: dict[str, str] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    if net.socket_ifname:
+        env["NCCL_SOCKET_IFNAME"] = net.socket_ifname
+    gloo = net.gloo_ifname
+    if gloo:
+        env["GLOO_SOCKET_IFNAME"] = gloo
+    env["NCCL_IB_DISABLE"] = "0" if net.ib else "1"
+    if net.ib_hca:
+        env["NCCL_IB_HCA"] = net.ib_hca
+    if net.ib_gid_index is not None:
+        env["NCCL_IB_GID_INDEX"] = str(net.ib_gid_index)
+    if net.p2p_level:
+        env["NCCL_P2P_LEVEL"] = net.p2p_level
+    env.update({str(k): str(v) for k, v in (net.env or {}).items()})
+    env.update({str(k): str(v) for k, v in (profile.environment.env or {}).items()})
+    return sorted(env.items())
+
+
+def context(profile: Any, req: JobRequest, run_dir: str) -> dict[str, Any]:
+    if not os.path.isabs(run_dir):
+        raise UserError(f"internal: run folder {run_dir!r} must be absolute")
+    problems = req.problems(profile)  # a request that does not fit the profile cannot be rendered
+    if problems:
+        raise ValidationError(problems)
+    slurm = profile.scheduler == "slurm"
+    cpus = cpus_per_task(profile, req)
+    return {
+        "version": __version__,
+        "scheduler": profile.scheduler,
+        "profile": profile,
+        "job": req,
+        "run_dir": run_dir,
+        "sbatch": sbatch_directives(profile, req, run_dir) if slurm else [],
+        "srun_args": list(profile.slurm.srun_args),
+        "env": environment_vars(profile),
+        "omp_threads": max(1, (cpus or req.gpus) // req.gpus) if slurm else 1,
+        "cpus_per_task": cpus,
+        "want_gpu": 1 if slurm and profile.slurm.gpus_per_node else 0,
+        "python": node_python(profile),
+        "entry_argv": req.entry.argv(run_dir=run_dir, strategy=req.strategy, args=req.args),
+        "preemption": profile.preemption,
+        "rendezvous": profile.rendezvous,
+        "environment": profile.environment,
+        "container": profile.environment.container,
+        "container_mounts": [*profile.environment.container.mounts, f"{run_dir}:{run_dir}"]
+        if profile.environment.container else [],
+    }
+
+
+def render(profile: Any, req: JobRequest, run_dir: str | os.PathLike[str]) -> str:
+    """The script text, byte for byte what is handed to the scheduler."""
+    from jinja2 import TemplateError
+
+    env = environment()
+    try:
+        template = env.get_template(TEMPLATE)
+        if template.filename and not template.filename.startswith(str(bundled("templates"))):
+            _check_trusted(Path(template.filename))
+        text = template.render(context(profile, req, str(run_dir)))
+    except TemplateError as e:
+        where = f"{getattr(e, 'filename', None) or TEMPLATE}:{getattr(e, 'lineno', None) or '?'}"
+        raise UserError(f"template {where}: {e}") from None
+    check_topology(text, profile, req)
+    return text
+
+
+def check_topology(text: str, profile: Any, req: JobRequest) -> None:
+    """One topology from one source: whatever a site template does, the script must carry exactly the
+    request's nodes and GPUs per node, one srun task per node, and nothing that contradicts them."""
+    want = {"HPCTRAIN_NNODES": str(req.nodes), "HPCTRAIN_GPUS_PER_NODE": str(req.gpus)}
+    for key, value in want.items():
+        found = re.findall(rf"^export {key}=(\S*)$", text, re.M)
+        if found != [value]:
+            raise UserError(f"the rendered script sets {key}={found or 'nothing'}, the request says {value}: "
+                            "a mismatched topology cannot be rendered (check the site template)")
+    if profile.scheduler != "slurm":
+        return
+    lines = [ln.split()[1] for ln in text.splitlines() if ln.startswith("#SBATCH ") and len(ln.split()) > 1]
+    keyed: dict[str, list[str]] = {}
+    for d in lines:
+        keyed.setdefault(d.split("=", 1)[0], []).append(d)
+    expect = {"--nodes": f"--nodes={req.nodes}", "--ntasks-per-node": "--ntasks-per-node=1"}
+    if profile.slurm.gpus_per_node:
+        if profile.slurm.gpu_request == "gres":
+            expect["--gres"] = f"--gres=gpu:{req.gpus}"
+        else:
+            expect["--gpus-per-node"] = f"--gpus-per-node={req.gpus}"
+    for key, line in expect.items():
+        if keyed.get(key) != [line]:
+            raise UserError(f"the rendered script has #SBATCH {keyed.get(key) or 'no ' + key}, the request "
+                            f"needs {line}: a mismatched topology cannot be rendered")
+    for bad in ("-N", "--ntasks", "--gpus", "--gpus-per-task"):
+        if bad in keyed:
+            raise UserError(f"the rendered script sets #SBATCH {bad}, which contradicts the request's "
+                            "topology: remove it from the template")
