@@ -1,0 +1,118 @@
+"""Shared fixtures. The live Slurm cluster (tests/slurm/cluster.sh) is here: `slurm_cluster`.
+
+Live tests are marked `@pytest.mark.slurm` and take the `slurm_cluster` fixture. `make test` and
+`make test-slurm` start the cluster first and stop it after. Run alone as root, the fixture starts it
+itself and stops it at the end of the session. With CI=true a cluster that is not up fails the test,
+and any skipped slurm test is reported as a failure: in CI the live tests never skip.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
+IN_CI = os.environ.get("CI", "").lower() == "true"
+HOW_TO_RUN = "run the live Slurm tests as root: sudo make test-slurm"
+
+
+def _cluster(cmd: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", str(CLUSTER_SH), cmd], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+class SlurmCluster:
+    """The running loopback cluster: submit raw sbatch scripts and watch jobs (tests of the cluster
+    itself; the end-to-end tests go through the hpctrain CLI instead)."""
+
+    nodes = ("n1", "n2")
+    gpus_per_node = 2
+    partition = "debug"
+
+    def sbatch(self, script: str, workdir: Path, *args: str) -> str:
+        path = workdir / f"job-{time.monotonic_ns()}.sh"
+        path.write_text(script)
+        out = subprocess.run(["sbatch", "--parsable", f"--chdir={workdir}", *args, str(path)],
+                             capture_output=True, text=True, timeout=30)
+        assert out.returncode == 0, f"sbatch failed: {out.stderr}"
+        return out.stdout.strip().split(";")[0]
+
+    def job_state(self, job_id: str) -> str:
+        """The job's state as the controller sees it now (scontrol keeps finished jobs MinJobAge s)."""
+        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
+                             text=True, timeout=30)
+        m = re.search(r"JobState=(\S+)", out.stdout)
+        return m.group(1) if m else "UNKNOWN"
+
+    def wait_state(self, job_id: str, states: set[str], timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.job_state(job_id)
+            if state in states:
+                return state
+            time.sleep(0.5)
+        raise AssertionError(f"job {job_id} not in {sorted(states)} after {timeout} s: "
+                             f"{self.job_state(job_id)}")
+
+    def wait_done(self, job_id: str, timeout: float = 60) -> str:
+        return self.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
+                                        "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"},
+                               timeout)
+
+    def sacct(self, job_id: str, timeout: float = 30) -> list[dict[str, str]]:
+        """Accounting rows for the allocation (-X), every attempt (-D), once slurmdbd has them."""
+        fields = ["JobID", "State", "ExitCode", "NodeList", "AllocTRES"]
+        deadline = time.monotonic() + timeout
+        rows: list[dict[str, str]] = []
+        while time.monotonic() < deadline:
+            out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", job_id,
+                                  "-o", ",".join(fields)], capture_output=True, text=True,
+                                 timeout=30)
+            rows = [dict(zip(fields, line.split("|"))) for line in out.stdout.splitlines() if line]
+            if rows and not any(r["State"] in ("PENDING", "RUNNING") for r in rows):
+                return rows
+            time.sleep(0.5)
+        return rows
+
+
+def _cluster_is_up() -> bool:
+    try:
+        return _cluster("status", 30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    """The live loopback Slurm cluster, started here when it is not up and we are root."""
+    started = False
+    if not _cluster_is_up():
+        if os.geteuid() != 0:
+            msg = f"the loopback Slurm cluster is not running and this is not root; {HOW_TO_RUN}"
+            if IN_CI:
+                pytest.fail(msg + " (CI=true: live Slurm tests must run)", pytrace=False)
+            pytest.skip(msg)
+        up = _cluster("up", 600)
+        if up.returncode != 0:
+            pytest.fail(f"tests/slurm/cluster.sh up failed:\n{up.stdout}\n{up.stderr}", pytrace=False)
+        started = True
+    yield SlurmCluster()
+    if started:
+        _cluster("down", 120)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """CI rule: a live Slurm test that skips is a failure, whatever made it skip."""
+    outcome = yield
+    report = outcome.get_result()
+    if (IN_CI and report.skipped and not hasattr(report, "wasxfail")
+            and item.get_closest_marker("slurm") is not None):
+        report.outcome = "failed"
+        report.longrepr = f"live Slurm test skipped under CI=true (not allowed): {report.longrepr}"
