@@ -24,7 +24,7 @@ from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from hpctrain.errors import Problem, UserError, ValidationError
-from hpctrain.profiles.schema import Profile, model_at
+from hpctrain.profiles.schema import SECTIONS, Profile, model_at
 
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 8
@@ -509,7 +509,8 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
         try:
             profile = Profile.model_validate(merged)
         except PydanticError as e:
-            problems += _problems(e, where, str(docs[0].path))
+            errors = e.errors()
+            problems += _problems(errors + _more_cross_field(merged, errors), where, str(docs[0].path))
     if problems:
         raise ValidationError(_dedupe(problems))
     assert profile is not None
@@ -561,10 +562,27 @@ _FIX = {
 }
 
 
-def _problems(error: PydanticError, where: dict[Path_, tuple[str | None, int | None]],
+def _more_cross_field(merged: dict[str, Any], errors: list[Any]) -> list[Any]:
+    """Cross-field checks of sections whose other keys had errors (pydantic skips them), run
+    on the keys that were fine, so that every problem of a file is reported at once."""
+    out = []
+    for name, model in SECTIONS.items():
+        bad = {e["loc"][1] for e in errors if e["loc"][:1] == (name,) and len(e["loc"]) > 1}
+        section = merged.get(name)
+        if not bad or not isinstance(section, dict):
+            continue
+        try:
+            model.model_validate({k: v for k, v in section.items() if k not in bad})
+        except PydanticError as e:
+            out += [{**err, "loc": (name, *err["loc"])} for err in e.errors()
+                    if err["type"] == "cross_field"]
+    return out
+
+
+def _problems(errors: list[Any], where: dict[Path_, tuple[str | None, int | None]],
               top: str) -> list[Problem]:
     out = []
-    for err in error.errors():
+    for err in errors:
         loc = tuple(p for p in err["loc"] if p != "[key]")
         items = [(loc, err["msg"])]
         if err["type"] == "cross_field":

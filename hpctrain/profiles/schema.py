@@ -39,19 +39,19 @@ class Strict(BaseModel):
 # Syntax checks shared by several fields (pure functions, also used by tests and the renderer).
 
 _IFACE = r"[A-Za-z0-9_.:@-]{1,15}"                      # Linux IFNAMSIZ is 16 including NUL
-_NCCL_IFNAME = re.compile(rf"^\^?=?{_IFACE}(,{_IFACE})*$")
-_GLOO_IFNAME = re.compile(rf"^{_IFACE}(,{_IFACE})*$")
+_NCCL_IFNAME = re.compile(rf"^\^?=?{_IFACE}(,{_IFACE})*\Z")
+_GLOO_IFNAME = re.compile(rf"^{_IFACE}(,{_IFACE})*\Z")
 _HCA = r"[A-Za-z0-9_.-]{1,64}(:[0-9]{1,3})?"
-_NCCL_IB_HCA = re.compile(rf"^\^?=?{_HCA}(,{_HCA})*$")
-_OPTION = re.compile(r"^--([a-z][a-z0-9-]*)(=([A-Za-z0-9_.,:/@%+=*~-]*))?$")
-ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_NCCL_IB_HCA = re.compile(rf"^\^?=?{_HCA}(,{_HCA})*\Z")
+_OPTION = re.compile(r"^--([a-z][a-z0-9-]*)(=([A-Za-z0-9_.,:/@%+=*~-]*))?\Z")
+ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*\Z")
 NETWORK_ENV_PREFIXES = ("NCCL_", "FI_", "UCX_", "TORCH_", "GLOO_", "CUDA_", "OMPI_")
-_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-_SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:+-]+$")
-_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:&|\[\]*()!-]+$")
-_MEM = re.compile(r"^[0-9]+[KMGT]?$")
-_MODULE = re.compile(r"^[A-Za-z0-9_.+/@:-]+$")
-_IMAGE = re.compile(r"^[A-Za-z0-9_.:/#@+=${}-]+$")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}\Z")
+_SLURM_WORD = re.compile(r"^[A-Za-z0-9_.,:+-]+\Z")
+_CONSTRAINT = re.compile(r"^[A-Za-z0-9_.,:&|\[\]*()!-]+\Z")
+_MEM = re.compile(r"^[0-9]+[KMGT]?\Z")
+_MODULE = re.compile(r"^[A-Za-z0-9_.+/@:-]+\Z")
+_IMAGE = re.compile(r"^[A-Za-z0-9_.:/#@+=-]+\Z")
 _SHELL_VAR = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
 
 # sbatch/srun options that hpctrain writes itself: a profile may not set them.
@@ -390,9 +390,9 @@ class Container(Strict):
     @field_validator("image")
     @classmethod
     def _image(cls, v: str) -> str:
-        if not _IMAGE.match(v):
-            raise ValueError(f"{v!r} is not an image reference; fix: use letters, digits and "
-                             "_.:/#@+=- without spaces or quotes")
+        if not _IMAGE.match(_SHELL_VAR.sub("x", v)):
+            raise ValueError(f"{v!r} is not an image reference; fix: use letters, digits, "
+                             "_.:/#@+=- and $VAR, without spaces or quotes")
         return v
 
 
@@ -412,7 +412,7 @@ class Environment(Strict):
         if v is None:
             return v
         if v.startswith("conda:"):
-            if not re.match(r"^conda:[A-Za-z0-9_.+-]+$", v):
+            if not re.match(r"^conda:[A-Za-z0-9_.+-]+\Z", v):
                 raise ValueError(f"{v!r} is not conda:ENV; fix: write conda:ENV with a plain env name")
             return v
         check_path_text(v, "activate")

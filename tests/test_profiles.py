@@ -1,0 +1,460 @@
+"""Site profiles: every shipped profile resolves; every kind of bad input is exit 2 with
+file:line: key and a fix, no traceback; layers, locks, discovery, trust, publish, docs."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from hpctrain.cli import main
+from hpctrain.errors import UserError, ValidationError
+from hpctrain.profiles import Profile, discover, resolve
+from hpctrain.profiles.schema import check_nccl_ifname
+
+REPO = Path(__file__).resolve().parent.parent
+SHIPPED = sorted(p.stem for p in (REPO / "site_configs").glob("*.yaml"))
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No user config or site path from the machine running the tests."""
+    home = tmp_path / "xdg"
+    home.mkdir(mode=0o755)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
+    monkeypatch.delenv("HPCTRAIN_SITE_PATH", raising=False)
+    return home
+
+
+def write(path: Path, text: str | bytes, mode: int = 0o644) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    os.chmod(path, mode)
+    return path
+
+
+def cli(*args: str):
+    result = CliRunner().invoke(main, list(args))
+    assert "Traceback" not in result.output
+    return result
+
+
+def invalid(path: Path) -> str:
+    """Run `profiles validate`; it must fail with exit 2 and no traceback. Returns the output."""
+    result = cli("profiles", "validate", str(path))
+    assert result.exit_code == 2, result.output
+    assert isinstance(result.exception, SystemExit)
+    return result.output
+
+
+# --- shipped profiles ---------------------------------------------------------------------------
+
+def test_the_shipped_set() -> None:
+    assert SHIPPED == ["aws-efa", "ethernet", "generic-ib", "local", "loopback", "roce"]
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_profile_validates_and_resolves(name: str) -> None:
+    result = cli("profiles", "validate", str(REPO / "site_configs" / f"{name}.yaml"))
+    assert result.exit_code == 0 and result.output.strip().endswith(": ok"), result.output
+    profile = resolve(name)
+    assert isinstance(profile, Profile) and profile.name == name
+    assert profile.source == (REPO / "site_configs" / f"{name}.yaml").resolve()
+    assert set(profile.origins) >= {"slurm.gpus_per_node", "network.socket_ifname", "preemption.signal"}
+
+
+def test_loopback_matches_the_live_cluster() -> None:
+    """tests/slurm/cluster.sh builds the cluster from these values."""
+    p = resolve("loopback")
+    assert (p.scheduler, p.slurm.partition, p.slurm.gpu_request, p.slurm.gpus_per_node) == \
+        ("slurm", "debug", "gpus-per-node", 2)
+    assert (p.slurm.cpus_per_task, p.slurm.mem, p.slurm.gpu_mem_gib, p.slurm.max_nodes) == (1, None, None, 2)
+    assert (p.slurm.default_time_min, p.slurm.max_time_min) == (10, 30)
+    assert (p.network.socket_ifname, p.network.gloo_ifname) == ("lo", "lo")
+    assert (p.preemption.signal, p.preemption.warning_s, p.preemption.requeue) == ("USR2", 30, True)
+    assert p.storage.runs_dir is None
+
+
+def test_local_is_cpu_on_loopback() -> None:
+    p = resolve("local")
+    assert (p.scheduler, p.slurm.gpus_per_node, p.network.socket_ifname) == ("local", 0, "lo")
+
+
+def test_roce_inherits_generic_ib_with_origins() -> None:
+    p = resolve("roce")
+    ib = str((REPO / "site_configs" / "generic-ib.yaml").resolve())
+    assert p.slurm.gpus_per_node == 8 and p.network.ib_gid_index == 3
+    assert p.origins["slurm.gpus_per_node"].startswith(ib + ":")
+    assert p.origins["network.ib_gid_index"].startswith(str(p.source) + ":")
+    assert p.network.env["NCCL_IB_TIMEOUT"] == "22" and p.network.env["NCCL_IB_TC"] == "106"
+    assert p.locked == ["slurm.account", "slurm.partition"]
+    assert p.origins["rendezvous.port_min"].startswith(ib + ":")
+    assert p.origins["slurm.qos"] == "default"
+
+
+def test_aws_efa_container_and_libfabric() -> None:
+    p = resolve("aws-efa")
+    assert p.network.socket_ifname == "^docker,lo" and p.network.gloo_ifname is None
+    assert p.network.env["FI_PROVIDER"] == "efa" and p.network.env["FI_EFA_USE_DEVICE_RDMA"] == "1"
+    assert p.environment.container is not None and p.environment.container.kind == "pyxis"
+
+
+# --- bad input: one problem each, file:line: key: message; fix ------------------------------------
+
+BAD = {
+    "unknown key at depth": ("name: x\nslurm:\n  partiton: gpu\n",
+                             ":3: slurm.partiton: unknown key; did you mean 'partition'?"),
+    "unknown top key": ("name: x\nschedular: slurm\n", ":2: schedular: unknown key; did you mean 'scheduler'?"),
+    "unknown env section key": ("name: x\nenvironment:\n  container:\n    kind: pyxis\n    image: a\n    mount: []\n",
+                                ":6: environment.container.mount: unknown key; did you mean 'mounts'?"),
+    "wrong type": ("name: x\nslurm:\n  gpus_per_node: eight\n", ":3: slurm.gpus_per_node: Input should be a valid integer"),
+    "wrong type bool": ("name: x\nslurm:\n  exclusive: maybe\n", ":3: slurm.exclusive:"),
+    "wrong type list": ("name: x\nslurm:\n  extra_sbatch: --exclusive\n", ":3: slurm.extra_sbatch: Input should be a valid list"),
+    "negative count": ("name: x\npreemption:\n  max_restarts: -1\n", ":3: preemption.max_restarts: Input should be greater than or equal to 0"),
+    "negative gpus": ("name: x\nslurm:\n  gpus_per_node: -8\n", ":3: slurm.gpus_per_node:"),
+    "default above max time": ("name: x\nslurm:\n  default_time_min: 90\n  max_time_min: 30\n",
+                               ":3: slurm.default_time_min: default_time_min 90 is above max_time_min 30"),
+    "cpus both ways": ("name: x\nslurm:\n  gpus_per_node: 4\n  cpus_per_gpu: 8\n  cpus_per_task: 32\n",
+                       ":5: slurm.cpus_per_task: cpus_per_gpu and cpus_per_task are both set"),
+    "bad ports": ("name: x\nrendezvous:\n  port_min: 80\n  port_max: 90000\n", ":3: rendezvous.port_min: port range 80-90000"),
+    "bad signal": ("name: x\npreemption:\n  signal: KILL\n", ":3: preemption.signal:"),
+    "bad interface =^": ("name: x\nnetwork:\n  socket_ifname: =^eth0\n", ":3: network.socket_ifname: '=^eth0' is not an NCCL interface"),
+    "bad gloo interface": ("name: x\nnetwork:\n  gloo_socket_ifname: ^lo\n", ":3: network.gloo_socket_ifname: '^lo' is not a gloo"),
+    "bad hca": ("name: x\nnetwork:\n  ib: true\n  ib_hca: mlx5_0:x\n", ":4: network.ib_hca:"),
+    "hca without ib": ("name: x\nnetwork:\n  ib_hca: mlx5_0\n", ":3: network.ib_hca: ib_hca is set but ib is false"),
+    "owned sbatch directive": ("name: x\nslurm:\n  extra_sbatch:\n    - --exclusive\n    - --nodes=4\n",
+                               ":5: slurm.extra_sbatch[1]: '--nodes=4': hpctrain sets --nodes itself"),
+    "abbreviated directive": ("name: x\nslurm:\n  extra_sbatch: [--sig=B:USR1@60]\n", "abbreviates --signal"),
+    "shell in directive": ("name: x\nslurm:\n  extra_sbatch: ['--comment=$(id)']\n", "is not a safe sbatch option"),
+    "short directive": ("name: x\nslurm:\n  srun_args: ['-N 2']\n", ":3: slurm.srun_args[0]: '-N 2' is not a safe srun option"),
+    "container in srun": ("name: x\nslurm:\n  srun_args: [--container-image=x]\n", "set environment.container"),
+    "env name": ("name: x\nenvironment:\n  env:\n    bad-name: 1\n", ":4: environment.env.bad-name: 'bad-name' is not a valid variable name"),
+    "env value newline": ('name: x\nenvironment:\n  env:\n    A: "x\\ny"\n', ":4: environment.env.A: the value contains a newline"),
+    "network env prefix": ("name: x\nnetwork:\n  env:\n    LD_PRELOAD: /x.so\n", ":4: network.env.LD_PRELOAD: LD_PRELOAD is not a network variable"),
+    "dedicated env": ("name: x\nnetwork:\n  env:\n    NCCL_SOCKET_IFNAME: eth0\n", "set network.socket_ifname instead"),
+    "owned env": ("name: x\nenvironment:\n  env:\n    MASTER_PORT: '29500'\n", "is set by hpctrain's script"),
+    "missing name": ("scheduler: local\n", "name: required key is missing"),
+    "bad name": ("name: My Cluster\n", ":1: name: 'My Cluster' is not a profile name"),
+    "locked unknown key": ("name: x\nlocked: [slurm.acount]\n", ":2: locked[0]: locked key 'slurm.acount'"),
+    "runs_dir shell": ("name: x\nstorage:\n  runs_dir: /x/$(id)\n", ":3: storage.runs_dir: runs_dir '/x/$(id)' contains shell syntax"),
+    "bad mount": ("name: x\nenvironment:\n  container: {kind: apptainer, image: a.sif, mounts: ['/a /b']}\n", "is not SRC:DST"),
+    "container kind": ("name: x\nenvironment:\n  container: {kind: docker, image: a}\n", ":3: environment.container.kind:"),
+    "relative activate": ("name: x\nenvironment:\n  activate: venv\n", "is a relative path"),
+    "non-mapping": ("- a\n- b\n", ":1: the top level is not a mapping"),
+    "scalar file": ("just text\n", "the top level is not a mapping"),
+    "empty": ("# nothing\n", "empty file"),
+    "python tag": ("name: x\ndescription: !!python/object/apply:os.system ['touch /tmp/pwned']\n",
+                   ":2: description: tag !!python/object/apply:os.system is not allowed"),
+    "python object tag": ("name: x\ndescription: !!python/object:builtins.dict {}\n", "tag !!python/object:builtins.dict is not allowed"),
+    "local tag": ("name: x\nversion: !foo 3\n", ":2: version: tag !foo is not allowed"),
+    "str tag": ("name: x\nversion: !!str 3\n", "tag !!str is not allowed"),
+    "alias": ("name: x\ndescription: &d hello\nversion: *d\n", ":2: description: anchor &d is not allowed"),
+    "duplicate key": ("name: x\nslurm:\n  partition: a\n  partition: b\n", ":4: slurm.partition: duplicate key (first on line 3)"),
+    "yaml syntax": ("name: x\nslurm: [\n", "not valid YAML"),
+    "bad extends": ("name: x\nextends: generic-iv\n", ":2: extends: extends 'generic-iv': no such profile; did you mean 'generic-ib'?"),
+    "missing extends file": ("name: x\nextends: ./nope.yaml\n", ":2: extends: extends './nope.yaml': no such file"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_input_is_exit_2_with_location(case: str, tmp_path: Path) -> None:
+    text, expected = BAD[case]
+    path = write(tmp_path / "p" / "bad.yaml", text)
+    out = invalid(path)
+    assert str(path) in out and expected in out, out
+    assert "fix" in out or "did you mean" in out
+
+
+def test_binary_non_utf8_deep_and_huge(tmp_path: Path) -> None:
+    assert "binary file" in invalid(write(tmp_path / "d" / "bin.yaml", b"name: x\x00\x01\x02"))
+    assert "not UTF-8" in invalid(write(tmp_path / "d" / "latin.yaml", "name: caf\xe9\n".encode("latin-1")))
+    deep = "name: x\nslurm:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 12)) + "  " * 12 + "v: 1\n"
+    out = invalid(write(tmp_path / "d" / "deep.yaml", deep))
+    assert "nested deeper than 8 levels" in out and "deep.yaml:10:" in out
+    out = invalid(write(tmp_path / "d" / "huge.yaml", "name: x\n" + "#" * 300_000 + "\n"))
+    assert "more than the 262144 allowed" in out
+
+
+def test_no_tag_constructs_anything(tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    write(tmp_path / "d" / "evil.yaml", f"name: x\ndescription: !!python/object/apply:os.system ['touch {marker}']\n")
+    invalid(tmp_path / "d" / "evil.yaml")
+    assert not marker.exists()
+
+
+def test_all_problems_of_a_file_reported_together(tmp_path: Path) -> None:
+    path = write(tmp_path / "p" / "many.yaml", """\
+name: many
+slurm:
+  partiton: gpu
+  default_time_min: 90
+  max_time_min: 30
+network:
+  socket_ifname: "eth0, lo"
+preemption:
+  warning_s: -5
+  signal: TERM
+color: blue
+""")
+    out = invalid(path)
+    assert "6 problems found" in out
+    for line, key in [(3, "slurm.partiton"), (4, "slurm.default_time_min"), (7, "network.socket_ifname"),
+                      (9, "preemption.warning_s"), (10, "preemption.signal"), (11, "color")]:
+        assert f"{path}:{line}: {key}: " in out, (line, key, out)
+
+
+def test_validate_several_files_reports_every_file(tmp_path: Path) -> None:
+    good = REPO / "site_configs" / "local.yaml"
+    a = write(tmp_path / "p" / "a.yaml", "name: a\nslurm: {gpus_per_node: -1}\n")
+    b = write(tmp_path / "p" / "b.yaml", "name: b\nnetwork: {ib_gid_index: x}\n")
+    result = cli("profiles", "validate", str(good), str(a), str(b))
+    assert result.exit_code == 2
+    assert f"{good}: ok" in result.output and f"{a}:2: slurm.gpus_per_node" in result.output
+    assert f"{b}:2: network.ib_gid_index" in result.output
+
+
+@pytest.mark.parametrize("expr", ["eth", "=eth0", "ib0,ib1", "^docker,lo", "^=docker0", "lo", "enp90s0np0",
+                                  "bond0.100", "eth0:1"])
+def test_nccl_interface_syntax_accepted(expr: str) -> None:
+    assert check_nccl_ifname(expr) == expr
+
+
+@pytest.mark.parametrize("expr", ["", "^", "=", "=^eth0", "^^eth", "eth0,,lo", ",eth0", "eth0,", "eth 0",
+                                  "eth0;reboot", "$(id)", "eth0\n", "a" * 16, "^eth,=lo"])
+def test_nccl_interface_syntax_refused(expr: str) -> None:
+    with pytest.raises(ValueError, match="fix:"):
+        check_nccl_ifname(expr)
+
+
+# --- extends, layers, locks ----------------------------------------------------------------------
+
+def test_extends_cycle_names_the_chain(tmp_path: Path) -> None:
+    a = write(tmp_path / "p" / "a.yaml", "name: a\nextends: ./b.yaml\n")
+    write(tmp_path / "p" / "b.yaml", "name: b\nextends: c.yaml\n")
+    write(tmp_path / "p" / "c.yaml", "name: c\nextends: ./a.yaml\n")
+    out = invalid(a)
+    assert "extends forms a cycle" in out and "c.yaml:2: extends" in out
+    assert out.index("a.yaml ->") < out.index("b.yaml ->") < out.index("c.yaml ->")
+
+
+def test_extends_by_name_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site = tmp_path / "site"
+    site.mkdir(mode=0o755)
+    write(site / "a.yaml", "name: a\nextends: b\n")
+    write(site / "b.yaml", "name: b\nextends: a\n")
+    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(site))
+    with pytest.raises(ValidationError, match="extends forms a cycle"):
+        resolve("a")
+
+
+def test_child_may_extend_a_profile_of_its_own_name(isolated: Path) -> None:
+    write(isolated / "hpctrain" / "profiles" / "generic-ib.yaml",
+          "name: generic-ib\nextends: generic-ib\nenvironment:\n  activate: /home/me/venv\n")
+    p = resolve("generic-ib")
+    assert p.environment.activate == "/home/me/venv" and p.slurm.gpus_per_node == 8
+    assert len(p.chain) == 2
+
+
+def test_flags_and_user_config_layers_with_origins(isolated: Path) -> None:
+    cfg = write(isolated / "hpctrain" / "config.yaml",
+                "default_profile: ethernet\noverrides:\n  slurm:\n    qos: low\n    max_nodes: 4\n")
+    p = resolve(None, {"slurm.max_nodes": "2", "network.env.NCCL_DEBUG": "INFO"})
+    assert p.name == "ethernet"
+    assert (p.slurm.qos, p.slurm.max_nodes, p.network.env["NCCL_DEBUG"]) == ("low", 2, "INFO")
+    assert p.origins["slurm.qos"] == f"user config {cfg}:4"
+    assert p.origins["slurm.max_nodes"] == "flag slurm.max_nodes"
+    assert p.origins["network.env.NCCL_DEBUG"] == "flag network.env.NCCL_DEBUG"
+    assert p.network.env["NCCL_SOCKET_NTHREADS"] == "4"          # mappings merge key by key
+    assert p.origins["slurm.reservation"] == "default"
+
+
+def test_bad_flag_and_bad_user_config(isolated: Path) -> None:
+    with pytest.raises(ValidationError) as e:
+        resolve("local", {"slurm.gpus_per_nod": 2})
+    assert "command line: slurm.gpus_per_nod: unknown key; did you mean 'gpus_per_node'?" in str(e.value)
+    cfg = write(isolated / "hpctrain" / "config.yaml", "default_profil: local\noverrides:\n  slurm:\n    mem: lots\n")
+    with pytest.raises(ValidationError) as e:
+        resolve("local")
+    msg = str(e.value)
+    assert f"{cfg}:1: default_profil: unknown key; did you mean 'default_profile'?" in msg
+    assert f"{cfg}:4: slurm.mem: 'lots' is not a Slurm memory size" in msg
+
+
+def test_locked_key_override_names_key_and_profile(isolated: Path, tmp_path: Path) -> None:
+    ib = str((REPO / "site_configs" / "generic-ib.yaml").resolve())
+    with pytest.raises(ValidationError) as e:
+        resolve("generic-ib", {"slurm.account": "other"})
+    assert f"slurm.account is locked by profile {ib}" in str(e.value)
+    assert resolve("generic-ib", {"slurm.account": "ml-research"}).slurm.account == "ml-research"
+
+    child = write(tmp_path / "p" / "child.yaml", "name: child\nextends: generic-ib\nslurm:\n  partition: big\n")
+    out = invalid(child)
+    assert f"{child}:4: slurm.partition: slurm.partition is locked by profile {ib}" in out
+
+    cfg = write(isolated / "hpctrain" / "config.yaml", "overrides:\n  slurm:\n    account: mine\n")
+    with pytest.raises(ValidationError) as e:
+        resolve("roce")
+    assert f"{cfg}:3: slurm.account: slurm.account is locked by profile {ib}" in str(e.value)
+
+
+def test_locked_section(tmp_path: Path) -> None:
+    write(tmp_path / "p" / "base.yaml", "name: base\nnetwork:\n  socket_ifname: ib0\nlocked: [network]\n")
+    child = write(tmp_path / "p" / "child.yaml", "name: child\nextends: ./base.yaml\nnetwork:\n  env:\n    NCCL_DEBUG: INFO\n")
+    assert "network is locked by profile" in invalid(child)
+
+
+def test_name_cannot_be_overridden_from_config(isolated: Path) -> None:
+    write(isolated / "hpctrain" / "config.yaml", "overrides:\n  name: other\n  locked: []\n")
+    with pytest.raises(ValidationError, match="name cannot be overridden"):
+        resolve("local")
+
+
+# --- default profile, discovery, trust -----------------------------------------------------------
+
+def test_default_profile(isolated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert resolve(None).name == "local"                      # no sbatch: the embedded default
+    write(bin_dir / "sbatch", "#!/bin/sh\n", 0o755)
+    with pytest.raises(UserError, match="pass --profile NAME .available: aws-efa, ethernet"):
+        resolve(None)
+    write(isolated / "hpctrain" / "config.yaml", "default_profile: loopback\n")
+    assert resolve(None).name == "loopback"
+
+
+def test_unknown_profile_name_suggests() -> None:
+    with pytest.raises(UserError, match="no profile named 'loopbak'; did you mean 'loopback'"):
+        resolve("loopbak")
+
+
+def test_discovery_precedence(isolated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    site1, site2 = tmp_path / "site1", tmp_path / "site2"
+    write(site1 / "local.yaml", "name: local\nscheduler: local\ndescription: site one\n")
+    write(site2 / "local.yaml", "name: local\nscheduler: local\ndescription: site two\n")
+    write(site2 / "extra.yml", "name: extra\nextends: local\nslurm: {gpus_per_node: 1}\n")
+    for d in (site1, site2):
+        os.chmod(d, 0o755)
+    monkeypatch.setenv("HPCTRAIN_SITE_PATH", f"{site1}:{site2}")
+    assert resolve("local").description == "site two"
+    assert resolve("extra").description == "site two"           # extends by name finds the winner
+    user = write(isolated / "hpctrain" / "profiles" / "local.yaml", "name: local\nscheduler: local\ndescription: mine\n")
+    assert resolve("local").description == "mine"
+    entries = [e for e in discover() if e.name == "local"]
+    assert [e.kind for e in entries] == ["bundled", "site", "site", "user"]
+    assert [e.wins for e in entries] == [False, False, False, True]
+    assert all(e.shadowed_by == user.resolve() for e in entries[:3])
+
+    result = cli("profiles", "list", "--json")
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert set(rows[0]) == {"name", "scheduler", "description", "path", "kind", "wins", "shadowed_by", "error"}
+    local = [r for r in rows if r["name"] == "local"]
+    assert [r["kind"] for r in local] == ["bundled", "site", "site", "user"]
+    assert local[-1] == {"name": "local", "scheduler": "local", "description": "mine", "path": str(user.resolve()),
+                         "kind": "user", "wins": True, "shadowed_by": None, "error": None}
+    assert {r["name"] for r in rows} >= set(SHIPPED) | {"extra"}
+    table = cli("profiles", "list")
+    assert table.exit_code == 0 and "shadowed by" in table.output and "site two" in table.output
+
+
+def test_discovered_name_must_match_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path / "site" / "alpha.yaml", "name: beta\nscheduler: local\n")
+    os.chmod(tmp_path / "site", 0o755)
+    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(tmp_path / "site"))
+    with pytest.raises(ValidationError, match="name 'beta' does not match the file name 'alpha'"):
+        resolve("alpha")
+
+
+@pytest.mark.parametrize("target", ["file", "dir"])
+@pytest.mark.parametrize("bits", [stat.S_IWGRP, stat.S_IWOTH])
+def test_writable_profile_is_refused(tmp_path: Path, target: str, bits: int) -> None:
+    path = write(tmp_path / "p" / "x.yaml", "name: x\nscheduler: local\n")
+    os.chmod(tmp_path / "p", 0o755)
+    victim = path if target == "file" else path.parent
+    os.chmod(victim, victim.stat().st_mode | bits)
+    out = invalid(path)
+    assert "Bad permissions" in out and f"chmod go-w {victim}" in out and "writable" in out
+    with pytest.raises(UserError, match="Refusing profile"):
+        resolve(str(path))
+
+
+def test_writable_user_config_is_refused(isolated: Path) -> None:
+    write(isolated / "hpctrain" / "config.yaml", "default_profile: local\n", 0o666)
+    with pytest.raises(UserError, match="Bad permissions 0666"):
+        resolve("local")
+
+
+# --- show, publish, help, docs --------------------------------------------------------------------
+
+def test_show_resolved_json_and_raw() -> None:
+    result = cli("profiles", "show", "roce", "--resolved", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    assert set(data) == {"name", "source", "chain", "values", "origins"}
+    assert data["values"]["network"]["ib_gid_index"] == 3 and len(data["chain"]) == 2
+    assert data["origins"]["slurm.partition"].endswith("generic-ib.yaml:10")
+    raw = cli("profiles", "show", "roce")
+    assert raw.exit_code == 0 and "extends: generic-ib" in raw.output
+    table = cli("profiles", "show", "loopback", "--resolved")
+    assert table.exit_code == 0 and "slurm.partition" in table.output and "loopback.yaml:10" in table.output
+    bad = cli("profiles", "show", "nope")
+    assert bad.exit_code == 2 and "no profile named 'nope'" in bad.output
+
+
+def test_publish_is_atomic_and_safe(tmp_path: Path) -> None:
+    src = write(tmp_path / "src" / "mine.yaml", "name: mine\nextends: generic-ib\ndescription: v1\n")
+    dest = tmp_path / "etc" / "profiles"
+    result = cli("profiles", "publish", str(src), "--to", str(dest))
+    assert result.exit_code == 0, result.output
+    target = dest / "mine.yaml"
+    assert target.read_bytes() == src.read_bytes()
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644 and stat.S_IMODE(dest.stat().st_mode) == 0o755
+    assert "unchanged" in cli("profiles", "publish", str(src), "--to", str(dest)).output
+
+    write(src, "name: mine\nextends: generic-ib\ndescription: v2\n")
+    refused = cli("profiles", "publish", str(src), "--to", str(dest))
+    assert refused.exit_code == 2 and "--force" in refused.output and b"v1" in target.read_bytes()
+
+    with open(target, "rb") as old:                  # a reader of the old file keeps the old file:
+        assert cli("profiles", "publish", str(src), "--to", str(dest), "--force").exit_code == 0
+        assert b"v1" in old.read()                   # replaced by rename, never rewritten in place
+    assert b"v2" in target.read_bytes() and stat.S_IMODE(target.stat().st_mode) == 0o644
+    assert sorted(p.name for p in dest.iterdir()) == ["mine.yaml"]   # no temp file left
+
+    bad = write(tmp_path / "src" / "bad.yaml", "name: bad\nslurm: {gpus_per_node: -1}\n")
+    assert cli("profiles", "publish", str(bad), "--to", str(dest)).exit_code == 2
+    assert not (dest / "bad.yaml").exists()
+    by_path = write(tmp_path / "src" / "rel.yaml", "name: rel\nextends: ./mine.yaml\n")
+    out = cli("profiles", "publish", str(by_path), "--to", str(dest))
+    assert out.exit_code == 2 and "extend by profile name" in out.output
+
+
+@pytest.mark.parametrize("cmd", ["list", "show", "validate", "publish"])
+def test_every_command_has_help_with_an_example(cmd: str) -> None:
+    result = cli("profiles", cmd, "--help")
+    assert result.exit_code == 0 and "Example" in result.output
+
+
+def test_docs_match_the_schema() -> None:
+    from hpctrain.profiles.docs import render
+
+    committed = (REPO / "docs" / "site-profiles.md").read_text(encoding="utf-8")
+    assert committed == render(), ("docs/site-profiles.md is out of date; refresh it with: "
+                                   ".venv/bin/python -m hpctrain.profiles.docs > docs/site-profiles.md")
+    for key in ("slurm.gpu_request", "network.socket_ifname", "preemption.signal", "locked"):
+        assert f"| `{key}` |" in committed
+
+
+def test_profiles_path_never_imports_torch() -> None:
+    code = ("import sys; from hpctrain.cli import main; from hpctrain.profiles import resolve; "
+            "main(['profiles', 'validate', 'site_configs/roce.yaml'], standalone_mode=False); resolve('loopback'); "
+            "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
