@@ -345,7 +345,8 @@ down() {
         fi
     fi
     local n
-    for n in "${NODES[@]}"; do stop "slurmd $n" "$RUN/slurmd-$n.pid" slurmd; done
+    for n in "${NODES[@]}"; do stop "slurmd $n" "$RUN/slurmd-$n.pid" slurmd & done
+    wait
     stop slurmctld "$RUN/slurmctld.pid" slurmctld
     stop slurmdbd "$RUN/slurmdbd.pid" slurmdbd
     stop mariadb "$RUN/mariadb.pid" mariadbd
