@@ -257,7 +257,10 @@ def _table(items: list[dict[str, Any]]) -> None:
         table.add_row(i["name"], i["state"], str(i["job_id"]), f"{i['nodes']} x {i['gpus_per_node']}",
                       str(i["strategy"]), str(i["restarts"]),
                       "-" if i["checkpoint_step"] is None else str(i["checkpoint_step"]), str(i["created"]))
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # piped: no truncation
+    console.print(table)
 
 
 @click.command()
