@@ -458,3 +458,21 @@ def test_profiles_path_never_imports_torch() -> None:
             "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules, 'torch imported'")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_null_resets_a_key_to_its_default(tmp_path: Path) -> None:
+    child = write(tmp_path / "p" / "child.yaml", f"""\
+name: child
+extends: {REPO / 'site_configs' / 'generic-ib.yaml'}
+slurm:
+  extra_sbatch: null
+  cpus_per_gpu: null
+  cpus_per_task: 4
+preemption:
+  warning_s: null
+environment:
+""")
+    p = resolve(str(child))
+    assert (p.slurm.extra_sbatch, p.slurm.cpus_per_gpu, p.slurm.cpus_per_task) == ([], None, 4)
+    assert p.preemption.warning_s == 120 and p.origins["preemption.warning_s"] == f"{child}:8"
+    assert p.environment.modules == [] and p.slurm.gpus_per_node == 8

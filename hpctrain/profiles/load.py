@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 from pydantic import ValidationError as PydanticError
+from pydantic_core import PydanticUndefined
 from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
@@ -333,6 +334,20 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _drop_nulls(data: dict[str, Any], path: Path_ = ()) -> dict[str, Any]:
+    """`key: null` resets a key to its default: drop nulls where the default is not null
+    (an empty `slurm:` section, `extra_sbatch: null`, ...)."""
+    model = model_at((*path, ""))
+    out = {}
+    for k, v in data.items():
+        field = model.model_fields.get(k) if model else None
+        if v is None and field is not None and (field.default_factory is not None
+                                                 or field.default not in (None, PydanticUndefined)):
+            continue
+        out[k] = _drop_nulls(v, (*path, k)) if isinstance(v, dict) else v
+    return out
+
+
 def _covers(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
@@ -498,6 +513,7 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
             where.setdefault(path, (layer.file, None))
         for k in layer.locks:
             locks.setdefault(k, layer.file or "?")
+    merged = _drop_nulls(merged)
     merged["locked"] = list(dict.fromkeys(locks))
     if docs:
         merged["name"] = docs[0].data.get("name")

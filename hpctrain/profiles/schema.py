@@ -428,8 +428,9 @@ class Storage(Strict):
     runs_dir: str | None = Field(
         None,
         description="Folder holding run folders, on a filesystem every node sees (e.g. "
-                    "`$SCRATCH/hpctrain`; $VAR expanded on the node). Null: `./runs` in the "
-                    "directory of `submit`, made absolute at submit time.")
+                    "`$SCRATCH/hpctrain`; $VAR and ~ are expanded when you submit, so the variable "
+                    "must be set there). Null: `./runs` in the directory of `submit`. Always made "
+                    "absolute at submit time.")
 
     @field_validator("runs_dir")
     @classmethod
