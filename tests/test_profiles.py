@@ -476,3 +476,11 @@ environment:
     assert (p.slurm.extra_sbatch, p.slurm.cpus_per_gpu, p.slurm.cpus_per_task) == ([], None, 4)
     assert p.preemption.warning_s == 120 and p.origins["preemption.warning_s"] == f"{child}:8"
     assert p.environment.modules == [] and p.slurm.gpus_per_node == 8
+
+
+def test_usr1_is_valid_but_warned(tmp_path: Path) -> None:
+    path = write(tmp_path / "p" / "u.yaml", "name: u\npreemption:\n  signal: SIGUSR1\n")
+    result = cli("profiles", "validate", str(path))
+    assert result.exit_code == 0 and f"{path}: ok" in result.output
+    assert "warning: preemption.signal USR1" in result.output
+    assert resolve(str(path)).preemption.signal == "USR1"

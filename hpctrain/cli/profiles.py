@@ -132,8 +132,10 @@ def validate(files: tuple[Path, ...]) -> None:
     problems: list[Problem] = []
     for f in files:
         try:
-            resolve_file(f, user_config=False)
+            profile = resolve_file(f, user_config=False)
             click.echo(f"{f}: ok")
+            for warning in profile.warnings:
+                click.echo(f"{f}: warning: {warning}", err=True)
         except ValidationError as e:
             problems += e.problems
         except UserError as e:

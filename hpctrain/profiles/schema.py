@@ -516,6 +516,17 @@ class Profile(Strict):
         return None if v is None else check_text(v)
 
     @property
+    def warnings(self) -> list[str]:
+        """Valid but risky choices, printed by `profiles validate`."""
+        out = []
+        if self.preemption.signal == "USR1":
+            out.append("preemption.signal USR1: NCCL and some launchers use USR1 themselves, so "
+                       "the warning may be lost; prefer USR2")
+        if self.preemption.requeue and self.preemption.max_restarts == 0:
+            out.append("preemption.requeue is true but max_restarts is 0: nothing is requeued")
+        return out
+
+    @property
     def origins(self) -> dict[str, str]:
         """Dotted key -> where its value came from ("file:line", "default", "user config ...",
         "flag ...")."""
