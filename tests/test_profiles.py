@@ -484,3 +484,18 @@ def test_usr1_is_valid_but_warned(tmp_path: Path) -> None:
     assert result.exit_code == 0 and f"{path}: ok" in result.output
     assert "warning: preemption.signal USR1" in result.output
     assert resolve(str(path)).preemption.signal == "USR1"
+
+
+def test_numbers_are_text_where_text_is_meant(tmp_path: Path) -> None:
+    path = write(tmp_path / "p" / "n.yaml", "name: n\nversion: 3\nslurm:\n  mem: 0\nnetwork:\n  env:\n"
+                                            "    NCCL_IB_TIMEOUT: 22\n    NCCL_DEBUG: true\n")
+    out = invalid(path)
+    assert "1 problem found" in out and f"{path}:8: network.env.NCCL_DEBUG: Input should be a valid string" in out
+    write(path, "name: n\nversion: 3\nslurm:\n  mem: 0\nnetwork:\n  env:\n    NCCL_IB_TIMEOUT: 22\n")
+    p = resolve(str(path))
+    assert (p.version, p.slurm.mem, p.network.env["NCCL_IB_TIMEOUT"]) == ("3", "0", "22")
+
+
+def test_missing_name_is_one_problem(tmp_path: Path) -> None:
+    out = invalid(write(tmp_path / "p" / "x.yaml", "scheduler: local\n"))
+    assert "1 problem found" in out and "name: required key is missing; fix: add `name: NAME`" in out

@@ -29,6 +29,7 @@ from hpctrain.profiles.schema import SECTIONS, Profile, model_at
 
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 8
+NAME_MISSING = "required key is missing; fix: add `name: NAME` (every profile file names itself)"
 Path_ = tuple[str | int, ...]          # a key path inside a document: ("slurm", "extra_sbatch", 0)
 
 
@@ -422,8 +423,7 @@ def _chain(top: Path, problems: list[Problem]) -> list[Doc]:
             break
         docs.append(doc)
         if "name" not in doc.data:
-            problems.append(Problem("required key is missing; fix: add `name: NAME` (every "
-                                    "profile file names itself)", file=str(path), key="name"))
+            problems.append(Problem(NAME_MISSING, file=str(path), key="name"))
         parent = doc.data.get("extends")
         if parent is None:
             break
@@ -516,8 +516,10 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
     merged = _drop_nulls(merged)
     merged["locked"] = list(dict.fromkeys(locks))
     if docs:
-        merged["name"] = docs[0].data.get("name")
-        merged["extends"] = docs[0].data.get("extends")
+        for key in ("name", "extends"):          # never inherited
+            merged.pop(key, None)
+            if docs[0].data.get(key) is not None:
+                merged[key] = docs[0].data[key]
         where.setdefault(("locked",), (str(docs[0].path), docs[0].lines.get(("locked",))))
 
     profile = None
@@ -629,7 +631,7 @@ def _message(err: Any, path: Path_, msg: str) -> str:
     got = err.get("input")
     shown = f" (got {got!r})" if isinstance(got, str | int | float | bool) else ""
     if kind == "missing":
-        return "required key is missing; fix: add it"
+        return NAME_MISSING if path == ("name",) else "required key is missing; fix: add it"
     return f"{msg}{shown}; fix: {_FIX.get(kind, 'see docs/site-profiles.md')}"
 
 

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, field_validator,
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, field_validator,
                       model_validator)
 from pydantic_core import PydanticCustomError
 
@@ -229,7 +229,13 @@ LockedKey = Annotated[str, AfterValidator(_locked_key)]
 SbatchOption = Annotated[str, AfterValidator(lambda v: check_option(v, SBATCH_OWNED, "sbatch"))]
 SrunOption = Annotated[str, AfterValidator(lambda v: check_option(v, SRUN_OWNED, "srun"))]
 ContainerFlag = Annotated[str, AfterValidator(lambda v: check_option(v, {}, "container"))]
-EnvValue = Annotated[str, AfterValidator(_env_value)]
+def _number_as_text(value: Any) -> Any:
+    """Environment values are text; `NCCL_IB_TIMEOUT: 22` means "22" (true/false stay errors:
+    the program reading it decides whether that is "1", "true" or "yes")."""
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+EnvValue = Annotated[str, BeforeValidator(_number_as_text), AfterValidator(_env_value)]
 EnvMap = dict[Annotated[str, AfterValidator(_env_name)], EnvValue]
 NetworkEnvMap = dict[Annotated[str, AfterValidator(_net_env_name)], EnvValue]
 
@@ -290,6 +296,11 @@ class Slurm(Strict):
             raise ValueError(f"{v!r} is not a Slurm constraint; fix: use feature names joined "
                              "with & | , and brackets, no spaces")
         return v
+
+    @field_validator("mem", mode="before")
+    @classmethod
+    def _mem_number(cls, v: Any) -> Any:
+        return _number_as_text(v)
 
     @field_validator("mem")
     @classmethod
