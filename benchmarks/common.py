@@ -148,3 +148,54 @@ class Timer:
 
     def __exit__(self, *exc):
         self.s = time.perf_counter() - self.t0
+
+
+def launch(cmd: list[str], log: Path, **extra_env: str) -> subprocess.Popen:
+    """Start a command in the background (its own session), output to `log`."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env(**extra_env), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid` (torchrun starts its workers in sessions of their own, so a
+    process-group kill would miss them)."""
+    children: dict[int, list[int]] = {}
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(p.name))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(proc: subprocess.Popen, sig: int) -> None:
+    """Send `sig` to a process we started and to everything below it, all at once."""
+    for pid in [*descendants(proc.pid), proc.pid]:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float,
+                  skip_rows: int = 0) -> int:
+    """Poll metrics.jsonl until a row with step >= `step` appears (rows after `skip_rows`);
+    returns that step. NotMeasured if the run ends or the time runs out first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = read_jsonl(metrics)[skip_rows:]
+        if rows and rows[-1].get("step", -1) >= step:
+            return rows[-1]["step"]
+        if proc.poll() is not None:
+            raise NotMeasured(f"the run exited ({proc.returncode}) before step {step}")
+        time.sleep(0.05)
+    kill_tree(proc, 9)
+    raise NotMeasured(f"step {step} not reached in {timeout:.0f} s")

@@ -67,7 +67,7 @@ def markdown(rows: list[dict], info: dict) -> str:
         "",
         f"Machine: {info['machine']['cpu']}, {info['machine']['cores']} cores, "
         f"torch {info['machine']['torch']}, Python {info['machine']['python']}, "
-        f"load average {info['machine']['load_avg_1min_at_start']} at start "
+        f"load average {info['machine']['load_avg_1min_at_start']:.1f} at start "
         "(the machine is shared: figures are noisy).",
         f"Wall time of the whole run: {info['wall_s']:.0f} s.",
         "",

@@ -1,0 +1,76 @@
+"""4. Preemption: optimizer steps redone after a signal preemption (target 0) and after SIGKILL
+(target <= the checkpoint interval).
+
+torchrun (2 ranks, DDP, the demo GPT, a checkpoint every C steps) trains; at a step that is not a
+multiple of C it is
+  - preempted the way hpctrain's batch script relays the scheduler's signal: its trap touches
+    $HPCTRAIN_STOP_FILE, the ranks agree, save and exit 75; or
+  - killed: SIGKILL to torchrun and every worker at once (a node lost, the OOM killer);
+then the same command is started again and resumes by itself. Steps redone = the last step the first
+run logged in metrics.jsonl minus the step the second run resumed from (its first step - 1).
+The figure is the worst over the repetitions.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+
+from benchmarks import common
+from benchmarks.restart import train_entry
+
+EVERY = 5
+
+
+def one(kind: str, at_step: int) -> dict:
+    d = common.scratch(f"preempt-{kind}-")
+    stop, log, metrics = d / "STOP", d / "torchrun.log", d / "metrics.jsonl"
+    proc = common.launch(train_entry(d, 10_000, EVERY), log, HPCTRAIN_STOP_FILE=str(stop))
+    try:
+        common.wait_for_step(metrics, at_step, proc, timeout=600)
+        if kind == "signal":
+            stop.touch()          # what the batch shell's trap does on USR2
+            rc = proc.wait(timeout=300)
+        else:
+            common.kill_tree(proc, signal.SIGKILL)
+            rc = proc.wait(timeout=60)
+            time.sleep(0.5)       # the workers' exit is not instantaneous
+    except BaseException:
+        common.kill_tree(proc, signal.SIGKILL)
+        raise
+    rows = common.read_jsonl(metrics)
+    last = rows[-1]["step"]
+    events = [e.get("event") for e in common.read_jsonl(d / "events.jsonl")]
+    stop.unlink(missing_ok=True)  # the script removes STOP at every start
+    common.run(train_entry(d, last + 2, EVERY), timeout=600, HPCTRAIN_STOP_FILE=str(stop))
+    new = common.read_jsonl(metrics)[len(rows):]
+    if not new:
+        raise common.NotMeasured(f"the restarted run in {d} logged no step")
+    resumed_from = new[0]["step"] - 1
+    return {"stopped_at_step": at_step, "last_logged_step": last, "resumed_from_step": resumed_from,
+            "redone": last - resumed_from, "first_run_rc": rc,
+            "preempted_event_written": "preempted" in events}
+
+
+def run(quick: bool) -> list[dict]:
+    reps = 1 if quick else 3
+    rng = random.Random(7)
+    rows = []
+    for kind, target in (("signal", "<= 0"), ("sigkill", f"<= {EVERY}")):
+        name = f"preemption_steps_redone_{kind}"
+        try:
+            # a step that is not a checkpoint step, past the first checkpoint
+            trials = [one(kind, rng.choice([s for s in range(EVERY + 1, 3 * EVERY) if s % EVERY]))
+                      for _ in range(reps)]
+        except common.NotMeasured as e:
+            rows.append(common.not_measured(name, target, str(e)))
+            continue
+        worst = max(t["redone"] for t in trials)
+        how = ("stop file touched (the batch shell's USR2 trap)" if kind == "signal"
+               else "SIGKILL to torchrun and every worker")
+        rows.append(common.measured(
+            name, worst, target, checkpoint_every=EVERY, trials=trials,
+            summary=f"{how}: worst {worst} step(s) redone over {reps} trial(s); "
+                    f"checkpoint every {EVERY} steps"))
+    return rows
