@@ -32,6 +32,7 @@ class ScriptSlurmExecutor(SlurmExecutor):
 
 
 def submit(run: RunDir) -> str:
+    run.submitit.mkdir(parents=True, exist_ok=True)  # submitit writes its submission file there
     ex = ScriptSlurmExecutor(run.submitit, run.job_sh.read_text())
     try:
         job = ex._submit_command("")
