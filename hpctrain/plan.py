@@ -83,6 +83,7 @@ class Workload:
     hidden: int | None = None
     layers: int | None = None
     host_mem_bytes: int | None = None   # per node; None: not checked
+    largest_param: int | None = None    # elements of the biggest parameter tensor (from --model)
 
     @property
     def world(self) -> int:
@@ -125,9 +126,11 @@ class Estimate:
         return d
 
 
-def model_state(layout: Layout, *, params: int, world: int, precision: str,
-                optimizer: str) -> tuple[int, int, int, int]:
-    """(params, grads, optimizer, host) bytes per rank; host = what offload moves to host memory."""
+def model_state(layout: Layout, *, params: int, world: int, precision: str, optimizer: str,
+                largest: int | None = None) -> tuple[int, int, int, int]:
+    """(params, grads, optimizer, host) bytes per rank; host = what offload moves to host memory.
+    `largest`: the biggest single parameter tensor's element count (ZeRO-1/2 offload stages each
+    gradient through one fp32 buffer of that size on each side); default P/24."""
     if precision not in PRECISIONS:
         raise UserError(f"precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     if optimizer not in OPT_BYTES:
@@ -148,7 +151,13 @@ def model_state(layout: Layout, *, params: int, world: int, precision: str,
     g, o = shard(w), shard(k + 4)
     if layout.offload == "none":
         return p, g, o, 0
-    host_opt = o + shard(4)            # fp32 master + states, and the fp32 gradient partition
+    # Host: fp32 master + optimizer states, the fp32 gradient partition, and a low-precision
+    # partition (ZeRO-1/2: the copy sent back after the step; ZeRO-3: the gradient partition).
+    host_opt = o + shard(4) + shard(w)
+    if layout.offload == "optimizer" and layout.zero_stage in (1, 2):
+        # + one fp32 staging buffer per side for the largest parameter's gradient
+        stage = 4 * (largest or math.ceil(P / DEFAULT_UNITS))
+        return p, stage, 0, host_opt + stage
     if layout.offload == "optimizer":
         return p, 0, 0, host_opt
     if layout.offload == "optimizer+params":
@@ -183,7 +192,7 @@ def estimate(layout: Layout, wl: Workload, *, precision: str | None = None,
     precision = precision or wl.precision
     mb = micro_batch or wl.micro_batch or 1
     p, g, o, host = model_state(layout, params=wl.params, world=wl.world, precision=precision,
-                                optimizer=wl.optimizer)
+                                optimizer=wl.optimizer, largest=wl.largest_param)
     tr = _transient(layout, wl, precision)
     act = activation_bytes(wl, precision=precision, micro_batch=mb, checkpointed=False)
     act_ck = activation_bytes(wl, precision=precision, micro_batch=mb, checkpointed=True)
@@ -360,8 +369,9 @@ def workload(*, params: int | None, model: str | None, precision: str, optimizer
     """Resolve the inputs (model size, GPU memory from the flag or the profile) into a Workload."""
     if (params is None) == (model is None):
         raise UserError("give exactly one of --params N or --model pkg.mod:factory")
+    largest = None
     if model is not None:
-        params = count_params(model)
+        params, largest = count_params(model)
     mem = gpu_mem_gib
     if mem is None and profile is not None:
         mem, host = _profile_memory(profile, nodes=nodes, gpus=gpus)
@@ -373,7 +383,7 @@ def workload(*, params: int | None, model: str | None, precision: str, optimizer
         raise UserError(f"--gpu-mem-gib {mem}: must be positive")
     return Workload(int(params), precision, optimizer, nodes, gpus, int(mem * GIB), micro_batch,  # type: ignore[arg-type]
                     seq_len, hidden, layers,
-                    None if host_mem_gib is None else int(host_mem_gib * GIB))
+                    None if host_mem_gib is None else int(host_mem_gib * GIB), largest)
 
 
 def _profile_memory(name: str, *, nodes: int, gpus: int) -> tuple[float | None, float | None]:
@@ -428,8 +438,9 @@ def _meminfo_gib() -> float | None:
     return None
 
 
-def count_params(spec: str) -> int:
-    """Parameters of `pkg.mod:factory()` built on the meta device (no memory, no weights)."""
+def count_params(spec: str) -> tuple[int, int]:
+    """(parameters, largest parameter's elements) of `pkg.mod:factory()`, built on the meta
+    device: no memory, no weights."""
     import importlib
 
     mod_name, _, attr = spec.partition(":")
@@ -447,4 +458,7 @@ def count_params(spec: str) -> int:
     if not isinstance(model, torch.nn.Module):
         raise UserError(f"--model {spec!r}: the factory returned {type(model).__name__}, "
                         "not a torch.nn.Module")
-    return sum(p.numel() for p in model.parameters())  # parameters() skips tied duplicates
+    sizes = [p.numel() for p in model.parameters()]  # parameters() skips tied duplicates
+    if not sizes:
+        raise UserError(f"--model {spec!r}: the model has no parameters")
+    return sum(sizes), max(sizes)
