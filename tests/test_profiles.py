@@ -26,7 +26,8 @@ SHIPPED = sorted(p.stem for p in (REPO / "site_configs").glob("*.yaml"))
 def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """No user config or site path from the machine running the tests."""
     home = tmp_path / "xdg"
-    home.mkdir(mode=0o755)
+    home.mkdir()
+    os.chmod(home, 0o755)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
     monkeypatch.delenv("HPCTRAIN_SITE_PATH", raising=False)
     return home
@@ -34,6 +35,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def write(path: Path, text: str | bytes, mode: int = 0o644) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o755)             # whatever the umask: a group-writable dir is refused
     path.write_bytes(text.encode() if isinstance(text, str) else text)
     os.chmod(path, mode)
     return path
@@ -245,7 +247,8 @@ def test_extends_cycle_names_the_chain(tmp_path: Path) -> None:
 
 def test_extends_by_name_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     site = tmp_path / "site"
-    site.mkdir(mode=0o755)
+    site.mkdir()
+    os.chmod(site, 0o755)
     write(site / "a.yaml", "name: a\nextends: b\n")
     write(site / "b.yaml", "name: b\nextends: a\n")
     monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(site))
@@ -499,3 +502,17 @@ def test_numbers_are_text_where_text_is_meant(tmp_path: Path) -> None:
 def test_missing_name_is_one_problem(tmp_path: Path) -> None:
     out = invalid(write(tmp_path / "p" / "x.yaml", "scheduler: local\n"))
     assert "1 problem found" in out and "name: required key is missing; fix: add `name: NAME`" in out
+
+
+def test_bundled_profile_more_writable_than_the_code_is_refused(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import hpctrain.profiles.load as load
+
+    bundle = tmp_path / "bundle"
+    write(bundle / "local.yaml", "name: local\nscheduler: local\n", 0o666)
+    monkeypatch.setattr("hpctrain.resources.bundled", lambda name: bundle)
+    assert load._is_bundled(bundle / "local.yaml")
+    with pytest.raises(UserError, match="Bad permissions 0666 on file"):
+        resolve("local")
+    os.chmod(bundle / "local.yaml", 0o644)
+    assert resolve("local").scheduler == "local"

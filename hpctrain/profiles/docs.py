@@ -89,7 +89,8 @@ A later directory wins a name clash; `hpctrain profiles list` shows every file a
 
 Profiles decide what runs on the cluster, so, as ssh does with `authorized_keys`, hpctrain refuses
 a profile file, or the directory holding it, that is group- or world-writable or owned by someone
-other than you or root (bundled files: the file mode is checked). The message says which
+other than you or root. Bundled profiles are trusted as much as hpctrain's own code: a bundled
+file is refused only when it is more writable than the package's code. The message says which
 `chmod go-w` fixes it. The same rule applies to the user config.
 
 YAML is read safely: no tag (`!!python/object`, `!foo`, even `!!str`) is accepted, nor anchors
