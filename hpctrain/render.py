@@ -5,7 +5,8 @@ value shell-quoted by a finalize hook unless it is `Sh` (already safe: built by 
 below). Jinja comments are `{## ... ##}` (bash's `${#x}` would open a default one). The template
 search path is site first ($HPCTRAIN_SITE_PATH dirs' templates/, then the user's
 config dir), the bundled template last; the bundled one is also reachable as "hpctrain/sbatch.sh.j2" so a
-site template can `{% extends "hpctrain/sbatch.sh.j2" %}` and override one block.
+site template can `{% extends "hpctrain/sbatch.sh.j2" %}` and override one block (`{{ super() | safe }}` keeps the
+original: like every value, super() is quoted otherwise).
 
 Rendering is deterministic: directives in a fixed order, environment sorted, absolute run folder.
 """
@@ -84,6 +85,11 @@ def _shvalue(value: Any) -> Sh:
 
 def _dq_escape(text: str) -> str:
     return re.sub(r'([\\"$`])', r"\\\1", text)
+
+
+def _home(path: str) -> str:
+    """`~/x` as `$HOME/x`, which shvalue lets expand on the node."""
+    return "$HOME" + path[1:] if path == "~" or path.startswith("~/") else path
 
 
 def _template_dirs() -> list[Path]:
@@ -214,6 +220,7 @@ def context(profile: Any, req: JobRequest, run_dir: str) -> dict[str, Any]:
         "rendezvous": profile.rendezvous,
         "environment": profile.environment,
         "container": profile.environment.container,
+        "activate_path": _home(profile.environment.activate or ""),
         "container_mounts": [*profile.environment.container.mounts, f"{run_dir}:{run_dir}"]
         if profile.environment.container else [],
     }

@@ -1,0 +1,188 @@
+#!/bin/bash
+#SBATCH --job-name=golden
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gres=gpu:8
+#SBATCH --cpus-per-task=96
+#SBATCH --mem=0
+#SBATCH --time=240
+#SBATCH --partition=gpu
+#SBATCH --account=ml-research
+#SBATCH --exclusive
+#SBATCH --output=/scratch/runs/golden/logs/batch.log
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=B:USR2@300
+#SBATCH --hint=nomultithread
+# Rendered by hpctrain. Not `set -e`: the script must always reach its requeue and state logic.
+set -uo pipefail
+
+export HPCTRAIN_RUN_DIR=/scratch/runs/golden
+export HPCTRAIN_STOP_FILE="$HPCTRAIN_RUN_DIR/STOP"
+export HPCTRAIN_NNODES=2
+export HPCTRAIN_GPUS_PER_NODE=8
+export HPCTRAIN_WANT_GPU=1
+export HPCTRAIN_SCHEDULER=slurm
+export HPCTRAIN_PROFILE=roce
+export HPCTRAIN_RUN_NAME=golden
+export HPCTRAIN_PYTHON=/opt/hpctrain/bin/python
+mkdir -p "$HPCTRAIN_RUN_DIR/logs"
+export HPCTRAIN_JOB_ID="$SLURM_JOB_ID"
+export HPCTRAIN_RESTART_COUNT="${SLURM_RESTART_COUNT:-0}"
+
+hpctrain_now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
+hpctrain_event() {  # EVENT [EXTRA_JSON_FIELDS]
+  printf '{"time": "%s", "event": "%s", "job_id": "%s", "restart_count": %s%s}\n' \
+    "$(hpctrain_now)" "$1" "$HPCTRAIN_JOB_ID" "$HPCTRAIN_RESTART_COUNT" "${2:+, $2}" \
+    >>"$HPCTRAIN_RUN_DIR/events.jsonl"
+}
+hpctrain_fail() {  # MESSAGE: a setup failure, before any training started
+  echo "hpctrain: error: $*" >&2
+  local msg="$*"
+  msg=${msg//\"/}
+  msg=${msg//\\/}
+  hpctrain_event failed "\"reason\": \"$msg\""
+  hpctrain_finish FAILED 1
+}
+hpctrain_finish() {  # STATE EXIT_CODE
+  exit "$2"
+}
+
+module load cuda/12.4
+module load nccl/2.21
+# shellcheck source=/dev/null
+source "$HOME/venvs/train"/bin/activate || hpctrain_fail "cannot activate the profile's virtual environment"
+export GLOO_SOCKET_IFNAME="eth0"
+export NCCL_ASYNC_ERROR_HANDLING="1"
+export NCCL_IB_DISABLE="0"
+export NCCL_IB_GID_INDEX="3"
+export NCCL_IB_HCA="=mlx5_0,mlx5_1"
+export NCCL_IB_QPS_PER_CONNECTION="4"
+export NCCL_IB_SL="3"
+export NCCL_IB_TC="106"
+export NCCL_IB_TIMEOUT="22"
+export NCCL_P2P_LEVEL="NVL"
+export NCCL_SOCKET_IFNAME="=eth0"
+export PYTHONUNBUFFERED="1"
+export TORCH_NCCL_ASYNC_ERROR_HANDLING="1"
+export OMP_NUM_THREADS=12
+
+# The per-node command: each srun task (or simulated node) runs it in its own bash, with the entry's
+# argv as "$@". Everything node-specific is read here, on the node.
+# shellcheck disable=SC2016
+hpctrain_node_cmd='
+node=${HPCTRAIN_NODEID:-${SLURM_NODEID:-0}}
+export HPCTRAIN_NODEID=$node
+exec >>"$HPCTRAIN_RUN_DIR/logs/node-$node.log" 2>&1
+device=cpu
+if [ "$HPCTRAIN_WANT_GPU" = 1 ] && nvidia-smi -L >/dev/null 2>&1; then device=cuda; fi
+export HPCTRAIN_DEVICE=$device
+is_host=0
+if [ "$node" = 0 ]; then is_host=1; fi
+echo "hpctrain: node $node on $(hostname) device=$device CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} restart=$HPCTRAIN_RESTART_COUNT endpoint=$HPCTRAIN_RDZV_ENDPOINT"
+exec "$HPCTRAIN_PYTHON" -m torch.distributed.run --nnodes="$HPCTRAIN_NNODES" --nproc-per-node="$HPCTRAIN_GPUS_PER_NODE" --rdzv-backend=c10d --rdzv-endpoint="$HPCTRAIN_RDZV_ENDPOINT" --rdzv-id="$HPCTRAIN_JOB_ID" --rdzv-conf="is_host=$is_host" --max-restarts=0 "$@"
+'
+
+hpctrain_wait() {  # PID...: wait for all, through trapped signals; hpctrain_rc = first failure
+  local pid rc
+  local -a left=("$@")
+  hpctrain_rc=0
+  while [ "${#left[@]}" -gt 0 ]; do
+    local -a still=()
+    for pid in "${left[@]}"; do
+      if kill -0 "$pid" 2>/dev/null; then still+=("$pid"); continue; fi
+      wait "$pid"; rc=$?
+      if [ "$rc" -ne 0 ] && [ "$hpctrain_rc" -eq 0 ]; then
+        hpctrain_rc=$rc
+      fi
+    done
+    left=("${still[@]}")
+    if [ "${#left[@]}" -gt 0 ]; then sleep 1 & wait "$!"; fi  # a trapped signal ends this wait at once
+  done
+}
+
+# The preemption relay: torchrun does not forward USR1/USR2, so the signal becomes the STOP file that
+# every rank polls at each step boundary. TERM (scancel, cancel) stops without a requeue.
+preempted=0
+cancelled=0
+hpctrain_node_pids=()
+# shellcheck disable=SC2317  # invoked by the traps below
+hpctrain_on_signal() {  # SIGNAL
+  hpctrain_event signal "\"signal\": \"$1\""
+  touch "$HPCTRAIN_STOP_FILE"
+  if [ "$1" = TERM ]; then
+    cancelled=1
+  else
+    preempted=1
+  fi
+}
+trap 'hpctrain_on_signal USR2' USR2
+trap 'hpctrain_on_signal TERM' TERM
+
+if [ "${SLURM_NNODES:-}" != "$HPCTRAIN_NNODES" ]; then
+  hpctrain_fail "Slurm gave ${SLURM_NNODES:-no} nodes, the run needs $HPCTRAIN_NNODES"
+fi
+hpctrain_entry=(-m train_entry --run-dir /scratch/runs/golden --strategy ddp --max-steps 10)
+
+while :; do
+  rm -f "$HPCTRAIN_STOP_FILE"
+  printf '{"time": "%s", "job_id": "%s", "restart_count": %s, "host": "%s"}\n' \
+    "$(hpctrain_now)" "$HPCTRAIN_JOB_ID" "$HPCTRAIN_RESTART_COUNT" "$(hostname)" >>"$HPCTRAIN_RUN_DIR/restarts.jsonl"
+
+  # Rendezvous: the head is the first node; its address from getent (never `hostname -i`, which may
+  # say 127.0.1.1); the port from the job id inside the profile's range, never 29500, never in the
+  # ephemeral range, and free on the head (this batch shell runs there).
+  hpctrain_head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+  hpctrain_head_addr=$(getent ahostsv4 "$hpctrain_head" | awk 'NR == 1 {print $1}')
+  if [ -z "$hpctrain_head_addr" ]; then
+    hpctrain_fail "cannot resolve the head node '$hpctrain_head' to an IPv4 address (getent ahostsv4)"
+  fi
+  read -r hpctrain_eph_lo hpctrain_eph_hi </proc/sys/net/ipv4/ip_local_port_range
+  hpctrain_port_min=20000
+  hpctrain_span=$(( 32000 - hpctrain_port_min ))
+  hpctrain_port=
+  for ((i = 0; i < hpctrain_span && i < 64; i++)); do
+    p=$(( hpctrain_port_min + (HPCTRAIN_JOB_ID + i) % hpctrain_span ))
+    if [ "$p" -eq 29500 ] || { [ "$p" -ge "$hpctrain_eph_lo" ] && [ "$p" -le "$hpctrain_eph_hi" ]; }; then
+      continue
+    fi
+    if "$HPCTRAIN_PYTHON" -c 'import socket, sys; socket.socket().bind(("", int(sys.argv[1])))' "$p" 2>/dev/null; then
+      hpctrain_port=$p
+      break
+    fi
+  done
+  if [ -z "$hpctrain_port" ]; then
+    hpctrain_fail "no free rendezvous port in 20000-32000 outside 29500 and the ephemeral range $hpctrain_eph_lo-$hpctrain_eph_hi: set rendezvous.port_min/port_max in the profile"
+  fi
+  export HPCTRAIN_RDZV_ENDPOINT="$hpctrain_head_addr:$hpctrain_port"
+
+  unset HPCTRAIN_NODEID
+  hpctrain_launch=(srun --nodes="$HPCTRAIN_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1)
+  hpctrain_launch+=(--cpus-per-task=96)
+  hpctrain_launch+=(--cpu-bind=none)
+  "${hpctrain_launch[@]}" bash -c "$hpctrain_node_cmd" hpctrain-node "${hpctrain_entry[@]}" &
+  hpctrain_node_pids=("$!")
+  hpctrain_wait "${hpctrain_node_pids[@]}"
+  hpctrain_node_pids=()
+
+  if [ "$preempted" = 1 ] && [ "$cancelled" = 0 ]; then
+    if true && [ "$HPCTRAIN_RESTART_COUNT" -lt 20 ]; then
+      hpctrain_event requeue
+      # From the batch shell, outside any container (scontrol is often missing inside one).
+      scontrol requeue "$SLURM_JOB_ID" || hpctrain_fail "scontrol requeue $SLURM_JOB_ID failed"
+      exit 0
+    fi
+  fi
+  break
+done
+
+if [ "$hpctrain_rc" -eq 0 ] && [ "$preempted" = 0 ] && [ "$cancelled" = 0 ]; then
+  hpctrain_event "done"
+  hpctrain_finish COMPLETED 0
+elif [ "$cancelled" = 1 ]; then
+  hpctrain_finish CANCELLED "$(( hpctrain_rc ? hpctrain_rc : 143 ))"
+elif [ "$preempted" = 1 ]; then
+  hpctrain_finish PREEMPTED "$(( hpctrain_rc ? hpctrain_rc : 75 ))"
+fi
+hpctrain_event failed "\"exit_code\": $hpctrain_rc"
+hpctrain_finish FAILED "$hpctrain_rc"
