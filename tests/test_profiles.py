@@ -125,7 +125,8 @@ BAD = {
     "cpus both ways": ("name: x\nslurm:\n  gpus_per_node: 4\n  cpus_per_gpu: 8\n  cpus_per_task: 32\n",
                        ":5: slurm.cpus_per_task: cpus_per_gpu and cpus_per_task are both set"),
     "bad ports": ("name: x\nrendezvous:\n  port_min: 80\n  port_max: 90000\n", ":3: rendezvous.port_min: port range 80-90000"),
-    "bad signal": ("name: x\npreemption:\n  signal: KILL\n", ":3: preemption.signal:"),
+    "bad signal": ("name: x\npreemption:\n  signal: QUIT\n", ":3: preemption.signal: Input should be 'USR2'"),
+    "term signal": ("name: x\npreemption:\n  signal: SIGTERM\n", ":3: preemption.signal: TERM cannot be the preemption warning"),
     "bad interface =^": ("name: x\nnetwork:\n  socket_ifname: =^eth0\n", ":3: network.socket_ifname: '=^eth0' is not an NCCL interface"),
     "bad gloo interface": ("name: x\nnetwork:\n  gloo_socket_ifname: ^lo\n", ":3: network.gloo_socket_ifname: '^lo' is not a gloo"),
     "bad hca": ("name: x\nnetwork:\n  ib: true\n  ib_hca: mlx5_0:x\n", ":4: network.ib_hca:"),
@@ -516,3 +517,15 @@ def test_bundled_profile_more_writable_than_the_code_is_refused(tmp_path: Path,
         resolve("local")
     os.chmod(bundle / "local.yaml", 0o644)
     assert resolve("local").scheduler == "local"
+
+
+def test_list_shows_an_invalid_profile_without_failing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    write(tmp_path / "site" / "broken.yaml", "name: broken\nslurm: {gpus_per_node: -1}\n")
+    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(tmp_path / "site"))
+    result = cli("profiles", "list", "--json")
+    assert result.exit_code == 0, result.output
+    row = next(r for r in json.loads(result.output) if r["name"] == "broken")
+    assert row["error"].endswith("broken.yaml:2: slurm.gpus_per_node: Input should be greater than or equal "
+                                 "to 0 (got -1); fix: use a larger value (counts cannot be negative)")
+    assert row["kind"] == "site" and row["scheduler"] is None
+    assert "invalid" in cli("profiles", "list").output

@@ -56,6 +56,9 @@ def list_(as_json: bool) -> None:
         try:
             p = resolve_file(e.path, user_config=False, expect_name=e.name)
             row.update(scheduler=p.scheduler, description=p.description)
+        except ValidationError as err:
+            more = len(err.problems) - 1
+            row["error"] = str(err.problems[0]) + (f" (+{more} more)" if more else "")
         except UserError as err:
             row["error"] = err.message.splitlines()[0]
         rows.append(row)

@@ -288,11 +288,11 @@ def _looks_like_path(ref: str) -> bool:
     return "/" in ref or ref.endswith((".yaml", ".yml"))
 
 
-def find(name: str, *, skip: set[Path] = frozenset()) -> Path:  # type: ignore[assignment]
+def find(name: str, *, skip: set[Path] | None = None) -> Path:
     """The winning file for a profile name (skipping files already in an extends chain)."""
     entries = discover()
     for e in reversed(entries):
-        if e.name == name and e.path not in skip:
+        if e.name == name and e.path not in (skip or set()):
             return e.path
     names = sorted({e.name for e in entries})
     close = difflib.get_close_matches(name, names, n=1)

@@ -478,7 +478,14 @@ class Preemption(Strict):
     @field_validator("signal", mode="before")
     @classmethod
     def _sig(cls, v: Any) -> Any:
-        return v.upper().removeprefix("SIG") if isinstance(v, str) else v
+        if not isinstance(v, str):
+            return v
+        v = v.upper().removeprefix("SIG")
+        if v in ("TERM", "KILL", "STOP", "CONT"):
+            raise ValueError(f"{v} cannot be the preemption warning: Slurm and scancel send TERM "
+                             "and KILL to stop a job, and STOP/CONT suspend it; fix: use USR2 "
+                             "(the default)")
+        return v
 
 
 class Profile(Strict):
