@@ -37,7 +37,7 @@ def slowest_imports(cmd: list[str], cwd: Path, **env: str) -> list[str]:
 
 
 def run(quick: bool) -> list[dict]:
-    reps = 5 if quick else 15
+    reps = common.reps(5 if quick else 15)
     cwd = common.scratch("cli-")
     env = {"XDG_CONFIG_HOME": str(cwd / "xdg"), "HPCTRAIN_SITE_PATH": ""}
     base = [common.PY, "-c", "import jinja2, yaml, click"]

@@ -23,6 +23,13 @@ BASELINES = BENCH / "baselines"
 PY = sys.executable
 
 
+REPS_OVERRIDE: int | None = None  # run.py --reps: the same number of repetitions everywhere
+
+
+def reps(default: int) -> int:
+    return REPS_OVERRIDE or default
+
+
 class NotMeasured(Exception):
     """A piece under measurement is missing or failed; the message says why."""
 

@@ -91,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and steps")
     ap.add_argument("--only", action="append", choices=list(BENCHMARKS), metavar="NAME",
                     help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}")
+    ap.add_argument("--reps", type=int, metavar="N",
+                    help="repetitions per benchmark (default: 2-6 by benchmark and mode)")
     ap.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
     ap.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = ap.parse_args(argv)
@@ -99,8 +101,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     names = args.only or list(BENCHMARKS)
+    common.REPS_OVERRIDE = args.reps
     info = {"date": dt.date.today().isoformat(), "mode": "quick" if args.quick else "full",
-            "machine": common.machine(), "benchmarks": names}
+            "machine": common.machine(), "benchmarks": names, "reps": args.reps}
     t0 = time.perf_counter()
     rows: list[dict] = []
     for name in names:

@@ -51,7 +51,7 @@ def run_baseline(script: str, steps: int, warmup: int) -> float:
     return common.steady_steps_per_s(json.loads(out.read_text())["step_times"], warmup)
 
 
-def compare(name: str, target: str, sides: dict, reps: int) -> dict[str, list[float]]:
+def compare(sides: dict, reps: int) -> dict[str, list[float]]:
     """Run every side once per repetition, in turn, so load changes hit all sides alike."""
     got: dict[str, list[float]] = {k: [] for k in sides}
     for _ in range(reps):
@@ -62,13 +62,14 @@ def compare(name: str, target: str, sides: dict, reps: int) -> dict[str, list[fl
 
 def run(quick: bool) -> list[dict]:
     reps, steps, warmup = (2, 30, 10) if quick else (5, 80, 20)
+    reps = common.reps(reps)
     setup = {"train_args": TRAIN_ARGS, "processes": 2, "backend": "gloo", "reps": reps,
              "steps": steps, "warmup_steps_skipped": warmup}
     rows = []
 
     # DDP, plain DDP and Accelerate interleaved: the train_entry DDP runs serve both ratios.
     try:
-        got = compare("ddp", ">= 0.98", {
+        got = compare({
             "train_entry": lambda: run_train_entry("ddp", steps, warmup),
             "plain": lambda: run_baseline("plain_ddp.py", steps, warmup),
             "accelerate": lambda: run_baseline("accelerate_loop.py", steps, warmup),
@@ -90,7 +91,7 @@ def run(quick: bool) -> list[dict]:
                                     ("deepspeed", "plain_deepspeed.py", "DeepSpeed")):
         name = f"training_{strategy}_vs_plain_{strategy}"
         try:
-            got = compare(name, ">= 0.98", {
+            got = compare({
                 "train_entry": lambda s=strategy: run_train_entry(s, steps, warmup),
                 "plain": lambda b=script: run_baseline(b, steps, warmup),
             }, reps)

@@ -1,0 +1,80 @@
+"""The benchmark harness: it produces the results JSON and Markdown in the agreed shape.
+
+No timing is asserted here (figures belong to `make bench`); these tests check the harness's
+behaviour: shape, target checks, steady-state arithmetic, honest "not measured" rows.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks import common, run as harness  # noqa: E402
+from benchmarks.baselines.raw_write import raw_write  # noqa: E402
+
+KEYS = {"name", "ratio", "target", "meets", "details"}
+
+
+def test_check_reads_every_target_form():
+    assert common.check(0.99, ">= 0.98") and not common.check(0.97, ">= 0.98")
+    assert common.check(0.1, "<= 0.1") and not common.check(0.11, "<= 0.1")
+    assert common.check(0.9, "< 1.0") and not common.check(1.0, "< 1.0")
+    assert common.check(0, "<= 0") and not common.check(1, "<= 0")
+
+
+def test_steady_state_skips_warmup_steps():
+    # 5 slow start-up steps (1 s each), then 10 steps at 4 steps/s
+    times = [float(i) for i in range(5)] + [4 + 0.25 * i for i in range(1, 11)]
+    assert common.steady_steps_per_s(times, warmup=5) == pytest.approx(4.0)
+    assert common.steady_steps_per_s(times, warmup=0) < 4.0
+    with pytest.raises(common.NotMeasured):
+        common.steady_steps_per_s(times[:3], warmup=5)
+
+
+def test_a_missing_piece_is_reported_not_measured(monkeypatch):
+    monkeypatch.setitem(harness.BENCHMARKS, "ghost", "benchmarks.no_such_module")
+    (row,) = harness.run_one("ghost", quick=True)
+    assert set(row) == KEYS
+    assert row["ratio"] is None and row["meets"] is False
+    assert "no_such_module" in row["details"]["not_measured"]
+
+
+def test_raw_write_baseline_writes_and_cleans_up(tmp_path):
+    r = raw_write(3 * (8 << 20) + 123, tmp_path)
+    assert r["bytes"] == 3 * (8 << 20) + 123 and r["write_s"] > 0 and r["read_s"] > 0
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_run_writes_json_and_markdown(tmp_path):
+    """A real quick run of the CLI benchmark through run.py, as `make bench-quick` runs it."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick",
+                        "--only", "cli", "--reps", "1", "--out", str(tmp_path)],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (js,) = tmp_path.glob("*.json")
+    (md,) = tmp_path.glob("*.md")
+    assert js.stem == md.stem and len(js.stem) == 10  # YYYY-MM-DD
+    rows = json.loads(js.read_text())
+    assert [r["name"] for r in rows] == ["cli_submit_dry_run_vs_bare_imports",
+                                         "cli_render_4096_nodes_seconds"]
+    for r in rows:
+        assert set(r) == KEYS
+        assert isinstance(r["details"], dict) and r["details"]["machine"]["cores"] >= 1
+        if r["ratio"] is None:
+            assert r["meets"] is False and r["details"]["not_measured"]
+        else:
+            assert r["meets"] == common.check(r["ratio"], r["target"])
+        assert f"{r['name']}:" in p.stdout and "meets:" in p.stdout
+    text = md.read_text()
+    assert "| benchmark | ratio | target | meets | note |" in text
+    assert "cores" in text and "torch" in text
+    assert all(r["name"] in text for r in rows)
