@@ -154,9 +154,12 @@ def check_interface(spec: str | None, ifaces: dict[str, Iface], var: str) -> tup
     name = "interface" if var == "GLOO_SOCKET_IFNAME" else "interface (nccl)"
     if not spec:
         return Check(name, "warn", f"{var} is not set: the library picks an interface itself "
-                     "(it may choose docker0 or lo)", "no interface pinned",
+                     "(gloo: the one the hostname resolves to; NCCL: may choose docker0)",
+                     "no interface pinned",
                      "set network.socket_ifname in the profile (e.g. \"^docker,lo\" or \"=eth0\")"), []
-    matched = [ifaces[n] for n in match_ifname(spec, list(ifaces))]
+    # gloo takes exact names only; NCCL has ^ (exclude), = (exact) and prefixes
+    names = match_ifname("=" + spec if var.startswith("GLOO") else spec, list(ifaces))
+    matched = [ifaces[n] for n in names]
     with_addr = [i for i in matched if any(":" not in a for a in i.addrs)]
     have = ", ".join(f"{i.name}({','.join(i.addrs) or 'no address'})" for i in ifaces.values())
     if not matched:
@@ -318,12 +321,13 @@ def node_checks(*, env: dict[str, str], head: str | None, rdzv_addr: str | None,
     rendered script exported), so the script users get is what is checked."""
     ifaces = interfaces()
     checks = []
-    gloo_spec = env.get("GLOO_SOCKET_IFNAME") or env.get("NCCL_SOCKET_IFNAME")
-    gloo, gloo_ifs = check_interface(gloo_spec, ifaces, "GLOO_SOCKET_IFNAME")
+    gloo, gloo_ifs = check_interface(env.get("GLOO_SOCKET_IFNAME"), ifaces, "GLOO_SOCKET_IFNAME")
     checks.append(gloo)
     nccl_ifs = gloo_ifs
-    if want_gpu and env.get("NCCL_SOCKET_IFNAME") and env.get("NCCL_SOCKET_IFNAME") != gloo_spec:
+    if env.get("NCCL_SOCKET_IFNAME"):   # NCCL also bootstraps over it when it runs (GPU nodes)
         nccl, nccl_ifs = check_interface(env["NCCL_SOCKET_IFNAME"], ifaces, "NCCL_SOCKET_IFNAME")
+        if not want_gpu and nccl.failed:
+            nccl.status, nccl.detail = "warn", nccl.detail + " (not used: CPU workers run gloo)"
         checks.append(nccl)
     if head:
         checks.append(check_resolve(head, rdzv_addr, nccl_ifs if is_head and nccl_ifs else None))
