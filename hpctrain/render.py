@@ -109,7 +109,7 @@ def _check_trusted(path: Path) -> None:
 
 
 def environment() -> Any:
-    from jinja2 import ChoiceLoader, FileSystemLoader, PrefixLoader, StrictUndefined
+    from jinja2 import ChoiceLoader, FileSystemBytecodeCache, FileSystemLoader, PrefixLoader, StrictUndefined
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     base = FileSystemLoader(str(bundled("templates")))
@@ -120,6 +120,8 @@ def environment() -> Any:
         keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
         # bash's ${#array[@]} would open a default Jinja comment
         comment_start_string="{##", comment_end_string="##}",
+        # compiled templates, keyed by source checksum, in a private per-user dir (jinja checks it)
+        bytecode_cache=FileSystemBytecodeCache(),
     )
     env.filters.update(safe=Sh, shjoin=_shjoin, directive=_directive, envname=_envname,
                        shvalue=_shvalue)
