@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 1
 export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 
-.PHONY: venv demo test test-fast test-slurm cluster-up cluster-down bench bench-quick wheel clean
+.PHONY: venv sysdeps demo test test-fast test-slurm cluster-up cluster-down bench bench-quick wheel clean
 
 venv: $(STAMP)
 
@@ -21,15 +21,21 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test,deepspeed]'
 	touch $@
 
+# System packages the tests need besides the venv (shellcheck lints every rendered script).
+sysdeps:
+	command -v shellcheck >/dev/null || { apt-get update -qq && apt-get install -y -qq shellcheck; }
+
+# The local default end to end with the real train_entry. A re-run moves a COMPLETED runs/demo aside
+# to runs/demo.old-<time> (--replace-finished); an unfinished one is refused with a resume hint.
 demo: $(STAMP)
 	$(BIN)/hpctrain submit --profile local --name demo --nodes 2 --gpus 1 --wait --replace-finished -- --max-steps 60
 
 # The live Slurm tests need root (CI runs as root). The cluster is stopped whatever happens.
-test: $(STAMP)
+test: $(STAMP) sysdeps
 	bash tests/slurm/cluster.sh up --optional
 	$(PYTEST) -q -x --durations=15 tests; rc=$$?; bash tests/slurm/cluster.sh down; exit $$rc
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) sysdeps
 	$(PYTEST) -q -m "not slurm and not slow" tests
 
 test-slurm: $(STAMP)
