@@ -58,6 +58,13 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, int]:
     if args.print_config:
         return args, cfg, 0
     accum = check_sizes(cfg)
+    specs = {"model.factory": cfg.model.factory, "data.factory": cfg.data.factory,
+             "data.collate": cfg.data.collate}
+    if any(specs.values()):
+        from train_entry.model import load_object  # resolve user code now, before any process group
+        for what, spec in specs.items():
+            if spec:
+                load_object(spec, what)
     if cfg.strategy == "deepspeed":
         from train_entry.strategies.deepspeed import validate  # DeepSpeed's own checks, no processes yet
         validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), accum=accum)
