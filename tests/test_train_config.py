@@ -71,7 +71,7 @@ def test_all_problems_at_once_with_origin(tmp_path):
 
 
 def test_bad_yaml_and_non_mapping(tmp_path):
-    with pytest.raises(UserError, match=r"train.yaml:3: not valid YAML \(expected the node content):
+    with pytest.raises(UserError, match=r"train.yaml:3: not valid YAML \(expected the node content"):
         load_config(write(tmp_path, "train:\n  max_steps: [1,\n"))
     with pytest.raises(UserError, match="must be a mapping"):
         load_config(write(tmp_path, "- 1\n"))
