@@ -98,6 +98,12 @@ def main() -> int:
     stop = StopFlag().install()
     resumed = ckpt.load_latest(state)
     t_resumed = time.monotonic()
+    if resumed is not None:
+        digest = params_sha256(model)
+        if rank == 0:
+            (Path(a.run_dir) / f"resumed-{resumed}-world{world}.sha256").write_text(digest)
+        if os.environ.get("HPCTRAIN_TEST_RESEED_AFTER_LOAD"):   # negative control: lose the RNG
+            torch.manual_seed(0)
     micro_n = GLOBAL_BATCH // (world * a.accum)
     log = Path(a.run_dir) / f"steps-rank{rank}.jsonl"
     while state.step < a.steps:
@@ -137,7 +143,9 @@ def main() -> int:
             time.sleep(a.step_sleep)
         if stop.agreed("cpu", step=state.step):
             ckpt.save(state, sync=True)
+            digest = params_sha256(model)
             if rank == 0:
+                (Path(a.run_dir) / f"stopped-{state.step}.sha256").write_text(digest)
                 (Path(a.run_dir) / "preempted.json").write_text(json.dumps(
                     {"step": state.step, "reason": stop.reason}))
             dist.destroy_process_group()
