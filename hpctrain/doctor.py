@@ -316,7 +316,7 @@ def check_shm(path: str = "/dev/shm") -> Check:
 
 def node_checks(*, env: dict[str, str], head: str | None, rdzv_addr: str | None, port: int | None,
                 is_head: bool, expect_gpus: int, want_gpu: bool, slurm: bool,
-                bind_port: bool) -> list[Check]:
+                bind_port: bool, uses_nccl: bool = False) -> list[Check]:
     """Every node-level check, reading the network settings from the job's environment (what the
     rendered script exported), so the script users get is what is checked."""
     ifaces = interfaces()
@@ -326,7 +326,7 @@ def node_checks(*, env: dict[str, str], head: str | None, rdzv_addr: str | None,
     nccl_ifs = gloo_ifs
     if env.get("NCCL_SOCKET_IFNAME"):   # NCCL also bootstraps over it when it runs (GPU nodes)
         nccl, nccl_ifs = check_interface(env["NCCL_SOCKET_IFNAME"], ifaces, "NCCL_SOCKET_IFNAME")
-        if not want_gpu and nccl.failed:
+        if not uses_nccl and nccl.failed:
             nccl.status, nccl.detail = "warn", nccl.detail + " (not used: CPU workers run gloo)"
         checks.append(nccl)
     if head:

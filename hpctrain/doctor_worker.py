@@ -49,7 +49,8 @@ def node_report(out: Path) -> None:
         is_head=node == "0", expect_gpus=int(os.environ.get("HPCTRAIN_GPUS_PER_NODE", "0") or 0),
         want_gpu=os.environ.get("HPCTRAIN_WANT_GPU") == "1",
         slurm=os.environ.get("HPCTRAIN_SCHEDULER") == "slurm",
-        bind_port=False)  # the port is the live rendezvous store's: in use by design
+        bind_port=False,  # the port is the live rendezvous store's: in use by design
+        uses_nccl=os.environ.get("HPCTRAIN_DEVICE") == "cuda")
     report = NodeReport(node, socket.gethostname(), checks)
     _write(out / f"node-{node}.json", report.to_dict())
 
