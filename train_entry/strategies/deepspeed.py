@@ -29,6 +29,7 @@ def import_deepspeed(device_type: str = "cpu") -> Any:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     try:
         import deepspeed
+        import deepspeed.comm
         import deepspeed.ops
     except ImportError:
         raise UserError(MISSING) from None
@@ -101,8 +102,8 @@ def validate(cfg: Any, *, world: int, accum: int) -> dict:
     if tb != mb * ga * world:
         raise UserError(f"{src}: train_batch_size({tb}) != train_micro_batch_size_per_gpu({mb}) * "
                         f"gradient_accumulation_steps({ga}) * world_size({world}) = {mb * ga * world}")
-    # Without a process group DeepSpeedConfig assumes one rank: check per-rank arithmetic that way.
-    probe = dict(conf, train_batch_size=mb * ga)
+    # Without DeepSpeed's process group DeepSpeedConfig assumes one rank: check per-rank arithmetic.
+    probe = conf if deepspeed.comm.is_initialized() else dict(conf, train_batch_size=mb * ga)
     try:
         DeepSpeedConfig(probe)
     except Exception as e:  # DeepSpeed raises AssertionError/ValueError/pydantic errors
