@@ -26,7 +26,7 @@ n = dist.get_world_size()
 rows = []
 for size in map(int, args.sizes.split(",")):
     x = torch.ones(max(1, size // 4), dtype=torch.float32)
-    iters = args.iters if size < (64 << 20) else max(3, args.iters // 4)
+    iters = args.iters if size <= (16 << 20) else max(3, args.iters // 4)
     for _ in range(args.warmup):
         dist.all_reduce(x)
     dist.barrier()
