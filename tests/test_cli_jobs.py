@@ -78,6 +78,7 @@ def test_local_run_end_to_end_render_equals_submit(cli):
     assert status["checkpoint_step"] is None and len(status["history"]) == 1
     assert "rank 1/2" in ok(cli("logs", "g", "--node", "1")).stdout
     assert "==> " in ok(cli("logs", "g")).stdout
+    assert "rank 0/2" in ok(cli("logs", "g", "--node", "0", "--follow", timeout=30)).stdout  # ends with the job
     user_error(cli("logs", "g", "--rank", "7"), "rank-7.log does not exist")
     assert [r["name"] for r in json.loads(ok(cli("runs", "--json")).stdout)] == ["g"]
     assert "COMPLETED" in ok(cli("runs")).stdout
@@ -146,6 +147,12 @@ def test_slurm_submit_hands_over_the_rendered_script(cli):
     ok(cli("cancel", "s", extra_env=env))
     assert (cli.tmp / "scancel").read_text().strip() == "77"
     user_error(cli("submit", *opts, extra_env=env), "hpctrain resume s")
+    # --strategy auto: the plan picks the strategy and ZeRO stage, saved as plan.json in the run folder
+    ok(cli("submit", "--profile", "generic-ib", "--set", f"storage.runs_dir={cli.tmp}/runs", "--nodes", "2",
+           "--strategy", "auto", "--params", "7000000000", "--name", "auto", extra_env=env))
+    plan = json.loads((cli.tmp / "runs" / "auto" / "plan.json").read_text())
+    assert (plan["strategy"], plan["zero_stage"]) == ("deepspeed", 2)
+    assert "--strategy deepspeed --deepspeed.zero_stage=2)" in (cli.tmp / "runs" / "auto" / "job.sh").read_text()
 
 
 def test_dry_run_writes_nothing(cli):
@@ -226,6 +233,18 @@ def test_replace_finished_moves_the_old_run_aside(tmp_path, monkeypatch):
     (tmp_path / "stray").mkdir()
     with pytest.raises(UserError, match="not a run folder"):
         RunDir(tmp_path / "stray").check_free(None, replace_finished=True)
+
+
+def test_plan_args():
+    from types import SimpleNamespace as P
+
+    from hpctrain.cli.jobs import plan_args
+
+    assert plan_args(P(strategy="ddp", zero_stage=None, offload="none")) == []
+    assert plan_args(P(strategy="fsdp", zero_stage=None, offload="optimizer+params")) == ["--fsdp.cpu_offload=true"]
+    assert plan_args(P(strategy="deepspeed", zero_stage=3, offload="optimizer+params")) == [
+        "--deepspeed.zero_stage=3", "--deepspeed.offload_optimizer=cpu", "--deepspeed.offload_param=cpu"]
+    assert plan_args(P(strategy="deepspeed", zero_stage=1, offload="none")) == ["--deepspeed.zero_stage=1"]
 
 
 def test_cli_never_imports_torch(cli):

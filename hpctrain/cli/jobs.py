@@ -77,16 +77,33 @@ class Prepared:
         from hpctrain.runs import RunDir, runs_dir_of
 
         self.profile = resolve(o["profile"], _flags(o["partition"], o["account"], o["qos"], o["sets"]))
-        strategy = o["strategy"]
+        strategy, args = o["strategy"], tuple(o["args"])
         self.plan = None
         if strategy == "auto":
             self.plan = _plan(self.profile, o)
             strategy = self.plan.strategy
+            if not (o["script"] or o["module"]):  # train_entry takes the plan's details as flags
+                args = (*plan_args(self.plan), *args)
         self.request = JobRequest.build(
             self.profile, name=o["name"], nodes=o["nodes"], gpus=o["gpus"], time_min=o["time_min"],
-            strategy=strategy, script=o["script"], module=o["module"], args=o["args"])
+            strategy=strategy, script=o["script"], module=o["module"], args=args)
         self.run = RunDir(runs_dir_of(self.profile) / self.request.name)
         self.script = render(self.profile, self.request, self.run.path)
+
+
+def plan_args(rec: Any) -> list[str]:
+    """train_entry flags for a plan's ZeRO stage and offload (the user's own flags, after, win)."""
+    if rec.strategy == "deepspeed":
+        out = [f"--deepspeed.zero_stage={rec.zero_stage or 0}"]
+        device = "nvme" if rec.offload == "nvme" else "cpu"
+        if rec.offload != "none":
+            out.append(f"--deepspeed.offload_optimizer={device}")
+        if rec.offload in ("optimizer+params", "nvme") and rec.zero_stage == 3:
+            out.append(f"--deepspeed.offload_param={device}")
+        return out
+    if rec.strategy == "fsdp" and rec.offload != "none":
+        return ["--fsdp.cpu_offload=true"]
+    return []
 
 
 def _plan(profile: Any, o: dict[str, Any]) -> Any:
