@@ -377,8 +377,9 @@ def workload(*, params: int | None, model: str | None, precision: str, optimizer
         mem, host = _profile_memory(profile, nodes=nodes, gpus=gpus)
         host_mem_gib = host_mem_gib if host_mem_gib is not None else host
     if mem is None:
-        raise UserError("GPU memory unknown: pass --gpu-mem-gib M, or a --profile whose "
-                        "slurm.gpu_mem_gib is set")
+        where = f"profile {profile!r} has no slurm.gpu_mem_gib" if profile else "no --profile given"
+        raise UserError(f"GPU memory unknown ({where}): set slurm.gpu_mem_gib in the site profile, or "
+                        "pass --gpu-mem-gib M to hpctrain plan")
     if mem <= 0:
         raise UserError(f"--gpu-mem-gib {mem}: must be positive")
     return Workload(int(params), precision, optimizer, nodes, gpus, int(mem * GIB), micro_batch,  # type: ignore[arg-type]
