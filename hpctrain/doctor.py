@@ -11,7 +11,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
-import re
 import shutil
 import socket
 import subprocess
@@ -421,11 +420,11 @@ def sweep_check(sweep: dict[str, Any]) -> Check:
 
 
 def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:g} {unit}" if unit == "B" else f"{n:g} {unit}"
+    for unit in ("B", "KiB", "MiB"):
+        if n < 1024:
+            return f"{n} {unit}"
         n //= 1024
-    return str(n)
+    return f"{n} GiB"
 
 
 def format_report(rep: Report) -> str:
@@ -499,15 +498,13 @@ def run_local(profile: Any, *, nodes: int, gpus: int, max_bytes: int, timeout_s:
     env = dict(environment_vars(profile))
     rep = Report(profile.name, "local", nodes, gpus)
     port = pick_port(profile)
-    checks = node_checks(env=env, head="localhost", rdzv_addr="127.0.0.1", port=None, is_head=False,
-                         expect_gpus=0, want_gpu=False, slurm=False, bind_port=False)
+    checks = node_checks(env=env, head="localhost", rdzv_addr="127.0.0.1", port=port, is_head=False,
+                         expect_gpus=0, want_gpu=False, slurm=False, bind_port=True)
     if port is None:
-        checks.insert(1, Check("port", "fail", f"no free port in {profile.rendezvous.port_min}-"
-                               f"{profile.rendezvous.port_max} outside 29500 and the ephemeral range",
-                               "the range is full or inside the ephemeral range",
-                               "set rendezvous.port_min/port_max in the profile"))
-    else:
-        checks.insert(1, check_port(port, bind=True))
+        checks.append(Check("port", "fail", f"no free port in {profile.rendezvous.port_min}-"
+                            f"{profile.rendezvous.port_max} outside 29500 and the ephemeral range",
+                            "the range is full or inside the ephemeral range",
+                            "set rendezvous.port_min/port_max in the profile"))
     rep.node_reports.append(NodeReport("0", socket.gethostname(), checks))
     if any(c.failed for c in checks):
         rep.sweep = {"skipped": "not run: fix the failed checks above first", "backend": "gloo",
