@@ -84,7 +84,10 @@ def state(run: RunDir) -> str:
         if job_id and not alive(int(job_id)):
             return "LOST"  # the controller ended before the script started
     if value == "RUNNING" and not alive(st.get("pid")):
-        return "LOST"  # the script was killed before it could record its end
+        # The script may have recorded its end between our read and the liveness check: read again.
+        value = str((run.local_state() or {}).get("state") or "UNKNOWN")
+        if value == "RUNNING":
+            return "LOST"  # the script was killed before it could record its end
     return value
 
 
