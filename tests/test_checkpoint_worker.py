@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -89,7 +91,9 @@ def main() -> int:
     else:
         dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(SEED * 1000 + rank)   # per-rank dropout stream (restored from the checkpoint)
+    torch.manual_seed(SEED * 1000 + rank)   # per-rank streams (restored from the checkpoint)
+    random.seed(SEED + rank)
+    np.random.seed(SEED + rank)
     model, opt, sched = build(a.strategy, a.accum, world)
     state = TrainState(model=model, optimizer=opt, scheduler=sched, data={"epoch": 0, "offset": 0},
                        config=vars(a))
