@@ -199,6 +199,25 @@ def test_wrong_gradient_scale_would_be_caught(runs, reference):
     assert isinstance(reference["tok.weight"], torch.Tensor)
 
 
+# ---------------------------------------------------------------- the knobs train too
+@pytest.mark.parametrize("strategy, knobs", [
+    ("ddp", ["--ddp.comm_hook=powersgd", "--train.precision=bf16", "--train.activation_checkpointing=true",
+             "--ddp.bucket_cap_mb=1", "--ddp.gradient_as_bucket_view=false"]),
+    ("fsdp", ["--fsdp.reshard_after_forward=false", "--fsdp.cpu_offload=true", "--train.precision=bf16",
+              "--train.activation_checkpointing=true", "--fsdp.block_class=Block", "--profile-steps", "2"]),
+], ids=["ddp-powersgd-bf16-ac", "fsdp-offload-bf16-ac-profile"])
+def test_strategy_knobs_train(runs, strategy, knobs):
+    run = runs.get(f"knobs-{strategy}", "--strategy", strategy, "--max-steps", "30", "--optim.lr=5e-3", *knobs)
+    rows = metrics(run)
+    first, last = (sum(r["loss"] for r in rows[i:i + 5]) / 5 for i in (0, 25))
+    assert last < 0.9 * first, f"loss {first:.3f} -> {last:.3f}"
+    print(f"\n{strategy} {' '.join(knobs)}: loss {first:.3f} -> {last:.3f}")
+    if "--profile-steps" in knobs:   # wait 1, warmup 1, active 2: one trace per rank after step 4
+        traces = sorted(p.name for p in (run / "profile").iterdir())
+        assert traces == ["rank-0-step-4.json", "rank-1-step-4.json"]
+        assert "ProfilerStep#3" in (run / "profile" / traces[0]).read_text()
+
+
 # ---------------------------------------------------------------- user factories
 def test_user_model_data_and_collate_train(runs):
     run = runs.get("user", "--strategy", "fsdp", "--model", "test_train_e2e:make_model",

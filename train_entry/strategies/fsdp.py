@@ -29,9 +29,11 @@ def wrap(model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int) -
     kwargs: dict[str, Any] = {"reshard_after_forward": f.reshard_after_forward}
     if param_dtype != torch.float32:
         kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES[f.reduce_dtype])
-    if f.cpu_offload:
+    if f.cpu_offload and device.type != "cpu":
         kwargs["offload_policy"] = CPUOffloadPolicy()
     else:
+        # On a CPU run the shards already live in host memory (and CPUOffloadPolicy needs an
+        # accelerator), so cpu_offload changes nothing there.
         model = model.to(device)
     blocks = find_blocks(model, f.block_class)
     if f.block_class and not blocks:
@@ -55,5 +57,5 @@ def wrap(model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int) -
     w.step = partial(clip_and_step, w, list(model.parameters()), cfg.train.clip_grad_norm)
     w.sync = partial(_sync, model)
     w.lr = lambda: w.scheduler.get_last_lr()[0]
-    w.extra["blocks"] = len(blocks)
+    w.extra.update(blocks=len(blocks), cpu_offload="offload_policy" in kwargs)
     return w
