@@ -542,7 +542,7 @@ def collect_sweep(folder: Path, world: int, log: str) -> dict[str, Any]:
 
 
 def run_slurm(profile: Any, *, nodes: int, gpus: int | None, max_bytes: int, timeout_s: float,
-              wait_s: float, poll_s: float = 2.0) -> Report:
+              wait_s: float, poll_s: float = 2.0, progress: Any = None) -> Report:
     """A short job through the normal path (JobRequest -> render -> run folder -> dispatch) whose
     entry is `python -m hpctrain.doctor_worker`: the doctor exercises the script users get."""
     import time
@@ -563,8 +563,13 @@ def run_slurm(profile: Any, *, nodes: int, gpus: int | None, max_bytes: int, tim
     job_id = dispatch.submit(run, profile, time_min=req.time_min)
     rep = Report(profile.name, profile.scheduler, req.nodes, req.gpus, job_id, str(run.path))
     deadline = time.monotonic() + wait_s
-    state = dispatch.state(run)
-    while state not in TERMINAL and time.monotonic() < deadline:
+    state, seen = dispatch.state(run), ""
+    while True:
+        if progress and state != seen:
+            progress(f"job {job_id}: {state}")
+            seen = state
+        if state in TERMINAL or time.monotonic() >= deadline:
+            break
         time.sleep(poll_s)
         state = dispatch.state(run)
     if state not in TERMINAL:

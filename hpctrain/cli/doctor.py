@@ -45,7 +45,7 @@ def doctor(profile, nodes, gpus, quick, max_mib, timeout_s, wait_s, as_json) -> 
         if not as_json:
             click.echo(f"submitting a doctor job on {nodes} node(s) with profile {prof.name}...", err=True)
         rep = run_slurm(prof, nodes=nodes, gpus=gpus, max_bytes=max_bytes, timeout_s=timeout_s,
-                        wait_s=wait_s)
+                        wait_s=wait_s, progress=None if as_json else lambda s: click.echo(f"  {s}", err=True))
     else:
         rep = run_local(prof, nodes=nodes or 1, gpus=gpus or 2, max_bytes=max_bytes, timeout_s=timeout_s)
     click.echo(rep.to_json() if as_json else format_report(rep))
