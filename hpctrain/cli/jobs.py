@@ -171,8 +171,13 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
     click.echo(f"submitted {req.name}: job {job_id} on {where}, {topology}\n  run folder: {run.path}\n"
                f"  follow: hpctrain status {req.name}; hpctrain logs {req.name} --follow")
     if wait:
-        final = dispatch.wait(run, on_change=lambda s: click.echo(f"  {time.strftime('%H:%M:%S')} {s}",
-                                                                  err=True))
+        try:
+            final = dispatch.wait(run, on_change=lambda s: click.echo(f"  {time.strftime('%H:%M:%S')} {s}",
+                                                                      err=True))
+        except KeyboardInterrupt:
+            click.echo(f"\nstopped waiting; {req.name} keeps running (`hpctrain cancel {req.name}` stops it)",
+                       err=True)
+            sys.exit(130)
         click.echo(f"{req.name}: {final}")
         if final != "COMPLETED":
             sys.exit(1)
