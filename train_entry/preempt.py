@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -22,6 +23,24 @@ import torch.distributed as dist
 
 PREEMPTED_EXIT = 75
 DEFAULT_SIGNALS = ("SIGUSR2", "SIGUSR1", "SIGTERM")
+
+
+def die_with_launcher() -> None:
+    """Under torchrun, SIGKILL this worker when its torchrun dies.
+
+    torchrun starts each worker in a session of its own, so when torchrun is killed outright (node
+    loss, `hpctrain cancel` after its grace period, a local SIGKILL of the job's process group) the
+    workers would train on as orphans and race a resumed job for the run folder. Linux only.
+    """
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() == 1:     # torchrun already died before the line above took effect
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class StopFlag:
@@ -43,6 +62,7 @@ class StopFlag:
         """Install the handlers (main thread only; elsewhere the flag file still works)."""
         if threading.current_thread() is not threading.main_thread():
             return self
+        die_with_launcher()
         for name in self.signals:
             signal.signal(getattr(signal, name), self._handle)
         return self
