@@ -37,6 +37,14 @@ def wrap(model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int) -
     model = DDP(model.to(device), device_ids=[device.index] if device.type == "cuda" else None,
                 bucket_cap_mb=d.bucket_cap_mb, gradient_as_bucket_view=d.gradient_as_bucket_view,
                 static_graph=d.static_graph, find_unused_parameters=d.find_unused_parameters, **buffers)
+    # Fix the bucket layout now, the same at every start. DDP otherwise rebuilds its buckets after the
+    # first step in gradient-ready order, which moves gradients to other offsets of the ring all-reduce:
+    # with more than 2 ranks that is another summation order, and a resumed run (first step again with
+    # the initial layout) drifts from an uninterrupted one in the last bits. (Found by the 4-rank Slurm
+    # preemption test; same call DDP makes itself in _update_process_group.)
+    if not d.find_unused_parameters:
+        model.reducer._push_all_rebuilt_params()
+        model.reducer._rebuild_buckets()
     _comm_hook(model, cfg)
     optimizer = build_optimizer(model.parameters(), cfg)
     precision = cfg.train.precision
