@@ -109,9 +109,11 @@ def slurm_cluster():
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """CI rule: a live Slurm test that skips is a failure, whatever made it skip."""
+    """CI rule: a live Slurm test that skips is a failure, whatever made it skip. Also keeps each
+    phase's report on the item (item.rep_call) so fixtures can print logs when a test failed."""
     outcome = yield
     report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
     if (IN_CI and report.skipped and not hasattr(report, "wasxfail")
             and item.get_closest_marker("slurm") is not None):
         report.outcome = "failed"

@@ -1,0 +1,323 @@
+"""End to end on the live loopback Slurm cluster, through the real `hpctrain` CLI, exactly as a user
+on a real cluster: the shipped `loopback` profile, sbatch via submitit, srun one task per node,
+torchrun c10d rendezvous, gloo over lo, real checkpoints, real sacct.
+
+    sudo make test-slurm                                  # cluster up, these tests, cluster down
+    sudo .venv/bin/python -m pytest -m slurm tests/test_slurm_e2e.py -k preempt   # one of them
+
+Sizes are tiny (the demo GPT, 2 CPU cores for 2 "nodes"). On failure every log of the test's runs is
+printed (batch, node, rank logs, events, restarts) so a CI failure can be read without the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slurm]
+
+HPCTRAIN = [sys.executable, "-m", "hpctrain"]
+# 2 nodes x 2 "GPUs" = 4 ranks; micro batch 4 x 4 ranks = global batch 16, no accumulation.
+TRAIN = ["--train.micro_batch=4", "--train.global_batch=16", "--train.log_every=1"]
+# The reference config: every interrupted run must end bit-identical to it. Big enough (~0.15-0.3 s a
+# step here) that a signal sent after step 3 lands long before step FULL_STEPS.
+FULL_STEPS = 60
+FULL = [*TRAIN, "--model.d_model=128", "--model.n_layers=4", "--model.seq_len=64",
+        f"--max-steps={FULL_STEPS}", "--checkpoint-every=10"]
+ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}
+
+
+class Runs:
+    """The test's working folder (runs/ under it) and the CLI, run there."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_STATE_HOME": str(root / ".state"),
+                    "XDG_CONFIG_HOME": str(root / ".config")}
+
+    def hp(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+        out = subprocess.run([*HPCTRAIN, *args], cwd=self.root, env=self.env, capture_output=True,
+                             text=True, timeout=timeout)
+        if check:
+            assert out.returncode == 0, (f"hpctrain {' '.join(args)} -> {out.returncode}\n"
+                                         f"{out.stdout}\n{out.stderr}")
+        return out
+
+    def submit(self, name: str, *opts: str, nodes: int = 2, gpus: int = 2,
+               train: list[str] | None = None) -> str:
+        out = self.hp("submit", "--profile", "loopback", "--nodes", str(nodes), "--gpus", str(gpus),
+                      "--name", name, *opts, "--", *(TRAIN if train is None else train))
+        m = re.search(r"job (\d+)", out.stdout)
+        assert m, out.stdout
+        return m.group(1)
+
+    def status(self, name: str) -> dict:
+        return json.loads(self.hp("status", name, "--json").stdout)
+
+    def wait(self, name: str, states: set[str], timeout: float) -> dict:
+        deadline = time.monotonic() + timeout
+        info = self.status(name)
+        while info["state"] not in states:
+            assert time.monotonic() < deadline, f"{name}: {info['state']}, not {states} in {timeout} s"
+            time.sleep(1)
+            info = self.status(name)
+        return info
+
+    def until(self, what: str, cond, timeout: float, poll: float = 0.5):
+        deadline = time.monotonic() + timeout
+        while True:
+            value = cond()
+            if value:
+                return value
+            assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+            time.sleep(poll)
+
+    def run(self, name: str) -> Path:
+        return self.root / "runs" / name
+
+    def dump(self) -> None:
+        """Every log of every run of this test, for a failure report."""
+        for run in sorted((self.root / "runs").glob("*")):
+            files = [run / "jobs.jsonl", run / "restarts.jsonl", run / "events.jsonl",
+                     run / "train.log", *sorted((run / "logs").glob("*.log"))]
+            for f in files:
+                if f.is_file():
+                    text = f.read_text(errors="replace")
+                    print(f"==> {f} <==\n{text[-6000:]}")
+
+
+def steps(run: Path) -> list[int]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if "step" in row:
+            out.append(row["step"])
+    return out
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+
+
+def sacct_states(job_id: str) -> list[str]:
+    out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", job_id, "-o", "State"],
+                         capture_output=True, text=True, timeout=30)
+    return [s.split()[0] for s in out.stdout.split()]
+
+
+@pytest.fixture
+def runs(slurm_cluster, tmp_path, request):
+    r = Runs(tmp_path)
+    yield r
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        r.dump()
+    # Leave nothing running on the cluster for the next test.
+    for jobs in (tmp_path / "runs").glob("*/jobs.jsonl"):
+        for job in lines(jobs):
+            subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_cluster, tmp_path_factory):
+    """One uninterrupted 2 x 2 run: the result every interrupted run must reproduce bit for bit."""
+    r = Runs(tmp_path_factory.mktemp("slurm-reference"))
+    job = r.submit("ref", train=FULL)
+    try:
+        info = r.wait("ref", ENDED, 240)
+    except AssertionError:
+        r.dump()
+        raise
+    if info["state"] != "COMPLETED":
+        r.dump()
+    return r, job, info
+
+
+@pytest.mark.timeout(300)
+def test_submit_trains_across_two_nodes_to_completion(reference):
+    r, job, info = reference
+    run = r.run("ref")
+    assert info["state"] == "COMPLETED", info
+    assert sacct_states(job) == ["COMPLETED"]           # the state status shows is sacct's
+    assert info["job_id"] == job and info["nodes"] == 2 and info["gpus_per_node"] == 2
+
+    # logs: both nodes (each its own hostname and 2 fake GPUs), and every one of the 4 ranks
+    all_logs = r.hp("logs", "ref").stdout
+    assert re.search(r"node 0 on n1 .*CUDA_VISIBLE_DEVICES=0,1", all_logs), all_logs[-3000:]
+    assert re.search(r"node 1 on n2 .*CUDA_VISIBLE_DEVICES=0,1", all_logs), all_logs[-3000:]
+    for rank in range(4):
+        text = r.hp("logs", "ref", "--rank", str(rank)).stdout
+        assert f"done: {FULL_STEPS} steps" in text, f"rank {rank}:\n{text[-2000:]}"
+    assert "4 ranks" in (run / "train.log").read_text()
+
+    # metrics for every step, checkpoints, the final hash
+    assert steps(run) == list(range(1, FULL_STEPS + 1))
+    assert (run / "checkpoints" / "latest").read_text().strip() == f"step-{FULL_STEPS:08d}"
+    assert (run / "checkpoints" / f"step-{FULL_STEPS:08d}" / "MANIFEST.json").is_file()
+    assert re.fullmatch(r"[0-9a-f]{64}\n", (run / "final_params.sha256").read_text())
+    assert [e["event"] for e in lines(run / "events.jsonl")] == ["done"]
+
+
+def _interrupted_run_matches_reference(r: Runs, name: str, reference, interrupt) -> dict:
+    """Submit the reference config, interrupt it mid-training with `interrupt(job_id)`, let Slurm
+    requeue it; it must resume from a checkpoint and end bit-identical to the reference."""
+    ref_runs, _, ref_info = reference
+    assert ref_info["state"] == "COMPLETED", "the reference run failed (see its test)"
+    run = r.run(name)
+    job = r.submit(name, train=FULL)
+    r.until("training past step 3", lambda: len(steps(run)) >= 3, 180)
+    interrupt(job)
+    # Restart 1 is recorded by the requeued batch script when Slurm starts it again (~10 s later).
+    r.until("the requeued job starts", lambda: any(x["restart_count"] == 1
+                                                   for x in lines(run / "restarts.jsonl")), 120)
+    info = r.wait(name, ENDED, 240)
+    assert info["state"] == "COMPLETED", info
+
+    assert (run / "final_params.sha256").read_text() == \
+        (ref_runs.run("ref") / "final_params.sha256").read_text()
+    assert info["restarts"] >= 1 and info["starts"] >= 2, info      # status shows the restart
+    assert [h["restart_count"] for h in info["history"]][:2] == [0, 1]
+    assert "REQUEUED" in sacct_states(job) and sacct_states(job)[-1] == "COMPLETED"
+    # The second start resumed from a checkpoint: its first logged step follows the checkpoint.
+    starts = re.findall(r"step (\d+)/%d\n" % FULL_STEPS, (run / "train.log").read_text())
+    assert len(starts) >= 2 and starts[0] == "0" and int(starts[1]) > 0, starts
+    return info
+
+
+@pytest.mark.timeout(420)
+def test_hpctrain_preempt_saves_requeues_and_resumes_bit_identical(runs, reference):
+    def preempt(job_id: str) -> None:
+        out = runs.hp("preempt", "pre")
+        assert job_id in out.stdout + out.stderr or out.returncode == 0
+
+    _interrupted_run_matches_reference(runs, "pre", reference, preempt)
+    events = lines(runs.run("pre") / "events.jsonl")
+    kinds = [e["event"] for e in events]
+    # the chain: the batch shell's trap got USR2, every rank stopped and saved, the script requeued
+    assert kinds[:3] == ["signal", "preempted", "requeue"] and kinds[-1] == "done", kinds
+    assert events[0]["signal"] == "USR2"
+    stopped = events[1]["step"]
+    assert 3 <= stopped < FULL_STEPS
+    assert re.search(rf"step {stopped}/{FULL_STEPS}\n", (runs.run("pre") / "train.log").read_text())
+
+
+@pytest.mark.timeout(420)
+def test_scontrol_requeue_mid_training_resumes_bit_identical(runs, reference):
+    def requeue(job_id: str) -> None:
+        out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
+                             timeout=30)
+        assert out.returncode == 0, out.stderr
+
+    _interrupted_run_matches_reference(runs, "req", reference, requeue)
+
+
+@pytest.mark.timeout(300)
+def test_time_limit_warning_saves_and_requeues_before_the_kill(runs):
+    # --time 1 with the profile's USR2@30: Slurm signals the batch shell some seconds before the
+    # limit (it checks limits about every 30 s, so no exact times are asserted).
+    run = runs.run("short")
+    job = runs.submit("short", "--time", "1", train=[*TRAIN, "--max-steps=1000000"])
+    runs.until("the requeued job starts", lambda: any(x["restart_count"] == 1
+                                                      for x in lines(run / "restarts.jsonl")), 180)
+    events = lines(run / "events.jsonl")
+    kinds = [e["event"] for e in events]
+    assert kinds[:3] == ["signal", "preempted", "requeue"], kinds
+    assert events[0]["signal"] == "USR2"
+    saved = events[1]["step"]
+    assert (run / "checkpoints" / f"step-{saved:08d}" / "MANIFEST.json").is_file()
+    states = sacct_states(job)
+    assert "REQUEUED" in states and "TIMEOUT" not in states, states
+    runs.hp("cancel", "short")
+    assert runs.wait("short", ENDED, 60)["state"] == "CANCELLED"
+
+
+@pytest.mark.timeout(420)
+def test_cancel_then_resume_continues_from_newest_checkpoint(runs, reference):
+    ref_runs, _, ref_info = reference
+    assert ref_info["state"] == "COMPLETED", "the reference run failed (see its test)"
+    run = runs.run("cr")
+    runs.submit("cr", train=FULL)
+    runs.until("a periodic checkpoint", lambda: (run / "checkpoints" / "latest").is_file(), 180)
+    runs.hp("cancel", "cr")
+    assert runs.wait("cr", ENDED, 60)["state"] == "CANCELLED"
+    newest = runs.status("cr")["checkpoint_step"]
+    assert 10 <= newest < FULL_STEPS
+
+    runs.hp("resume", "cr")
+    info = runs.wait("cr", ENDED, 240)
+    assert info["state"] == "COMPLETED", info
+    assert len(info["jobs"]) == 2 and info["jobs"][1]["kind"] == "resume", info["jobs"]
+    starts = re.findall(r"step (\d+)/%d\n" % FULL_STEPS, (run / "train.log").read_text())
+    assert starts[0] == "0" and int(starts[-1]) >= newest, starts   # resumed, did not start over
+    assert (run / "final_params.sha256").read_text() == \
+        (ref_runs.run("ref") / "final_params.sha256").read_text()
+
+
+@pytest.mark.timeout(240)
+def test_wrong_interface_name_fails_fast_naming_it(runs):
+    bad = runs.root / "badnet.yaml"
+    bad.write_text("name: badnet\nextends: loopback\nnetwork:\n  socket_ifname: nosuch0\n"
+                   "  gloo_socket_ifname: nosuch0\n")
+    job = runs.hp("submit", "--profile", str(bad), "--nodes", "2", "--gpus", "1", "--name", "bad",
+                  "--", *TRAIN[1:], "--train.micro_batch=8", "--max-steps=5")
+    assert "job" in job.stdout
+    # The profile's time limit is 10 minutes: a hang would end in TIMEOUT, far past this wait.
+    info = runs.wait("bad", ENDED, 150)
+    assert info["state"] == "FAILED", info
+    text = runs.hp("logs", "bad").stdout + "".join(
+        p.read_text(errors="replace") for p in (runs.run("bad") / "logs").glob("rank-*.log"))
+    assert "nosuch0" in text, text[-4000:]
+    assert not (runs.run("bad") / "final_params.sha256").exists()
+
+
+@pytest.mark.timeout(300)
+def test_fsdp_and_deepspeed_jobs_across_two_nodes(runs):
+    # Two 2 x 1 jobs side by side (each node has 2 gres GPUs).
+    for strategy in ("fsdp", "deepspeed"):
+        runs.submit(strategy, "--strategy", strategy, gpus=1,
+                    train=["--train.micro_batch=8", "--train.global_batch=16", "--max-steps=8",
+                           "--checkpoint-every=4"])
+    for strategy in ("fsdp", "deepspeed"):
+        info = runs.wait(strategy, ENDED, 240)
+        assert info["state"] == "COMPLETED", info
+        run = runs.run(strategy)
+        assert f"{strategy}: 2 ranks" in (run / "train.log").read_text()
+        nodes = runs.hp("logs", strategy).stdout
+        assert re.search(r"node 0 on n1 ", nodes) and re.search(r"node 1 on n2 ", nodes), nodes[-2000:]
+        assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000008"
+        assert (run / "final_params.sha256").is_file()
+
+
+@pytest.mark.timeout(300)
+def test_two_jobs_at_once_use_different_rendezvous_ports(runs):
+    jobs = {name: runs.submit(name, gpus=1, train=["--train.micro_batch=8", "--max-steps=10"])
+            for name in ("a", "b")}
+    for name in jobs:
+        assert runs.wait(name, ENDED, 240)["state"] == "COMPLETED", name
+    endpoints = {}
+    for name in jobs:
+        text = "".join(p.read_text() for p in (runs.run(name) / "logs").glob("node-*.log"))
+        found = set(re.findall(r"endpoint=(\S+)", text))
+        assert len(found) == 1, found                # both nodes of a job agree on one endpoint
+        endpoints[name] = found.pop()
+    assert endpoints["a"] != endpoints["b"], endpoints
+    assert not any(e.endswith(":29500") for e in endpoints.values()), endpoints
+    # they really ran at the same time: each started before the other ended (sacct)
+    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(jobs.values()), "-o",
+                          "JobID,Start,End"], capture_output=True, text=True, timeout=30).stdout
+    times = {row.split("|")[0]: row.split("|")[1:] for row in out.split()}
+    (sa, ea), (sb, eb) = times[jobs["a"]], times[jobs["b"]]
+    assert sa < eb and sb < ea, times
