@@ -196,7 +196,7 @@ def environment_vars(profile: Any) -> list[tuple[str, str]]:
     return sorted(env.items())
 
 
-def context(profile: Any, req: JobRequest, run_dir: str) -> dict[str, Any]:
+def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = None) -> dict[str, Any]:
     if not os.path.isabs(run_dir):
         raise UserError(f"internal: run folder {run_dir!r} must be absolute")
     problems = req.problems(profile)  # a request that does not fit the profile cannot be rendered
@@ -216,7 +216,7 @@ def context(profile: Any, req: JobRequest, run_dir: str) -> dict[str, Any]:
         "omp_threads": max(1, (cpus or req.gpus) // req.gpus) if slurm else 1,
         "cpus_per_task": cpus,
         "want_gpu": 1 if slurm and profile.slurm.gpus_per_node else 0,
-        "python": node_python(profile),
+        "python": python or node_python(profile),
         "entry_argv": req.entry.argv(run_dir=run_dir, strategy=req.strategy, args=req.args),
         "preemption": profile.preemption,
         "rendezvous": profile.rendezvous,
@@ -228,8 +228,9 @@ def context(profile: Any, req: JobRequest, run_dir: str) -> dict[str, Any]:
     }
 
 
-def render(profile: Any, req: JobRequest, run_dir: str | os.PathLike[str]) -> str:
-    """The script text, byte for byte what is handed to the scheduler."""
+def render(profile: Any, req: JobRequest, run_dir: str | os.PathLike[str], *, python: str | None = None) -> str:
+    """The script text, byte for byte what is handed to the scheduler. `python`: the nodes' interpreter
+    (default node_python(profile); a resume passes run.yaml's `node_python` to render the same script)."""
     from jinja2 import TemplateError
 
     env = environment()
@@ -237,7 +238,7 @@ def render(profile: Any, req: JobRequest, run_dir: str | os.PathLike[str]) -> st
         template = env.get_template(TEMPLATE)
         if template.filename and not template.filename.startswith(str(bundled("templates"))):
             _check_trusted(Path(template.filename))
-        text = template.render(context(profile, req, str(run_dir)))
+        text = template.render(context(profile, req, str(run_dir), python))
     except TemplateError as e:
         where = f"{getattr(e, 'filename', None) or TEMPLATE}:{getattr(e, 'lineno', None) or '?'}"
         raise UserError(f"template {where}: {e}") from None

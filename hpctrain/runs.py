@@ -106,7 +106,8 @@ class RunDir:
         raise UserError(f"run {self.name!r} already exists in {self.path.parent} (state {state or 'UNKNOWN'}); "
                         f"{hint}")
 
-    def create(self, *, profile: Any, request: Any, script: str, replace_finished: bool = False) -> None:
+    def create(self, *, profile: Any, request: Any, script: str, replace_finished: bool = False,
+               node_python: str | None = None) -> None:
         """Make the folder, freeze run.yaml and write job.sh. A COMPLETED run of the same name (only
         with replace_finished, checked by check_free) is renamed to NAME.old-<time>, never deleted."""
         import yaml
@@ -123,6 +124,7 @@ class RunDir:
             "profile": profile.model_dump(mode="json"),
             "profile_source": str(profile.source) if getattr(profile, "source", None) else None,
             "request": request.to_dict(),
+            "node_python": node_python,  # what job.sh runs on the nodes (render(..., python=))
         }
         self.run_yaml.write_text(yaml.safe_dump(frozen, sort_keys=True))
         self.write_script(script)

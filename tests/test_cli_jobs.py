@@ -69,6 +69,16 @@ def test_local_run_end_to_end_render_equals_submit(cli):
     assert "g: COMPLETED" in out.stdout
     run = cli.tmp / "runs" / "g"
     assert (run / "job.sh").read_text() == rendered  # byte for byte what the local executor ran
+    # run.yaml freezes everything needed to render the same script again (what a resume relies on)
+    from hpctrain.profiles import Profile
+    from hpctrain.render import render
+    from hpctrain.request import JobRequest
+    from hpctrain.runs import RunDir
+
+    frozen = RunDir(run).frozen()
+    again = render(Profile.model_validate(frozen["profile"]), JobRequest.from_dict(frozen["request"]), run,
+                   python=frozen["node_python"])
+    assert again == rendered
     for node in (0, 1):
         log = (run / "logs" / f"node-{node}.log").read_text()
         assert f"rank {node}/2 node {node} sum 3.0 args ['--x', 'a b', '$(id)']" in log

@@ -72,7 +72,7 @@ class Prepared:
 
     def __init__(self, o: dict[str, Any]) -> None:
         from hpctrain.profiles import resolve
-        from hpctrain.render import render
+        from hpctrain.render import node_python, render
         from hpctrain.request import JobRequest
         from hpctrain.runs import RunDir, runs_dir_of
 
@@ -88,7 +88,8 @@ class Prepared:
             self.profile, name=o["name"], nodes=o["nodes"], gpus=o["gpus"], time_min=o["time_min"],
             strategy=strategy, script=o["script"], module=o["module"], args=args)
         self.run = RunDir(runs_dir_of(self.profile) / self.request.name)
-        self.script = render(self.profile, self.request, self.run.path)
+        self.python = node_python(self.profile)
+        self.script = render(self.profile, self.request, self.run.path, python=self.python)
 
 
 def plan_args(rec: Any) -> list[str]:
@@ -164,7 +165,8 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
                    f"  run folder: {run.path}\n  script: {len(p.script.splitlines())} lines "
                    "(`hpctrain render` with the same options prints it)\n  nothing was written")
         return
-    run.create(profile=profile, request=req, script=p.script, replace_finished=replace_finished)
+    run.create(profile=profile, request=req, script=p.script, replace_finished=replace_finished,
+               node_python=p.python)
     if p.plan is not None:
         (run.path / "plan.json").write_text(p.plan.to_json() + "\n")
     job_id = dispatch.submit(run, profile, time_min=req.time_min)
