@@ -83,10 +83,16 @@ def sweep(out: Path, max_bytes: int, timeout_s: float) -> int:
         for nbytes in sweep_sizes(max_bytes):
             count = nbytes // 4
             buf = torch.empty(count, dtype=torch.float32, device=device)
-            iters = 20 if nbytes <= 1 << 20 else 5 if nbytes <= 1 << 24 else 2
             buf.fill_(1.0)
             dist.all_reduce(buf)   # warm-up: connections, buffers
             sync()
+            # as many iterations as fit in about 0.2 s (2..50); every rank must agree on the count
+            t1 = time.perf_counter()
+            dist.all_reduce(buf)
+            sync()
+            probe = torch.tensor([time.perf_counter() - t1], dtype=torch.float64, device=device)
+            dist.all_reduce(probe, op=dist.ReduceOp.MAX)
+            iters = max(2, min(50, int(0.2 / max(float(probe.item()), 1e-6))))
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(iters):
