@@ -88,6 +88,7 @@ hpctrain_wait() {  # PID...: wait for all, through trapped signals; hpctrain_rc 
 # every rank polls at each step boundary. TERM (scancel, cancel) stops without a requeue.
 preempted=0
 cancelled=0
+timed_out=0
 hpctrain_node_pids=()
 # shellcheck disable=SC2317  # invoked by the traps below
 hpctrain_on_signal() {  # SIGNAL
@@ -100,6 +101,16 @@ hpctrain_on_signal() {  # SIGNAL
     preempted=1
   fi
 }
+# The local executor's time limit: SIGINT, then SIGKILL a second later. Record it at once.
+# shellcheck disable=SC2317  # invoked by the trap below
+hpctrain_on_timeout() {
+  hpctrain_event timeout
+  timed_out=1
+  touch "$HPCTRAIN_STOP_FILE"
+  hpctrain_state TIMEOUT 124
+  if [ "${#hpctrain_node_pids[@]}" -gt 0 ]; then kill -TERM "${hpctrain_node_pids[@]}" 2>/dev/null; fi
+}
+trap hpctrain_on_timeout INT
 trap 'hpctrain_on_signal USR2' USR2
 trap 'hpctrain_on_signal TERM' TERM
 
@@ -141,7 +152,7 @@ while :; do
   hpctrain_wait "${hpctrain_node_pids[@]}"
   hpctrain_node_pids=()
 
-  if [ "$preempted" = 1 ] && [ "$cancelled" = 0 ]; then
+  if [ "$preempted" = 1 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
     if true && [ "$HPCTRAIN_RESTART_COUNT" -lt 10 ]; then
       hpctrain_event requeue
       HPCTRAIN_RESTART_COUNT=$((HPCTRAIN_RESTART_COUNT + 1))
@@ -152,9 +163,11 @@ while :; do
   break
 done
 
-if [ "$hpctrain_rc" -eq 0 ] && [ "$preempted" = 0 ] && [ "$cancelled" = 0 ]; then
+if [ "$hpctrain_rc" -eq 0 ] && [ "$preempted" = 0 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
   hpctrain_event "done"
   hpctrain_finish COMPLETED 0
+elif [ "$timed_out" = 1 ]; then
+  hpctrain_finish TIMEOUT 124
 elif [ "$cancelled" = 1 ]; then
   hpctrain_finish CANCELLED "$(( hpctrain_rc ? hpctrain_rc : 143 ))"
 elif [ "$preempted" = 1 ]; then

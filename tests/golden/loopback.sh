@@ -88,6 +88,7 @@ hpctrain_wait() {  # PID...: wait for all, through trapped signals; hpctrain_rc 
 # every rank polls at each step boundary. TERM (scancel, cancel) stops without a requeue.
 preempted=0
 cancelled=0
+timed_out=0
 hpctrain_node_pids=()
 # shellcheck disable=SC2317  # invoked by the traps below
 hpctrain_on_signal() {  # SIGNAL
@@ -147,7 +148,7 @@ while :; do
   hpctrain_wait "${hpctrain_node_pids[@]}"
   hpctrain_node_pids=()
 
-  if [ "$preempted" = 1 ] && [ "$cancelled" = 0 ]; then
+  if [ "$preempted" = 1 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
     if true && [ "$HPCTRAIN_RESTART_COUNT" -lt 10 ]; then
       hpctrain_event requeue
       # From the batch shell, outside any container (scontrol is often missing inside one).
@@ -158,9 +159,11 @@ while :; do
   break
 done
 
-if [ "$hpctrain_rc" -eq 0 ] && [ "$preempted" = 0 ] && [ "$cancelled" = 0 ]; then
+if [ "$hpctrain_rc" -eq 0 ] && [ "$preempted" = 0 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
   hpctrain_event "done"
   hpctrain_finish COMPLETED 0
+elif [ "$timed_out" = 1 ]; then
+  hpctrain_finish TIMEOUT 124
 elif [ "$cancelled" = 1 ]; then
   hpctrain_finish CANCELLED "$(( hpctrain_rc ? hpctrain_rc : 143 ))"
 elif [ "$preempted" = 1 ]; then
