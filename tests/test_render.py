@@ -330,3 +330,15 @@ def test_local_preemption_relaunches_and_slurm_requeues(tmp_path, standins):
             assert events == ["signal", "requeue"]
             assert "requeue 4242" in (rec / "scontrol.calls").read_text()
         assert not (run_dir / "STOP").exists() or scheduler == "loopback"
+
+
+def test_missing_interface_fails_fast_naming_it(tmp_path, standins):
+    run_dir = tmp_path / "runs" / "h"
+    text = render_with("local", {"network.gloo_socket_ifname": "nosuch0", "network.socket_ifname": "nosuch0"},
+                       [], str(run_dir), standins)
+    out = run_script(text, standins)
+    assert out.returncode != 0
+    log = (run_dir / "logs" / "node-0.log").read_text()
+    assert "network interface nosuch0 (GLOO_SOCKET_IFNAME, from the profile) does not exist" in log
+    assert not (standins[1] / "node-0.json").exists()  # torchrun never started
+    assert json.loads((run_dir / "state.json").read_text())["state"] == "FAILED"

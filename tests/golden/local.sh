@@ -56,6 +56,13 @@ hpctrain_node_cmd='
 node=${HPCTRAIN_NODEID:-${SLURM_NODEID:-0}}
 export HPCTRAIN_NODEID=$node
 exec >>"$HPCTRAIN_RUN_DIR/logs/node-$node.log" 2>&1
+ifnames=${GLOO_SOCKET_IFNAME:-}
+for ifname in ${ifnames//,/ }; do
+  if [ ! -e "/sys/class/net/$ifname" ]; then
+    echo "hpctrain: error: network interface $ifname (GLOO_SOCKET_IFNAME, from the profile) does not exist on $(hostname); it has: $(ls /sys/class/net | tr "\n" " ")"
+    exit 2
+  fi
+done
 device=cpu
 if [ "$HPCTRAIN_WANT_GPU" = 1 ] && nvidia-smi -L >/dev/null 2>&1; then device=cuda; fi
 export HPCTRAIN_DEVICE=$device
