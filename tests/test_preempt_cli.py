@@ -1,0 +1,203 @@
+"""The preemption chain and `hpctrain resume` end to end, with the local executor, real torchrun and
+gloo (2 ranks): `hpctrain preempt` at a random step -> save, exit 75, requeue in the script -> resume
+-> bit-identical; SIGKILL of the whole job at random moments (during saves too), 10 times, each
+followed by `hpctrain resume` -> bit-identical; resume refuses what it must."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpctrain import dispatch
+from hpctrain.runs import RunDir
+from train_entry.checkpoint import newest_verified, verify
+
+pytestmark = pytest.mark.slow
+SEED = int(os.environ.get("HPCTRAIN_TEST_SEED", time.time_ns() % 10_000))
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    """Run `hpctrain ...` in tmp_path with its own config and run index."""
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    for key in ("HPCTRAIN_STOP_AT_STEP", "HPCTRAIN_STOP_FILE", "HPCTRAIN_RUN_DIR"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    def run(*args: str, ok: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+        out = subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
+                             timeout=timeout)
+        if ok:
+            assert out.returncode == 0, f"hpctrain {' '.join(args)}:\n{out.stdout}\n{out.stderr}"
+        return out
+
+    return run
+
+
+def last_step(run: Path) -> int:
+    try:
+        lines = (run / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError):
+            continue
+    return 0
+
+
+def wait_until(cond, timeout: float = 180, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what} (seed {SEED})"
+        time.sleep(0.005)
+
+
+def job_processes(run: Path) -> list[int]:
+    """Processes of this run: the script, torchrun and the workers (they carry the run folder)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            if str(run) in cmd and stat.rsplit(")", 1)[-1].split()[0] != "Z":
+                pids.append(int(proc.name))
+    return pids
+
+
+def sigkill_job(run: Path) -> None:
+    """What a node loss looks like: every process of the job dies at once, no handler runs."""
+    state = json.loads((run / "state.json").read_text())
+    for pid in job_processes(run):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.killpg(int(state["pgid"]), signal.SIGKILL)
+    except (ProcessLookupError, TypeError, ValueError):
+        pass
+    wait_until(lambda: not job_processes(run), 30, "the killed job to be gone")
+
+
+def final_hash(run: Path) -> str:
+    return (run / "final_params.sha256").read_text().strip()
+
+
+def test_preempt_requeue_resume_is_bit_identical(cli, tmp_path):
+    train = ["--max-steps", "24", "--checkpoint-every", "8"]
+    cli("submit", "--profile", "local", "--nodes", "2", "--gpus", "1", "--name", "ref", "--wait", "--", *train)
+    cli("submit", "--profile", "local", "--nodes", "2", "--gpus", "1", "--name", "pre", "--", *train)
+    run = tmp_path / "runs" / "pre"
+    at = random.Random(SEED).randint(2, 16)
+    wait_until(lambda: last_step(run) >= at, what=f"step {at}")
+    out = cli("preempt", "pre")
+    assert "SIGUSR2" in out.stdout
+    final = dispatch.wait(RunDir(run), poll_s=0.5)
+    assert final == "COMPLETED", (run / "logs" / "batch.log").read_text()[-3000:]
+
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    kinds = [e["event"] for e in events]
+    assert kinds == ["signal", "preempted", "requeue", "done"], kinds
+    stopped = next(e["step"] for e in events if e["event"] == "preempted")
+    assert at <= stopped < 24
+    restarts = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
+    assert [r["restart_count"] for r in restarts] == [0, 1]
+    assert f"resumed from {run / 'checkpoints' / f'step-{stopped:08d}'} " in (run / "train.log").read_text()
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    after = steps[steps.index(stopped) + 1:]
+    assert after[0] == stopped + 1, "steps were redone after a signal preemption"
+    assert final_hash(run) == final_hash(tmp_path / "runs" / "ref"), f"seed {SEED}, preempted at {stopped}"
+    status = json.loads(cli("status", "pre", "--json").stdout)
+    assert status["restarts"] == 1 and len(status["history"]) == 2
+
+
+def test_sigkill_at_random_moments_then_resume_is_bit_identical(cli, tmp_path):
+    train = ["--max-steps", "60", "--checkpoint-every", "2"]
+    cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "2", "--name", "ref", "--wait", "--", *train)
+    cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "2", "--name", "kill", "--", *train)
+    run = tmp_path / "runs" / "kill"
+    ckpts = run / "checkpoints"
+    rng = random.Random(SEED)
+    resumed_from: list[str] = []
+    during_save = 0
+    for trial in range(10):
+        start = last_step(run)
+        if trial % 2:   # kill inside a save: as soon as a staging folder appears
+            wait_until(lambda: last_step(run) > start and any(ckpts.glob(".staging-*")),
+                       what="a save in progress")
+        else:           # kill at a random step, anywhere inside it
+            target = start + 1 + rng.randint(0, 2)
+            wait_until(lambda: last_step(run) >= target, what=f"step {target}")
+            time.sleep(rng.uniform(0, 0.05))
+        during_save += bool(any(ckpts.glob(".staging-*")))
+        sigkill_job(run)
+        assert dispatch.state(RunDir(run)) == "LOST"
+        assert not (run / "final_params.sha256").exists(), f"trial {trial}: the run finished first"
+        newest = newest_verified(ckpts)
+        for folder in ckpts.glob("step-*"):
+            assert verify(folder)[1] is None, f"trial {trial}: {folder} does not verify after SIGKILL"
+        out = cli("resume", "kill")
+        expect = f"from {newest[0].name} (verified)" if newest else "from the start"
+        assert expect in out.stdout, out.stdout
+        resumed_from.append(newest[0].name if newest else "start")
+        if newest:
+            wait_until(lambda: f"resumed from {newest[0]} " in (run / "train.log").read_text(),
+                       what=f"trial {trial}: resume from {newest[0].name}")
+    assert during_save >= 5, f"only {during_save} of 10 kills landed inside a save"
+    assert dispatch.wait(RunDir(run), poll_s=0.5) == "COMPLETED"
+    assert final_hash(run) == final_hash(tmp_path / "runs" / "ref"), f"seed {SEED}: {resumed_from}"
+    jobs = [json.loads(line)["kind"] for line in (run / "jobs.jsonl").read_text().splitlines()]
+    assert jobs == ["submit"] + ["resume"] * 10
+
+
+def test_resume_refuses_running_and_completed_runs_and_deepspeed_reshard(cli, tmp_path):
+    cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "1", "--name", "one", "--wait", "--",
+        "--max-steps", "2")
+    out = cli("resume", "one", ok=False)
+    assert out.returncode == 2 and "COMPLETED" in out.stderr and "--max-steps" in out.stderr
+    assert "Traceback" not in out.stderr
+    out = cli("resume", "one", "--max-steps", "1", ok=False)
+    assert out.returncode == 2 and "can only add steps" in out.stderr
+    cli("resume", "one", "--max-steps", "4", "--wait")
+    run = tmp_path / "runs" / "one"
+    assert "resumed from" in (run / "train.log").read_text()
+    assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
+    assert list(run.glob("job.sh.before-resume-*"))
+
+    cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "1", "--name", "busy", "--",
+        "--max-steps", "100000")
+    wait_until(lambda: dispatch.state(RunDir(tmp_path / "runs" / "busy")) == "RUNNING", 60, "RUNNING")
+    out = cli("resume", "busy", ok=False)
+    assert out.returncode == 2 and "RUNNING" in out.stderr and "hpctrain cancel busy" in out.stderr
+    cli("cancel", "busy")
+
+    ds = RunDir(tmp_path / "runs" / "busy")
+    frozen = ds.frozen()
+    frozen["request"]["strategy"] = "deepspeed"
+    import yaml
+
+    ds.run_yaml.write_text(yaml.safe_dump(frozen))
+    out = cli("resume", "busy", "--nodes", "2", ok=False)
+    assert out.returncode == 2 and "deepspeed" in out.stderr and "--nodes 1" in out.stderr
+
+
+def test_preempt_refuses_a_run_that_is_not_running(cli):
+    cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "1", "--name", "done", "--wait", "--",
+        "--max-steps", "1")
+    out = cli("preempt", "done", ok=False)
+    assert out.returncode == 2 and "not RUNNING" in out.stderr and "Traceback" not in out.stderr
