@@ -450,7 +450,8 @@ def format_report(rep: Report) -> str:
             emit(c)
     if rep.sweep is not None:
         s = rep.sweep
-        lines.append(f"all-reduce sweep ({s.get('backend', '?')}, {s.get('world', '?')} ranks, "
+        backend = f"{s['backend']}, " if s.get("backend") not in (None, "?") else ""
+        lines.append(f"all-reduce sweep ({backend}{s.get('world', '?')} ranks, "
                      f"{s.get('dtype', 'float32')}, sum; busbw = algbw * 2(n-1)/n as nccl-tests):")
         if s.get("rows"):
             lines.append(f"  {'size':>10} {'count':>11} {'time(us)':>11} {'algbw(GB/s)':>12} "
@@ -579,23 +580,63 @@ def run_slurm(profile: Any, *, nodes: int, gpus: int | None, max_bytes: int, tim
                                   "check `squeue`; rerun with a longer --wait-s, or read the node logs in "
                                   f"{run.path}/logs"))
     out = run.path / "doctor"
+    missing = []
     for n in range(req.nodes):
         f = out / f"node-{n}.json"
         if f.exists():
             rep.node_reports.append(NodeReport.from_dict(json.loads(f.read_text())))
+        elif (early := _node_script_error(run.path / "logs" / f"node-{n}.log", n)) is not None:
+            rep.node_reports.append(early)
         else:
-            rep.problems.append(Check(
-                f"node {n}", "fail", f"node {n} wrote no report; last log lines: "
-                + _tail(run.path / "logs" / f"node-{n}.log", run.path / "logs" / "batch.log"),
-                "the workers never started: rendezvous failed (head name or port unreachable, wrong "
-                "interface) or the environment/python is missing on the node",
-                f"read {run.path}/logs; check the profile's network and environment settings"))
+            missing.append(n)
+    others_failed = any(c.failed for r in rep.node_reports for c in r.checks)
+    for n in missing:
+        if others_failed:   # srun --kill-on-bad-exit stopped it: its checks never ran
+            rep.problems.append(Check(f"node {n}", "skip", f"node {n} was stopped when another node "
+                                      "failed (srun --kill-on-bad-exit); its checks did not run"))
+            continue
+        rep.problems.append(Check(
+            f"node {n}", "fail", f"node {n} wrote no report; last log lines: "
+            + _tail(run.path / "logs" / f"node-{n}.log", run.path / "logs" / "batch.log"),
+            "the workers never started: rendezvous failed (head name or port unreachable, wrong "
+            "interface) or the environment/python is missing on the node",
+            f"read {run.path}/logs; check the profile's network and environment settings"))
     log = _tail(*(run.path / "logs").glob("node-*.log"), run.path / "logs" / "batch.log")
-    rep.sweep = collect_sweep(out, req.nodes * req.gpus, log)
+    if not (out / "sweep.json").exists() and not list(out.glob("sweep-error-*.json")) and others_failed:
+        rep.sweep = {"skipped": "not run: the job stopped at the failed checks above",
+                     "world": req.nodes * req.gpus}
+    else:
+        rep.sweep = collect_sweep(out, req.nodes * req.gpus, log)
     if state != "COMPLETED" and not any(c.failed for c in rep.checks):
         rep.problems.append(Check("job", "fail", f"job {job_id} ended {state}: {log}",
                                   "the job failed outside the checks", f"read {run.path}/logs"))
     return rep
+
+
+def _node_script_error(log: Path, node: int) -> NodeReport | None:
+    """The rendered node command's own pre-flight failure ("hpctrain: error: network interface X
+    ... does not exist on HOST"), which stops a node before the worker runs, as a node report."""
+    import re
+
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    errors = [ln.removeprefix("hpctrain: error: ") for ln in text.splitlines()
+              if ln.startswith("hpctrain: error: ")]
+    if not errors:
+        return None
+    host = re.search(r"hpctrain: node \d+ on (\S+)", text) or re.search(r" on ([\w.-]+);", errors[-1])
+    checks = []
+    for e in errors:
+        if "interface" in e:
+            checks.append(Check("interface", "fail", e, WRONG_IFACE,
+                                "set network.socket_ifname (and gloo_socket_ifname) in the profile to "
+                                "an interface every node has"))
+        else:
+            checks.append(Check("node setup", "fail", e, "the job's node command stopped before the "
+                                "workers started", "see the message; fix the profile or the node"))
+    return NodeReport(str(node), host.group(1) if host else "?", checks)
 
 
 def _tail(*files: Path, n: int = 5) -> str:

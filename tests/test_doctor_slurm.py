@@ -54,7 +54,12 @@ def test_doctor_names_a_wrong_interface_on_every_node(slurm_cluster, tmp_path):
     out = hp("doctor", "--profile", str(bad), "--nodes", "2", "--gpus", "1", "--quick",
              "--wait-s", "240", cwd=tmp_path)
     assert out.returncode == 1, out.stdout + out.stderr
-    fails = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("FAIL interface")]
-    assert len(fails) == 2 and all("nosuch0" in ln for ln in fails), out.stdout
+    lines = [ln.strip() for ln in out.stdout.splitlines()]
+    fails = [ln for ln in lines if ln.startswith("FAIL interface")]
+    # Whichever node fails first makes srun stop the other (--kill-on-bad-exit), maybe before its
+    # own check: at least one node names the interface, and none is left unexplained.
+    assert fails and all("nosuch0" in ln for ln in fails), out.stdout
+    stopped = [ln for ln in lines if ln.startswith("SKIP node") and "another node failed" in ln]
+    assert len(fails) + len(stopped) == 2, out.stdout
     assert "likely cause: wrong network interface" in out.stdout
-    assert "FAIL all-reduce" in out.stdout and "nosuch0" in out.stdout.split("all-reduce sweep")[1]
+    assert not any(ln.startswith("FAIL node") for ln in lines), out.stdout
