@@ -59,6 +59,14 @@ def test_unknown_key_names_file_line_and_close_match(tmp_path):
     assert f"{cfg_file}:3: train.micro_bach: unknown key; did you mean 'train.micro_batch'?" in msg
 
 
+def test_duplicate_key_and_unknown_section(tmp_path):
+    cfg_file = write(tmp_path, "train:\n  max_steps: 5\n  max_steps: 6\n")
+    with pytest.raises(ValidationError, match=r"train.yaml:3: train.max_steps: duplicate key \(first at line 2\)"):
+        load_config(cfg_file)
+    with pytest.raises(ValidationError, match=r"train.yaml:1: optimizer: unknown key; did you mean 'optim'\?"):
+        load_config(write(tmp_path, "optimizer:\n  lr: 1\n"))
+
+
 def test_all_problems_at_once_with_origin(tmp_path):
     cfg_file = write(tmp_path, "optim:\n  lr: fast\n  name: adam\n")
     with pytest.raises(ValidationError) as e:

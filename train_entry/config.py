@@ -203,16 +203,21 @@ def _load_yaml(path: Path) -> tuple[dict, _Origins]:
     if not isinstance(data, dict):
         raise UserError(f"{path}:1: the config must be a mapping of sections (e.g. 'train:'), "
                         f"not a {type(data).__name__}")
-    origins = _Origins()
+    origins, dups = _Origins(), []
 
     def walk(n: yaml.Node, prefix: str) -> None:
         if isinstance(n, yaml.MappingNode):
             for k, v in n.value:
                 key = f"{prefix}{k.value}"
+                if key in origins:   # plain YAML keeps the last one silently
+                    dups.append(Problem(f"duplicate key (first at line {origins[key][1]}); keep one",
+                                        file=str(path), line=k.start_mark.line + 1, key=key))
                 origins[key] = (str(path), k.start_mark.line + 1)
                 walk(v, key + ".")
 
     walk(node, "")
+    if dups:
+        raise ValidationError(dups)
     return data, origins
 
 
@@ -225,7 +230,8 @@ def _parse_value(text: str) -> Any:
 
 
 def _suggest(key: str) -> str:
-    close = difflib.get_close_matches(key, list(all_keys()), n=1, cutoff=0.6)
+    sections = [k for k, f in TrainConfig.model_fields.items() if f.default_factory is not None]
+    close = difflib.get_close_matches(key, [*all_keys(), *sections], n=1, cutoff=0.6)
     if not close:
         last = key.rsplit(".", 1)[-1]
         close = [k for k in all_keys() if k.rsplit(".", 1)[-1] == last][:1]
