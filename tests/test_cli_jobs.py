@@ -89,6 +89,7 @@ def test_local_run_end_to_end_render_equals_submit(cli):
     assert "rank 1/2" in ok(cli("logs", "g", "--node", "1")).stdout
     assert "==> " in ok(cli("logs", "g")).stdout
     assert "rank 0/2" in ok(cli("logs", "g", "--node", "0", "--follow", timeout=30)).stdout  # ends with the job
+    assert "rank 1/2 node 1" in ok(cli("logs", "g", "--rank", "1")).stdout  # torchrun's --tee files
     user_error(cli("logs", "g", "--rank", "7"), "rank-7.log does not exist")
     assert [r["name"] for r in json.loads(ok(cli("runs", "--json")).stdout)] == ["g"]
     assert "COMPLETED" in ok(cli("runs")).stdout

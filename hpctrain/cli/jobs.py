@@ -289,7 +289,8 @@ def _table(items: list[dict[str, Any]]) -> None:
 
 @click.command()
 @click.argument("run")
-@click.option("--rank", "-r", type=int, help="Show logs/rank-R.log (train_entry writes one per rank).")
+@click.option("--rank", "-r", type=int, help="One rank's output: logs/rank-R.log (train_entry), or torchrun's "
+              "per-rank files under logs/torchrun/ (your own --script/--module).")
 @click.option("--node", type=int, help="Show logs/node-N.log (one per node: torchrun and the workers).")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the job ends (Ctrl-C stops).")
 @_runs_dir_option
@@ -309,6 +310,8 @@ def logs(run: str, rank: int | None, node: int | None, follow: bool, runs_dir: P
         raise UserError("give --rank or --node, not both")
     if rank is not None:
         files = [r.logs / f"rank-{rank}.log"]
+        if not files[0].is_file():
+            files = _torchrun_rank_logs(r, rank) or files
     elif node is not None:
         files = [r.logs / f"node-{node}.log"]
     else:
@@ -326,6 +329,14 @@ def logs(run: str, rank: int | None, node: int | None, follow: bool, runs_dir: P
                 click.echo(f.read_text(errors="replace"), nl=False)
         return
     _follow(r, files)
+
+
+def _torchrun_rank_logs(run: Any, rank: int) -> list[Path]:
+    """A user script's rank output: torchrun's --tee files, logs/torchrun/node-N/<id>/attempt_K/<local>/."""
+    gpus = int(run.frozen().get("request", {}).get("gpus") or 1)
+    node, local = divmod(rank, gpus)
+    found = (run.logs / "torchrun" / f"node-{node}").glob(f"*/attempt_*/{local}/std*.log")
+    return sorted(found, key=lambda p: (p.stat().st_mtime, p.name))
 
 
 def _follow(run: Any, files: list[Path]) -> None:

@@ -22,6 +22,8 @@ export HPCTRAIN_SCHEDULER=slurm
 export HPCTRAIN_PROFILE=loopback
 export HPCTRAIN_RUN_NAME=golden
 export HPCTRAIN_PYTHON=/opt/hpctrain/bin/python
+# train_entry writes logs/rank-<R>.log itself; a user's script gets torchrun's per-rank files (--tee)
+export HPCTRAIN_TEE=0
 mkdir -p "$HPCTRAIN_RUN_DIR/logs"
 export HPCTRAIN_JOB_ID="$SLURM_JOB_ID"
 export HPCTRAIN_RESTART_COUNT="${SLURM_RESTART_COUNT:-0}"
@@ -70,7 +72,9 @@ export HPCTRAIN_DEVICE=$device
 is_host=0
 if [ "$node" = 0 ]; then is_host=1; fi
 echo "hpctrain: node $node on $(hostname) device=$device CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} restart=$HPCTRAIN_RESTART_COUNT endpoint=$HPCTRAIN_RDZV_ENDPOINT"
-exec "$HPCTRAIN_PYTHON" -m torch.distributed.run --nnodes="$HPCTRAIN_NNODES" --nproc-per-node="$HPCTRAIN_GPUS_PER_NODE" --rdzv-backend=c10d --rdzv-endpoint="$HPCTRAIN_RDZV_ENDPOINT" --rdzv-id="$HPCTRAIN_JOB_ID" --rdzv-conf="is_host=$is_host" --max-restarts=0 "$@"
+tee=()
+if [ "$HPCTRAIN_TEE" = 1 ]; then tee=(--tee=3 --log-dir="$HPCTRAIN_RUN_DIR/logs/torchrun/node-$node"); fi
+exec "$HPCTRAIN_PYTHON" -m torch.distributed.run --nnodes="$HPCTRAIN_NNODES" --nproc-per-node="$HPCTRAIN_GPUS_PER_NODE" --rdzv-backend=c10d --rdzv-endpoint="$HPCTRAIN_RDZV_ENDPOINT" --rdzv-id="$HPCTRAIN_JOB_ID" --rdzv-conf="is_host=$is_host" --max-restarts=0 "${tee[@]}" "$@"
 '
 
 hpctrain_wait() {  # PID...: wait for all, through trapped signals; hpctrain_rc = first failure
