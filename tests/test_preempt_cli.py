@@ -165,14 +165,16 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(cli, tmp_path):
     assert jobs == ["submit"] + ["resume"] * 10
 
 
-def test_resume_refuses_running_and_completed_runs_and_deepspeed_reshard(cli, tmp_path):
+def test_resume_and_preempt_refuse_what_they_must(cli, tmp_path):
     cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "1", "--name", "one", "--wait", "--",
         "--max-steps", "2")
     out = cli("resume", "one", ok=False)
     assert out.returncode == 2 and "COMPLETED" in out.stderr and "--max-steps" in out.stderr
     assert "Traceback" not in out.stderr
+    out = cli("preempt", "one", ok=False)
+    assert out.returncode == 2 and "not RUNNING" in out.stderr and "Traceback" not in out.stderr
     out = cli("resume", "one", "--max-steps", "1", ok=False)
-    assert out.returncode == 2 and "can only add steps" in out.stderr
+    assert out.returncode == 2 and "N > 2" in out.stderr
     cli("resume", "one", "--max-steps", "4", "--wait")
     run = tmp_path / "runs" / "one"
     assert "resumed from" in (run / "train.log").read_text()
@@ -195,9 +197,3 @@ def test_resume_refuses_running_and_completed_runs_and_deepspeed_reshard(cli, tm
     out = cli("resume", "busy", "--nodes", "2", ok=False)
     assert out.returncode == 2 and "deepspeed" in out.stderr and "--nodes 1" in out.stderr
 
-
-def test_preempt_refuses_a_run_that_is_not_running(cli):
-    cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "1", "--name", "done", "--wait", "--",
-        "--max-steps", "1")
-    out = cli("preempt", "done", ok=False)
-    assert out.returncode == 2 and "not RUNNING" in out.stderr and "Traceback" not in out.stderr

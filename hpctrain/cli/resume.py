@@ -325,7 +325,9 @@ def _hint(differs: list[str], step: int, stop: int) -> str:
     if "data" in differs:
         return "the data position is not restored: make the data pipeline resumable (state_dict)"
     if any(d.startswith("rng") for d in differs):
-        return "an RNG stream is not restored (a generator the checkpoint does not capture?)"
+        return ("the RNG streams diverged after the resume: a generator the checkpoint does not "
+                "capture (a private torch.Generator in the model or data?), or RNG use that depends "
+                "on state that was not restored")
     if "scheduler" in differs:
         return "the LR scheduler state is not restored"
     return ("the state loaded equally but training diverged after the resume: something outside the "
