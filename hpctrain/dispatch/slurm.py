@@ -43,8 +43,8 @@ def submit(run: RunDir) -> str:
 
 def state(job_id: str) -> str:
     value = SlurmJob.watcher.get_state(job_id, mode="force")
-    if value in ("", "UNKNOWN"):
-        value = _scontrol_state(job_id) or "UNKNOWN"
+    if value in ("", "UNKNOWN", "PREEMPTED"):  # PREEMPTED: the controller knows if it was requeued
+        value = _scontrol_state(job_id) or value or "UNKNOWN"
     return value.split()[0].upper()  # "CANCELLED by 0" -> CANCELLED
 
 
