@@ -209,6 +209,8 @@ def test_user_errors_exit_2(invoke):
                                                                                    res.exception)
             for n in needles:
                 assert n in res.output, (args, res.output)
+    res = invoke("render", "--profile", "generic-ib", "--partition", "x")  # flags are the top layer
+    assert res.exit_code == 2 and "slurm.partition is locked" in res.output, res.output
     for cmd in (["status", "nope"], ["logs", "nope"], ["cancel", "nope"]):
         res = invoke(*cmd)
         assert res.exit_code == 2 and "no run 'nope'" in res.output, res.output
