@@ -198,6 +198,7 @@ USER_ERRORS = [
     (["--strategy", "auto"], ["--params N"]),
     (["--set", "slurm.partitoin=x"], ["partitoin"]),
     (["--set", "nokey"], ["KEY=VALUE"]),
+    (["--node", "2"], ["No such option", "--nodes"]),  # a typo is not silently handed to the entry
 ]
 
 

@@ -122,7 +122,7 @@ def _plan(profile: Any, o: dict[str, Any]) -> Any:
                      profile=str(source) if source else profile.name)
 
 
-@click.command(context_settings={"ignore_unknown_options": True})
+@click.command()
 @_job_options
 def render(**o: Any) -> None:
     """Print the batch script that `submit` would hand to the scheduler, byte for byte.
@@ -135,7 +135,7 @@ def render(**o: Any) -> None:
     click.echo(prepared.script, nl=False)
 
 
-@click.command(context_settings={"ignore_unknown_options": True})
+@click.command()
 @_job_options
 @click.option("--wait", is_flag=True, help="Block until the job ends; exit 1 if it did not complete.")
 @click.option("--dry-run", is_flag=True, help="Validate and render, say where it would go, write nothing.")
