@@ -41,12 +41,11 @@ class Metrics:
     """Call `step(...)` after every optimizer step on every rank (GPU memory is gathered from all)."""
 
     def __init__(self, run_dir: Path, *, rank: int, world_size: int, device: torch.device, max_steps: int,
-                 start_step: int, log_every: int, tokens_per_sample: int | None, tensorboard: bool) -> None:
+                 log_every: int, tensorboard: bool, tokens_per_sample: int | None = None) -> None:
         self.run_dir, self.rank, self.world, self.device = run_dir, rank, world_size, device
-        self.max_steps, self.start_step, self.log_every = max_steps, start_step, log_every
+        self.max_steps, self.log_every = max_steps, log_every
         self.tokens_per_sample = tokens_per_sample
-        self.t0 = self.last_t = time.perf_counter()
-        self.last_step = start_step
+        self.start(0)
         self.main = rank == 0
         self.jsonl = self.log = self.bar = self.tb = None
         if not self.main:
@@ -57,7 +56,7 @@ class Metrics:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
             self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn())
-            self.task = self.bar.add_task("train", total=max_steps, completed=start_step, info="")
+            self.task = self.bar.add_task("train", total=max_steps, completed=0, info="")
             self.bar.start()
         if tensorboard:
             try:
@@ -66,6 +65,13 @@ class Metrics:
                 self.line("tensorboard is not installed (pip install tensorboard): not writing events")
             else:
                 self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+
+    def start(self, step: int) -> None:
+        """The loop starts (again) at `step`: rates and ETA count from here."""
+        self.start_step = self.last_step = step
+        self.t0 = self.last_t = time.perf_counter()
+        if getattr(self, "bar", None) is not None:
+            self.bar.update(self.task, completed=step)
 
     def line(self, text: str) -> None:
         """A plain progress line: train.log always, stdout when there is no live bar."""

@@ -91,12 +91,14 @@ def call_factory(fn: Callable, **available: Any) -> Any:
 
 
 def build_model(config: Any, *, rank: int, world_size: int) -> nn.Module:
-    # Same seed on every rank: FSDP2 shards each rank's own copy, so initial values must agree.
-    torch.manual_seed(config.train.seed)
-    if config.model.factory is None:
-        return demo_model(config)
-    model = call_factory(load_object(config.model.factory, "model.factory"), config=config, rank=rank,
-                         world_size=world_size)
+    # Same seed on every rank: FSDP2 shards each rank's own copy, so initial values must agree. In a
+    # forked RNG, so the per-rank generators (dropout) keep their (seed, rank) state.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(config.train.seed)
+        if config.model.factory is None:
+            return demo_model(config)
+        model = call_factory(load_object(config.model.factory, "model.factory"), config=config,
+                             rank=rank, world_size=world_size)
     if not isinstance(model, nn.Module):
         raise UserError(f"model.factory '{config.model.factory}' returned {type(model).__name__}, "
                         f"not an nn.Module")

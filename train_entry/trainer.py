@@ -78,20 +78,17 @@ class Trainer:
                            scaler=w.scaler, config=cfg.model_dump(mode="json"))
 
         # ---- resume from the newest verified checkpoint, if any (no flag: a restart just continues)
-        metrics_log: list[str] = []
+        metrics = Metrics(self.run_dir, rank=info.rank, world_size=info.world_size, device=device,
+                          max_steps=t.max_steps, log_every=t.log_every, tensorboard=t.tensorboard)
         ckpt = Checkpointer(self.run_dir, strategy=cfg.strategy, every_steps=cfg.checkpoint.every_steps,
                             every_minutes=cfg.checkpoint.every_minutes, keep=cfg.checkpoint.keep,
-                            async_save=cfg.checkpoint.async_save, log=metrics_log.append)
+                            async_save=cfg.checkpoint.async_save, log=metrics.line)
         if ckpt.load_latest(state) is not None:
             batches.restore(state.data)
-        metrics = Metrics(self.run_dir, rank=info.rank, world_size=info.world_size, device=device,
-                          max_steps=t.max_steps, start_step=state.step, log_every=t.log_every,
-                          tokens_per_sample=None, tensorboard=t.tensorboard)
-        for line in metrics_log:
-            metrics.line(line)
-        ckpt._log = metrics.line   # later checkpoint messages go to the progress log too
-        start = (f"{cfg.strategy}: {info.world_size} ranks ({info.backend}/{device.type}), {n_params:,} "
-                 f"params, global batch {t.global_batch} = {info.world_size} ranks x micro "
+        metrics.start(state.step)
+        ranks = f"{info.world_size} rank{'s' if info.world_size != 1 else ''}"
+        start = (f"{cfg.strategy}: {ranks} ({info.backend}/{device.type}), {n_params:,} "
+                 f"params, global batch {t.global_batch} = {ranks} x micro "
                  f"{t.micro_batch} x accum {self.accum}, step {state.step}/{t.max_steps}")
         metrics.line(start)
         log.info(start)
