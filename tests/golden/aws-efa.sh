@@ -191,5 +191,6 @@ elif [ "$cancelled" = 1 ]; then
 elif [ "$preempted" = 1 ]; then
   hpctrain_finish PREEMPTED "$(( hpctrain_rc ? hpctrain_rc : 75 ))"
 fi
+echo "hpctrain: the run failed (exit code $hpctrain_rc); the node logs say why: $HPCTRAIN_RUN_DIR/logs/node-*.log" >&2
 hpctrain_event failed "\"exit_code\": $hpctrain_rc"
 hpctrain_finish FAILED "$hpctrain_rc"
