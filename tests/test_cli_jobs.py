@@ -106,6 +106,7 @@ def test_wait_fails_when_the_job_fails(cli):
     out = cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "1", "--name", "f",
               "--script", "fail.py", "--wait", timeout=180)
     assert out.returncode == 1 and "f: FAILED" in out.stdout, out.stdout + out.stderr
+    assert "the run failed (exit code" in out.stderr and "node-0.log (last lines)" in out.stderr
     state = json.loads((cli.tmp / "runs" / "f" / "state.json").read_text())
     assert state["state"] == "FAILED" and state["exit_code"] != 0
     assert json.loads(ok(cli("status", "f", "--json")).stdout)["state"] == "FAILED"

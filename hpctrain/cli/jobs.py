@@ -182,6 +182,10 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
             sys.exit(130)
         click.echo(f"{req.name}: {final}")
         if final != "COMPLETED":
+            for log in [run.logs / "batch.log", *sorted(run.logs.glob("node-*.log"))]:
+                if log.is_file():
+                    tail = log.read_text(errors="replace").splitlines()[-5:]
+                    click.echo(f"==> {log} (last lines) <==\n" + "\n".join(tail), err=True)
             sys.exit(1)
 
 
