@@ -10,6 +10,7 @@ newest verified checkpoint: model, optimizer, schedule, scaler, RNG and the exac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from pathlib import Path
@@ -92,12 +93,13 @@ class Trainer:
                  f"{t.micro_batch} x accum {self.accum}, step {state.step}/{t.max_steps}")
         metrics.line(start)
         log.info(start)
-        sampler = GpuSampler(self.run_dir / "gpu.csv").start() \
-            if info.local_rank == 0 and GpuSampler.available(device) else None
+        with contextlib.ExitStack() as closing:   # closed whatever happens, in reverse order
+            closing.callback(metrics.close)
+            if info.local_rank == 0 and GpuSampler.available(device):
+                closing.callback(GpuSampler(self.run_dir / "gpu.csv").start().stop)
+            prof = closing.enter_context(profiler(self.run_dir, info.rank, **cfg.profile.model_dump()))
 
-        # ---- the loop: one optimizer step per iteration
-        code = 0
-        with profiler(self.run_dir, info.rank, **cfg.profile.model_dump()) as prof:
+            # ---- the loop: one optimizer step per iteration
             while state.step < t.max_steps:
                 loss_sum = torch.zeros((), device=device)
                 for micro in range(self.accum):
@@ -132,11 +134,9 @@ class Trainer:
                     log.info(why)
                     if info.rank == 0:
                         self._event({"event": "preempted", "step": state.step, "reason": stop.reason})
-                    code = PREEMPTED_EXIT
-                    break
+                    return PREEMPTED_EXIT
 
-        # ---- the end: last checkpoint, wait for async saves, the final params hash
-        if code == 0:
+            # ---- the end: last checkpoint, wait for async saves, the final params hash
             ckpt.maybe_save(state, last=True)
             ckpt.wait()
             digest = params_sha256(w.model)   # a collective for FSDP2 / ZeRO-3
@@ -145,10 +145,7 @@ class Trainer:
             done = f"done: {state.step} steps, final params sha256 {digest[:16]}..."
             metrics.line(done)
             log.info(done)
-        if sampler is not None:
-            sampler.stop()
-        metrics.close()
-        return code
+            return 0
 
     def _event(self, record: dict) -> None:
         record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **record, "source": "train_entry"}
