@@ -33,9 +33,9 @@ from train_entry.state import TrainState, params_sha256
 DATASET, GLOBAL_BATCH, SEED = 64, 8, 1234
 
 
-def build(strategy: str, accum: int, world: int):
+def build(strategy: str, accum: int, world: int, width: int = 32):
     torch.manual_seed(SEED)
-    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Dropout(0.2), nn.Linear(32, 16))
+    model = nn.Sequential(nn.Linear(16, width), nn.GELU(), nn.Dropout(0.2), nn.Linear(width, 16))
     if strategy == "deepspeed":
         import deepspeed
 
@@ -82,6 +82,7 @@ def main() -> int:
     p.add_argument("--accum", type=int, default=1)
     p.add_argument("--async-save", action="store_true")
     p.add_argument("--step-sleep", type=float, default=0.0)
+    p.add_argument("--width", type=int, default=32, help="hidden width (bigger: save timings)")
     a = p.parse_args()
     if a.strategy == "deepspeed":
         import deepspeed
@@ -94,7 +95,7 @@ def main() -> int:
     torch.manual_seed(SEED * 1000 + rank)   # per-rank streams (restored from the checkpoint)
     random.seed(SEED + rank)
     np.random.seed(SEED + rank)
-    model, opt, sched = build(a.strategy, a.accum, world)
+    model, opt, sched = build(a.strategy, a.accum, world, a.width)
     state = TrainState(model=model, optimizer=opt, scheduler=sched, data={"epoch": 0, "offset": 0},
                        config=vars(a))
     ckpt = Checkpointer(a.run_dir, strategy=a.strategy, every_steps=a.every or None,
