@@ -118,11 +118,16 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+SCRATCH: list[Path] = []  # every folder scratch() made in this run; run.py removes them at the end
+
+
 def scratch(prefix: str) -> Path:
     """A fresh folder on the same disk as the checkout (benchmarks/.work is git-ignored)."""
     base = BENCH / ".work"
     base.mkdir(exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    SCRATCH.append(path)
+    return path
 
 
 def machine() -> dict:

@@ -17,6 +17,7 @@ import argparse
 import datetime as dt
 import importlib
 import json
+import shutil
 import sys
 import time
 import traceback
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, metavar="N",
                     help="repetitions per benchmark (default: 2-6 by benchmark and mode)")
     ap.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
+    ap.add_argument("--keep-work", action="store_true",
+                    help="keep the run folders under benchmarks/.work (default: removed at the end)")
     ap.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = ap.parse_args(argv)
     if args.list:
@@ -125,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     stem = args.out / info["date"]
     stem.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     stem.with_suffix(".md").write_text(markdown(rows, info))
+    if not args.keep_work:
+        for path in common.SCRATCH:
+            shutil.rmtree(path, ignore_errors=True)
+            path.with_name(path.name + ".json").unlink(missing_ok=True)
     met = sum(r["meets"] is True for r in rows)
     print(f"wrote {stem}.json and {stem}.md: {met}/{len(rows)} rows meet their target, "
           f"{info['wall_s']:.0f} s")
