@@ -61,7 +61,7 @@ def compare(sides: dict, reps: int) -> dict[str, list[float]]:
 
 
 def run(quick: bool) -> list[dict]:
-    reps, steps, warmup = (2, 24, 8) if quick else (5, 80, 20)
+    reps, steps, warmup = (2, 20, 6) if quick else (5, 80, 20)
     reps = common.reps(reps)
     setup = {"train_args": TRAIN_ARGS, "processes": 2, "backend": "gloo", "reps": reps,
              "steps": steps, "warmup_steps_skipped": warmup}
