@@ -148,6 +148,13 @@ def test_deepspeed_json_is_validated_by_deepspeed(tmp_path, monkeypatch):
     assert conf["train_batch_size"] == 16 and conf["zero_force_ds_cpu_optimizer"] is False
 
 
+def test_deepspeed_fp16_on_cpu_is_a_config_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCTRAIN_DEVICE", "cpu")
+    with pytest.raises(UserError, match=r"train.precision=fp16: DeepSpeed has no fp16 on this device "
+                                        r"\(cpu\); use --train.precision=bf16 or fp32"):
+        parse(["--strategy", "deepspeed", "--run-dir", str(tmp_path), "--train.precision=fp16"])
+
+
 # ---------------------------------------------------------------- the real command: exit 2, one line
 @pytest.mark.parametrize("args, message", [
     (["--strategy", "horovod"], "strategy: Input should be 'ddp', 'fsdp' or 'deepspeed'"),

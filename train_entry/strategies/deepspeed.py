@@ -92,7 +92,10 @@ def build_config(cfg: Any, *, world: int, accum: int) -> dict:
 
 def validate(cfg: Any, *, world: int, accum: int) -> dict:
     """Build and validate the DeepSpeed JSON with DeepSpeed's own class; no process group is needed."""
-    deepspeed = import_deepspeed("cuda" if os.environ.get("HPCTRAIN_DEVICE") == "cuda" else "cpu")
+    from train_entry.dist import pick_device
+
+    deepspeed = import_deepspeed(pick_device())
+    from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.config import DeepSpeedConfig
 
     conf = build_config(cfg, world=world, accum=accum)
@@ -102,6 +105,10 @@ def validate(cfg: Any, *, world: int, accum: int) -> dict:
     if tb != mb * ga * world:
         raise UserError(f"{src}: train_batch_size({tb}) != train_micro_batch_size_per_gpu({mb}) * "
                         f"gradient_accumulation_steps({ga}) * world_size({world}) = {mb * ga * world}")
+    accel = get_accelerator()
+    if conf.get("fp16", {}).get("enabled") and not accel.is_fp16_supported():
+        raise UserError(f"train.precision=fp16: DeepSpeed has no fp16 on this device "
+                        f"({accel.device_name()}); use --train.precision=bf16 or fp32")
     # Without DeepSpeed's process group DeepSpeedConfig assumes one rank: check per-rank arithmetic.
     probe = conf if deepspeed.comm.is_initialized() else dict(conf, train_batch_size=mb * ga)
     try:
