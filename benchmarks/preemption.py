@@ -5,6 +5,7 @@ torchrun (2 ranks, DDP, the demo GPT, a checkpoint every C steps) trains; at a s
 multiple of C it is
   - preempted the way hpctrain's batch script relays the scheduler's signal: its trap touches
     $HPCTRAIN_STOP_FILE, the ranks agree, save and exit 75; or
+  - sent SIGTERM, torchrun and every worker at once, as Slurm does on scancel (target 0 too); or
   - killed: SIGKILL to torchrun and every worker at once (a node lost, the OOM killer);
 then the same command is started again and resumes by itself. Steps redone = the last step the first
 run logged in metrics.jsonl minus the step the second run resumed from (its first step - 1).
@@ -32,6 +33,9 @@ def one(kind: str, at_step: int) -> dict:
         if kind == "signal":
             stop.touch()          # what the batch shell's trap does on USR2
             rc = proc.wait(timeout=300)
+        elif kind == "sigterm":
+            common.kill_tree(proc, signal.SIGTERM)  # scancel / node shutdown: every process at once
+            rc = proc.wait(timeout=300)
         else:
             common.kill_tree(proc, signal.SIGKILL)
             rc = proc.wait(timeout=60)
@@ -57,7 +61,7 @@ def run(quick: bool) -> list[dict]:
     reps = common.reps(1 if quick else 3)
     rng = random.Random(7)
     rows = []
-    for kind, target in (("signal", "<= 0"), ("sigkill", f"<= {EVERY}")):
+    for kind, target in (("signal", "<= 0"), ("sigterm", "<= 0"), ("sigkill", f"<= {EVERY}")):
         name = f"preemption_steps_redone_{kind}"
         try:
             # a step that is not a checkpoint step, past the first checkpoint
@@ -67,8 +71,9 @@ def run(quick: bool) -> list[dict]:
             rows.append(common.not_measured(name, target, str(e)))
             continue
         worst = max(t["redone"] for t in trials)
-        how = ("stop file touched (the batch shell's USR2 trap)" if kind == "signal"
-               else "SIGKILL to torchrun and every worker")
+        how = {"signal": "stop file touched (the batch shell's USR2 trap)",
+               "sigterm": "SIGTERM to torchrun and every worker (scancel, node shutdown)",
+               "sigkill": "SIGKILL to torchrun and every worker"}[kind]
         rows.append(common.measured(
             name, worst, target, checkpoint_every=EVERY, trials=trials,
             summary=f"{how}: worst {worst} step(s) redone over {reps} trial(s); "
