@@ -28,7 +28,7 @@ HPCTRAIN = [sys.executable, "-m", "hpctrain"]
 TRAIN = ["--train.micro_batch=4", "--train.global_batch=16", "--train.log_every=1"]
 # The reference config: every interrupted run must end bit-identical to it. Big enough (~0.15-0.3 s a
 # step here) that a signal sent after step 3 lands long before step FULL_STEPS.
-FULL_STEPS = 60
+FULL_STEPS = 40
 FULL = [*TRAIN, "--model.d_model=128", "--model.n_layers=4", "--model.seq_len=64",
         f"--max-steps={FULL_STEPS}", "--checkpoint-every=10"]
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}
@@ -201,7 +201,7 @@ def _interrupted_run_matches_reference(r: Runs, name: str, reference, interrupt)
 def test_hpctrain_preempt_saves_requeues_and_resumes_bit_identical(runs, reference):
     def preempt(job_id: str) -> None:
         out = runs.hp("preempt", "pre")
-        assert job_id in out.stdout + out.stderr or out.returncode == 0
+        assert f"job {job_id}" in out.stdout, out.stdout
 
     _interrupted_run_matches_reference(runs, "pre", reference, preempt)
     events = lines(runs.run("pre") / "events.jsonl")
@@ -261,7 +261,7 @@ def test_cancel_then_resume_continues_from_newest_checkpoint(runs, reference):
     assert info["state"] == "COMPLETED", info
     assert len(info["jobs"]) == 2 and info["jobs"][1]["kind"] == "resume", info["jobs"]
     starts = re.findall(r"step (\d+)/%d\n" % FULL_STEPS, (run / "train.log").read_text())
-    assert starts[0] == "0" and int(starts[-1]) >= newest, starts   # resumed, did not start over
+    assert len(starts) == 2 and starts[0] == "0" and int(starts[1]) == newest, starts
     assert (run / "final_params.sha256").read_text() == \
         (ref_runs.run("ref") / "final_params.sha256").read_text()
 
@@ -284,13 +284,15 @@ def test_wrong_interface_name_fails_fast_naming_it(runs):
 
 
 @pytest.mark.timeout(300)
-def test_fsdp_and_deepspeed_jobs_across_two_nodes(runs):
-    # Two 2 x 1 jobs side by side (each node has 2 gres GPUs).
-    for strategy in ("fsdp", "deepspeed"):
-        runs.submit(strategy, "--strategy", strategy, gpus=1,
-                    train=["--train.micro_batch=8", "--train.global_batch=16", "--max-steps=8",
-                           "--checkpoint-every=4"])
-    for strategy in ("fsdp", "deepspeed"):
+def test_fsdp_and_deepspeed_jobs_at_once_across_two_nodes_on_different_ports(runs):
+    # Issue items 6 and 7 in one pair of runs (the live suite must stay short): an FSDP job and a
+    # DeepSpeed job, 2 nodes x 1 GPU each, side by side on the same nodes (2 gres GPUs each).
+    jobs = {strategy: runs.submit(strategy, "--strategy", strategy, gpus=1,
+                                  train=["--train.micro_batch=8", "--train.global_batch=16",
+                                         "--max-steps=8", "--checkpoint-every=4"])
+            for strategy in ("fsdp", "deepspeed")}
+    endpoints = {}
+    for strategy in jobs:
         info = runs.wait(strategy, ENDED, 240)
         assert info["state"] == "COMPLETED", info
         run = runs.run(strategy)
@@ -299,25 +301,15 @@ def test_fsdp_and_deepspeed_jobs_across_two_nodes(runs):
         assert re.search(r"node 0 on n1 ", nodes) and re.search(r"node 1 on n2 ", nodes), nodes[-2000:]
         assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000008"
         assert (run / "final_params.sha256").is_file()
-
-
-@pytest.mark.timeout(300)
-def test_two_jobs_at_once_use_different_rendezvous_ports(runs):
-    jobs = {name: runs.submit(name, gpus=1, train=["--train.micro_batch=8", "--max-steps=10"])
-            for name in ("a", "b")}
-    for name in jobs:
-        assert runs.wait(name, ENDED, 240)["state"] == "COMPLETED", name
-    endpoints = {}
-    for name in jobs:
-        text = "".join(p.read_text() for p in (runs.run(name) / "logs").glob("node-*.log"))
-        found = set(re.findall(r"endpoint=(\S+)", text))
+        found = set(re.findall(r"endpoint=(\S+)", nodes))
         assert len(found) == 1, found                # both nodes of a job agree on one endpoint
-        endpoints[name] = found.pop()
-    assert endpoints["a"] != endpoints["b"], endpoints
+        endpoints[strategy] = found.pop()
+    # two jobs at once: different rendezvous ports, never torchrun's default 29500 ...
+    assert endpoints["fsdp"] != endpoints["deepspeed"], endpoints
     assert not any(e.endswith(":29500") for e in endpoints.values()), endpoints
-    # they really ran at the same time: each started before the other ended (sacct)
+    # ... and they really ran at the same time: each started before the other ended (sacct)
     out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(jobs.values()), "-o",
                           "JobID,Start,End"], capture_output=True, text=True, timeout=30).stdout
     times = {row.split("|")[0]: row.split("|")[1:] for row in out.split()}
-    (sa, ea), (sb, eb) = times[jobs["a"]], times[jobs["b"]]
+    (sa, ea), (sb, eb) = times[jobs["fsdp"]], times[jobs["deepspeed"]]
     assert sa < eb and sb < ea, times
