@@ -33,7 +33,7 @@ from train_entry.state import TrainState, params_sha256
 DATASET, GLOBAL_BATCH, SEED = 64, 8, 1234
 
 
-def build(strategy: str, accum: int, world: int, width: int = 32):
+def build(strategy: str, accum: int, world: int, width: int = 32, zero: int = 2):
     torch.manual_seed(SEED)
     model = nn.Sequential(nn.Linear(16, width), nn.GELU(), nn.Dropout(0.2), nn.Linear(width, 16))
     if strategy == "deepspeed":
@@ -42,7 +42,7 @@ def build(strategy: str, accum: int, world: int, width: int = 32):
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.1 * s))
         cfg = {"train_micro_batch_size_per_gpu": GLOBAL_BATCH // (world * accum),
-               "gradient_accumulation_steps": accum, "zero_optimization": {"stage": 2},
+               "gradient_accumulation_steps": accum, "zero_optimization": {"stage": zero},
                "zero_force_ds_cpu_optimizer": False, "steps_per_print": 10**9}
         engine, opt, _, sched = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched,
                                                      config=cfg)
@@ -83,6 +83,7 @@ def main() -> int:
     p.add_argument("--async-save", action="store_true")
     p.add_argument("--step-sleep", type=float, default=0.0)
     p.add_argument("--width", type=int, default=32, help="hidden width (bigger: save timings)")
+    p.add_argument("--zero-stage", type=int, default=2)
     a = p.parse_args()
     if a.strategy == "deepspeed":
         import deepspeed
@@ -95,7 +96,7 @@ def main() -> int:
     torch.manual_seed(SEED * 1000 + rank)   # per-rank streams (restored from the checkpoint)
     random.seed(SEED + rank)
     np.random.seed(SEED + rank)
-    model, opt, sched = build(a.strategy, a.accum, world, a.width)
+    model, opt, sched = build(a.strategy, a.accum, world, a.width, a.zero_stage)
     state = TrainState(model=model, optimizer=opt, scheduler=sched, data={"epoch": 0, "offset": 0},
                        config=vars(a))
     ckpt = Checkpointer(a.run_dir, strategy=a.strategy, every_steps=a.every or None,
