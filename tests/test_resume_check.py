@@ -9,8 +9,6 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow
-
 # A user model with a private generator the checkpoint cannot see: resuming it cannot be exact.
 LEAKY = '''
 import torch
@@ -39,6 +37,7 @@ def check(tmp_path, *args):
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
 
 
+@pytest.mark.slow
 def test_check_resume_proves_the_demo_config_and_finds_a_leak(tmp_path):
     out = check(tmp_path, "--steps", "4", "--keep", str(tmp_path / "good"))
     assert out.returncode == 0, out.stderr[-3000:]
@@ -57,3 +56,22 @@ def test_check_resume_proves_the_demo_config_and_finds_a_leak(tmp_path):
     assert diff["step"] == 3 and {"model", "optimizer"} <= set(diff["differs"])
     assert "data" not in diff["differs"] and "scheduler" not in diff["differs"]
     assert "generator" in diff["hint"]
+
+
+def test_resume_commands_do_not_import_torch(tmp_path):
+    code = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from hpctrain.cli import main\n"
+        "for cmd in ('resume', 'preempt', 'check-resume'):\n"
+        "    assert CliRunner().invoke(main, [cmd, '--help']).exit_code == 0\n"
+        "r = CliRunner().invoke(main, ['resume', 'nosuchrun'])\n"
+        "assert r.exit_code == 2 and 'no run' in r.output, r.output\n"
+        "from train_entry.checkpoint import newest_verified\n"
+        f"assert newest_verified(__import__('pathlib').Path({str(tmp_path)!r})) is None\n"
+        "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "s")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=tmp_path, timeout=60)
+    assert out.returncode == 0, out.stderr
