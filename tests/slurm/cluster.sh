@@ -79,10 +79,10 @@ stop() {
     say "stopped $name (pid $pid)"
 }
 
-# wait_for WHAT SECONDS CMD...: poll CMD every 0.2 s until it succeeds.
+# wait_for SECONDS CMD...: poll CMD every 0.2 s until it succeeds.
 wait_for() {
-    local what=$1 secs=$2 i
-    shift 2
+    local secs=$1 i
+    shift
     for ((i = 0; i < secs * 5; i++)); do
         "$@" >/dev/null 2>&1 && return 0
         sleep 0.2
@@ -180,6 +180,7 @@ EOF
     # OverSubscribe: two small jobs may share the nodes' cores at once (GPUs are never shared).
     echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=30 State=UP" \
         "OverSubscribe=FORCE:2" >>"$CONF.new"
+    if [[ -f $CONF ]] && ! cmp -s "$CONF.new" "$CONF"; then CONF_CHANGED=1; fi
     mv "$CONF.new" "$CONF"
 
     {
@@ -239,7 +240,7 @@ start_munge() {
     chmod 755 /run/munge
     runuser -u munge -- munged --force --pid-file=/run/munge/munged.pid >>"$LOG/munged.out" 2>&1 \
         || die "munged failed to start (see $LOG/munged.out)"
-    wait_for munged 10 bash -c 'munge -n </dev/null | unmunge' || die "munged is not answering"
+    wait_for 10 bash -c 'munge -n </dev/null | unmunge' || die "munged is not answering"
     cp /run/munge/munged.pid "$RUN/munged.pid"
     say "munged started (pid $(cat "$RUN/munged.pid"))"
 }
@@ -258,7 +259,7 @@ start_mariadb() {
         --bind-address=127.0.0.1 --socket="$RUN/mariadb.sock" --pid-file="$RUN/mariadb.pid" \
         --log-error="$LOG/mariadb.log" --skip-name-resolve --skip-log-bin \
         --innodb-buffer-pool-size=32M --innodb-log-file-size=16M </dev/null >/dev/null 2>&1 &
-    wait_for mariadb 30 db_sql 'SELECT 1' || die "MariaDB did not start (see $LOG/mariadb.log)"
+    wait_for 30 db_sql 'SELECT 1' || die "MariaDB did not start (see $LOG/mariadb.log)"
     db_sql "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
             GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';" \
         || die "could not create the slurm database user"
@@ -270,7 +271,7 @@ start_slurmdbd() {
         slurmdbd >>"$LOG/slurmdbd.out" 2>&1 </dev/null || die "slurmdbd failed (see $LOG/slurmdbd.log)"
         say "slurmdbd started (pid $(cat "$RUN/slurmdbd.pid" 2>/dev/null))"
     fi
-    wait_for slurmdbd 30 sacctmgr -n -P show cluster || die "slurmdbd is not answering (see $LOG/slurmdbd.log)"
+    wait_for 30 sacctmgr -n -P show cluster || die "slurmdbd is not answering (see $LOG/slurmdbd.log)"
     # The cluster must be known to the database before slurmctld registers with it.
     if ! sacctmgr -n -P show cluster format=cluster | grep -qx "$CLUSTER"; then
         sacctmgr -i add cluster "$CLUSTER" >/dev/null || die "sacctmgr add cluster failed"
@@ -280,7 +281,7 @@ start_slurmdbd() {
 start_slurmctld() {
     if ! alive "$RUN/slurmctld.pid" slurmctld; then
         slurmctld -f "$CONF" >>"$LOG/slurmctld.out" 2>&1 </dev/null || die "slurmctld failed (see $LOG/slurmctld.log)"
-        wait_for slurmctld 30 scontrol ping || die "slurmctld is not answering (see $LOG/slurmctld.log)"
+        wait_for 30 scontrol ping || die "slurmctld is not answering (see $LOG/slurmctld.log)"
         say "slurmctld started (pid $(cat "$RUN/slurmctld.pid" 2>/dev/null))"
     fi
 }
@@ -289,11 +290,12 @@ start_slurmd() {
     local n=$1
     alive "$RUN/slurmd-$n.pid" slurmd && return 0
     # A private hostname and /etc/hosts; the daemon (and every job step under it) inherits them.
+    # shellcheck disable=SC2016  # expanded by the inner bash
     setsid unshare --uts --mount --propagation private -- bash -c \
         'hostname "$1" && mount --bind "$2" /etc/hosts && exec slurmd -N "$1" -f "$3"' \
         _ "$n" "$ETC/hosts" "$CONF" >>"$LOG/slurmd-$n.out" 2>&1 </dev/null \
         || die "slurmd $n failed (see $LOG/slurmd-$n.log)"
-    wait_for "slurmd $n" 10 alive "$RUN/slurmd-$n.pid" slurmd || die "slurmd $n did not stay up (see $LOG/slurmd-$n.log)"
+    wait_for 10 alive "$RUN/slurmd-$n.pid" slurmd || die "slurmd $n did not stay up (see $LOG/slurmd-$n.log)"
     say "slurmd $n started (pid $(cat "$RUN/slurmd-$n.pid"))"
 }
 
@@ -314,7 +316,12 @@ up() {
     fi
     mkdir -p "$STATE" "$RUN" "$LOG"
     install_packages
+    CONF_CHANGED=""
     write_config
+    if [[ $CONF_CHANGED ]] && alive "$RUN/slurmctld.pid" slurmctld; then
+        say "slurm.conf changed while the cluster was up: restarting it"
+        down
+    fi
     start_munge
     start_mariadb
     start_slurmdbd
@@ -322,7 +329,7 @@ up() {
     local n
     for n in "${NODES[@]}"; do start_slurmd "$n"; done
     # A node a previous run left DOWN comes back by itself (ReturnToService=2) once its slurmd registers.
-    wait_for nodes 60 nodes_idle || { sinfo -N >&2 || true; die "nodes did not become idle (see $LOG/)"; }
+    wait_for 60 nodes_idle || { sinfo -N >&2 || true; die "nodes did not become idle (see $LOG/)"; }
     say "up in $(elapsed) s"
     sinfo
 }
@@ -341,7 +348,8 @@ down() {
         if [[ -n ${ids// /} ]]; then
             # shellcheck disable=SC2086
             scancel $ids 2>/dev/null || true
-            wait_for "jobs to end" 20 bash -c '[[ -z $(squeue -h -o %i) ]]' || true
+            # shellcheck disable=SC2016  # expanded by the inner bash
+            wait_for 20 bash -c '[[ -z $(squeue -h -o %i) ]]' || true
         fi
     fi
     local n
@@ -356,7 +364,7 @@ down() {
 }
 
 status() {
-    local rc=0 n row
+    local rc=0 n
     row() {
         if alive "$2" "$3"; then printf '  %-10s running (pid %s)\n' "$1" "$(tr -dc '0-9' <"$2")"
         else printf '  %-10s not running (under this script)\n' "$1"; rc=1; fi
