@@ -147,6 +147,20 @@ def test_half_written_staging_is_ignored_then_replaced(tmp_path):
     assert not staging.exists() and verify(tmp_path / "checkpoints" / "step-00000003")[1] is None
 
 
+def test_stale_staging_of_an_older_step_is_cleaned_after_a_newer_commit(tmp_path):
+    run(tmp_path, 2)
+    stale = tmp_path / "checkpoints" / ".staging-step-00000001"
+    stale.mkdir()
+    newer = tmp_path / "checkpoints" / ".staging-step-00000009"   # not older: left alone
+    newer.mkdir()
+    state = make_state()
+    ckpt = Checkpointer(tmp_path, strategy="ddp", every_steps=1, log=lambda m: None)
+    ckpt.load_latest(state)
+    train_step(state)
+    ckpt.maybe_save(state)
+    assert not stale.exists() and newer.exists()
+
+
 def test_prune_keeps_the_newest_and_never_below_two(tmp_path):
     run(tmp_path, 5, keep=3)
     assert [s for s, _ in step_folders(tmp_path / "checkpoints")] == [5, 4, 3]

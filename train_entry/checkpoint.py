@@ -419,6 +419,13 @@ class Checkpointer:
 
     def _prune(self, newest: int) -> None:
         """Drop the oldest step folders beyond `keep`, only after a newer one was committed."""
+        for staging in self.dir.glob(".staging-step-*"):
+            # Left by a save that was killed; older than a committed checkpoint, it can never be
+            # completed (only the process that wrote it renames it). Not a checkpoint: no manifest.
+            m = STEP_RE.match(staging.name.removeprefix(".staging-"))
+            if m and int(m.group(1)) < newest and not (staging / MANIFEST).exists():
+                self._log(f"removing {staging.name}: an older save that never finished")
+                shutil.rmtree(staging, ignore_errors=True)
         kept = 0
         for step, folder in step_folders(self.dir):
             if step > newest or not (folder / MANIFEST).exists():
