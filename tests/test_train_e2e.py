@@ -256,3 +256,16 @@ def test_stop_flag_file_exits_75_single_process(tmp_path):
     assert "stopped at step 1" in res.stdout
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-00000001"
     assert not (tmp_path / "run" / "final_params.sha256").exists()
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
+def test_preempt_and_resume_matches_the_60_step_run(runs, tmp_path, strategy):
+    """FSDP2 and DeepSpeed through the same loop: stopped at 30 of 60, resumed, same final hash."""
+    full = runs.get(f"demo-{strategy}", "--strategy", strategy, "--max-steps", "60")
+    run = tmp_path / strategy
+    res = train(run, "--strategy", strategy, "--max-steps", "60", expect=1,
+                extra_env={"HPCTRAIN_STOP_AT_STEP": "30"})
+    assert "stopped at step 30" in res.stdout
+    res = train(run, "--strategy", strategy, "--max-steps", "60")
+    assert "resumed from" in res.stdout and "step 30" in res.stdout
+    assert (run / "final_params.sha256").read_text() == (full / "final_params.sha256").read_text()
