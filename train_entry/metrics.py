@@ -83,7 +83,7 @@ class Metrics:
         if self.bar is None:
             print(text, flush=True)
         else:
-            self.bar.console.print(text)
+            self.bar.console.print(text, markup=False, highlight=False)
 
     def _memory(self) -> dict:
         if self.device.type != "cuda":
