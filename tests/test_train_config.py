@@ -37,7 +37,7 @@ def write(tmp_path: Path, text: str) -> Path:
 # ---------------------------------------------------------------- loading and overrides
 def test_defaults_file_and_overrides_layer(tmp_path):
     cfg_file = write(tmp_path, "strategy: fsdp\noptim:\n  lr: 0.01\ntrain:\n  max_steps: 7\n")
-    cfg = load_config(cfg_file, ["--optim.lr=3e-4", "--optim.betas=[0.8, 0.9]"], {"train.max_steps": 9})
+    cfg = load_config(cfg_file, ["--optim.lr", "3e-4", "--optim.betas=[0.8, 0.9]"], {"train.max_steps": 9})
     assert cfg.strategy == "fsdp"
     assert cfg.optim.lr == 3e-4 and cfg.optim.betas == (0.8, 0.9)   # dotted flag beats the file
     assert cfg.train.max_steps == 9                                    # named flag beats the file

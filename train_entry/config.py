@@ -240,10 +240,14 @@ def _suggest(key: str) -> str:
 
 def apply_overrides(data: dict, overrides: list[str], origins: _Origins) -> list[Problem]:
     problems: list[Problem] = []
-    for item in overrides:
+    items = list(overrides)
+    while items:
+        item = items.pop(0)
+        if item.startswith("--") and "=" not in item and items and not items[0].startswith("--"):
+            item = f"{item}={items.pop(0)}"          # `--optim.lr 3e-4` works like `--optim.lr=3e-4`
         if not item.startswith("--") or "=" not in item:
             problems.append(Problem(f"'{item}' is not an option; overrides look like --optim.lr=3e-4",
-                                    file="flag"))
+                                    file="command line"))
             continue
         key, _, raw = item[2:].partition("=")
         key = key.replace("-", "_")
