@@ -104,6 +104,15 @@ def steady_steps_per_s(times: list[float], warmup: int) -> float:
     return (len(t) - 1) / (t[-1] - t[0])
 
 
+def typical_steps_per_s(times: list[float], warmup: int) -> float:
+    """1 / the median step time after warm-up: robust to the stalls other processes cause on a
+    shared machine (a step that waits for a descheduled peer), which the mean rate is not."""
+    if len(times) < warmup + 2:
+        raise NotMeasured(f"only {len(times)} step timestamps, need more than {warmup + 1}")
+    t = times[warmup:]
+    return 1.0 / median([b - a for a, b in zip(t, t[1:])])
+
+
 def read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []

@@ -39,6 +39,14 @@ def test_steady_state_skips_warmup_steps():
         common.steady_steps_per_s(times[:3], warmup=5)
 
 
+def test_typical_rate_ignores_a_stall():
+    # 4 steps/s, but one step waited 3 s for a descheduled peer
+    times = [0.25 * i for i in range(12)]
+    times = times[:6] + [t + 3.0 for t in times[6:]]
+    assert common.typical_steps_per_s(times, warmup=1) == pytest.approx(4.0)
+    assert common.steady_steps_per_s(times, warmup=1) < 2.0
+
+
 def test_a_missing_piece_is_reported_not_measured(monkeypatch):
     monkeypatch.setitem(harness.BENCHMARKS, "ghost", "benchmarks.no_such_module")
     (row,) = harness.run_one("ghost", quick=True)
