@@ -269,7 +269,8 @@ start_mariadb() {
 start_slurmdbd() {
     if ! alive "$RUN/slurmdbd.pid" slurmdbd; then
         slurmdbd >>"$LOG/slurmdbd.out" 2>&1 </dev/null || die "slurmdbd failed (see $LOG/slurmdbd.log)"
-        say "slurmdbd started (pid $(cat "$RUN/slurmdbd.pid" 2>/dev/null))"
+        wait_for 10 alive "$RUN/slurmdbd.pid" slurmdbd || die "slurmdbd did not stay up (see $LOG/slurmdbd.log)"
+        say "slurmdbd started (pid $(cat "$RUN/slurmdbd.pid"))"
     fi
     wait_for 30 sacctmgr -n -P show cluster || die "slurmdbd is not answering (see $LOG/slurmdbd.log)"
     # The cluster must be known to the database before slurmctld registers with it.
