@@ -189,6 +189,7 @@ def _interrupted_run_matches_reference(r: Runs, name: str, reference, interrupt)
     assert (run / "final_params.sha256").read_text() == \
         (ref_runs.run("ref") / "final_params.sha256").read_text()
     assert info["restarts"] >= 1 and info["starts"] >= 2, info      # status shows the restart
+    assert re.search(r"restarts: [1-9]", r.hp("status", name).stdout)
     assert [h["restart_count"] for h in info["history"]][:2] == [0, 1]
     assert "REQUEUED" in sacct_states(job) and sacct_states(job)[-1] == "COMPLETED"
     # The second start resumed from a checkpoint: its first logged step follows the checkpoint.
