@@ -166,7 +166,7 @@ def test_deepspeed_fp16_on_cpu_is_a_config_error(tmp_path, monkeypatch):
 def test_bad_input_exit_2_one_clear_message(tmp_path, args, message):
     res = run_cli("--run-dir", str(tmp_path / "run"), *args)
     assert res.returncode == 2, res.stderr
-    assert message in res.stderr
+    assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert "Traceback" not in res.stderr and res.stdout == ""
     assert not (tmp_path / "run").exists()       # nothing created before the config is valid
 

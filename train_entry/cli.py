@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from hpctrain.errors import UserError
+from hpctrain.errors import UserError, ValidationError
 from train_entry.config import STRATEGIES, TrainConfig, check_sizes, keys_help, load_config
 
 # named flag -> the config key it sets (the dotted form works for every key too)
@@ -86,5 +86,6 @@ def main(argv: list[str] | None = None) -> int:
         return Trainer(cfg, run_dir=args.run_dir, grad_accum=accum).run()
     except UserError as e:
         if os.environ.get("RANK", "0") == "0":
-            print(f"error: {e.format_message()}", file=sys.stderr)
+            one = isinstance(e, ValidationError) and len(e.problems) == 1
+            print(f"error: {e.problems[0] if one else e.format_message()}", file=sys.stderr)
         return 2
