@@ -38,10 +38,11 @@ def pick_device() -> str:
 
 def init_distributed(*, timeout_min: float = 10.0, seed: int = 0) -> DistInfo:
     """Join the process group (once) and seed this rank. Call before building the model."""
-    kind = pick_device()
-    if kind == "cuda":
-        # Must be set before the first CUDA allocation to take effect; fewer fragmentation OOMs.
+    if os.environ.get("HPCTRAIN_DEVICE", "").lower() != "cpu":
+        # Read once, when CUDA initialises: set it before anything touches CUDA (fewer
+        # fragmentation OOMs). Harmless if this turns out to be a CPU run.
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    kind = pick_device()
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if kind == "cuda":
