@@ -4,8 +4,10 @@ calls, 20 timed ones, busbw = algbw * 2(n-1)/n) on the same sizes (target >= 0.9
 
 `hpctrain doctor --profile local --json` runs 2 gloo workers under torchrun on this machine; the
 baseline runs 2 workers of its own on the sizes doctor reported. Repetitions are interleaved. The
-figure compares nccl-tests' summary number, the average bus bandwidth over all sizes (medians over
-repetitions, size by size); per-size ratios are in the details.
+figure compares nccl-tests' summary number, the average bus bandwidth over all sizes; for each size
+the best repetition counts on both sides (a bandwidth test measures what the link can do; on a
+shared machine a repetition that other jobs slowed says nothing about either side). Per-size ratios
+and the medians are in the details.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def bare(sizes: list[int], cwd: Path) -> dict[int, float]:
 
 def run(quick: bool) -> list[dict]:
     name, target = "collective_doctor_busbw_vs_bare_gloo", ">= 0.95"
-    reps, max_mib = (2, 16) if quick else (3, 256)
+    reps, max_mib = (3, 16) if quick else (5, 256)
     reps = common.reps(reps)
     cwd = common.scratch("coll-")
     try:
@@ -51,8 +53,10 @@ def run(quick: bool) -> list[dict]:
     except common.NotMeasured as e:
         return [common.not_measured(name, target, str(e))]
     sizes = sorted(doc_runs[0])
-    doc = {s: common.median([r[s] for r in doc_runs]) for s in sizes}
-    ref = {s: common.median([r[s] for r in bare_runs]) for s in sizes}
+    doc = {s: max(r[s] for r in doc_runs) for s in sizes}
+    ref = {s: max(r[s] for r in bare_runs) for s in sizes}
+    med_doc = sum(common.median([r[s] for r in doc_runs]) for s in sizes) / len(sizes)
+    med_ref = sum(common.median([r[s] for r in bare_runs]) for s in sizes) / len(sizes)
     avg_doc, avg_ref = sum(doc.values()) / len(sizes), sum(ref.values()) / len(sizes)
     per_size = {str(s): round(doc[s] / ref[s], 3) for s in sizes}
     big = sizes[-1]
@@ -60,7 +64,8 @@ def run(quick: bool) -> list[dict]:
         name, avg_doc / avg_ref, target, reps=reps, processes=2, backend="gloo",
         sizes_bytes=sizes, busbw_GBps={"doctor": {str(s): doc[s] / 1e9 for s in sizes},
                                        "bare": {str(s): ref[s] / 1e9 for s in sizes}},
-        per_size_ratio=per_size,
+        per_size_ratio=per_size, median_reps_ratio=round(med_doc / med_ref, 4),
+        estimator="best repetition per size, both sides",
         summary=f"average bus bandwidth over {len(sizes)} sizes (1 KiB-{big >> 20} MiB): doctor "
                 f"{avg_doc / 1e9:.3f} GB/s, bare gloo {avg_ref / 1e9:.3f} GB/s; at {big >> 20} MiB "
                 f"{doc[big] / 1e9:.3f} vs {ref[big] / 1e9:.3f} GB/s")]
