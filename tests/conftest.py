@@ -1,9 +1,9 @@
 """Shared fixtures. The live Slurm cluster (tests/slurm/cluster.sh) is here: `slurm_cluster`.
 
 Live tests are marked `@pytest.mark.slurm` and take the `slurm_cluster` fixture. `make test` and
-`make test-slurm` start the cluster first and stop it after. Run alone as root, the fixture starts it
-itself and stops it at the end of the session. With CI=true a cluster that is not up fails the test,
-and any skipped slurm test is reported as a failure: in CI the live tests never skip.
+`make test-slurm` start the cluster first and stop it after. Run alone as root, the fixture starts
+it itself and stops it at the end of the session. With CI=true a cluster that is not up fails the
+test, and any skipped slurm test is reported as a failure: in CI the live tests never skip.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class SlurmCluster:
         return out.stdout.strip().split(";")[0]
 
     def job_state(self, job_id: str) -> str:
-        """The job's state as the controller sees it now (scontrol keeps finished jobs MinJobAge s)."""
+        """The job's state as the controller sees it (scontrol keeps ended jobs MinJobAge s)."""
         out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
                              text=True, timeout=30)
         m = re.search(r"JobState=(\S+)", out.stdout)
@@ -100,7 +100,8 @@ def slurm_cluster():
             pytest.skip(msg)
         up = _cluster("up", 600)
         if up.returncode != 0:
-            pytest.fail(f"tests/slurm/cluster.sh up failed:\n{up.stdout}\n{up.stderr}", pytrace=False)
+            pytest.fail(f"tests/slurm/cluster.sh up failed:\n{up.stdout}\n{up.stderr}",
+                        pytrace=False)
         started = True
     yield SlurmCluster()
     if started:

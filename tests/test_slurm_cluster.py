@@ -1,5 +1,5 @@
-"""The loopback Slurm cluster itself (tests/slurm/cluster.sh): the facts the end-to-end tests rely on.
-Raw sbatch scripts only; the hpctrain CLI is tested end to end in test_slurm_e2e.py."""
+"""The loopback Slurm cluster itself (tests/slurm/cluster.sh): the facts the end-to-end tests rely
+on. Raw sbatch scripts only; the hpctrain CLI is tested end to end in test_slurm_e2e.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 def test_two_nodes_each_with_own_hostname_resolving_on_loopback(slurm_cluster, tmp_path):
     job = slurm_cluster.sbatch(
         "#!/bin/bash\n"
-        "srun bash -c 'echo \"$(hostname) $SLURM_NODEID $(getent hosts n1 n2 | tr -s \" \\n\" \" \")\"'\n",
+        "srun bash -c 'echo \"$(hostname) $SLURM_NODEID "
+        "$(getent hosts n1 n2 | tr -s \" \\n\" \" \")\"'\n",
         tmp_path, "--nodes=2", "--ntasks-per-node=1", "--time=2", "--output=out.txt")
     assert slurm_cluster.wait_done(job) == "COMPLETED"
     lines = sorted(line.strip() for line in (tmp_path / "out.txt").read_text().splitlines())

@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.slurm]
 HPCTRAIN = [sys.executable, "-m", "hpctrain"]
 # 2 nodes x 2 "GPUs" = 4 ranks; micro batch 4 x 4 ranks = global batch 16, no accumulation.
 TRAIN = ["--train.micro_batch=4", "--train.global_batch=16", "--train.log_every=1"]
-# The reference config: every interrupted run must end bit-identical to it. Big enough (~0.15-0.3 s a
-# step here) that a signal sent after step 3 lands long before step FULL_STEPS.
+# The reference config: every interrupted run must end bit-identical to it. Big enough (~0.15-0.3 s
+# a step here) that a signal sent after step 3 lands long before step FULL_STEPS.
 FULL_STEPS = 40
 FULL = [*TRAIN, "--model.d_model=128", "--model.n_layers=4", "--model.seq_len=64",
         f"--max-steps={FULL_STEPS}", "--checkpoint-every=10"]
@@ -42,7 +42,8 @@ class Runs:
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_STATE_HOME": str(root / ".state"),
                     "XDG_CONFIG_HOME": str(root / ".config")}
 
-    def hp(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    def hp(self, *args: str, check: bool = True, timeout: float = 120
+           ) -> subprocess.CompletedProcess:
         out = subprocess.run([*HPCTRAIN, *args], cwd=self.root, env=self.env, capture_output=True,
                              text=True, timeout=timeout)
         if check:
@@ -65,7 +66,8 @@ class Runs:
         deadline = time.monotonic() + timeout
         info = self.status(name)
         while info["state"] not in states:
-            assert time.monotonic() < deadline, f"{name}: {info['state']}, not {states} in {timeout} s"
+            assert time.monotonic() < deadline, \
+                f"{name}: {info['state']}, not {states} in {timeout} s"
             time.sleep(1)
             info = self.status(name)
         return info
@@ -109,7 +111,9 @@ def steps(run: Path) -> list[int]:
 
 
 def lines(path: Path) -> list[dict]:
-    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
 def sacct_states(job_id: str) -> list[str]:
@@ -299,7 +303,8 @@ def test_fsdp_and_deepspeed_jobs_at_once_across_two_nodes_on_different_ports(run
         run = runs.run(strategy)
         assert f"{strategy}: 2 ranks" in (run / "train.log").read_text()
         nodes = runs.hp("logs", strategy).stdout
-        assert re.search(r"node 0 on n1 ", nodes) and re.search(r"node 1 on n2 ", nodes), nodes[-2000:]
+        assert re.search(r"node 0 on n1 ", nodes), nodes[-2000:]
+        assert re.search(r"node 1 on n2 ", nodes), nodes[-2000:]
         assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000008"
         assert (run / "final_params.sha256").is_file()
         found = set(re.findall(r"endpoint=(\S+)", nodes))

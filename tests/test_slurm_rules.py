@@ -1,5 +1,5 @@
-"""The live-test rules of tests/conftest.py, checked without a cluster: outside CI a non-root user gets
-a skip that says how to run the live tests; with CI=true the same situation, or any skip of a
+"""The live-test rules of tests/conftest.py, checked without a cluster: outside CI a non-root user
+gets a skip that says how to run the live tests; with CI=true the same situation, or any skip of a
 slurm-marked test, is a failure."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def test_not_live():
 
 
 def _run(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
-    # A copy of the real conftest in a folder with no cluster.sh next to it: the cluster is "not up".
+    # A copy of the real conftest in a folder with no cluster.sh beside it: the cluster is "not up".
     shutil.copy(CONFTEST, tmp_path / "conftest.py")
     (tmp_path / "test_live.py").write_text(LIVE_TESTS)
     (tmp_path / "notroot.py").write_text("import os\nos.geteuid = lambda: 1000\n")
@@ -40,9 +40,9 @@ def _run(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
     if ci is not None:
         env["CI"] = ci
     env["PYTHONPATH"] = str(tmp_path)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "notroot", "-p", "no:cacheprovider",
-                           "-q", "-rA", "test_live.py"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "notroot", "-p",
+                           "no:cacheprovider", "-q", "-rA", "test_live.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_outside_ci_without_root_live_tests_skip_saying_how_to_run(tmp_path):
