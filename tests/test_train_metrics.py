@@ -53,8 +53,8 @@ def test_gpu_sampler_writes_csv(tmp_path, monkeypatch):
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
     sampler = GpuSampler(tmp_path / "gpu.csv", every_s=0.05).start()
-    deadline = time.time() + 20
-    while time.time() < deadline and (tmp_path / "gpu.csv").read_text().count("\n") < 5:
+    csv, deadline = tmp_path / "gpu.csv", time.time() + 20
+    while time.time() < deadline and (not csv.exists() or csv.read_text().count("\n") < 5):
         time.sleep(0.05)
     sampler.stop()
     lines = (tmp_path / "gpu.csv").read_text().splitlines()
