@@ -24,6 +24,27 @@ pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("HPCTRAIN_TEST_SEED", time.time_ns() % 10_000))
 
 
+TRAIN = ["--max-steps", "60"]      # room for a signal or 10 kills to land before the end
+
+
+def hp_env(home: Path) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HPCTRAIN_STOP_AT_STEP", "HPCTRAIN_STOP_FILE", "HPCTRAIN_RUN_DIR")}
+    return env | {"XDG_STATE_HOME": str(home / "state"), "XDG_CONFIG_HOME": str(home / "config"),
+                  "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> str:
+    """final_params.sha256 of one uninterrupted run (checkpoint cadence does not change it)."""
+    home = tmp_path_factory.mktemp("reference")
+    out = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "--profile", "local", "--nodes", "1",
+                          "--gpus", "2", "--name", "ref", "--wait", "--", *TRAIN],
+                         capture_output=True, text=True, env=hp_env(home), cwd=home, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return final_hash(home / "runs" / "ref")
+
+
 @pytest.fixture
 def cli(tmp_path, monkeypatch):
     """Run `hpctrain ...` in tmp_path with its own config and run index."""
@@ -98,10 +119,9 @@ def final_hash(run: Path) -> str:
     return (run / "final_params.sha256").read_text().strip()
 
 
-def test_preempt_requeue_resume_is_bit_identical(cli, tmp_path):
-    train = ["--max-steps", "60", "--checkpoint-every", "20"]   # room for the signal to land
-    cli("submit", "--profile", "local", "--nodes", "2", "--gpus", "1", "--name", "ref", "--wait", "--", *train)
-    cli("submit", "--profile", "local", "--nodes", "2", "--gpus", "1", "--name", "pre", "--", *train)
+def test_preempt_requeue_resume_is_bit_identical(cli, tmp_path, reference):
+    train = [*TRAIN, "--checkpoint-every", "20"]
+    cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "2", "--name", "pre", "--", *train)
     run = tmp_path / "runs" / "pre"
     at = random.Random(SEED).randint(2, 12)
     wait_until(lambda: last_step(run) >= at, what=f"step {at}")
@@ -121,14 +141,13 @@ def test_preempt_requeue_resume_is_bit_identical(cli, tmp_path):
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     after = steps[steps.index(stopped) + 1:]
     assert after[0] == stopped + 1, "steps were redone after a signal preemption"
-    assert final_hash(run) == final_hash(tmp_path / "runs" / "ref"), f"seed {SEED}, preempted at {stopped}"
+    assert final_hash(run) == reference, f"seed {SEED}, preempted at {stopped}"
     status = json.loads(cli("status", "pre", "--json").stdout)
     assert status["restarts"] == 1 and len(status["history"]) == 2
 
 
-def test_sigkill_at_random_moments_then_resume_is_bit_identical(cli, tmp_path):
-    train = ["--max-steps", "60", "--checkpoint-every", "2"]
-    cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "2", "--name", "ref", "--wait", "--", *train)
+def test_sigkill_at_random_moments_then_resume_is_bit_identical(cli, tmp_path, reference):
+    train = [*TRAIN, "--checkpoint-every", "2"]
     cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "2", "--name", "kill", "--", *train)
     run = tmp_path / "runs" / "kill"
     ckpts = run / "checkpoints"
@@ -160,7 +179,7 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(cli, tmp_path):
                        what=f"trial {trial}: resume from {newest[0].name}")
     assert during_save >= 4, f"only {during_save} of 10 kills landed inside a save"
     assert dispatch.wait(RunDir(run), poll_s=0.5) == "COMPLETED"
-    assert final_hash(run) == final_hash(tmp_path / "runs" / "ref"), f"seed {SEED}: {resumed_from}"
+    assert final_hash(run) == reference, f"seed {SEED}: {resumed_from}"
     jobs = [json.loads(line)["kind"] for line in (run / "jobs.jsonl").read_text().splitlines()]
     assert jobs == ["submit"] + ["resume"] * 10
 

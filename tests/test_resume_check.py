@@ -39,21 +39,21 @@ def check(tmp_path, *args):
 
 @pytest.mark.slow
 def test_check_resume_proves_the_demo_config_and_finds_a_leak(tmp_path):
-    out = check(tmp_path, "--steps", "4", "--keep", str(tmp_path / "good"))
+    out = check(tmp_path, "--steps", "3", "--keep", str(tmp_path / "good"))
     assert out.returncode == 0, out.stderr[-3000:]
     verdict = json.loads(out.stdout)
-    assert verdict["identical"] and verdict["stopped_at"] == 2 and verdict["first_exit_code"] != 0
+    assert verdict["identical"] and verdict["stopped_at"] == 1 and verdict["first_exit_code"] != 0
     assert verdict["uninterrupted_sha256"] == verdict["resumed_sha256"]
 
     (tmp_path / "leaky.py").write_text(LEAKY)
-    out = check(tmp_path, "--steps", "4", "--keep", str(tmp_path / "bad"), "--", "--model", "leaky:build")
+    out = check(tmp_path, "--steps", "3", "--keep", str(tmp_path / "bad"), "--", "--model", "leaky:build")
     assert out.returncode == 1, out.stderr[-3000:]
     verdict = json.loads(out.stdout)
     assert not verdict["identical"]
     diff = verdict["first_difference"]
     # the checkpoint at the interruption matches; the first step after the resume does not; the
     # data position and schedule were restored; the hint points at a generator
-    assert diff["step"] == 3 and {"model", "optimizer"} <= set(diff["differs"])
+    assert diff["step"] == 2 and {"model", "optimizer"} <= set(diff["differs"])
     assert "data" not in diff["differs"] and "scheduler" not in diff["differs"]
     assert "generator" in diff["hint"]
 
