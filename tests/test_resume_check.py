@@ -75,3 +75,18 @@ def test_resume_commands_do_not_import_torch(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=tmp_path, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+def test_resume_to_another_node_count_checks_the_batch_arithmetic(tmp_path):
+    from hpctrain.cli.resume import _check_batch
+    from hpctrain.errors import UserError
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps({"train": {"global_batch": 16, "micro_batch": 4, "grad_accum": None}}))
+    _check_batch(cfg, world=2, nodes=2)             # 16 = 2 x 4 x 2
+    with pytest.raises(UserError, match=r"global_batch\(16\) does not split over 3 ranks"):
+        _check_batch(cfg, world=3, nodes=3)
+    cfg.write_text(json.dumps({"train": {"global_batch": 16, "micro_batch": 4, "grad_accum": 2}}))
+    _check_batch(cfg, world=2, nodes=2)
+    with pytest.raises(UserError, match=r"grad_accum\(2\)"):
+        _check_batch(cfg, world=1, nodes=1)

@@ -119,6 +119,8 @@ def resume(run: str, wait: bool, time_min: int | None, max_steps: int | None, no
         if req.entry.kind != "train_entry":
             click.echo(f"warning: --nodes {nodes}: your own entry must reshard its checkpoint itself",
                        err=True)
+        elif ckpt and not any(a.startswith(("--train.", "--config")) for a in args):
+            _check_batch(r.path / "checkpoints" / ckpt[0] / "config.json", nodes * req.gpus, nodes)
         changes["nodes"] = nodes
     new = JobRequest(name=req.name, nodes=changes.get("nodes", req.nodes), gpus=req.gpus,
                      time_min=changes.get("time_min", req.time_min), strategy=req.strategy,
@@ -158,6 +160,26 @@ def resume(run: str, wait: bool, time_min: int | None, max_steps: int | None, no
         click.echo(f"{r.name}: {final}")
         if final != "COMPLETED":
             sys.exit(1)
+
+
+def _check_batch(config_json: Path, world: int, nodes: int) -> None:
+    """The frozen TrainConfig's batch arithmetic at the new world size (train_entry would refuse it
+    at start, after the job waited in the queue)."""
+    try:
+        t = json.loads(config_json.read_text())["train"]
+        global_batch, micro, accum = int(t["global_batch"]), int(t["micro_batch"]), t.get("grad_accum")
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+    per_step = world * micro
+    if accum is None and global_batch % per_step == 0:
+        return
+    if accum is not None and per_step * int(accum) == global_batch:
+        return
+    raise UserError(f"--nodes {nodes}: train.global_batch({global_batch}) does not split over "
+                    f"{world} ranks x train.micro_batch({micro})"
+                    + (f" x train.grad_accum({accum})" if accum is not None else "")
+                    + "; choose a node count that divides it, or pass e.g. "
+                    f"-- --train.micro_batch=N (the global batch stays the same)")
 
 
 @click.command()
