@@ -7,10 +7,10 @@ builds them with train_entry's own config and factories). Steady state: the firs
 every run are skipped (train_entry: metrics.jsonl timestamps; baselines: their own step clock), so
 start-up is excluded on both sides. Repetitions are interleaved; the ratio is of the medians.
 
-The ratio is of typical steps/s, 1 / the median step time: on a machine shared with other jobs,
-steps that wait for a descheduled peer made the mean rate of the
-same plain loop differ by 40% between two runs a minute apart.
-The mean-rate ratio is kept beside it in the details (`mean_rate_ratio`).
+The ratio is of typical steps/s, 1 / the median step time, which steps that wait for a peer
+descheduled by other jobs do not move; the mean-rate ratio is kept beside it in the details
+(`mean_rate_ratio`). Even so, on a shared machine the same plain loop ran 1.4x faster in one run
+than in another a minute later: read these ratios together with the load average.
 """
 
 from __future__ import annotations
