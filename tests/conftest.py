@@ -21,6 +21,11 @@ CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
 IN_CI = os.environ.get("CI", "").lower() == "true"
 HOW_TO_RUN = "run the live Slurm tests as root: sudo make test-slurm"
 
+# Runs are indexed in $XDG_STATE_HOME/hpctrain/runs.jsonl: keep the tests' runs out of the user's own
+# index (subprocesses inherit this).
+os.environ["XDG_STATE_HOME"] = os.environ.get("HPCTRAIN_TEST_STATE") or str(
+    Path(os.environ.get("TMPDIR", "/tmp")) / f"hpctrain-test-state-{os.getpid()}")
+
 
 def _cluster(cmd: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["bash", str(CLUSTER_SH), cmd], capture_output=True, text=True,

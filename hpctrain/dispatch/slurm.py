@@ -42,10 +42,27 @@ def submit(run: RunDir) -> str:
 
 
 def state(job_id: str) -> str:
-    value = SlurmJob.watcher.get_state(job_id, mode="force")
+    value = _sacct_state(job_id)
     if value in ("", "UNKNOWN", "PREEMPTED"):  # PREEMPTED: the controller knows if it was requeued
         value = _scontrol_state(job_id) or value or "UNKNOWN"
     return value.split()[0].upper()  # "CANCELLED by 0" -> CANCELLED
+
+
+def _sacct_state(job_id: str) -> str:
+    """sacct through submitit's own command and parser, but with its stderr captured: a cluster
+    that is down or has accounting off must not spray sacct errors over `hpctrain runs`."""
+    watcher = SlurmJob.watcher
+    watcher.register_job(job_id)
+    command = watcher._make_command()
+    if not command:
+        return ""
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    if proc.returncode != 0:
+        return ""
+    return watcher.read_info(proc.stdout).get(job_id, {}).get("State", "")
 
 
 def _scontrol_state(job_id: str) -> str | None:
