@@ -166,3 +166,17 @@ def test_plan_without_model_does_not_import_torch():
             "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
+
+
+@pytest.mark.parametrize("text, expected", [("7000000000", 7_000_000_000), ("7e9", 7_000_000_000),
+                                            ("1.3e9", 1_300_000_000), ("7B", 7_000_000_000),
+                                            ("350M", 350_000_000), ("125k", 125_000)])
+def test_params_accepts_the_ways_people_write_counts(text, expected):
+    assert plan_json("--params", text, "--gpu-mem-gib", "80")[1]["inputs"]["params"] == expected
+
+
+@pytest.mark.parametrize("text", ["abc", "0", "-5", "7X"])
+def test_params_rejects_what_is_not_a_count(text):
+    res = CliRunner().invoke(main, ["plan", "--params", text, "--gpu-mem-gib", "80"])
+    assert res.exit_code == 2
+    assert "not a parameter count" in res.output

@@ -90,3 +90,12 @@ def test_resume_to_another_node_count_checks_the_batch_arithmetic(tmp_path):
     _check_batch(cfg, world=2, nodes=2)
     with pytest.raises(UserError, match=r"grad_accum\(2\)"):
         _check_batch(cfg, world=1, nodes=1)
+
+
+def test_check_resume_reports_a_bad_config_before_launching_anything(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "hpctrain", "check-resume", "--keep", str(tmp_path / "k"),
+                           "--", "--optim.lrr=3"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "optim.lrr" in proc.stderr and "did you mean 'optim.lr'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "k" / "full").exists()

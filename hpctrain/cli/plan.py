@@ -7,8 +7,28 @@ import click
 from hpctrain.plan import OPTIMIZERS, PRECISIONS, gib, make_plan, no_fit_message, workload
 
 
+class Count(click.ParamType):
+    """A parameter count as people write it: 7000000000, 7e9, 1.3e9, 7B, 350M, 125k."""
+
+    name = "count"
+    _SCALE = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+
+    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().replace("_", "").replace(",", "")
+        scale = self._SCALE.get(text[-1:].lower(), 1)
+        try:
+            n = round(float(text[:-1] if scale != 1 else text) * scale)
+        except ValueError:
+            n = 0
+        if n < 1:
+            self.fail(f"{value!r} is not a parameter count; write e.g. 7000000000, 7e9 or 7B", param, ctx)
+        return n
+
+
 @click.command()
-@click.option("--params", type=click.IntRange(min=1), help="Number of model parameters (e.g. 7000000000).")
+@click.option("--params", type=Count(), help="Number of model parameters: 7000000000, 7e9, 7B, 350M.")
 @click.option("--model", metavar="PKG.MOD:FACTORY",
               help="Count the parameters of this factory's model, built on the meta device.")
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True)

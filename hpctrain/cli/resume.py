@@ -280,6 +280,16 @@ def check_resume(strategy: str, steps: int, stop_at: int | None, nproc: int, kee
         if not as_json:
             click.echo(msg, err=True)
 
+    # A bad config fails here, in one process and with train_entry's own message, not as a torchrun
+    # failure summary.
+    probe = subprocess.run([sys.executable, "-m", "train_entry", "--run-dir", str(base / "probe"),
+                            *common, "--print-config"], capture_output=True, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if probe.returncode != 0:
+        msg = probe.stderr.strip()
+        for prefix in ("Error: ", "error: "):
+            msg = msg.removeprefix(prefix)
+        raise UserError(msg or "train_entry refused the config")
     say(f"1/3 uninterrupted run: {steps} steps, {strategy}, {nproc} ranks")
     full = launch(base / "full", {})
     if full.returncode != 0:
