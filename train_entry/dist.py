@@ -51,6 +51,11 @@ def init_distributed(*, timeout_min: float = 10.0, seed: int = 0) -> DistInfo:
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():
+        # Before joining: a worker whose torchrun is killed during the rendezvous must not wait out
+        # the process-group timeout as an orphan.
+        from train_entry.preempt import die_with_launcher
+
+        die_with_launcher()
         timeout = timedelta(minutes=timeout_min)
         if "MASTER_ADDR" in os.environ:
             dist.init_process_group(backend, timeout=timeout, device_id=device if kind == "cuda" else None)
