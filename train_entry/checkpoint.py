@@ -25,6 +25,7 @@ import shutil
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -44,12 +45,9 @@ def step_name(step: int) -> str:
 
 
 # ---------------------------------------------------------------- files and manifests (no torch)
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+def sha256_file(path: Path) -> str:
+    with open(path, "rb", buffering=0) as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def fsync_path(path: Path) -> None:
@@ -192,7 +190,10 @@ class Checkpointer:
         self._last_step: int | None = None
         self._pending: _Pending | None = None
         self._async_group: Any = None
+        self._stager: Any = None        # async saves: CPU copies of the state, kept between saves
         self.timings: list[dict] = []   # per save: step, blocked_s (training time lost), total_s
+        if self.async_save:
+            self._async_setup()         # here, not in the first save's blocked time
 
     # ------------------------------------------------------------ helpers
     @staticmethod
@@ -226,6 +227,14 @@ class Checkpointer:
         t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
+
+    def _async_setup(self) -> None:
+        dist, _, _ = self._dist()
+        if dist is not None and self._async_group is None:
+            # The background write runs collectives; keep them off the training group.
+            self._async_group = dist.new_group(backend="gloo")
+        if self._stager is None:
+            self._stager = _cached_stager()
 
     def _warn(self, msg: str) -> None:
         if self._dist()[1] == 0:
@@ -301,7 +310,7 @@ class Checkpointer:
         """Write a checkpoint of `state`. sync=False (DCP only) returns once the tensors are staged;
         the write and the commit finish in the background and `wait()` waits for them."""
         self.wait()   # one save at a time: the previous one is committed before this starts
-        dist, rank, world = self._dist()
+        _, rank, world = self._dist()
         t0 = time.monotonic()
         name = step_name(state.step)
         final, staging = self.dir / name, self.dir / f".staging-{name}"
@@ -319,11 +328,10 @@ class Checkpointer:
 
             holder = {"app": _AppState(state.model, state.optimizer)}
             if not sync:
-                if dist is not None and self._async_group is None:
-                    # The background write runs collectives; keep them off the training group.
-                    self._async_group = dist.new_group(backend="gloo")
+                self._async_setup()
                 future = dcp.async_save(holder, checkpoint_id=str(staging),
-                                        process_group=self._async_group)
+                                        process_group=self._async_group, planner=_planner(),
+                                        async_stager=self._stager)
                 pending = _Pending(future, staging, state.step, t0)
                 if rank == 0:
                     pending.committer = threading.Thread(
@@ -335,7 +343,7 @@ class Checkpointer:
                 self.timings.append({"step": state.step, "async": True,
                                      "blocked_s": time.monotonic() - t0})
                 return final
-            dcp.save(holder, checkpoint_id=str(staging))
+            dcp.save(holder, checkpoint_id=str(staging), planner=_planner())
 
         self._barrier()          # every rank's files are written (DCP/DeepSpeed fsync their own)
         if rank == 0:
@@ -400,11 +408,15 @@ class Checkpointer:
         """Rank 0: checksum and fsync every file, manifest last, rename, move `latest`, prune."""
         import torch
 
-        files = {}
-        for rel in list_files(staging):
+        def synced_entry(rel: str) -> dict:
             path = staging / rel
             fsync_path(path)
-            files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+            return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+
+        # One file per thread: hashlib releases the GIL, so the shards hash on several cores.
+        rels = list_files(staging)
+        with ThreadPoolExecutor(max_workers=max(1, min(len(rels), os.cpu_count() or 1))) as pool:
+            files = dict(zip(rels, pool.map(synced_entry, rels)))
         for root, _, _ in os.walk(staging):
             fsync_path(Path(root))
         manifest = {"format": FORMAT, "step": step, "strategy": self.strategy, "world_size": world,
@@ -433,6 +445,57 @@ class Checkpointer:
             kept += 1
             if kept > self.keep:
                 shutil.rmtree(folder)
+
+
+def _layout(obj: Any) -> Any:
+    """The structure of a state dict: keys, and each tensor's type, dtype, shape and device."""
+    import torch
+
+    if isinstance(obj, dict):
+        return tuple((k, _layout(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return (type(obj), tuple(_layout(v) for v in obj))
+    if isinstance(obj, torch.Tensor):
+        local = getattr(obj, "_local_tensor", obj)     # a DTensor's shard
+        return (type(obj), obj.dtype, tuple(obj.shape), tuple(local.shape), str(obj.device))
+    return type(obj)
+
+
+def _cached_stager() -> Any:
+    """An async-save stager that copies the state into CPU tensors allocated at the first save and
+    reused while the layout stays the same (DCP's default allocates, and deep-copies, every time).
+    Safe because a save always finishes before the next one starts (`Checkpointer.wait`)."""
+    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+    from torch.distributed.checkpoint.staging import AsyncStager
+
+    class Stager(AsyncStager):
+        _synchronize_after_execute = False
+
+        def __init__(self) -> None:
+            self.layout: Any = None
+            self.cache: Any = None
+
+        def stage(self, state_dict: dict) -> dict:
+            layout = _layout(state_dict)
+            if layout != self.layout:
+                self.layout, self.cache = layout, _create_cpu_state_dict(state_dict)
+            return _copy_state_dict(state_dict, self.cache, type_check=False)
+
+        def synchronize_staging(self) -> None:
+            pass
+
+        def close(self) -> None:
+            pass
+
+    return Stager()
+
+
+def _planner() -> Any:
+    """DCP's default planner, reusing the previous save's plan when the state's layout is unchanged
+    (it compares the plans, so a changed model or optimizer is planned afresh)."""
+    from torch.distributed.checkpoint import DefaultSavePlanner
+
+    return DefaultSavePlanner(enable_plan_caching=True)
 
 
 def _write_synced(path: Path, text: str) -> None:
