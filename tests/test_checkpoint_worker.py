@@ -168,4 +168,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from train_entry.dist import exit_now
+
+    exit_now(main())

@@ -4,4 +4,9 @@ import sys
 
 from train_entry.cli import main
 
-sys.exit(main())
+code = main()
+if "torch.distributed" in sys.modules:  # a process group existed: see dist.exit_now for why
+    from train_entry.dist import exit_now
+
+    exit_now(code)
+sys.exit(code)

@@ -76,3 +76,18 @@ def seed_rank(seed: int, rank: int) -> None:
 def teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_now(code: int) -> None:
+    """Exit without running C++ static destructors, after the process group is gone.
+
+    With gloo (FSDP2 runs most often), a worker that has finished, saved and destroyed its process
+    group sometimes aborts at interpreter exit with "terminate called without an active exception"
+    (2 in 10 two-rank runs measured), which torchrun reports as a failed job. Every file is closed by
+    then; flush what Python buffers and leave.
+    """
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
