@@ -137,4 +137,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # gloo can abort a finished worker at interpreter exit (see train_entry.dist.exit_now)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

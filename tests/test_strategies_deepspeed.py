@@ -92,4 +92,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from train_entry.dist import exit_now
+
     main()
+    exit_now(0)
