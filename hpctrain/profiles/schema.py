@@ -488,6 +488,35 @@ class Preemption(Strict):
         return v
 
 
+class Login(Strict):
+    """A login node reached over SSH: `submit`, `status`, `logs`... then work from this machine."""
+
+    host: str = Field(description="SSH destination `user@host` or `host` (an alias of ~/.ssh/config "
+                                  "works too); its host key must already be in known_hosts.")
+    port: int | None = Field(None, ge=1, le=65535, description="SSH port; null: ssh's default (22 or "
+                                                                   "~/.ssh/config).")
+    identity: str | None = Field(None, description="Private key file (`ssh -i`); null: ssh's "
+                                                   "default keys or agent.")
+    remote_python: str = Field("python3", description="The site's Python that has hpctrain installed "
+                                                      "(e.g. `$HOME/venv/bin/python`; expanded on the "
+                                                      "login node).")
+    workdir: str = Field("~/.hpctrain", description="Folder on the login node for code being "
+                                                   "uploaded before its run folder exists.")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        if not re.match(r"^([A-Za-z0-9._-]+@)?[A-Za-z0-9][A-Za-z0-9._-]*\Z", v):
+            raise ValueError(f"login.host {v!r} is not user@host; fix: write host or user@host "
+                             "(letters, digits, '.', '_', '-'; no spaces or options)")
+        return v
+
+    @field_validator("identity", "remote_python", "workdir")
+    @classmethod
+    def _paths(cls, v: str | None) -> str | None:
+        return None if v is None else check_path_text(v, "login path")
+
+
 class Profile(Strict):
     """A site profile: everything hpctrain needs to know about one cluster."""
 
@@ -506,6 +535,8 @@ class Profile(Strict):
     storage: Storage = Field(default_factory=Storage, description="Where run folders live.")
     rendezvous: Rendezvous = Field(default_factory=Rendezvous, description="Rendezvous port policy.")
     preemption: Preemption = Field(default_factory=Preemption, description="Preemption handling.")
+    login: Login | None = Field(None, description="Reach the site over SSH from another machine "
+                                                  "(docs/remote.md); null: this machine is the login node.")
     locked: list[LockedKey] = Field(
         default_factory=list,
         description="Dotted keys (or whole sections) that profiles extending this one, the user's "
