@@ -68,6 +68,9 @@ done
 device=cpu
 if [ "$HPCTRAIN_WANT_GPU" = 1 ] && nvidia-smi -L >/dev/null 2>&1; then device=cuda; fi
 export HPCTRAIN_DEVICE=$device
+# What unchanged launcher-aware scripts expect: Accelerate trains on CPU only when told to (else
+# each process runs alone, world 1). torchrun itself sets RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT.
+if [ "$device" = cpu ]; then export ACCELERATE_USE_CPU=1; fi
 is_host=0
 if [ "$node" = 0 ]; then is_host=1; fi
 echo "hpctrain: node $node on $(hostname) device=$device CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} restart=$HPCTRAIN_RESTART_COUNT endpoint=$HPCTRAIN_RDZV_ENDPOINT"

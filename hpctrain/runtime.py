@@ -1,0 +1,406 @@
+"""The runtime API for your own training script (`hpctrain submit --script train.py`).
+
+    from hpctrain import runtime
+
+    ckpt = runtime.Checkpoint()                  # <run folder>/checkpoints, train_entry's format
+    found = ckpt.load()                          # the newest verified checkpoint, or None
+    step = found.step if found else 0
+    if found:
+        model.load_state_dict(found.state["model"])
+        optimizer.load_state_dict(found.state["optimizer"])
+    while step < total:
+        ...one optimizer step...
+        step += 1
+        if runtime.should_stop():                # the STOP file or a signal, agreed by all ranks
+            ckpt.save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
+            runtime.exit(runtime.PREEMPTED)      # 75: the batch shell requeues, the job resumes
+
+`should_stop()`, `run_dir()`, `restart_count()` and `exit()` need no torch; `Checkpoint` imports it
+when it saves or loads. Nothing here imports click. With torch.distributed initialised, every rank
+must call `should_stop()` and `Checkpoint.save/load` at the same point (they are collectives).
+
+A checkpoint is a `checkpoints/step-<8 digits>/` folder with a MANIFEST.json (every file with its
+size and sha256) written last and a `checkpoints/latest` pointer, exactly like train_entry's, so
+`hpctrain status`, `report` and `resume` read it the same way. Per rank, the RNG state (Python,
+NumPy, torch CPU and CUDA) is saved and restored automatically; a data position is whatever you
+put in the state dict (e.g. {"epoch": 1, "offset": 4096}).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# The job environment this module reads (set by the rendered batch script, docs/design.md).
+ENV_RUN_DIR = "HPCTRAIN_RUN_DIR"
+ENV_STOP_FILE = "HPCTRAIN_STOP_FILE"
+ENV_RESTART_COUNT = "HPCTRAIN_RESTART_COUNT"
+
+PREEMPTED = 75  # exit code: a verified checkpoint was saved because the stop flag was raised
+STOP_SIGNALS = ("SIGUSR2", "SIGUSR1", "SIGTERM")
+STATE_FILE = "state.pt"
+
+
+def _format() -> Any:
+    """The checkpoint format (step folder names, manifest, verify, latest): one source."""
+    try:
+        from hpctrain.kernel import checkpoint as fmt
+    except ImportError:  # before the kernel landed
+        from train_entry import checkpoint as fmt
+    return fmt
+
+
+# ---------------------------------------------------------------- where am I
+_chosen: list[Path] = []  # the folder a first run_dir(default) call chose, outside hpctrain
+
+
+def run_dir(default: str | os.PathLike | None = None) -> Path:
+    """The run folder: $HPCTRAIN_RUN_DIR under hpctrain, else `default` (remembered for later calls,
+    e.g. from log_metrics), created if missing."""
+    raw = os.environ.get(ENV_RUN_DIR)
+    if raw:
+        path = Path(raw).absolute()
+    elif default is not None:
+        path = Path(default).absolute()
+        _chosen[:] = [path]
+    elif _chosen:
+        path = _chosen[0]
+    else:
+        raise RuntimeError(
+            f"not running under hpctrain: ${ENV_RUN_DIR} is not set; submit with "
+            "`hpctrain submit --script ...`, or call runtime.run_dir('runs/NAME') first"
+        )
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def restart_count() -> int:
+    """How many times the batch script started this job again (0 on the first start)."""
+    try:
+        return int(os.environ.get(ENV_RESTART_COUNT, "0"))
+    except ValueError:
+        return 0
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def exit(code: int = 0) -> None:  # noqa: A001 - runtime.exit reads as what it does
+    """Leave now: destroy the process group, flush, os._exit (torch 2.13 + gloo can abort at
+    interpreter exit after a finished run, which torchrun would report as a failure)."""
+    dist = _dist()
+    if dist is not None:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - leaving anyway
+            pass
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+# ---------------------------------------------------------------- the stop flag
+class _Flag:
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self.installed = False
+
+    def install(self) -> None:
+        if self.installed or threading.current_thread() is not threading.main_thread():
+            return
+        self.installed = True
+        die_with_launcher()
+        for name in STOP_SIGNALS:
+            signal.signal(getattr(signal, name), self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        # Set a flag only: the save happens in the loop, at a step boundary, on every rank alike.
+        self.reason = self.reason or signal.Signals(signum).name
+
+    def local(self) -> bool:
+        if self.reason is None:
+            stop = os.environ.get(ENV_STOP_FILE)
+            if stop and os.path.exists(stop):
+                self.reason = f"stop file {stop}"
+        return self.reason is not None
+
+
+_flag = _Flag()
+
+
+def install() -> None:
+    """Install the signal handlers now (should_stop() does it on its first call); main thread."""
+    _flag.install()
+
+
+def stop_reason() -> str | None:
+    """Why this rank wants to stop (a signal name, the stop file, 'another rank'), or None."""
+    return _flag.reason
+
+
+def should_stop() -> bool:
+    """True when the run must save and stop: the batch shell's STOP file exists (the scheduler's
+    warning signal, `hpctrain preempt`) or SIGUSR1/USR2/TERM arrived. With torch.distributed
+    initialised it is a collective: every rank gets the same answer (all-reduce MAX)."""
+    _flag.install()
+    mine = _flag.local()
+    dist = _dist()
+    if dist is None:
+        return mine
+    import torch
+
+    device = _device(dist)
+    flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    agreed = bool(flag.item())
+    if agreed and not mine:
+        _flag.reason = "another rank"
+    return agreed
+
+
+def die_with_launcher() -> None:
+    """Under torchrun, die with it (SIGKILL) instead of training on as an orphan. Linux only."""
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _dist() -> Any:
+    """torch.distributed when torch is already imported and a process group is up, else None."""
+    if sys.modules.get("torch") is None:  # never imported (or blocked): no process group either
+        return None
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _device(dist: Any) -> Any:
+    import torch
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+# ---------------------------------------------------------------- checkpoints
+@dataclass
+class Found:
+    step: int
+    state: dict
+    path: Path
+
+
+class Checkpoint:
+    """Atomic, verified checkpoints of any state dict, in train_entry's format.
+
+    save(step, state): rank 0 writes `state` (torch.save: tensors, optimizer state, plain data);
+    every rank writes its RNG state; rank 0 then writes the manifest last, renames the staging
+    folder to step-<N>, moves `latest` and keeps the newest `keep`. load(): the newest checkpoint
+    whose manifest verifies (a damaged one is reported and skipped, never deleted), RNG restored.
+    """
+
+    def __init__(
+        self, folder: str | os.PathLike | None = None, *, keep: int = 2, strategy: str = "script"
+    ) -> None:
+        if keep < 2:
+            raise ValueError(f"keep={keep}: keep at least 2 (the newest may be half written)")
+        self.dir = Path(folder).absolute() if folder else run_dir() / "checkpoints"
+        self.keep, self.strategy = keep, strategy
+        self.blocked_s: list[float] = []  # seconds each save held the loop
+
+    # ------------------------------------------------------------ save
+    def save(self, step: int, state: dict) -> Path:
+        import torch
+
+        fmt = _format()
+        t0 = time.monotonic()
+        dist = _dist()
+        me, world = (dist.get_rank(), dist.get_world_size()) if dist else (0, 1)
+        name = fmt.step_name(step)
+        final, staging = self.dir / name, self.dir / f".staging-{name}"
+        if me == 0:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            if staging.exists():
+                shutil.rmtree(staging)  # a save of this step killed half way: never a checkpoint
+            if final.exists():  # not resumed from, so it did not verify: keep it aside
+                final.rename(final.with_name(f"{name}.unverified-{time.time_ns()}"))
+            (staging / "rng").mkdir(parents=True)
+        _barrier(dist)
+        _write(staging / "rng" / f"rank-{me:05d}.pt", _to_bytes(_capture_rng()))
+        if me == 0:
+            _write(staging / STATE_FILE, _to_bytes(state))
+        _barrier(dist)
+        if me == 0:
+            self._commit(fmt, staging, final, step, world, torch.__version__)
+        _barrier(dist)
+        self.blocked_s.append(time.monotonic() - t0)
+        return final
+
+    def _commit(
+        self, fmt: Any, staging: Path, final: Path, step: int, world: int, torch_version: str
+    ) -> None:
+        files = {}
+        for rel in fmt.list_files(staging):
+            path = staging / rel
+            fmt.fsync_path(path)
+            files[rel] = {"size": path.stat().st_size, "sha256": fmt.sha256_file(path)}
+        for root, _, _ in os.walk(staging):
+            fmt.fsync_path(Path(root))
+        manifest = {
+            "format": fmt.FORMAT,
+            "step": step,
+            "strategy": self.strategy,
+            "world_size": world,
+            "torch": torch_version,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "files": files,
+        }
+        _write(staging / fmt.MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+        fmt.fsync_path(staging)
+        os.rename(staging, final)
+        fmt.fsync_path(self.dir)
+        fmt.write_atomic(self.dir / fmt.LATEST, final.name + "\n")
+        kept = 0
+        for s, folder in fmt.step_folders(self.dir):
+            if s > step or not (folder / fmt.MANIFEST).exists():
+                continue
+            kept += 1
+            if kept > self.keep:
+                shutil.rmtree(folder)
+
+    # ------------------------------------------------------------ load
+    def load(self, *, restore_rng: bool = True) -> Found | None:
+        """The newest verified checkpoint (state on CPU), or None when there is none yet."""
+        import torch
+
+        fmt = _format()
+        dist = _dist()
+        me = dist.get_rank() if dist else rank()  # before init_process_group (Lightning): RANK
+        choice = None
+        if me == 0:
+            found = fmt.newest_verified(self.dir, warn=_warn)
+            choice = str(found[0]) if found else None
+        if dist is not None:
+            box = [choice]
+            dist.broadcast_object_list(box, src=0)
+            choice = box[0]
+        if choice is None:
+            return None
+        folder = Path(choice)
+        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
+        rng = folder / "rng" / f"rank-{me:05d}.pt"
+        if restore_rng and rng.exists():
+            _restore_rng(torch.load(rng, map_location="cpu", weights_only=False))
+        step = int(fmt.STEP_RE.match(folder.name).group(1))
+        if me == 0:
+            _warn(f"resuming from {folder} (step {step})")
+        return Found(step, state, folder)
+
+
+_last: dict[str, float] = {}
+
+
+def log_metrics(
+    step: int, *, total: int | None = None, samples: int | None = None, **values: float
+) -> None:
+    """Rank 0 appends one line to <run>/metrics.jsonl, as train_entry does, so `hpctrain status`,
+    `submit --wait` and `hpctrain report` show your script's progress: step, your values (loss,
+    lr...), step_time_s and samples_per_s (from `samples` per step) since the previous call."""
+    if rank() != 0:
+        return
+    now = time.time()
+    rec: dict[str, Any] = {"step": step, **{k: float(v) for k, v in values.items()}}
+    if "step" in _last and step > _last["step"]:
+        dt = (now - _last["time"]) / (step - _last["step"])
+        rec["step_time_s"] = dt
+        if samples and dt > 0:
+            rec["samples_per_s"] = samples / dt
+    if total is not None:
+        rec["max_steps"] = total
+    rec["time"] = now
+    _last.update(step=step, time=now)
+    with open(run_dir() / "metrics.jsonl", "a") as f:
+        f.write(json.dumps(rec) + "\n")
+
+
+def params_sha256(module_or_state: Any) -> str:
+    """sha256 over every tensor of a module's state dict (or a state dict), in name order, with
+    wrapper prefixes ("module.") stripped: two runs end bit-identical when the hashes match."""
+    import torch
+
+    sd = module_or_state.state_dict() if hasattr(module_or_state, "state_dict") else module_or_state
+    h = hashlib.sha256()
+    for key in sorted(sd, key=lambda k: k.removeprefix("module.")):
+        t = sd[key]
+        if isinstance(t, torch.Tensor):
+            h.update(key.removeprefix("module.").encode())
+            h.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+# ---------------------------------------------------------------- helpers
+def _warn(msg: str) -> None:
+    print(f"[hpctrain runtime] {msg}", file=sys.stderr, flush=True)
+
+
+def _barrier(dist: Any) -> None:
+    if dist is not None:
+        dist.barrier()
+
+
+def _to_bytes(obj: Any) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _capture_rng() -> dict:
+    import torch
+
+    out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if "numpy" in sys.modules:
+        import numpy as np
+
+        out["numpy"] = np.random.get_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def _restore_rng(saved: dict) -> None:
+    import torch
+
+    random.setstate(saved["python"])
+    torch.set_rng_state(saved["torch"])
+    if "numpy" in saved:
+        import numpy as np
+
+        np.random.set_state(saved["numpy"])
+    if "cuda" in saved and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(saved["cuda"])
