@@ -16,6 +16,8 @@ from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fi
                       model_validator)
 from pydantic_core import PydanticCustomError
 
+from hpctrain.profiles.health import Preflight, Watchdog
+
 
 class Strict(BaseModel):
     """Base of every section: unknown keys are errors (a typo is never silently ignored)."""
@@ -537,6 +539,10 @@ class Profile(Strict):
     preemption: Preemption = Field(default_factory=Preemption, description="Preemption handling.")
     login: Login | None = Field(None, description="Reach the site over SSH from another machine "
                                                   "(docs/remote.md); null: this machine is the login node.")
+    preflight: Preflight = Field(default_factory=Preflight,
+                                 description="Node checks before training (docs/bad-nodes.md).")
+    watchdog: Watchdog = Field(default_factory=Watchdog,
+                               description="Collective timeouts and the stall heartbeat.")
     locked: list[LockedKey] = Field(
         default_factory=list,
         description="Dotted keys (or whole sections) that profiles extending this one, the user's "
@@ -594,7 +600,7 @@ class Profile(Strict):
 
 SECTIONS: dict[str, type[Strict]] = {
     "slurm": Slurm, "network": Network, "environment": Environment, "storage": Storage,
-    "rendezvous": Rendezvous, "preemption": Preemption,
+    "rendezvous": Rendezvous, "preemption": Preemption, "preflight": Preflight, "watchdog": Watchdog,
 }
 
 
