@@ -25,6 +25,8 @@ HOW_TO_RUN = "run the live Slurm tests as root: sudo make test-slurm"
 # index (subprocesses inherit this).
 os.environ["XDG_STATE_HOME"] = os.environ.get("HPCTRAIN_TEST_STATE") or str(
     Path(os.environ.get("TMPDIR", "/tmp")) / f"hpctrain-test-state-{os.getpid()}")
+# ... and the validated-profile cache (hpctrain/profiles/cache.py) out of the user's ~/.cache.
+os.environ["XDG_CACHE_HOME"] = str(Path(os.environ["XDG_STATE_HOME"]) / "cache")
 
 
 def _cluster(cmd: str, timeout: float) -> subprocess.CompletedProcess[str]:

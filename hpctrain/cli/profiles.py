@@ -65,16 +65,17 @@ def list_(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    from rich.table import Table
+    from hpctrain.cli.table import plain_table
 
-    table = Table("name", "scheduler", "description", "from", "status", "source")
-    table.columns[-1].overflow = "fold"
+    lines = []
     for r in rows:
-        status = ("[red]invalid: " + r["error"] + "[/red]" if r["error"] else
-                  "[green]wins[/green]" if r["wins"] else f"shadowed by {r['shadowed_by']}")
-        table.add_row(r["name"], r["scheduler"] or "-", r["description"] or "", r["kind"],
-                      status, r["path"])
-    _console().print(table)
+        status = ("invalid: " + r["error"] if r["error"] else
+                  "wins" if r["wins"] else f"shadowed by {r['shadowed_by']}")
+        lines.append([r["name"], r["scheduler"] or "-", r["description"] or "", r["kind"], status,
+                      r["path"]])
+    if rows:
+        click.echo(plain_table(["name", "scheduler", "description", "from", "status", "source"],
+                               lines), nl=False)
     if not rows:
         click.echo("no profiles found in: " + ", ".join(str(d) for d, _ in search_dirs()))
 

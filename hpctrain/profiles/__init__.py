@@ -5,7 +5,17 @@
     profile.slurm.gpus_per_node, profile.origins["slurm.qos"]  # -> 8, "flag slurm.qos"
 """
 
+from typing import Any
+
 from hpctrain.profiles.load import Entry, discover, resolve, resolve_file
-from hpctrain.profiles.schema import Profile
 
 __all__ = ["Entry", "Profile", "discover", "resolve", "resolve_file"]
+
+
+def __getattr__(name: str) -> Any:
+    # The schema (pydantic) is imported on first use only: see profiles/cache.py.
+    if name == "Profile":
+        from hpctrain.profiles.schema import Profile
+
+        return Profile
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,16 +16,19 @@ import shutil
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import ValidationError as PydanticError
-from pydantic_core import PydanticUndefined
 from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from hpctrain.errors import Problem, UserError, ValidationError
-from hpctrain.profiles.schema import SECTIONS, Profile, model_at
+from hpctrain.profiles import cache
+
+if TYPE_CHECKING:
+    from hpctrain.profiles.schema import Profile
+# pydantic and the schema are imported where used: a cached validation (profiles/cache.py) needs
+# neither, which halves the CLI's start-up.
 
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 8
@@ -123,6 +126,10 @@ def read_yaml(path: Path, problems: list[Problem]) -> Doc | None:
         line = raw[: e.start].count(b"\n") + 1
         fail("not UTF-8 text; fix: save the file as UTF-8", line)
         return None
+    parsed = cache.parsed(text)          # this exact text read before without a problem
+    if parsed is not None:
+        return Doc(path, *parsed)
+    before = len(problems)
     loader = _Loader(text, file, problems)
     try:
         node = loader.get_single_node()
@@ -150,6 +157,8 @@ def read_yaml(path: Path, problems: list[Problem]) -> Doc | None:
     for p in problems[first:] + loader.problems_of_file(file):
         if p.key is None and p.line in by_line:
             p.key = dotted(by_line[p.line])
+    if len(problems) == before:
+        cache.store_parsed(text, data, lines)
     return Doc(path, data, lines)
 
 
@@ -345,13 +354,20 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 def _drop_nulls(data: dict[str, Any], path: Path_ = ()) -> dict[str, Any]:
     """`key: null` resets a key to its default: drop nulls where the default is not null
     (an empty `slurm:` section, `extra_sbatch: null`, ...)."""
-    model = model_at((*path, ""))
+    model: Any = False                 # looked up at the first null only (no schema otherwise)
     out = {}
     for k, v in data.items():
-        field = model.model_fields.get(k) if model else None
-        if v is None and field is not None and (field.default_factory is not None
-                                                 or field.default not in (None, PydanticUndefined)):
-            continue
+        if v is None:
+            from pydantic_core import PydanticUndefined
+
+            from hpctrain.profiles.schema import model_at
+
+            if model is False:
+                model = model_at((*path, ""))
+            field = model.model_fields.get(k) if model else None
+            if field is not None and (field.default_factory is not None
+                                      or field.default not in (None, PydanticUndefined)):
+                continue
         out[k] = _drop_nulls(v, (*path, k)) if isinstance(v, dict) else v
     return out
 
@@ -520,7 +536,7 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
             where.setdefault(path, (layer.file, None))
         for k in layer.locks:
             locks.setdefault(k, layer.file or "?")
-    merged = _drop_nulls(merged)
+    merged = cache.memo("drop_nulls", merged, _drop_nulls)
     merged["locked"] = list(dict.fromkeys(locks))
     if docs:
         for key in ("name", "extends"):          # never inherited
@@ -530,9 +546,17 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
         where.setdefault(("locked",), (str(docs[0].path), docs[0].lines.get(("locked",))))
 
     profile = None
-    if docs:
+    if docs and not problems:
+        profile = cache.lookup(merged)   # the same input validated before: no pydantic
+    if docs and profile is None:
+        from pydantic import ValidationError as PydanticError
+
+        from hpctrain.profiles.schema import Profile
+
         try:
             profile = Profile.model_validate(merged)
+            if not problems:
+                cache.store(merged, profile)
         except PydanticError as e:
             errors = e.errors()
             problems += _problems(errors + _more_cross_field(merged, errors), where, str(docs[0].path))
@@ -590,6 +614,10 @@ _FIX = {
 def _more_cross_field(merged: dict[str, Any], errors: list[Any]) -> list[Any]:
     """Cross-field checks of sections whose other keys had errors (pydantic skips them), run
     on the keys that were fine, so that every problem of a file is reported at once."""
+    from pydantic import ValidationError as PydanticError
+
+    from hpctrain.profiles.schema import SECTIONS
+
     out = []
     for name, model in SECTIONS.items():
         bad = {e["loc"][1] for e in errors if e["loc"][:1] == (name,) and len(e["loc"]) > 1}
@@ -623,6 +651,8 @@ def _problems(errors: list[Any], where: dict[Path_, tuple[str | None, int | None
 
 
 def _message(err: Any, path: Path_, msg: str) -> str:
+    from hpctrain.profiles.schema import model_at
+
     kind = err["type"]
     if kind == "extra_forbidden":
         model = model_at(path)

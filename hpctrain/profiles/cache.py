@@ -1,0 +1,336 @@
+"""A cache of validated profiles, so that the common CLI path never imports pydantic.
+
+Building the profile schema's pydantic classes costs more at start-up than jinja2, yaml and click
+together (about 70 ms of a 190 ms `submit --dry-run`). The YAML reading, trust checks, `extends`
+chain, layers and locks still run every time (they are cheap); only the final
+`Profile.model_validate(merged)` is cached:
+
+- the key is a sha256 of the merged, layered input (plain JSON types only; anything else is not
+  cached) and of the schema's source (every `.py` under hpctrain/profiles/) and pydantic's version
+  file, so a schema change or a pydantic upgrade misses;
+- the value is what the validation produced, as plain data: every field of every section, the
+  values of the sections' properties (e.g. `network.gloo_ifname`, `warnings`), `model_dump()` in
+  both modes;
+- a hit returns a `ProfileView` with the same attributes. Anything the view does not hold (a
+  method, a property that could not be stored, `model_dump` with other arguments) falls back to
+  validating the same input with pydantic, once, and answers from the real Profile: a view is never
+  wrong, at worst it is not faster.
+
+Cache files live in $XDG_CACHE_HOME/hpctrain/profiles/ (default ~/.cache), mode 0600 in a 0700
+folder; a file or folder not owned by this user, or writable by others, is ignored. Writing the
+cache is not writing a run folder: `submit --dry-run` still writes nothing there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+FORMAT = 1
+MAX_ENTRIES = 256
+ENABLED = True  # tests switch it off to compare with the uncached path
+_FINGERPRINT: str | None = None
+# attributes every model has that the cache never stores (pydantic's, or set by the loader)
+_SKIP_PROPS = {"origins", "source", "chain", "model_extra", "model_fields_set", "__fields_set__"}
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "hpctrain" / "profiles"
+
+
+def _fingerprint() -> str:
+    """The schema's identity: its source files and the installed pydantic."""
+    global _FINGERPRINT
+    if _FINGERPRINT is None:
+        h = hashlib.sha256(f"format {FORMAT}\n".encode())
+        here = Path(__file__).resolve().parent
+        for path in sorted(here.rglob("*.py")):
+            h.update(path.relative_to(here).as_posix().encode() + b"\0" + path.read_bytes())
+        import importlib.util
+
+        spec = importlib.util.find_spec("pydantic")
+        origin = spec.origin if spec else None
+        if origin:
+            version = Path(origin).with_name("version.py")
+            h.update(version.read_bytes() if version.is_file() else origin.encode())
+        _FINGERPRINT = h.hexdigest()
+    return _FINGERPRINT
+
+
+def _plain(obj: Any) -> bool:
+    """Only plain JSON data is cached (str keys; str, int, float, bool, None, list, dict)."""
+    if obj is None or type(obj) in (str, int, float, bool):
+        return True
+    if type(obj) is list:
+        return all(_plain(v) for v in obj)
+    if type(obj) is dict:
+        return all(type(k) is str and _plain(v) for k, v in obj.items())
+    return False
+
+
+def key_of(merged: dict[str, Any]) -> str | None:
+    if not ENABLED or not _plain(merged):
+        return None
+    text = json.dumps(merged, sort_keys=True, separators=(",", ":"), allow_nan=True)
+    return hashlib.sha256(f"{_fingerprint()}\n{text}".encode()).hexdigest()
+
+
+def memo(kind: str, data: dict[str, Any], fn: Any) -> Any:
+    """fn(data), remembered by the same key rules: for pure functions of plain data and the schema
+    (the loader's null-dropping, which asks the schema for defaults)."""
+    key = key_of({"memo": kind, "data": data})
+    if key is not None:
+        entry = _read(key)
+        if entry is not None and "value" in entry:
+            return entry["value"]
+    value = fn(data)
+    if key is not None:
+        _write(key, {"value": value})
+    return value
+
+
+def parsed(text: str) -> tuple[dict[str, Any], dict[tuple, int]] | None:
+    """(data, lines) of a profile text the loader read before without a problem."""
+    key = key_of({"yaml": text})
+    entry = _read(key) if key is not None else None
+    if entry is None or "data" not in entry:
+        return None
+    return entry["data"], {tuple(p): n for p, n in entry["lines"]}
+
+
+def store_parsed(text: str, data: Any, lines: dict[tuple, int]) -> None:
+    key = key_of({"yaml": text})
+    if key is not None and _plain(data):
+        _write(key, {"data": data, "lines": [[list(p), n] for p, n in lines.items()]})
+
+
+def _read(key: str) -> dict[str, Any] | None:
+    folder = cache_dir()
+    path = folder / f"{key}.json"
+    if not (_trusted(folder) and _trusted(path)):
+        return None
+    try:
+        entry = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
+        return None
+    return entry
+
+
+def _write(key: str, entry: dict[str, Any]) -> None:
+    entry = {"format": FORMAT, "key": key, **entry}
+    if not _plain(entry):
+        return
+    try:
+        folder = cache_dir()
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not _trusted(folder):
+            return
+        tmp = folder / f".{key}.tmp-{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(entry, f, separators=(",", ":"))
+        os.replace(tmp, folder / f"{key}.json")
+        _prune(folder)
+    except (OSError, TypeError, ValueError):
+        return
+
+
+def _trusted(path: Path) -> bool:
+    """Ours and not writable by group or others (a cache is input too)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+
+
+def lookup(merged: dict[str, Any]) -> ProfileView | None:
+    key = key_of(merged)
+    entry = _read(key) if key is not None else None
+    if entry is None or "tree" not in entry:
+        return None
+    return ProfileView(entry, merged)
+
+
+def store(merged: dict[str, Any], profile: Any) -> None:
+    """Remember a successful validation. Never fails the command: a cache that cannot be
+    written is only a slower next start."""
+    key = key_of(merged)
+    if key is None:
+        return
+    try:
+        entry = {
+            "tree": _encode(profile),
+            "dump": profile.model_dump(),
+            "dump_json": profile.model_dump(mode="json"),
+        }
+    except (TypeError, ValueError):
+        return
+    _write(key, entry)
+
+
+def _prune(folder: Path) -> None:
+    entries = sorted(folder.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    for old in entries[:-MAX_ENTRIES]:
+        old.unlink(missing_ok=True)
+
+
+def _encode(model: Any) -> dict[str, Any]:
+    """A model as {"fields": {name: value or nested}, "props": {name: value}}."""
+    from pydantic import BaseModel
+
+    fields: dict[str, Any] = {}
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        if isinstance(value, BaseModel):
+            fields[name] = {"model": _encode(value)}
+        elif isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):
+            fields[name] = {"models": [_encode(v) for v in value]}
+        else:
+            dumped = type(model).__pydantic_serializer__.to_python(model, include={name})[name]
+            fields[name] = {"value": dumped}
+    props: dict[str, Any] = {}
+    for klass in type(model).__mro__:
+        if klass is BaseModel or klass.__module__.startswith("pydantic"):
+            break
+        for name, attr in vars(klass).items():
+            if (
+                isinstance(attr, property)
+                and not name.startswith("_")
+                and name not in _SKIP_PROPS
+                and name not in props
+            ):
+                try:
+                    value = getattr(model, name)
+                except Exception:  # noqa: BLE001 - not stored; the view falls back for it
+                    continue
+                if _plain(value):
+                    props[name] = value
+    return {"fields": fields, "props": props}
+
+
+def _copy(value: Any) -> Any:
+    return json.loads(json.dumps(value)) if isinstance(value, (dict, list)) else value
+
+
+class _Node:
+    """One model of a cached profile: its fields and properties as attributes."""
+
+    def __init__(self, tree: dict[str, Any], root: ProfileView | None, path: tuple) -> None:
+        object.__setattr__(self, "_tree", tree)
+        object.__setattr__(self, "_root", root if root is not None else self)
+        object.__setattr__(self, "_path", path)
+        object.__setattr__(self, "_values", {})
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        values = self._values
+        if name in values:
+            return values[name]
+        field = self._tree["fields"].get(name)
+        if field is not None:
+            if "model" in field:
+                value = _Node(field["model"], self._root, (*self._path, name))
+            elif "models" in field:
+                value = [
+                    _Node(t, self._root, (*self._path, name, i))
+                    for i, t in enumerate(field["models"])
+                ]
+            else:
+                value = _copy(field["value"])
+            values[name] = value
+            return value
+        if name in self._tree["props"]:
+            return _copy(self._tree["props"][name])
+        return getattr(self._real_node(), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self._tree["fields"]:
+            raise AttributeError(f"a cached profile is read-only ({name})")
+        object.__setattr__(self, name, value)
+
+    @property
+    def __class__(self) -> type:  # type: ignore[override]
+        """`isinstance(view, Profile)` (or a section's class) holds, as for the validated model.
+        Whoever holds the class has imported the schema; until then the view is its own class
+        (so the fast path stays free of pydantic), and the type itself never changes."""
+        schema = sys.modules.get("hpctrain.profiles.schema")
+        if schema is None:
+            return type(self)
+        model = schema.Profile
+        for part in self._path:
+            if not isinstance(part, int):
+                model = schema._model_of(model.model_fields[part].annotation)
+        return model or type(self)
+
+    def _real_node(self) -> Any:
+        node = self._root.real()
+        for part in self._path:
+            node = node[part] if isinstance(part, int) else getattr(node, part)
+        return node
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        if not kwargs or kwargs == {"mode": "python"}:
+            return {
+                k: v.model_dump()
+                if isinstance(v, _Node)
+                else [x.model_dump() for x in v]
+                if isinstance(v, list) and v and isinstance(v[0], _Node)
+                else _copy(v)
+                for k, v in ((n, getattr(self, n)) for n in self._tree["fields"])
+            }
+        return self._real_node().model_dump(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({'.'.join(map(str, self._path)) or 'profile'})"
+
+
+class ProfileView(_Node):
+    """A resolved profile read from the cache; answers like `schema.Profile`."""
+
+    def __init__(self, entry: dict[str, Any], merged: dict[str, Any]) -> None:
+        super().__init__(entry["tree"], None, ())
+        object.__setattr__(self, "_entry", entry)
+        object.__setattr__(self, "_merged", merged)
+        object.__setattr__(self, "_real", None)
+        object.__setattr__(self, "_source", None)
+        object.__setattr__(self, "_chain", [])
+        object.__setattr__(self, "_origins", {})
+
+    def real(self) -> Any:
+        """The same profile validated by pydantic (only when the view lacks something)."""
+        if self._real is None:
+            from hpctrain.profiles.schema import Profile
+
+            real = Profile.model_validate(self._merged)
+            real._source, real._chain, real._origins = self._source, self._chain, self._origins
+            object.__setattr__(self, "_real", real)
+        return self._real
+
+    def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        if not kwargs or kwargs == {"mode": "python"}:
+            return _copy(self._entry["dump"])
+        if kwargs == {"mode": "json"}:
+            return _copy(self._entry["dump_json"])
+        return self.real().model_dump(**kwargs)
+
+    @property
+    def origins(self) -> dict[str, str]:
+        return self._origins
+
+    @property
+    def source(self) -> Path | None:
+        return self._source
+
+    @property
+    def chain(self) -> list[Path]:
+        return self._chain
