@@ -67,16 +67,21 @@ def _scalar(text: str) -> object:
     return value if isinstance(value, (str, int, float, bool)) or value is None else text
 
 
+def resolve_profile(o: dict[str, Any]) -> Any:
+    from hpctrain.profiles import resolve
+
+    return resolve(o["profile"], _flags(o["partition"], o["account"], o["qos"], o["sets"]))
+
+
 class Prepared:
     """Everything submit and render agree on: the profile, the request, the run folder, the script."""
 
-    def __init__(self, o: dict[str, Any]) -> None:
-        from hpctrain.profiles import resolve
+    def __init__(self, o: dict[str, Any], profile: Any = None) -> None:
         from hpctrain.render import node_python, render
         from hpctrain.request import JobRequest
         from hpctrain.runs import RunDir, runs_dir_of
 
-        self.profile = resolve(o["profile"], _flags(o["partition"], o["account"], o["qos"], o["sets"]))
+        self.profile = profile or resolve_profile(o)
         strategy, args = o["strategy"], tuple(o["args"])
         self.plan = None
         if strategy == "auto":
@@ -141,6 +146,11 @@ def render(**o: Any) -> None:
 @click.option("--dry-run", is_flag=True, help="Validate and render, say where it would go, write nothing.")
 @click.option("--replace-finished", is_flag=True,
               help="If a COMPLETED run has this name, move its folder aside to NAME.old-<time> and start again.")
+@click.option("--sync", type=click.Path(file_okay=False, exists=True),
+              help="Remote site (profile with login:): send this folder as the run's code/ instead of "
+                   "the committed tree of your --script's git repository.")
+@click.option("--code", type=click.Path(file_okay=False, exists=True), hidden=True,
+              help="On the site: the uploaded code folder, moved into the run folder as code/.")
 def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
     """Submit a training run: train_entry (or --script/--module) on N nodes x G GPUs under torchrun.
     Arguments after `--` go to the entry.
@@ -150,10 +160,21 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
       hpctrain submit --profile mycluster --nodes 2 --gpus 8 --name gpt-small -- --max-steps 1000
       hpctrain submit --nodes 2 --gpus 1 --name demo --wait -- --max-steps 60   # local, no Slurm
       hpctrain submit --nodes 1 --gpus 2 --script train.py --name mine -- --lr 3e-4
+      hpctrain submit --profile mysite-remote --script train.py --name exp1   # over SSH (docs/remote.md)
     """
     from hpctrain import dispatch
 
-    p = Prepared(o)
+    profile = resolve_profile(o)
+    if profile.login is not None and not o["code"]:
+        from hpctrain.remote.submit import submit as remote_submit
+
+        sys.exit(remote_submit({**o, "wait": wait, "dry_run": dry_run, "replace_finished": replace_finished},
+                               profile, echo=click.echo))
+    p = Prepared(o, profile)
+    if o["code"]:
+        from hpctrain.remote.code import adopt
+
+        adopt(p, Path(o["code"]))
     run, profile, req = p.run, p.profile, p.request
     previous = dispatch.state(run) if run.exists() else None
     run.check_free(previous, replace_finished=replace_finished)
@@ -167,6 +188,10 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
         return
     run.create(profile=profile, request=req, script=p.script, replace_finished=replace_finished,
                node_python=p.python)
+    if o["code"]:
+        from hpctrain.remote.code import install
+
+        install(run.path, Path(o["code"]))
     if p.plan is not None:
         (run.path / "plan.json").write_text(p.plan.to_json() + "\n")
     job_id = dispatch.submit(run, profile, time_min=req.time_min)
@@ -228,6 +253,9 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
       hpctrain status demo
       hpctrain status demo --json
     """
+    from hpctrain.remote.forward import maybe_forward
+
+    maybe_forward("status", run, runs_dir)
     from hpctrain.runs import all_runs, find_run
 
     if run is None:
@@ -267,13 +295,23 @@ def runs(runs_dir: Path | None, as_json: bool) -> None:
       hpctrain runs
       hpctrain runs --json
     """
+    from hpctrain.remote.index import sites
     from hpctrain.runs import all_runs
 
     items = [_summary(r) for r in all_runs(runs_dir)]
+    remote = sites()
     if as_json:
+        if remote:
+            from hpctrain.remote.forward import each_json
+
+            items += each_json(["runs", "--json"])
         click.echo(json.dumps(items, indent=2))
-    else:
-        _table(items)
+        return
+    _table(items)
+    if remote:
+        from hpctrain.remote.forward import each_site
+
+        each_site(["runs"])
 
 
 def _table(items: list[dict[str, Any]]) -> None:
@@ -307,6 +345,9 @@ def logs(run: str, rank: int | None, node: int | None, follow: bool, runs_dir: P
       hpctrain logs demo --rank 1
       hpctrain logs demo --node 0 --follow
     """
+    from hpctrain.remote.forward import maybe_forward
+
+    maybe_forward("logs", run, runs_dir)
     from hpctrain.runs import find_run
 
     r = find_run(run, runs_dir)
@@ -379,6 +420,9 @@ def cancel(run: str, runs_dir: Path | None) -> None:
     Example:
       hpctrain cancel demo
     """
+    from hpctrain.remote.forward import maybe_forward
+
+    maybe_forward("cancel", run, runs_dir)
     from hpctrain import dispatch
     from hpctrain.runs import TERMINAL, find_run
 

@@ -72,6 +72,9 @@ def resume(run: str, wait: bool, time_min: int | None, max_steps: int | None, no
       hpctrain resume demo --max-steps 2000 --nodes 2     # DDP/FSDP: fewer nodes reshard
       hpctrain resume demo -- --optim.lr=1e-4
     """
+    from hpctrain.remote.forward import maybe_forward
+
+    maybe_forward("resume", run, runs_dir)
     from hpctrain import dispatch
     from hpctrain.profiles import Profile
     from hpctrain.render import render
@@ -195,6 +198,9 @@ def preempt(run: str, sig: str | None, runs_dir: Path | None) -> None:
     Example:
       hpctrain preempt demo
     """
+    from hpctrain.remote.forward import maybe_forward
+
+    maybe_forward("preempt", run, runs_dir)
     from hpctrain import dispatch
     from hpctrain.runs import find_run
 

@@ -504,6 +504,9 @@ class Login(Strict):
                                                       "login node).")
     workdir: str = Field("~/.hpctrain", description="Folder on the login node for code being "
                                                    "uploaded before its run folder exists.")
+    known_hosts: str | None = Field(None, description="A known_hosts file with the site's host key "
+                                                      "(e.g. published with the profile); null: "
+                                                      "~/.ssh/known_hosts. Checking is always strict.")
 
     @field_validator("host")
     @classmethod
@@ -513,7 +516,7 @@ class Login(Strict):
                              "(letters, digits, '.', '_', '-'; no spaces or options)")
         return v
 
-    @field_validator("identity", "remote_python", "workdir")
+    @field_validator("identity", "remote_python", "workdir", "known_hosts")
     @classmethod
     def _paths(cls, v: str | None) -> str | None:
         return None if v is None else check_path_text(v, "login path")

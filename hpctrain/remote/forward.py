@@ -1,0 +1,87 @@
+"""Commands on a remote run: this machine's index says where the run lives; the same command runs
+there, on the site's hpctrain, with the run folder's path in place of its name."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from hpctrain.errors import UserError
+from hpctrain.remote import index
+from hpctrain.remote.site import Site
+from hpctrain.remote.ssh import Login
+
+
+def is_local(ref: str, runs_dir: Path | None) -> bool:
+    from hpctrain.runs import find_run
+
+    try:
+        find_run(ref, runs_dir)
+    except UserError:
+        return False
+    return True
+
+
+def site_args(command: str, ref: str, path: str, argv: list[str]) -> list[str]:
+    """This command line for the site: the run's remote path for REF, no --runs-dir."""
+    try:
+        rest = argv[argv.index(command) + 1:]
+    except ValueError:
+        rest = []
+    out: list[str] = []
+    skip = False
+    replaced = False
+    for i, arg in enumerate(rest):
+        if skip:
+            skip = False
+            continue
+        if arg == "--":
+            out += rest[i:]
+            break
+        if arg == "--runs-dir":
+            skip = True
+            continue
+        if arg.startswith("--runs-dir="):
+            continue
+        if arg == ref and not replaced:
+            out.append(path)
+            replaced = True
+            continue
+        out.append(arg)
+    if not replaced:
+        out.insert(0, path)
+    return [command, *out]
+
+
+def maybe_forward(command: str, ref: str | None, runs_dir: Path | None = None) -> None:
+    """Run `command` on the site when REF is a remote run (and not a run here); exits with the
+    site's exit code. Returns when the command is for this machine."""
+    if ref is None or is_local(ref, runs_dir):
+        return
+    found = index.find(ref)
+    if found is None:
+        return
+    entry, path = found
+    site = Site(Login.of(entry["login"]))
+    sys.stdout.flush()
+    raise SystemExit(site.hpctrain(site_args(command, ref, path, sys.argv)))
+
+
+def each_site(args: list[str]) -> list[tuple[str, int]]:
+    """`hpctrain ARGS` on every site this machine has submitted to: [(host, exit code)]."""
+    out = []
+    for login in index.sites():
+        site = Site(Login.of(login))
+        print(f"== {site.login.where} ==", flush=True)
+        out.append((site.login.where, site.hpctrain(args)))
+    return out
+
+
+def each_json(args: list[str]) -> list[dict]:
+    """`hpctrain ARGS` (a --json listing) on every known site, each item marked with its site."""
+    out: list[dict] = []
+    for login in index.sites():
+        site = Site(Login.of(login))
+        for item in site.hpctrain_json(args):
+            out.append({**item, "site": site.login.where})
+    return out

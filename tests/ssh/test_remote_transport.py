@@ -1,0 +1,60 @@
+"""The SSH transport against a real sshd on 127.0.0.1: one connection serves many commands, and
+each way of failing gives one line that names the host and the fix. No Slurm job is run here."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+
+def accepted(site) -> int:
+    return Path(site.log).read_text(errors="replace").count("Accepted publickey")
+
+
+def test_dry_run_resolves_the_sites_variables_there_and_commands_share_one_connection(laptop):
+    before = accepted(laptop.site)
+    out = laptop.hp("submit", "--profile", str(laptop.profile), "--name", "dry", "--nodes", "2",
+                    "--dry-run", "--", "--max-steps=5")
+    # $SCRATCH is the site's (the laptop has none): the run folder is under the site's scratch
+    assert f"{laptop.site.scratch}/runs/dry" in out.stdout, out.stdout
+    assert f"site root@127.0.0.1:{laptop.site.port}" in out.stdout, out.stdout
+    assert "nothing was written" in out.stdout
+    assert not Path(laptop.site.scratch, "runs", "dry").exists()
+    assert not list(Path(laptop.site.dir, "work", "incoming").glob("*")), "upload folder left behind"
+    # the dry run wrote no index entry
+    assert not (laptop.root / "state" / "hpctrain" / "remote-runs.jsonl").exists()
+    # every command of that submit (resolve, upload, submit, clean up) used one SSH connection
+    assert accepted(laptop.site) == before + 1
+
+
+def _fails(laptop, name: str, **login) -> str:
+    prof = laptop.write_profile(name, **login)
+    out = laptop.hp("submit", "--profile", str(prof), "--name", "x", "--dry-run", check=False)
+    assert out.returncode == 2, out
+    assert "Traceback" not in out.stderr, out.stderr
+    return out.stderr.strip()
+
+
+def test_each_failure_is_one_line_naming_the_host_and_the_fix(laptop, tmp_path):
+    port = laptop.site.port
+    closed = subprocess.run(["python3", "-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1',0));"
+                             "print(s.getsockname()[1])"], capture_output=True, text=True).stdout.strip()
+    err = _fails(laptop, "down", port=closed)
+    assert re.search(rf"127\.0\.0\.1:{closed}: host unreachable .*fix: check login\.host", err), err
+
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    err = _fails(laptop, "badkey", identity=str(other))
+    assert f"127.0.0.1:{port}: authentication failed" in err and "login.identity" in err, err
+
+    laptop.known_hosts.write_text("")
+    err = _fails(laptop, "unknownhost")
+    assert "host key is not in known_hosts" in err and f"ssh -p {port} root@127.0.0.1" in err, err
+    laptop.known_hosts.write_text(Path(laptop.site.known_hosts).read_text())
+
+    err = _fails(laptop, "nopython", remote_python="/nonexistent/bin/python3")
+    assert "no Python at login.remote_python '/nonexistent/bin/python3'" in err, err
+
+    err = _fails(laptop, "nohpctrain", remote_python="/usr/bin/python3")
+    assert "hpctrain is not installed for /usr/bin/python3" in err, err
