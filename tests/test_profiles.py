@@ -146,7 +146,7 @@ BAD = {
     "bad name": ("name: My Cluster\n", ":1: name: 'My Cluster' is not a profile name"),
     "locked unknown key": ("name: x\nlocked: [slurm.acount]\n", ":2: locked[0]: locked key 'slurm.acount'"),
     "runs_dir shell": ("name: x\nstorage:\n  runs_dir: /x/$(id)\n", ":3: storage.runs_dir: runs_dir '/x/$(id)' contains shell syntax"),
-    "bad mount": ("name: x\nenvironment:\n  container: {kind: apptainer, image: a.sif, mounts: ['/a /b']}\n", "is not SRC:DST"),
+    "bad mount": ("name: x\nenvironment:\n  container: {kind: apptainer, image: a.sif, mounts: ['/a /b']}\n", "is not PATH or SRC:DST"),
     "container kind": ("name: x\nenvironment:\n  container: {kind: docker, image: a}\n", ":3: environment.container.kind:"),
     "relative activate": ("name: x\nenvironment:\n  activate: venv\n", "is a relative path"),
     "non-mapping": ("- a\n- b\n", ":1: the top level is not a mapping"),

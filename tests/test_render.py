@@ -233,7 +233,11 @@ def test_hostile_values_arrive_intact_and_inject_nothing(scheduler, tmp_path, st
     # Environment values: a newline is refused by the profile schema (exit 2); the rest render safely.
     with pytest.raises(ValidationError, match="newline"):
         resolve(scheduler, {"environment.env.BAD": f"x\ntouch {marks}/env"})
-    env_values = {f"HOSTILE_{i}": h.format(m=marks) for i, h in enumerate(HOSTILE) if "\n" not in h}
+    # Command substitution is refused by the value grammar (exit 2); the rest arrive as written.
+    with pytest.raises(ValidationError, match="command substitution"):
+        resolve(scheduler, {"environment.env.BAD": f"$(touch {marks}/env)"})
+    env_values = {f"HOSTILE_{i}": h.format(m=marks) for i, h in enumerate(HOSTILE)
+                  if "\n" not in h and "$(" not in h and "`" not in h}
     flags = {f"environment.env.{k}": v for k, v in env_values.items()}
     # Paths with quotes, $(), spaces and non-ASCII: fine locally; Slurm's #SBATCH lines refuse them.
     run_dir = tmp_path / ("runs it's $(touch x) ü" if scheduler == "local" else "runs") / "h"

@@ -1,0 +1,207 @@
+"""The base of every schema section, the options hpctrain owns, and the annotated value types."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, model_validator
+from pydantic_core import PydanticCustomError
+
+from hpctrain.profiles.schema import checks
+
+
+class Strict(BaseModel):
+    """Base of every section: unknown keys are errors (a typo is never silently ignored)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_default=False)
+
+    def _checks(self) -> list[tuple[str, str]]:
+        """Cross-field checks: (field name, "message; fix: ...") pairs. Override per section."""
+        return []
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> Strict:
+        items = self._checks()
+        if items:
+            # One error carrying every item; the loader splits it into one problem per field.
+            raise PydanticCustomError(
+                "cross_field", "; ".join(m for _, m in items), {"items": items}
+            )
+        return self
+
+
+# sbatch/srun options that hpctrain writes itself: a profile may not set them.
+SBATCH_OWNED = {
+    "nodes": "the node count comes from `--nodes` on the command line",
+    "ntasks": "the launcher decides the tasks (launch.launcher)",
+    "ntasks-per-node": "the launcher decides the tasks per node (launch.launcher)",
+    "gpus": "GPUs come from slurm.gpus_per_node and slurm.gpu_request",
+    "gpus-per-node": "GPUs come from slurm.gpus_per_node and slurm.gpu_request",
+    "gpus-per-task": "set launch.task_gpus (launcher srun)",
+    "gres": "GPUs come from slurm.gpus_per_node with slurm.gpu_request: gres",
+    "signal": "set preemption.signal and preemption.warning_s",
+    "requeue": "set preemption.requeue",
+    "no-requeue": "set preemption.requeue: false",
+    "output": "hpctrain writes logs into the run folder",
+    "error": "hpctrain writes logs into the run folder",
+    "open-mode": "hpctrain always appends (logs survive requeues)",
+    "job-name": "the job name is the run name (`--name`)",
+    "time": "set slurm.default_time_min / pass `--time`",
+    "array": "hpctrain runs one job per run",
+    "wrap": "hpctrain submits its own script",
+    "chdir": "hpctrain runs in the run folder",
+    "partition": "set slurm.partition",
+    "account": "set slurm.account",
+    "qos": "set slurm.qos",
+    "constraint": "set slurm.constraint",
+    "reservation": "set slurm.reservation",
+    "exclusive": "set slurm.exclusive: true",
+    "mem": "set slurm.mem",
+    "cpus-per-task": "set slurm.cpus_per_task",
+    "cpus-per-gpu": "set slurm.cpus_per_gpu",
+    "image": "set environment.container (kind: shifter)",
+    "module": "set environment.container.modules (kind: shifter)",
+}
+SRUN_OWNED = {
+    **{
+        k: SBATCH_OWNED[k]
+        for k in (
+            "nodes",
+            "ntasks",
+            "ntasks-per-node",
+            "gpus",
+            "gpus-per-node",
+            "gpus-per-task",
+            "gres",
+            "output",
+            "error",
+            "open-mode",
+            "job-name",
+            "time",
+            "chdir",
+        )
+    },
+    "input": "hpctrain's tasks run without stdin",
+    "container-image": "set environment.container",
+    "container-mounts": "set environment.container.mounts",
+    "container-name": "set environment.container",
+    "container-workdir": "set environment.container.workdir",
+    "container-env": "set environment.container.env",
+    "environment": "set environment.container (kind: edf)",
+}
+TORCHRUN_OWNED = {
+    k: "hpctrain sets the topology and rendezvous from the request and profile"
+    for k in (
+        "nnodes",
+        "nproc-per-node",
+        "rdzv-backend",
+        "rdzv-endpoint",
+        "rdzv-id",
+        "rdzv-conf",
+        "max-restarts",
+        "node-rank",
+        "master-addr",
+        "master-port",
+        "standalone",
+        "tee",
+        "log-dir",
+        "role",
+        "run-path",
+        "module",
+        "no-python",
+    )
+}
+# Environment variables with a dedicated profile key (one source of truth).
+DEDICATED_ENV = {
+    "NCCL_SOCKET_IFNAME": "network.socket_ifname",
+    "GLOO_SOCKET_IFNAME": "network.gloo_socket_ifname",
+    "NCCL_IB_DISABLE": "network.ib",
+    "NCCL_IB_HCA": "network.ib_hca",
+    "NCCL_IB_GID_INDEX": "network.ib_gid_index",
+    "NCCL_P2P_LEVEL": "network.p2p_level",
+}
+# Variables the rendered script sets itself.
+OWNED_ENV_PREFIXES = ("HPCTRAIN_", "SLURM_", "TORCHELASTIC_")
+OWNED_ENV = {
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "CUDA_VISIBLE_DEVICES",
+}
+# Per-task variables may choose the device order (a site's CUDA_VISIBLE_DEVICES permutation).
+TASK_ENV_ALLOWED = {"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"}
+NETWORK_ENV_PREFIXES = (
+    "NCCL_",
+    "FI_",
+    "UCX_",
+    "TORCH_",
+    "GLOO_",
+    "CUDA_",
+    "OMPI_",
+    "PMIX_",
+    "MPICH_",
+    "CXI_",
+    "RCCL_",
+    "HSA_",
+)
+
+
+def env_name(name: str, *, task: bool = False) -> str:
+    checks.check_env_name(name)
+    if name in DEDICATED_ENV:
+        raise ValueError(f"{name} has its own key; fix: set {DEDICATED_ENV[name]} instead")
+    if task and name in TASK_ENV_ALLOWED:
+        return name
+    if name in OWNED_ENV or name.startswith(OWNED_ENV_PREFIXES):
+        raise ValueError(f"{name} is set by hpctrain's script; fix: remove it")
+    return name
+
+
+def _net_env_name(name: str) -> str:
+    env_name(name)
+    if not name.startswith(NETWORK_ENV_PREFIXES):
+        raise ValueError(
+            f"{name} is not a network variable; fix: network.env takes names "
+            f"starting with {', '.join(NETWORK_ENV_PREFIXES)}; put other "
+            "variables in environment.env"
+        )
+    return name
+
+
+def number_as_text(value: Any) -> Any:
+    """Environment values are text; `NCCL_IB_TIMEOUT: 22` means "22" (true/false stay errors:
+    the program reading it decides whether that is "1", "true" or "yes")."""
+    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+
+
+def _without_nulls(value: Any) -> Any:
+    """`NAME: null` in a child profile (or the user config) removes an inherited entry."""
+    return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
+
+
+EnvValue = Annotated[str, BeforeValidator(number_as_text), AfterValidator(checks.check_env_value)]
+EnvMap = Annotated[
+    dict[Annotated[str, AfterValidator(env_name)], EnvValue], BeforeValidator(_without_nulls)
+]
+TaskEnvMap = Annotated[
+    dict[Annotated[str, AfterValidator(lambda n: env_name(n, task=True))], EnvValue],
+    BeforeValidator(_without_nulls),
+]
+NetworkEnvMap = Annotated[
+    dict[Annotated[str, AfterValidator(_net_env_name)], EnvValue], BeforeValidator(_without_nulls)
+]
+SbatchOption = Annotated[
+    str, AfterValidator(lambda v: checks.check_option(v, SBATCH_OWNED, "sbatch"))
+]
+SrunOption = Annotated[str, AfterValidator(lambda v: checks.check_option(v, SRUN_OWNED, "srun"))]
+ContainerFlag = Annotated[
+    str, AfterValidator(lambda v: checks.check_option(v, SRUN_OWNED, "container"))
+]
+TorchrunOption = Annotated[
+    str, AfterValidator(lambda v: checks.check_torchrun_option(v, TORCHRUN_OWNED))
+]
+EnvName = Annotated[str, AfterValidator(env_name)]

@@ -1,0 +1,185 @@
+"""The `launch`, `rendezvous`, `storage` and `preemption` sections."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from hpctrain.launchers import LAUNCHERS
+from hpctrain.profiles.schema import checks
+from hpctrain.profiles.schema.base import Strict, TorchrunOption
+
+DEFAULT_PORT = 29500  # torch's default: never chosen from a range, only when asked for by name
+
+
+class Launch(Strict):
+    """How the training processes start on the nodes (one module per launcher: hpctrain/launchers/)."""
+
+    launcher: Literal[tuple(LAUNCHERS)] = Field(  # type: ignore[valid-type]
+        "torchrun",
+        description="`torchrun`: one srun task per node runs torchrun, which starts one worker per "
+        "GPU (c10d rendezvous). `srun`: one srun task per GPU is the worker; RANK, "
+        "LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT are set "
+        "in each task from SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS and the rendezvous "
+        "head (torch's env:// init, no torchrun agent).",
+    )
+    torchrun: str | None = Field(
+        None,
+        description="The torchrun command, words separated by spaces: `torchrun`, `python -m "
+        "torch.distributed.run`, or a site wrapper taking the same flags (`torchrun_jsc`). "
+        "Null: the node Python with `-m torch.distributed.run`.",
+    )
+    torchrun_args: list[TorchrunOption] = Field(
+        default_factory=list,
+        description="Extra torchrun options, e.g. `--numa-binding=exclusive`, `--local-addr=$HOSTNAME`"
+        " (the topology and rendezvous options are hpctrain's).",
+    )
+    python: str | None = Field(
+        None,
+        description="The Python on the nodes (a module's `python3`, the container's `/usr/bin/python`, "
+        "a path with $VAR). Null: $HPCTRAIN_PYTHON when set, else `python` when a venv, "
+        "conda env or container is activated, else the submitting interpreter.",
+    )
+    task_gpus: Literal["gpus-per-task", "none"] = Field(
+        "gpus-per-task",
+        description="launcher srun: `gpus-per-task` binds one GPU to each task (`srun "
+        "--gpus-per-task=1`); `none` leaves every GPU of the node visible to each task "
+        "(a `--gres` site; LOCAL_RANK picks the device, or set environment.task_env).",
+    )
+
+    @field_validator("torchrun")
+    @classmethod
+    def _torchrun(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        words = v.split(" ")
+        checks.check_word(words[0], "launch.torchrun command")
+        for w in words:
+            if not w or not checks.WORD.match(checks.ENV_REF.sub("x", w)):
+                raise ValueError(
+                    f"launch.torchrun {v!r}: {w!r} is not a plain word; fix: words of "
+                    "letters, digits, _./+=:@,%- and $VAR separated by single spaces"
+                )
+        return v
+
+    @field_validator("python")
+    @classmethod
+    def _python(cls, v: str | None) -> str | None:
+        return None if v is None else checks.check_word(v, "launch.python")
+
+
+class Storage(Strict):
+    """Where run folders live."""
+
+    runs_dir: str | None = Field(
+        None,
+        description="Folder holding run folders, on a filesystem every node sees (e.g. "
+        "`$SCRATCH/hpctrain`; $VAR and ~ are expanded when you submit, so the variable "
+        "must be set there). Null: `./runs` in the directory of `submit`. Always made "
+        "absolute at submit time.",
+    )
+
+    @field_validator("runs_dir")
+    @classmethod
+    def _dir(cls, v: str | None) -> str | None:
+        return None if v is None else checks.check_path_text(v, "runs_dir")
+
+
+class Rendezvous(Strict):
+    """The rendezvous head and port: `port_min + job_id % (port_max - port_min)`, or a fixed port."""
+
+    port_min: int = Field(20000, description="Lowest port (above 1024, below the ephemeral range).")
+    port_max: int = Field(32000, description="Highest port (at most 65535; exclusive).")
+    port: int | None = Field(
+        None,
+        description="A fixed port instead of the range (any, including 29500 when the site "
+        "asks for it by name); null: the range.",
+    )
+    host_suffix: str = Field(
+        "",
+        description="Appended to the first node's name before it is resolved: `i` reaches "
+        "`jwb0001i`, the InfiniBand name of a JSC node.",
+    )
+    interface: str | None = Field(
+        None,
+        description="Use the IPv4 address of this interface of the first node (e.g. `ib0`, "
+        "`hsn0`) instead of resolving its name (getent ahostsv4).",
+    )
+
+    @field_validator("host_suffix")
+    @classmethod
+    def _suffix(cls, v: str) -> str:
+        if v and not re.match(r"^[A-Za-z0-9.-]{1,32}\Z", v):
+            raise ValueError(
+                f"{v!r} is not a hostname suffix; fix: letters, digits, . and -, e.g. 'i'"
+            )
+        return v
+
+    @field_validator("interface")
+    @classmethod
+    def _iface(cls, v: str | None) -> str | None:
+        if v is not None and not checks.IFACE.match(v):
+            raise ValueError(f"{v!r} is not an interface name; fix: an exact name such as ib0")
+        return v
+
+    def _checks(self) -> list[tuple[str, str]]:
+        out = []
+        if self.port is not None and not 1024 < self.port <= 65535:
+            out.append(("port", f"port {self.port} is not valid; fix: 1024 < port <= 65535"))
+        if not 1024 < self.port_min < self.port_max <= 65535:
+            out.append(
+                (
+                    "port_min",
+                    f"port range {self.port_min}-{self.port_max} is not valid; fix: "
+                    "choose 1024 < port_min < port_max <= 65535, outside the ephemeral range "
+                    "(/proc/sys/net/ipv4/ip_local_port_range), e.g. 20000-32000",
+                )
+            )
+        elif (
+            self.port is None
+            and self.port_max - self.port_min == 1
+            and self.port_min == DEFAULT_PORT
+        ):
+            out.append(
+                (
+                    "port_min",
+                    f"the range {self.port_min}-{self.port_max} holds only "
+                    f"{DEFAULT_PORT}, which a range never picks (every default torchrun uses it); "
+                    f"fix: write `port: {DEFAULT_PORT}` to use it on purpose, or widen the range",
+                )
+            )
+        if self.host_suffix and self.interface:
+            out.append(("interface", "host_suffix and interface are both set; fix: keep one"))
+        return out
+
+
+class Preemption(Strict):
+    """How a job is warned before it is stopped, and what happens next."""
+
+    signal: Literal["USR2", "USR1", "HUP", "INT", "URG"] = Field(
+        "USR2",
+        description="Signal sent to the batch shell `warning_s` seconds before the end "
+        "(`--signal=B:SIG@warning_s`). USR1 is accepted but NCCL may catch it; prefer USR2. "
+        "TERM is reserved for cancel.",
+    )
+    warning_s: int = Field(
+        120, ge=0, le=65535, description="Seconds of warning before the time limit."
+    )
+    requeue: bool = Field(True, description="Requeue the job after a preemption (`--requeue`).")
+    max_restarts: int = Field(10, ge=0, description="Stop requeueing after this many restarts.")
+
+    @field_validator("signal", mode="before")
+    @classmethod
+    def _sig(cls, v: Any) -> Any:
+        if not isinstance(v, str):
+            return v
+        v = v.upper().removeprefix("SIG")
+        if v in ("TERM", "KILL", "STOP", "CONT"):
+            raise ValueError(
+                f"{v} cannot be the preemption warning: Slurm and scancel send TERM "
+                "and KILL to stop a job, and STOP/CONT suspend it; fix: use USR2 "
+                "(the default)"
+            )
+        return v
