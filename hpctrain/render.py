@@ -99,33 +99,14 @@ def _template_dirs() -> list[Path]:
     return [d for d in dirs if d.is_dir()]
 
 
-def _check_trusted(path: Path) -> None:
-    """Templates decide what runs on the cluster: refuse ones anyone but the owner may change."""
-    for p in (path, *path.parents[:1]):
-        mode = p.stat().st_mode
-        if mode & 0o022:
-            raise UserError(f"{p} is writable by group or others (mode {mode & 0o777:o}); "
-                            f"fix it with: chmod go-w {shlex.quote(str(p))}")
-
-
 def environment() -> Any:
-    from jinja2 import ChoiceLoader, FileSystemBytecodeCache, FileSystemLoader, PrefixLoader, StrictUndefined
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    """The sandboxed Jinja environment (hpctrain/templating.py: trust, plain data, limits)."""
+    from hpctrain import templating
 
-    base = FileSystemLoader(str(bundled("templates")))
-    site = FileSystemLoader([str(d) for d in _template_dirs()] + [str(bundled("templates"))])
-    env = ImmutableSandboxedEnvironment(
-        loader=ChoiceLoader([PrefixLoader({"hpctrain": base}), site]),
-        undefined=StrictUndefined, finalize=_finalize, autoescape=False,
-        keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
-        # bash's ${#array[@]} would open a default Jinja comment
-        comment_start_string="{##", comment_end_string="##}",
-        # compiled templates, keyed by source checksum, in a private per-user dir (jinja checks it)
-        bytecode_cache=FileSystemBytecodeCache(),
-    )
-    env.filters.update(safe=Sh, shjoin=_shjoin, directive=_directive, envname=_envname,
-                       shvalue=_shvalue)
-    return env
+    return templating.environment(
+        _template_dirs(), bundled("templates"), finalize=_finalize,
+        filters={"safe": Sh, "shjoin": _shjoin, "directive": _directive, "envname": _envname,
+                 "shvalue": _shvalue})
 
 
 def node_python(profile: Any) -> str:
@@ -231,17 +212,12 @@ def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = No
 def render(profile: Any, req: JobRequest, run_dir: str | os.PathLike[str], *, python: str | None = None) -> str:
     """The script text, byte for byte what is handed to the scheduler. `python`: the nodes' interpreter
     (default node_python(profile); a resume passes run.yaml's `node_python` to render the same script)."""
-    from jinja2 import TemplateError
+    from hpctrain import templating
 
-    env = environment()
-    try:
-        template = env.get_template(TEMPLATE)
-        if template.filename and not template.filename.startswith(str(bundled("templates"))):
-            _check_trusted(Path(template.filename))
-        text = template.render(context(profile, req, str(run_dir), python))
-    except TemplateError as e:
-        where = f"{getattr(e, 'filename', None) or TEMPLATE}:{getattr(e, 'lineno', None) or '?'}"
-        raise UserError(f"template {where}: {e}") from None
+    ctx = templating.plain(context(profile, req, str(run_dir), python))
+    ctx["profile"]["source"] = str(profile.source) if getattr(profile, "source", None) else None
+    ctx["profile"]["chain"] = [str(p) for p in getattr(profile, "chain", [])]
+    text = templating.render_template(environment(), TEMPLATE, ctx)
     check_topology(text, profile, req)
     return text
 

@@ -141,7 +141,7 @@ def test_site_template_overrides_one_block(tmp_path, monkeypatch):
     assert "export SITE_MARKER=golden\n" in text
     assert text.replace("export SITE_MARKER=golden\n", "") == (GOLDEN / "loopback.sh").read_text()
     (site / "templates" / "sbatch.sh.j2").chmod(0o666)
-    with pytest.raises(UserError, match="writable by group or others"):
+    with pytest.raises(UserError, match="group-writable.*Refusing template"):
         golden_script("loopback")
 
 

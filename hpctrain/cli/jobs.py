@@ -58,13 +58,9 @@ def _flags(partition: str | None, account: str | None, qos: str | None, sets: tu
 
 def _scalar(text: str) -> object:
     """--set values are YAML scalars (numbers, booleans, null), as in a profile file."""
-    import yaml
+    from hpctrain.profiles.load import yaml_scalar
 
-    try:
-        value = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-    return value if isinstance(value, (str, int, float, bool)) or value is None else text
+    return yaml_scalar(text)
 
 
 def resolve_profile(o: dict[str, Any]) -> Any:

@@ -53,14 +53,19 @@ def list_(as_json: bool) -> None:
                                "path": str(e.path), "kind": e.kind, "wins": e.wins,
                                "shadowed_by": str(e.shadowed_by) if e.shadowed_by else None,
                                "error": None}
+        if e.error is not None:
+            rows.append({**row, "name": "?", "wins": False, "error": e.error})
+            continue
         try:
-            p = resolve_file(e.path, user_config=False, expect_name=e.name)
+            p = resolve_file(e.found or e.path, user_config=False, expect_name=e.name)
             row.update(scheduler=p.scheduler, description=p.description)
         except ValidationError as err:
             more = len(err.problems) - 1
             row["error"] = str(err.problems[0]) + (f" (+{more} more)" if more else "")
         except UserError as err:
             row["error"] = err.message.splitlines()[0]
+        except Exception as err:  # one broken file must not hide every other profile
+            row["error"] = f"cannot load: {type(err).__name__}: {err}"
         rows.append(row)
     if as_json:
         click.echo(json.dumps(rows, indent=2))
@@ -165,39 +170,44 @@ def publish(file: Path, to: Path, force: bool) -> None:
     if profile.extends is not None and ("/" in profile.extends or profile.extends.endswith((".yaml", ".yml"))):
         raise UserError(f"{file}: extends {profile.extends!r} is a path, which would not resolve "
                         "from the published copy; fix: extend by profile name")
+    from hpctrain.profiles.trust import make_private_dirs
+
     text = file.read_bytes()
-    created = not to.exists()
-    to.mkdir(mode=0o755, parents=True, exist_ok=True)
-    if created:
-        os.chmod(to, 0o755)
-    mode = to.stat().st_mode
-    if mode & 0o022:
-        raise UserError(f"{to} is group- or world-writable ({mode & 0o777:04o}), so profiles in it "
-                        f"would be refused; fix: chmod go-w {to}")
     target = to / f"{profile.name}.yaml"
-    if target.exists():
-        if target.read_bytes() == text:
-            click.echo(f"{target}: unchanged")
-            return
-        if not force:
-            raise UserError(f"{target} already holds a different profile {profile.name!r}; fix: "
-                            "pass --force to replace it, or rename the profile")
-    fd, tmp = tempfile.mkstemp(dir=to, prefix=f".{profile.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(text)
-            out.flush()
-            os.fchmod(out.fileno(), 0o644)
-            os.fsync(out.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dfd = os.open(to, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+        make_private_dirs(to, 0o755)           # new parents 0755 whatever the umask
+        mode = to.stat().st_mode
+        if mode & 0o022:
+            raise UserError(f"{to} is group- or world-writable ({mode & 0o777:04o}), so profiles in it "
+                            f"would be refused; fix: chmod go-w {to}")
+        if target.is_dir() and not target.is_symlink():
+            raise UserError(f"{target} is a folder; fix: move it away, then publish again")
+        if target.exists():
+            if target.read_bytes() == text:
+                click.echo(f"{target}: unchanged")
+                return
+            if not force:
+                raise UserError(f"{target} already holds a different profile {profile.name!r}; fix: "
+                                "pass --force to replace it, or rename the profile")
+        fd, tmp = tempfile.mkstemp(dir=to, prefix=f".{profile.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(text)
+                out.flush()
+                os.fchmod(out.fileno(), 0o644)
+                os.fsync(out.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dfd = os.open(to, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        raise UserError(f"cannot publish into {to}: {e.strerror or e} ({e.filename or to}); fix: choose "
+                        "a folder you can write (and that is not a file)") from None
     click.echo(f"published {profile.name} -> {target}")
     if to.resolve() not in [d.resolve() for d, _ in search_dirs()]:
         click.echo(f"note: {to} is not searched yet; add it to HPCTRAIN_SITE_PATH")

@@ -11,9 +11,11 @@ change them (setting the same value is allowed).
 from __future__ import annotations
 
 import difflib
+import math
 import os
+import re
 import shutil
-import stat
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,8 @@ from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from hpctrain.errors import Problem, UserError, ValidationError
 from hpctrain.profiles import cache
+from hpctrain.profiles import locks as _locks
+from hpctrain.profiles import trust as _trust
 
 if TYPE_CHECKING:
     from hpctrain.profiles.schema import Profile
@@ -32,6 +36,7 @@ if TYPE_CHECKING:
 
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 8
+MAX_INT = 2**63 - 1                    # bash arithmetic and every consumer of a count stop here
 NAME_MISSING = "required key is missing; fix: add `name: NAME` (every profile file names itself)"
 Path_ = tuple[str | int, ...]          # a key path inside a document: ("slurm", "extra_sbatch", 0)
 
@@ -55,6 +60,17 @@ class _Loader(yaml.SafeLoader):
     def __init__(self, text: str, file: str, problems: list[Problem]) -> None:
         super().__init__(text)
         self.file, self.problems, self.depth = file, problems, 0
+
+    def construct_yaml_int(self, node: Any) -> Any:
+        # YAML 1.1 reads 1:30 as 90 (base 60): keep such a value as the text it looks like
+        if ":" in str(node.value):
+            return str(node.value)
+        return super().construct_yaml_int(node)
+
+    def construct_yaml_float(self, node: Any) -> Any:
+        if ":" in str(node.value):
+            return str(node.value)
+        return super().construct_yaml_float(node)
 
     def problems_of_file(self, file: str) -> list[Problem]:
         return [p for p in self.problems if p.file == file and p.key is None]
@@ -89,6 +105,70 @@ class _Loader(yaml.SafeLoader):
         if isinstance(event, CollectionStartEvent):
             self.depth -= 1
         return node
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
+_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+
+
+def yaml_scalar(text: str) -> Any:
+    """A `--set` value read as the same YAML scalar a profile file would give (1:30 stays text);
+    anything that is not a plain scalar stays the text as typed."""
+    problems: list[Problem] = []
+    try:
+        loader = _Loader(text, "command line", problems)
+    except yaml.YAMLError:
+        return text                    # control characters: the flags layer reports them
+    try:
+        node = loader.get_single_node()
+        value = _scalar_value(loader, node) if isinstance(node, ScalarNode) else text
+    except (yaml.YAMLError, ValueError, _Stop):
+        return text
+    finally:
+        loader.dispose()
+    if problems or not (value is None or isinstance(value, str | int | float | bool)):
+        return text
+    return value
+
+
+class _BadScalar(ValueError):
+    pass
+
+
+def _scalar_value(loader: _Loader, node: ScalarNode) -> Any:
+    """One scalar, or _BadScalar saying what is wrong with it and how to fix it."""
+    if node.tag.endswith(":merge"):
+        raise _BadScalar("the YAML merge key << is not allowed; fix: write the keys out (profiles "
+                         "reuse values through `extends`)")
+    try:
+        value = loader.construct_object(node)
+    except ValueError:     # e.g. more digits than Python converts (int_max_str_digits)
+        raise _BadScalar(f"the number {node.value[:20]}... is far too large; fix: write a "
+                         "realistic value") from None
+    except yaml.YAMLError as e:
+        raise _BadScalar(f"cannot read this value ({getattr(e, 'problem', None) or e}); fix: quote it "
+                         "as text") from None
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and abs(value) > MAX_INT:
+        raise _BadScalar(f"the number {str(value)[:20]}... is larger than {MAX_INT}; fix: write a "
+                         "realistic value")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _BadScalar(f"{node.value!r} is not a finite number; fix: write a plain number")
+    if isinstance(value, str):
+        bad = _bad_text(value)
+        if bad:
+            raise _BadScalar(bad)
+    return value
+
+
+def _bad_text(value: str) -> str | None:
+    """Text that cannot be carried: unencodable (lone surrogates) or with control characters."""
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        return ("the text is not valid Unicode (undecodable bytes); fix: write it in UTF-8")
+    if any((ord(c) < 32 and c not in "\t\n") or 0x7F <= ord(c) < 0xA0 for c in value):
+        return (f"{value[:40]!r} contains a control character; fix: remove it (write plain text)")
+    return None
 
 
 @dataclass
@@ -168,7 +248,11 @@ def _build(loader: _Loader, node: Any, path: Path_, lines: dict[Path_, int], fil
         out: dict[str, Any] = {}
         for key_node, value_node in node.value:
             line = key_node.start_mark.line + 1
-            key = loader.construct_object(key_node) if isinstance(key_node, ScalarNode) else None
+            try:
+                key = _scalar_value(loader, key_node) if isinstance(key_node, ScalarNode) else None
+            except _BadScalar as e:
+                problems.append(Problem(str(e), file=file, line=line, key=dotted(path) or None))
+                continue
             if not isinstance(key, str):
                 problems.append(Problem(f"key {key!r} is not text; fix: write keys as plain names",
                                         file=file, line=line, key=dotted(path) or None))
@@ -187,7 +271,12 @@ def _build(loader: _Loader, node: Any, path: Path_, lines: dict[Path_, int], fil
             lines[(*path, i)] = item.start_mark.line + 1
             items.append(_build(loader, item, (*path, i), lines, file, problems))
         return items
-    return loader.construct_object(node)
+    try:
+        return _scalar_value(loader, node)
+    except _BadScalar as e:
+        problems.append(Problem(str(e), file=file, line=node.start_mark.line + 1,
+                                key=dotted(path) or None))
+        return None
 
 
 def dotted(path: Path_) -> str:
@@ -201,33 +290,10 @@ def dotted(path: Path_) -> str:
 # Trust
 
 
-def check_trust(path: Path, *, bundled: bool = False) -> None:
-    """Refuse a profile that anyone but its owner (or root) could have changed, like ssh.
-
-    A bundled profile is trusted as much as hpctrain's own code: its file mode is checked, and
-    it is refused only when it is more writable than the package's code (a checkout made with
-    umask 002 is not refused for that)."""
-    targets = [path] if bundled else [path, path.parent]
-    allowed = 0
-    if bundled:
-        allowed = Path(__file__).resolve().parent.parent.joinpath("__init__.py").stat().st_mode
-    for target in targets:
-        try:
-            st = target.stat()
-        except OSError:
-            continue
-        what = "directory" if target.is_dir() else "file"
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) & ~allowed:
-            who = "group" if st.st_mode & stat.S_IWGRP else "world"
-            mode = stat.S_IMODE(st.st_mode)
-            raise UserError(
-                f"Bad permissions {mode:04o} on {what} {target}: it is {who}-writable, so someone "
-                f"else could change what runs on the cluster. Refusing profile {path}.\n"
-                f"  fix: chmod go-w {target}")
-        if st.st_uid not in (0, os.getuid()):
-            raise UserError(
-                f"Bad owner (uid {st.st_uid}) of {what} {target}: profiles must belong to you or "
-                f"root. Refusing profile {path}.\n  fix: chown root {target} (or copy it)")
+def check_trust(path: Path, *, bundled: bool = False) -> Path:
+    """Refuse a profile that anyone but its owner (or root) could have changed (trust.py); returns
+    the resolved path."""
+    return _trust.check_trust(path, what=f"profile {path}", bundled=bundled)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -242,6 +308,8 @@ class Entry:
     path: Path
     kind: str                          # "bundled" | "site" | "user"
     shadowed_by: Path | None = None    # the file that wins this name, when not this one
+    found: Path | None = None          # the path as found (the trust check follows it, symlinks too)
+    error: str | None = None           # a search folder that cannot be read: one broken row
 
     @property
     def wins(self) -> bool:
@@ -271,17 +339,25 @@ def search_dirs() -> list[tuple[Path, str]]:
 def discover() -> list[Entry]:
     """Every profile file, in precedence order (lowest first); later wins a name clash."""
     entries: list[Entry] = []
+    broken: list[Entry] = []
     for d, kind in search_dirs():
-        if not d.is_dir():
+        try:
+            if not d.is_dir():
+                continue
+            files = sorted(p for p in d.iterdir()
+                           if p.suffix in (".yaml", ".yml") and not p.name.startswith(".") and p.is_file())
+            found = [Entry(p.stem, p.resolve(), kind, found=Path(os.path.abspath(p))) for p in files]
+        except (OSError, RuntimeError) as e:
+            reason = getattr(e, "strerror", None) or str(e)
+            broken.append(Entry("", d, kind, found=d, error=f"cannot read search folder {d}: {reason}; "
+                                f"fix: make it readable or remove it from HPCTRAIN_SITE_PATH"))
             continue
-        files = sorted(p for p in d.iterdir()
-                       if p.suffix in (".yaml", ".yml") and not p.name.startswith(".") and p.is_file())
-        entries += [Entry(p.stem, p.resolve(), kind) for p in files]
+        entries += found
     winners = {e.name: e.path for e in entries}
     for e in entries:
         if winners[e.name] != e.path:
             e.shadowed_by = winners[e.name]
-    return entries
+    return entries + broken
 
 
 def _is_bundled(path: Path) -> bool:
@@ -299,16 +375,39 @@ def _looks_like_path(ref: str) -> bool:
 
 def find(name: str, *, skip: set[Path] | None = None) -> Path:
     """The winning file for a profile name (skipping files already in an extends chain)."""
-    entries = discover()
+    entries = [e for e in discover() if e.error is None]
     for e in reversed(entries):
         if e.name == name and e.path not in (skip or set()):
-            return e.path
+            _check_shadowing(e, entries)
+            return e.found or e.path
     names = sorted({e.name for e in entries})
     close = difflib.get_close_matches(name, names, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     raise UserError(f"no profile named {name!r}; {hint}available: {', '.join(names) or 'none'}.\n"
                     "  fix: pass --profile with one of these names or a path to a profile file "
                     "(`hpctrain profiles list` shows where each comes from)")
+
+
+def _check_shadowing(winner: Entry, entries: list[Entry]) -> None:
+    """A user's profile may not silently replace a site (or bundled) profile that locks keys: the
+    admin's locks would be gone without a word. Refused, with the way to build on it instead."""
+    if winner.kind != "user":
+        return
+    mine = read_yaml(winner.path, [])
+    if mine is not None and mine.data.get("extends") == winner.name:
+        return      # builds on the site's profile of the same name: its locks still hold
+    for e in entries:
+        if e.name != winner.name or e.kind == "user" or e.path == winner.path:
+            continue
+        problems: list[Problem] = []
+        doc = read_yaml(e.path, problems)
+        locked = doc.data.get("locked") if doc else None
+        if locked:
+            raise UserError(
+                f"your profile {winner.found or winner.path} has the same name as the {e.kind} profile "
+                f"{e.path}, which locks {locked}: yours would silently drop those locks. Refusing it.\n"
+                f"  fix: rename yours (e.g. {winner.name}-mine.yaml with `name: {winner.name}-mine`) and "
+                f"add `extends: {winner.name}` to build on the site's profile")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -376,6 +475,26 @@ def _covers(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
 
 
+def _quoted_instead_of(path: Path_) -> str | None:
+    """For a text value at `path`: what the schema wants when that is a bool or a number only
+    (`exclusive: 'true'`, `max_nodes: '4'` were accepted although the messages said no quotes)."""
+    from hpctrain.profiles.schema import model_at
+
+    model = model_at(path) if path and isinstance(path[-1], str) else None
+    field = model.model_fields.get(str(path[-1])) if model else None
+    if field is None:
+        return None
+    types = set(typing.get_args(field.annotation)) or {field.annotation}
+    if str in types or not types & {bool, int, float}:
+        return None
+    return "write true or false" if bool in types else (
+        "write a whole number" if int in types else "write a number")
+
+
+def _quoted_wants(data: dict[str, Any]) -> list[str | None]:
+    return [_quoted_instead_of(tuple(p)) for p in data["paths"]]
+
+
 def _user_config(problems: list[Problem]) -> tuple[str | None, _Layer | None]:
     """(default_profile, overrides layer) from $XDG_CONFIG_HOME/hpctrain/config.yaml."""
     path = config_home() / "config.yaml"
@@ -420,19 +539,41 @@ def _flags_layer(flags: dict[str, object], problems: list[Problem]) -> _Layer:
             problems.append(Problem(f"{parts[0]} cannot be set from the command line",
                                     file="command line", key=key))
             continue
+        bad = _bad_flag_value(value)
+        if bad:
+            problems.append(Problem(bad, file="command line", key=key))
+            continue
         node = data
         for part in parts[:-1]:
             node = node.setdefault(part, {})
-        node[parts[-1]] = value
+            if not isinstance(node, dict):
+                break
+        else:
+            node[parts[-1]] = value
+            continue
+        problems.append(Problem(f"{key} sets a key under a value that is not a section; fix: set "
+                                "one of them", file="command line", key=key))
     return _Layer(data, {}, "command line", "flag")
+
+
+def _bad_flag_value(value: object) -> str | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int) and abs(value) > MAX_INT or (
+            isinstance(value, str) and re.fullmatch(r"[-+]?[0-9_]{19,}", value)):
+        return f"the number {str(value)[:20]}... is far too large; fix: write a realistic value"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a finite number; fix: write a plain number"
+    return _bad_text(value) if isinstance(value, str) else None
 
 
 def _chain(top: Path, problems: list[Problem]) -> list[Doc]:
     """The top file and its ancestors (top first). Cycles and missing parents are problems."""
     docs: list[Doc] = []
     seen: list[Path] = []
-    path: Path | None = top.resolve()
-    while path is not None:
+    literal: Path | None = top
+    while literal is not None:
+        path = _trust_or_resolve(literal)
         if path in seen:
             names = " -> ".join(str(p) for p in [*seen, path])
             problems.append(Problem(f"extends forms a cycle: {names}; fix: break the cycle",
@@ -440,7 +581,7 @@ def _chain(top: Path, problems: list[Problem]) -> list[Doc]:
                                     key="extends"))
             break
         seen.append(path)
-        check_trust(path, bundled=_is_bundled(path))
+        check_trust(literal, bundled=_is_bundled(path))
         doc = read_yaml(path, problems)
         if doc is None:
             break
@@ -454,16 +595,16 @@ def _chain(top: Path, problems: list[Problem]) -> list[Doc]:
             break                      # the schema reports the wrong type
         if _looks_like_path(parent):
             p = Path(parent).expanduser()
-            path = (path.parent / p).resolve() if not p.is_absolute() else p.resolve()
-            if not path.is_file():
-                problems.append(Problem(f"extends {parent!r}: no such file ({path}); fix: give a "
+            literal = Path(os.path.abspath(path.parent / p))
+            if not literal.is_file():
+                problems.append(Problem(f"extends {parent!r}: no such file ({literal}); fix: give a "
                                         "path relative to this file, or a profile name",
                                         file=str(doc.path), line=doc.lines.get(("extends",)),
                                         key="extends"))
                 break
         else:
             try:
-                path = find(parent, skip=set(seen))
+                literal = find(parent, skip=set(seen))
             except UserError:
                 others = [e.path for e in discover() if e.name == parent]
                 if others and all(p in seen for p in others):
@@ -481,9 +622,50 @@ def _chain(top: Path, problems: list[Problem]) -> list[Doc]:
     return docs
 
 
-def _locks_of(doc: Doc) -> list[str]:
-    locked = doc.data.get("locked")
-    return [k for k in locked if isinstance(k, str)] if isinstance(locked, list) else []
+def _trust_or_resolve(path: Path) -> Path:
+    try:
+        return path.resolve(strict=True)
+    except (OSError, RuntimeError):
+        check_trust(path)           # raises with the reason (missing, a symlink loop, ...)
+        raise
+
+
+def _locks_of(doc: Doc, problems: list[Problem]) -> list[str]:
+    """The file's `locked:` list. Anything else is an error: a lock that is silently dropped is a
+    lock that is gone."""
+    if "locked" not in doc.data or doc.data["locked"] is None:
+        return []
+    locked, file = doc.data["locked"], str(doc.path)
+    example = "fix: write a list of dotted keys, e.g. `locked: [slurm.account, network]`"
+    if not isinstance(locked, list):
+        kind = type(locked).__name__.replace("str", "text").replace("dict", "mapping")
+        problems.append(Problem(f"locked is {kind} ({str(locked)[:60]!r}), not a list; {example}",
+                                file=file, line=doc.lines.get(("locked",)), key="locked"))
+        return []
+    out = []
+    keys = [k for k in locked if isinstance(k, str)]
+    unknown = set(cache.memo("unknown_lock_keys", {"keys": keys}, _unknown_keys)) if keys else set()
+    for i, key in enumerate(locked):
+        line = doc.lines.get(("locked", i), doc.lines.get(("locked",)))
+        if not isinstance(key, str):
+            problems.append(Problem(f"{key!r} is not a dotted key; {example}", file=file, line=line,
+                                    key=f"locked[{i}]"))
+        elif key.split(".")[0] in ("name", "extends", "locked"):
+            problems.append(Problem(f"{key!r} cannot be locked; fix: remove it from locked", file=file,
+                                    line=line, key=f"locked[{i}]"))
+        elif key in unknown:
+            problems.append(Problem(f"locked key {key!r} is not a profile key; fix: use dotted keys "
+                                    "such as 'slurm.account' or a section such as 'network'",
+                                    file=file, line=line, key=f"locked[{i}]"))
+        else:
+            out.append(key)
+    return out
+
+
+def _unknown_keys(data: dict[str, Any]) -> list[str]:
+    from hpctrain.profiles.schema import key_exists
+
+    return [k for k in data["keys"] if not key_exists(k)]
 
 
 def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
@@ -491,7 +673,8 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
     """Resolve the profile in file `top` through every layer; all problems raised together."""
     problems: list[Problem] = []
     docs = _chain(top, problems)
-    layers = [_Layer(d.data, d.lines, str(d.path), str(d.path), _locks_of(d)) for d in reversed(docs)]
+    layers = [_Layer(d.data, d.lines, str(d.path), str(d.path), _locks_of(d, problems))
+              for d in reversed(docs)]
     if docs and expect_name is not None and docs[0].data.get("name") not in (None, expect_name):
         problems.append(Problem(f"name {docs[0].data['name']!r} does not match the file name "
                                 f"{expect_name!r}; fix: rename the file to "
@@ -508,17 +691,22 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
     origins: dict[Path_, str] = {}
     where: dict[Path_, tuple[str | None, int | None]] = {}
     locks: dict[str, str] = {}              # dotted key -> the profile file that locked it
+    quoted: list[tuple[Path_, str, _Layer]] = []   # text values where the schema may want bools/numbers
     for layer in layers:
         for path, value in _leaves(layer.data):
             if not path or path == ("locked",):
                 continue
             key = dotted(path)
-            for locked, by in locks.items():
-                if _covers(key, locked) and _get(merged, path) != value:
-                    problems.append(Problem(
-                        f"{locked} is locked by profile {by}; fix: remove {key} here (ask the "
-                        "profile's admin if it must change)", file=layer.file,
-                        line=layer.lines.get(path), key=key))
+            if layer.origin != "flag" and isinstance(value, str) and all(isinstance(p, str) for p in path):
+                quoted.append((path, value, layer))
+            locked = _locks.covering_lock(locks, path)
+            if locked is not None and _get(merged, path) != value:
+                by = locks[locked]
+                also = "" if _covers(key, locked) else f" ({key} sets what {locked} covers)"
+                problems.append(Problem(
+                    f"{locked} is locked by profile {by}{also}; fix: remove {key} here (ask the "
+                    "profile's admin if it must change)", file=layer.file,
+                    line=layer.lines.get(path), key=key))
         merged = _merge(merged, {k: v for k, v in layer.data.items() if k != "locked"})
         for path, _ in _leaves(layer.data):
             if not path:
@@ -536,6 +724,12 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
             where.setdefault(path, (layer.file, None))
         for k in layer.locks:
             locks.setdefault(k, layer.file or "?")
+    if quoted:
+        wants = cache.memo("quoted", {"paths": [list(p) for p, _, _ in quoted]}, _quoted_wants)
+        for (path, value, layer), want in zip(quoted, wants, strict=True):
+            if want:
+                problems.append(Problem(f"{value!r} is quoted text; fix: {want} without quotes",
+                                        file=layer.file, line=layer.lines.get(path), key=dotted(path)))
     merged = cache.memo("drop_nulls", merged, _drop_nulls)
     merged["locked"] = list(dict.fromkeys(locks))
     if docs:

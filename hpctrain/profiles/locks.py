@@ -1,0 +1,78 @@
+"""What a lock covers: every key path that sets the same thing as the locked key.
+
+A profile's `locked: [network]` promises that no child profile, user config or flag changes how the
+ranks talk to each other. Several keys can set the same thing, so a lock on one covers the others
+(docs/security.md). The aliases come from the schema's own tables, so a new key with a dedicated
+environment variable, or a new network variable prefix, is covered without touching this file:
+- `environment.env.NAME` and `network.env.NAME` both export NAME (a network variable);
+- a variable with a dedicated key (schema.DEDICATED_ENV, e.g. NCCL_SOCKET_IFNAME) is that key;
+- a network variable (schema.NETWORK_ENV_PREFIXES: NCCL_, FI_, UCX_, ...) is part of `network`;
+- `scheduler` decides whether any `slurm.*` key applies at all (local drops every #SBATCH line),
+  so a lock on anything under `slurm` covers `scheduler`.
+Options that undo a key (`--partition` in srun_args) are refused wherever they appear by the
+schema's owned-option tables, locked or not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Path_ = tuple[str | int, ...]
+
+
+def dotted(path: Path_) -> str:
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def sets(path: Path_) -> list[str]:
+    """The dotted keys whose meaning the value at `path` decides (itself first)."""
+    key = dotted(path)
+    out = [key]
+    if len(path) >= 3 and path[1] == "env" and path[0] in ("environment", "network"):
+        name = str(path[2])
+        dedicated, prefixes = _tables()
+        out.append(f"environment.env.{name}")
+        if name in dedicated:
+            out.append(dedicated[name])
+        if name.startswith(prefixes):
+            out += [f"network.env.{name}", "network"]
+    if path[:1] == ("scheduler",):
+        out.append("slurm")
+    return list(dict.fromkeys(out))
+
+
+_TABLES: tuple[dict[str, str], tuple[str, ...]] | None = None
+
+
+def _tables() -> tuple[dict[str, str], tuple[str, ...]]:
+    """The schema's tables, through the profile cache (no pydantic import on a warm start)."""
+    global _TABLES
+    if _TABLES is None:
+        from hpctrain.profiles import cache
+
+        t = cache.memo("lock_tables", {}, _read_tables)
+        _TABLES = (dict(t["dedicated"]), tuple(t["prefixes"]))
+    return _TABLES
+
+
+def _read_tables(_: Any) -> dict[str, Any]:
+    from hpctrain.profiles import schema
+
+    return {"dedicated": dict(schema.DEDICATED_ENV), "prefixes": list(schema.NETWORK_ENV_PREFIXES)}
+
+
+def covers(lock: str, key: str) -> bool:
+    """A lock on `lock` covers `key` when one is the other or contains it."""
+    return lock == key or key.startswith(lock + ".") or lock.startswith(key + ".")
+
+
+def covering_lock(locks: dict[str, str], path: Path_) -> str | None:
+    """The first lock that covers anything the value at `path` sets, or None."""
+    targets = sets(path)
+    for lock in locks:
+        if any(covers(lock, t) for t in targets):
+            return lock
+    return None
