@@ -41,7 +41,7 @@ def plain(value: Any) -> Any:
     if isinstance(value, list | tuple | set | frozenset):
         return [plain(v) for v in value]
     if hasattr(value, "model_dump"):         # a pydantic model
-        return plain(value.model_dump(mode="json"))
+        return plain(value.model_dump())        # python mode: a cached profile answers it without pydantic
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return plain({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
     return str(value)
