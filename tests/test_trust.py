@@ -364,3 +364,24 @@ def test_one_bad_file_does_not_break_profiles_list(tmp_path, monkeypatch) -> Non
     rows = {r["name"]: r for r in json.loads(result.output)}
     assert rows["good"]["error"] is None
     assert "merge key" in rows["merge"]["error"] and "far too large" in rows["digits"]["error"]
+
+
+# --- options that undo the site's policy, wherever an option list appears --------------------------
+
+POLICY = ["--partition=debug", "--account=other", "--qos=high", "--export=NONE", "--mem-per-cpu=1",
+          "--clusters=other", "--uid=0", "--oversubscribe", "--exclusive", "--env=NCCL_NET=Socket"]
+
+
+@pytest.mark.parametrize("where", ["slurm.srun_args", "slurm.extra_sbatch", "environment.container.flags"])
+@pytest.mark.parametrize("option", POLICY)
+def test_policy_options_are_refused_in_every_option_list(tmp_path, where, option) -> None:
+    if where == "slurm.extra_sbatch" and option.startswith("--env="):
+        option = "--export-file=/tmp/x"
+    container = "  container: {kind: pyxis, image: nvcr.io#nvidia/pytorch:24.05-py3, flags: [%s]}\n"
+    body = {"slurm.srun_args": f"slurm:\n  srun_args: ['{option}']\n",
+            "slurm.extra_sbatch": f"slurm:\n  extra_sbatch: ['{option}']\n",
+            "environment.container.flags": "environment:\n" + container % f"'{option}'"}[where]
+    path = write(tmp_path / "p" / "x.yaml", "name: x\nscheduler: slurm\n" + body)
+    result = cli("profiles", "validate", str(path))
+    assert result.exit_code == 2, result.output
+    assert "hpctrain sets --" in result.output or "abbreviates" in result.output

@@ -89,6 +89,27 @@ SRUN_OWNED = {
     "container-env": "set environment.container.env",
     "environment": "set environment.container (kind: edf)",
 }
+# Options that would undo the site's policy or a locked key, refused wherever an option list
+# appears (slurm.extra_sbatch, slurm.srun_args, container flags): docs/security.md.
+POLICY_OWNED = {
+    **{k: SBATCH_OWNED[k] for k in ("partition", "account", "qos", "reservation", "constraint",
+                                     "exclusive", "mem", "cpus-per-task", "cpus-per-gpu")},
+    "export": "the script sets the environment (environment.env); --export would drop or replace it",
+    "export-file": "the script sets the environment (environment.env)",
+    "get-user-env": "the script sets the environment (environment.env)",
+    "mem-per-cpu": "set slurm.mem",
+    "mem-per-gpu": "set slurm.mem",
+    "clusters": "a profile describes one cluster; publish a profile per cluster",
+    "cluster": "a profile describes one cluster; publish a profile per cluster",
+    "uid": "jobs run as the user who submits them",
+    "gid": "jobs run as the user who submits them",
+    "oversubscribe": "set slurm.exclusive (the site decides sharing)",
+    "share": "set slurm.exclusive (the site decides sharing)",
+    "env": "set environment.env (a lock on it must hold inside the container too)",
+    "env-file": "set environment.env (a lock on it must hold inside the container too)",
+}
+SBATCH_OWNED.update({k: v for k, v in POLICY_OWNED.items() if k not in ("env", "env-file")})
+SRUN_OWNED.update(POLICY_OWNED)
 TORCHRUN_OWNED = {
     k: "hpctrain sets the topology and rendezvous from the request and profile"
     for k in (
