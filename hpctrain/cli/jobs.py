@@ -369,7 +369,7 @@ def logs(run: str, rank: int | None, node: int | None, follow: bool, runs_dir: P
                     click.echo(f"==> {f} <==")
                 click.echo(f.read_text(errors="replace"), nl=False)
         return
-    _follow(r, files)
+    _follow(r, files, new_nodes=rank is None and node is None)
 
 
 def _torchrun_rank_logs(run: Any, rank: int) -> list[Path]:
@@ -380,7 +380,9 @@ def _torchrun_rank_logs(run: Any, rank: int) -> list[Path]:
     return sorted(found, key=lambda p: (p.stat().st_mtime, p.name))
 
 
-def _follow(run: Any, files: list[Path]) -> None:
+def _follow(run: Any, files: list[Path], *, new_nodes: bool = False) -> None:
+    """Print what is added to `files` until the job ends; `new_nodes`: node logs that appear later
+    (the job was pending when following began) are followed too."""
     from hpctrain import dispatch
     from hpctrain.runs import TERMINAL
 
@@ -388,7 +390,10 @@ def _follow(run: Any, files: list[Path]) -> None:
     finished_polls = 0
     try:
         while True:
-            for f in files:
+            if new_nodes:
+                for f in sorted(run.logs.glob("node-*.log")):
+                    offsets.setdefault(f, 0)
+            for f in list(offsets):
                 if f.is_file():
                     with f.open("rb") as fh:
                         fh.seek(offsets[f])

@@ -41,13 +41,13 @@ class Laptop:
         self.profile = self.write_profile("site", **login)
 
     def write_profile(self, name: str, runs_dir: str = "$SCRATCH/runs", extends: str = "loopback",
-                      **login: object) -> Path:
+                      extra: str = "", **login: object) -> Path:
         values = {"host": self.site.host, "port": self.site.port, "identity": self.site.identity,
                   "remote_python": VENV_PYTHON, "workdir": f"{self.site.dir}/work",
                   "known_hosts": str(self.known_hosts), **login}
         lines = [f"name: {name}", f"extends: {extends}", "login:"]
         lines += [f"  {k}: {v!s}" for k, v in values.items() if v is not None]
-        lines += ["storage:", f"  runs_dir: {runs_dir}"]
+        lines += ["storage:", f"  runs_dir: {runs_dir}", extra]
         path = self.root / "profiles" / f"{name}.yaml"
         path.parent.mkdir(exist_ok=True)
         path.write_text("\n".join(lines) + "\n")
