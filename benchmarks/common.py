@@ -34,12 +34,52 @@ class NotMeasured(Exception):
     """A piece under measurement is missing or failed; the message says why."""
 
 
-def result(name: str, ratio: float | None, target: str, meets: bool | None, **details) -> dict:
+VERDICTS = ("met", "missed", "not settled", "not measured", "stated")
+
+
+def result(name: str, ratio: float | None, target: str, meets: bool | None, *,
+           spread: tuple[float, float] | None = None, verdict: str | None = None,
+           **details) -> dict:
     """One row of the results file. `target` is text such as ">= 0.98"; `meets` is None for
-    figures that have no target (stated as measured)."""
+    figures that have no target (stated as measured) and for a ratio whose spread straddles its
+    target ("not settled"). `spread` is (low, high) of the repetitions (see `settle`)."""
     if ratio is not None:
         ratio = round(float(ratio), 4)
-    return {"name": name, "ratio": ratio, "target": target, "meets": meets, "details": details}
+    if verdict is None:
+        verdict = ("not measured" if ratio is None else "stated" if meets is None else
+                   "met" if meets else "missed")
+    assert verdict in VERDICTS, verdict
+    return {"name": name, "ratio": ratio, "target": target, "meets": meets,
+            "spread": None if spread is None else [round(float(x), 4) for x in spread],
+            "verdict": verdict, "details": details}
+
+
+def spread_of(values: list[float]) -> tuple[float, float]:
+    """The spread of repetitions: the interquartile range (25th-75th percentile, inclusive
+    method) with 4 or more values, else the whole range."""
+    v = sorted(values)
+    if len(v) >= 4:
+        q = statistics.quantiles(v, n=4, method="inclusive")
+        return q[0], q[2]
+    return v[0], v[-1]
+
+
+def settle(name: str, per_rep: list[float], target: str, **details) -> dict:
+    """A row from per-repetition figures (each A/B ratio from one interleaved pair): the median,
+    its spread, and a verdict: "met" / "missed" only when the whole spread is on one side of the
+    target, else "not settled" (never met or missed by noise)."""
+    if not per_rep:
+        return not_measured(name, target, "no repetitions")
+    med, (lo, hi) = median(per_rep), spread_of(per_rep)
+    ok_lo, ok_hi = check(lo, target), check(hi, target)
+    if ok_lo and ok_hi:
+        verdict, meets = "met", True
+    elif not ok_lo and not ok_hi:
+        verdict, meets = "missed", False
+    else:
+        verdict, meets = "not settled", None
+    return result(name, med, target, meets, spread=(lo, hi), verdict=verdict,
+                  per_rep=[round(x, 4) for x in per_rep], **details)
 
 
 def check(ratio: float, target: str) -> bool:
@@ -51,6 +91,7 @@ def check(ratio: float, target: str) -> bool:
 
 
 def measured(name: str, ratio: float, target: str, **details) -> dict:
+    """A figure that is exact, not noisy (a count, a worst case): met or missed as it stands."""
     return result(name, ratio, target, check(ratio, target), **details)
 
 

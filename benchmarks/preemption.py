@@ -58,7 +58,7 @@ def one(kind: str, at_step: int) -> dict:
 
 
 def run(quick: bool) -> list[dict]:
-    reps = common.reps(1 if quick else 3)
+    reps = common.reps(1 if quick else 2)
     rng = random.Random(7)
     rows = []
     for kind, target in (("signal", "<= 0"), ("sigterm", "<= 0"), ("sigkill", f"<= {EVERY}")):

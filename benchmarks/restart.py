@@ -37,7 +37,7 @@ def first_step_s(run_dir, steps: int, every: int, skip_rows: int) -> tuple[float
 
 def run(quick: bool) -> list[dict]:
     name, target = "restart_first_step_vs_fresh_plus_load", "<= 1.2"
-    reps, n = (2, 6) if quick else (5, 10)
+    reps, n = (3, 6) if quick else (5, 6)
     reps = common.reps(reps)
     fresh, resumed, load, ratios = [], [], [], []
     try:
@@ -57,8 +57,8 @@ def run(quick: bool) -> list[dict]:
     except common.NotMeasured as e:
         return [common.not_measured(name, target, str(e))]
     f, r, ld = common.median(fresh), common.median(resumed), common.median(load)
-    return [common.measured(
-        name, r / (f + ld), target, train_args=TRAIN_ARGS, steps_before_restart=n, reps=reps,
-        fresh_first_step_s=fresh, resumed_first_step_s=resumed, load_s=load, per_rep_ratio=ratios,
+    return [common.settle(
+        name, ratios, target, train_args=TRAIN_ARGS, steps_before_restart=n, reps=reps,
+        fresh_first_step_s=fresh, resumed_first_step_s=resumed, load_s=load,
         summary=f"launch to first resumed step {r:.2f} s; launch to first fresh step {f:.2f} s "
                 f"+ checkpoint load {ld:.2f} s")]

@@ -1,14 +1,15 @@
 """Run hpctrain's benchmarks: every figure a ratio against a baseline measured beside it.
 
-    make bench                                   # everything, full repetitions
-    make bench-quick                             # the same, fewer repetitions (< 15 min on 2 cores)
+    make bench                                   # everything (<= 15 min on 2 shared cores)
+    make bench-quick                             # the same, fewer repetitions (for iterating)
     .venv/bin/python benchmarks/run.py --only cli --only collective --quick
     .venv/bin/python benchmarks/run.py --list
 
-Writes benchmarks/results/<YYYY-MM-DD>.json (a list of {"name", "ratio", "target", "meets",
-"details"}) and benchmarks/results/<YYYY-MM-DD>.md (a Markdown table with the machine), and prints
-each ratio and whether it meets its target. Each benchmark runs its baseline in the same run,
-repetitions interleaved, medians taken: never a comparison with numbers from another run.
+Writes benchmarks/results/<YYYY-MM-DD>.json (a list of {"name", "ratio", "spread", "target",
+"verdict", "meets", "details"}) and benchmarks/results/<YYYY-MM-DD>.md (a Markdown table with the
+machine and its load), and prints each median, its spread and the verdict (met, missed, not
+settled, not measured, stated). Each benchmark runs its baseline in the same run, repetitions
+interleaved: never a comparison with numbers from another run.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import argparse
 import datetime as dt
 import importlib
 import json
+import os
 import shutil
 import sys
 import time
@@ -58,22 +60,31 @@ def fmt_ratio(row: dict) -> str:
     return "not measured" if row["ratio"] is None else f"{row['ratio']:g}"
 
 
-def fmt_meets(row: dict) -> str:
-    return {True: "yes", False: "no", None: "-"}[row["meets"]]
+def fmt_spread(row: dict) -> str:
+    sp = row.get("spread")
+    return "-" if not sp else f"{sp[0]:g}-{sp[1]:g}"
+
+
+def fmt_verdict(row: dict) -> str:
+    return row.get("verdict") or {True: "met", False: "missed", None: "stated"}[row["meets"]]
 
 
 def markdown(rows: list[dict], info: dict) -> str:
+    m, load = info["machine"], info["load_avg_1min"]
     lines = [
         f"# Benchmarks {info['date']} ({info['mode']} mode)",
         "",
-        f"Machine: {info['machine']['cpu']}, {info['machine']['cores']} cores, "
-        f"torch {info['machine']['torch']}, Python {info['machine']['python']}, "
-        f"load average {info['machine']['load_avg_1min_at_start']:.1f} at start "
-        "(the machine is shared: figures are noisy).",
+        f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, Python {m['python']}. "
+        f"Load average (1 min) {load[0]:.1f} at the start, {min(load):.1f}-{max(load):.1f} "
+        "between benchmarks: the machine is shared, which is what the spreads show.",
         f"Wall time of the whole run: {info['wall_s']:.0f} s.",
         "",
-        "| benchmark | ratio | target | meets | note |",
-        "|---|---|---|---|---|",
+        "Each ratio is the median over repetitions of A/B within one interleaved pair; the spread is "
+        "their interquartile range (the whole range below 4 repetitions). A verdict is \"met\" or "
+        "\"missed\" only when the whole spread is on one side of the target, else \"not settled\".",
+        "",
+        "| benchmark | median | spread | target | verdict | note |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
         d = r["details"]
@@ -81,7 +92,8 @@ def markdown(rows: list[dict], info: dict) -> str:
         note = str(note).replace("|", "\\|").replace("\n", " ")
         if len(note) > 300:
             note = note[:297] + "..."
-        lines.append(f"| {r['name']} | {fmt_ratio(r)} | {r['target']} | {fmt_meets(r)} | {note} |")
+        lines.append(f"| {r['name']} | {fmt_ratio(r)} | {fmt_spread(r)} | {r['target']} | "
+                     f"{fmt_verdict(r)} | {note} |")
     return "\n".join(lines) + "\n"
 
 
@@ -107,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     common.REPS_OVERRIDE = args.reps
     info = {"date": dt.date.today().isoformat(), "mode": "quick" if args.quick else "full",
             "machine": common.machine(), "benchmarks": names, "reps": args.reps}
+    info["load_avg_1min"] = [os.getloadavg()[0]]
     t0 = time.perf_counter()
     rows: list[dict] = []
     for name in names:
@@ -115,11 +128,13 @@ def main(argv: list[str] | None = None) -> int:
         for row in run_one(name, args.quick):
             row["details"].setdefault("mode", info["mode"])
             rows.append(row)
-            print(f"  {row['name']}: {fmt_ratio(row)} (target {row['target']}) "
-                  f"meets: {fmt_meets(row)}", flush=True)
+            print(f"  {row['name']}: {fmt_ratio(row)} [{fmt_spread(row)}] (target "
+                  f"{row['target']}) {fmt_verdict(row)}", flush=True)
             if row["details"].get("not_measured"):
                 print("    " + str(row["details"]["not_measured"]).replace("\n", "\n    "))
-        print(f"  ({time.perf_counter() - t:.0f} s)", flush=True)
+        info["load_avg_1min"].append(os.getloadavg()[0])
+        print(f"  ({time.perf_counter() - t:.0f} s, load average {info['load_avg_1min'][-1]:.1f})",
+              flush=True)
     info["wall_s"] = time.perf_counter() - t0
     for row in rows:
         row["details"].setdefault("machine", info["machine"])
@@ -132,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         for path in common.SCRATCH:
             shutil.rmtree(path, ignore_errors=True)
             path.with_name(path.name + ".json").unlink(missing_ok=True)
-    met = sum(r["meets"] is True for r in rows)
-    print(f"wrote {stem}.json and {stem}.md: {met}/{len(rows)} rows meet their target, "
-          f"{info['wall_s']:.0f} s")
+    counts = {v: sum(fmt_verdict(r) == v for r in rows) for v in common.VERDICTS}
+    print(f"wrote {stem}.json and {stem}.md: " +
+          ", ".join(f"{n} {v}" for v, n in counts.items() if n) + f"; {info['wall_s']:.0f} s")
     return 0
 
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks import common, run as harness  # noqa: E402
 from benchmarks.baselines.raw_write import raw_write  # noqa: E402
 
-KEYS = {"name", "ratio", "target", "meets", "details"}
+KEYS = {"name", "ratio", "spread", "target", "verdict", "meets", "details"}
 
 
 def test_check_reads_every_target_form():
@@ -47,6 +47,28 @@ def test_typical_rate_ignores_a_stall():
     assert common.steady_steps_per_s(times, warmup=1) < 2.0
 
 
+def test_a_spread_that_straddles_the_target_is_not_settled():
+    met = common.settle("x", [1.00, 1.01, 0.99, 1.02, 1.00], ">= 0.98")
+    assert met["verdict"] == "met" and met["meets"] is True and met["ratio"] == 1.0
+    missed = common.settle("x", [0.90, 0.91, 0.92, 0.89, 0.90], ">= 0.98")
+    assert missed["verdict"] == "missed" and missed["meets"] is False
+    noisy = common.settle("x", [0.90, 1.05, 0.97, 1.10, 0.95], ">= 0.98")
+    assert noisy["verdict"] == "not settled" and noisy["meets"] is None
+    lo, hi = noisy["spread"]
+    assert lo < 0.98 < hi and noisy["details"]["per_rep"] == [0.9, 1.05, 0.97, 1.1, 0.95]
+    assert common.spread_of([3.0, 1.0, 2.0]) == (1.0, 3.0)          # < 4 values: the range
+
+
+def test_a_segment_counts_only_intervals_inside_it():
+    from benchmarks.interleave import segment_rate
+
+    # 4 steps/s before a pause, 10 s paused, then 2 steps/s: only the second segment counts
+    times = [0.25 * i for i in range(8)] + [12.0 + 0.5 * i for i in range(8)]
+    assert segment_rate(times, 11.9, 16.0) == pytest.approx(2.0)
+    assert segment_rate(times, 0.0, 2.0) == pytest.approx(4.0)
+    assert segment_rate(times, 11.9, 12.6) is None                  # too few steps
+
+
 def test_a_missing_piece_is_reported_not_measured(monkeypatch):
     monkeypatch.setitem(harness.BENCHMARKS, "ghost", "benchmarks.no_such_module")
     (row,) = harness.run_one("ghost", quick=True)
@@ -65,24 +87,30 @@ def test_run_writes_json_and_markdown(tmp_path):
     """A real quick run of the CLI benchmark through run.py, as `make bench-quick` runs it."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick",
-                        "--only", "cli", "--reps", "1", "--out", str(tmp_path)],
+                        "--only", "cli", "--reps", "2", "--out", str(tmp_path)],
                        capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
     assert p.returncode == 0, p.stdout + p.stderr
     (js,) = tmp_path.glob("*.json")
     (md,) = tmp_path.glob("*.md")
     assert js.stem == md.stem and len(js.stem) == 10  # YYYY-MM-DD
     rows = json.loads(js.read_text())
-    assert [r["name"] for r in rows] == ["cli_submit_dry_run_vs_bare_imports",
-                                         "cli_render_4096_nodes_seconds"]
+    assert [r["name"] for r in rows] == [
+        "cli_submit_dry_run_vs_bare_imports", "cli_help_vs_bare_imports",
+        "cli_profiles_list_vs_bare_imports", "cli_submit_dry_run_instructions_vs_bare_imports",
+        "cli_render_4096_nodes_seconds"]
     for r in rows:
         assert set(r) == KEYS
         assert isinstance(r["details"], dict) and r["details"]["machine"]["cores"] >= 1
         if r["ratio"] is None:
-            assert r["meets"] is False and r["details"]["not_measured"]
+            assert r["verdict"] == "not measured" and r["details"]["not_measured"]
         else:
-            assert r["meets"] == common.check(r["ratio"], r["target"])
-        assert f"{r['name']}:" in p.stdout and "meets:" in p.stdout
+            lo, hi = r["spread"]
+            assert lo <= r["ratio"] <= hi
+            want = {(True, True): "met", (False, False): "missed"}.get(
+                (common.check(lo, r["target"]), common.check(hi, r["target"])), "not settled")
+            assert r["verdict"] == want
+        assert f"{r['name']}:" in p.stdout and r["verdict"] in p.stdout
     text = md.read_text()
-    assert "| benchmark | ratio | target | meets | note |" in text
+    assert "| benchmark | median | spread | target | verdict | note |" in text
     assert "cores" in text and "torch" in text
     assert all(r["name"] in text for r in rows)
