@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 1
 export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 
-.PHONY: venv sysdeps demo test test-fast test-slurm cluster-up cluster-down bench bench-quick wheel clean
+.PHONY: venv sysdeps demo test test-fast test-slurm cluster-up cluster-down bench bench-quick gpu-check wheel clean
 
 venv: $(STAMP)
 
@@ -53,6 +53,12 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/run.py --quick
+
+# On a machine with an NVIDIA GPU (and a CUDA build of torch): DDP, FSDP2+CPU offload, ZeRO-2/3 on
+# NCCL, MFU, plan vs peak memory, doctor's NCCL sweep, preempt+resume; <= 5 min, one JSON file
+# (docs/gpu-check.md). Without a GPU it checks its plan and exits 77, running nothing.
+gpu-check: $(STAMP)
+	DS_ACCELERATOR=cuda $(BIN)/python benchmarks/gpu_check.py --out gpu-check.json
 
 wheel: $(STAMP)
 	$(BIN)/python -m build --wheel --no-isolation --outdir dist .

@@ -79,7 +79,8 @@ def run(quick: bool) -> list[dict]:
             per_rep = [x / y for x, y in zip(t[k], t["imports"], strict=True)]
             rows.append(common.settle(
                 names[k], per_rep, "<= 1.5", reps=reps, seconds=t[k], bare_imports_s=t["imports"],
-                cold_first_run_s=cold[k], slowest_imports=imports if k == "submit --dry-run" else None,
+                cold_first_run_s=cold[k],
+                slowest_imports=imports if k == "submit --dry-run" else None,
                 summary=f"`hpctrain {k}` {common.median(t[k]):.3f} s; bare imports {b:.3f} s "
                         f"(first run, profile cache cold: {cold[k]:.3f} s)"))
     except common.NotMeasured as e:
