@@ -20,24 +20,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hpctrain import __version__
+from hpctrain import __version__, launch_context
 from hpctrain.errors import UserError, ValidationError
+from hpctrain.profiles.schema.checks import DIRECTIVE
 from hpctrain.request import JobRequest
 from hpctrain.resources import bundled
+from hpctrain.shellwords import Sh, in_single_quotes, shvalue
 
 TEMPLATE = "sbatch.sh.j2"
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-# What a #SBATCH line can carry: sbatch reads these lines itself, the shell never sees them, and a
-# newline would end the comment and start a command. So: no whitespace, quotes, backslashes or controls.
-DIRECTIVE_RE = re.compile(r"--[a-z][a-z-]*(=[^\s'\"\\`$;&|<>()]+)?\Z")
+# What a #SBATCH line can carry: the one pattern the profile schema validates with (what validates
+# renders). sbatch reads these lines itself; a newline would end the comment and start a command.
+DIRECTIVE_RE = DIRECTIVE
 # Directives that hpctrain owns (one source of truth); a profile's extra_sbatch may not set them.
 OWNED_DIRECTIVES = ("--job-name", "--nodes", "--ntasks", "--ntasks-per-node", "--gpus", "--gpus-per-node",
                     "--gres", "--cpus-per-task", "--cpus-per-gpu", "--time", "--output", "--error",
                     "--open-mode", "--requeue", "--no-requeue", "--signal", "--array")
-
-
-class Sh(str):
-    """Text that is already safe to put in the script as it is."""
 
 
 def _finalize(value: Any) -> str:
@@ -68,23 +66,17 @@ def _envname(name: str) -> Sh:
     return Sh(name)
 
 
-_VAR_REF = re.compile(r"\$(\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+_shvalue = shvalue  # the value grammar's quoting (hpctrain/shellwords.py)
 
 
-def _shvalue(value: Any) -> Sh:
-    """A double-quoted value in which $NAME and ${NAME} expand on the node (so a profile can say
-    LD_LIBRARY_PATH: /opt/x/lib:$LD_LIBRARY_PATH) and nothing else does: no $(...), no backticks."""
-    text, out, pos = str(value), [], 0
-    for m in _VAR_REF.finditer(text):
-        out.append(_dq_escape(text[pos:m.start()]))
-        out.append(m.group(0))
-        pos = m.end()
-    out.append(_dq_escape(text[pos:]))
-    return Sh('"' + "".join(out) + '"')
+def _prequoted(values: Any) -> Sh:
+    """Words hpctrain quoted itself (launcher and container parts of the context), joined."""
+    return Sh(" ".join(str(v) for v in values))
 
-
-def _dq_escape(text: str) -> str:
-    return re.sub(r'([\\"$`])', r"\\\1", text)
+# The job environment's names for the template ({{ var.RUN_DIR }}); until the kernel's table lands.
+_VAR = {k: Sh("HPCTRAIN_" + k) for k in (
+    "RUN_DIR", "STOP_FILE", "NNODES", "GPUS_PER_NODE", "WANT_GPU", "SCHEDULER", "PROFILE", "RUN_NAME",
+    "PYTHON", "TEE", "JOB_ID", "RESTART_COUNT", "RDZV_ENDPOINT", "NODEID", "DEVICE")}
 
 
 def _home(path: str) -> str:
@@ -106,12 +98,15 @@ def environment() -> Any:
     return templating.environment(
         _template_dirs(), bundled("templates"), finalize=_finalize,
         filters={"safe": Sh, "shjoin": _shjoin, "directive": _directive, "envname": _envname,
-                 "shvalue": _shvalue})
+                 "shvalue": _shvalue, "sq": in_single_quotes, "shwords": _prequoted})
 
 
 def node_python(profile: Any) -> str:
-    """The Python the nodes run: HPCTRAIN_PYTHON if set; `python` from the activated venv/conda env or
-    the container; else this interpreter (the submit host and the nodes share the filesystem)."""
+    """The Python the nodes run: the profile's launch.python; HPCTRAIN_PYTHON if set; `python` from
+    the activated venv/conda env or the container; else this interpreter (the submit host and the
+    nodes share the filesystem)."""
+    if profile.launch.python:
+        return str(profile.launch.python)
     if os.environ.get("HPCTRAIN_PYTHON"):
         return os.environ["HPCTRAIN_PYTHON"]
     if profile.environment.activate or profile.environment.container:
@@ -120,16 +115,14 @@ def node_python(profile: Any) -> str:
 
 
 def cpus_per_task(profile: Any, req: JobRequest) -> int | None:
-    s = profile.slurm
-    if s.cpus_per_gpu:
-        return s.cpus_per_gpu * req.gpus
-    return s.cpus_per_task
+    return launch_context.task_cpus(profile, req)
 
 
 def sbatch_directives(profile: Any, req: JobRequest, run_dir: str) -> list[str]:
     """Every #SBATCH line, in a fixed order, from the request (topology) and the profile."""
     s, pre = profile.slurm, profile.preemption
-    d = [f"--job-name={req.name}", f"--nodes={req.nodes}", "--ntasks-per-node=1"]
+    tasks = launch_context.tasks_per_node(profile, req)
+    d = [f"--job-name={req.name}", f"--nodes={req.nodes}", f"--ntasks-per-node={tasks}"]
     if s.gpus_per_node:
         d.append(f"--gres=gpu:{req.gpus}" if s.gpu_request == "gres" else f"--gpus-per-node={req.gpus}")
     cpus = cpus_per_task(profile, req)
@@ -153,7 +146,9 @@ def sbatch_directives(profile: Any, req: JobRequest, run_dir: str) -> list[str]:
                             "from the request and profile; remove it (use --nodes/--gpus/--time or the "
                             "profile's own key)")
         d.append(extra)
-    return d
+    if req.nodes == 1:
+        d += list(s.single_node_sbatch)
+    return d + launch_context.container_sbatch(profile)
 
 
 def environment_vars(profile: Any) -> list[tuple[str, str]]:
@@ -185,7 +180,10 @@ def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = No
         raise ValidationError(problems)
     slurm = profile.scheduler == "slurm"
     cpus = cpus_per_task(profile, req)
+    tasks = launch_context.tasks_per_node(profile, req)
     return {
+        **launch_context.context(profile, req, run_dir),
+        "var": _VAR,
         "version": __version__,
         "scheduler": profile.scheduler,
         "profile": profile,
@@ -194,7 +192,7 @@ def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = No
         "sbatch": sbatch_directives(profile, req, run_dir) if slurm else [],
         "srun_args": list(profile.slurm.srun_args),
         "env": environment_vars(profile),
-        "omp_threads": max(1, (cpus or req.gpus) // req.gpus) if slurm else 1,
+        "omp_threads": max(1, (cpus * tasks if cpus else req.gpus) // req.gpus) if slurm else 1,
         "cpus_per_task": cpus,
         "want_gpu": 1 if slurm and profile.slurm.gpus_per_node else 0,
         "python": python or node_python(profile),
@@ -217,14 +215,14 @@ def render(profile: Any, req: JobRequest, run_dir: str | os.PathLike[str], *, py
     ctx = templating.plain(context(profile, req, str(run_dir), python))
     ctx["profile"]["source"] = str(profile.source) if getattr(profile, "source", None) else None
     ctx["profile"]["chain"] = [str(p) for p in getattr(profile, "chain", [])]
-    text = templating.render_template(environment(), TEMPLATE, ctx)
+    text = templating.render_template(environment(), profile.template or TEMPLATE, ctx)
     check_topology(text, profile, req)
     return text
 
 
 def check_topology(text: str, profile: Any, req: JobRequest) -> None:
     """One topology from one source: whatever a site template does, the script must carry exactly the
-    request's nodes and GPUs per node, one srun task per node, and nothing that contradicts them."""
+    request's nodes and GPUs per node, the launcher's tasks per node, and nothing that contradicts them."""
     want = {"HPCTRAIN_NNODES": str(req.nodes), "HPCTRAIN_GPUS_PER_NODE": str(req.gpus)}
     for key, value in want.items():
         found = re.findall(rf"^export {key}=(\S*)$", text, re.M)
@@ -237,7 +235,8 @@ def check_topology(text: str, profile: Any, req: JobRequest) -> None:
     keyed: dict[str, list[str]] = {}
     for d in lines:
         keyed.setdefault(d.split("=", 1)[0], []).append(d)
-    expect = {"--nodes": f"--nodes={req.nodes}", "--ntasks-per-node": "--ntasks-per-node=1"}
+    tasks = launch_context.tasks_per_node(profile, req)
+    expect = {"--nodes": f"--nodes={req.nodes}", "--ntasks-per-node": f"--ntasks-per-node={tasks}"}
     if profile.slurm.gpus_per_node:
         if profile.slurm.gpu_request == "gres":
             expect["--gres"] = f"--gres=gpu:{req.gpus}"

@@ -47,7 +47,17 @@ hpctrain_finish() {  # STATE EXIT_CODE
   exit "$2"
 }
 
-module load cuda/12.4
+hpctrain_module() {  # ARGS...: one `module` command; a failure stops the job, naming it
+  if ! type module >/dev/null 2>&1; then
+    hpctrain_fail "environment.modules: there is no module command in the batch shell; load the site's module init in environment.setup (e.g. source /etc/profile.d/lmod.sh)"
+  fi
+  set +u  # module scripts read unset variables
+  module "$@"
+  local rc=$?
+  set -u
+  if [ "$rc" -ne 0 ]; then hpctrain_fail "module $* failed (exit $rc): check environment.modules of profile ethernet"; fi
+}
+hpctrain_module load cuda/12.4
 eval "$(conda shell.bash hook)" || hpctrain_fail "conda is not available to activate the profile's environment"
 conda activate train || hpctrain_fail "cannot activate the conda environment"
 export GLOO_SOCKET_IFNAME="eth0"
@@ -59,7 +69,8 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING="1"
 export OMP_NUM_THREADS=8
 
 # The per-node command: each srun task (or simulated node) runs it in its own bash, with the entry's
-# argv as "$@". Everything node-specific is read here, on the node.
+# argv as "$@": one task per node (launcher torchrun) or one per GPU (launcher srun). Everything
+# node-specific is read here, on the node, inside the container if there is one.
 # shellcheck disable=SC2016
 hpctrain_node_cmd='
 node=${HPCTRAIN_NODEID:-${SLURM_NODEID:-0}}
@@ -72,15 +83,25 @@ for ifname in ${ifnames//,/ }; do
     exit 2
   fi
 done
+# GPUs: NVIDIA (nvidia-smi) or AMD (rocm-smi or /dev/kfd); torch calls both "cuda" (RCCL is its nccl)
 device=cpu
-if [ "$HPCTRAIN_WANT_GPU" = 1 ] && nvidia-smi -L >/dev/null 2>&1; then device=cuda; fi
+gpu=none
+if [ "$HPCTRAIN_WANT_GPU" = 1 ]; then
+  if nvidia-smi -L >/dev/null 2>&1; then device=cuda; gpu=nvidia
+  elif rocm-smi >/dev/null 2>&1 || [ -e /dev/kfd ]; then device=cuda; gpu=amd
+  fi
+fi
+if [ "$gpu" = amd ] && [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && [ -z "${ROCR_VISIBLE_DEVICES:-}" ]; then
+  export ROCR_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES  # the ROCm runtime visibility variable
+  unset CUDA_VISIBLE_DEVICES
+fi
 export HPCTRAIN_DEVICE=$device
 # What unchanged launcher-aware scripts expect: Accelerate trains on CPU only when told to (else
 # each process runs alone, world 1). torchrun itself sets RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT.
 if [ "$device" = cpu ]; then export ACCELERATE_USE_CPU=1; fi
 is_host=0
 if [ "$node" = 0 ]; then is_host=1; fi
-echo "hpctrain: node $node on $(hostname) device=$device CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} restart=$HPCTRAIN_RESTART_COUNT endpoint=$HPCTRAIN_RDZV_ENDPOINT"
+echo "hpctrain: node $node on $(hostname) device=$device gpu=$gpu CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} restart=$HPCTRAIN_RESTART_COUNT endpoint=$HPCTRAIN_RDZV_ENDPOINT"
 tee=()
 if [ "$HPCTRAIN_TEE" = 1 ]; then tee=(--tee=3 --log-dir="$HPCTRAIN_RUN_DIR/logs/torchrun/node-$node"); fi
 exec "$HPCTRAIN_PYTHON" -m torch.distributed.run --nnodes="$HPCTRAIN_NNODES" --nproc-per-node="$HPCTRAIN_GPUS_PER_NODE" --rdzv-backend=c10d --rdzv-endpoint="$HPCTRAIN_RDZV_ENDPOINT" --rdzv-id="$HPCTRAIN_JOB_ID" --rdzv-conf="is_host=$is_host" --max-restarts=0 "${tee[@]}" "$@"
@@ -134,8 +155,9 @@ while :; do
     "$(hpctrain_now)" "$HPCTRAIN_JOB_ID" "$HPCTRAIN_RESTART_COUNT" "$(hostname)" >>"$HPCTRAIN_RUN_DIR/restarts.jsonl"
 
   # Rendezvous: the head is the first node; its address from getent (never `hostname -i`, which may
-  # say 127.0.1.1); the port from the job id inside the profile's range, never 29500, never in the
-  # ephemeral range, and free on the head (this batch shell runs there).
+  # say 127.0.1.1), from its name with the site's suffix, or from one of its interfaces (this batch
+  # shell runs on it); the port from the job id inside the profile's range, never 29500 unless the
+  # profile names it, never in the ephemeral range, and free on the head.
   hpctrain_head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
   hpctrain_head_addr=$(getent ahostsv4 "$hpctrain_head" | awk 'NR == 1 {print $1}')
   if [ -z "$hpctrain_head_addr" ]; then
@@ -144,13 +166,16 @@ while :; do
   read -r hpctrain_eph_lo hpctrain_eph_hi </proc/sys/net/ipv4/ip_local_port_range
   hpctrain_port_min=20000
   hpctrain_span=$(( 32000 - hpctrain_port_min ))
+  # The free-port probe runs here, outside any container: the node Python, else the system's.
+  hpctrain_probe=$HPCTRAIN_PYTHON
+  command -v "$hpctrain_probe" >/dev/null 2>&1 || hpctrain_probe=python3
   hpctrain_port=
   for ((i = 0; i < hpctrain_span && i < 64; i++)); do
     p=$(( hpctrain_port_min + (HPCTRAIN_JOB_ID + i) % hpctrain_span ))
     if [ "$p" -eq 29500 ] || { [ "$p" -ge "$hpctrain_eph_lo" ] && [ "$p" -le "$hpctrain_eph_hi" ]; }; then
       continue
     fi
-    if "$HPCTRAIN_PYTHON" -c 'import socket, sys; socket.socket().bind(("", int(sys.argv[1])))' "$p" 2>/dev/null; then
+    if ! command -v "$hpctrain_probe" >/dev/null 2>&1 || "$hpctrain_probe" -c 'import socket, sys; socket.socket().bind(("", int(sys.argv[1])))' "$p" 2>/dev/null; then
       hpctrain_port=$p
       break
     fi

@@ -17,8 +17,8 @@ _HCA = r"[A-Za-z0-9_.-]{1,64}(:[0-9]{1,3})?"
 _NCCL_IB_HCA = re.compile(rf"^\^?=?{_HCA}(,{_HCA})*\Z")
 # What an #SBATCH value may carry: sbatch reads these lines itself (the shell never sees them), so
 # `&`, `|`, `!` and brackets (a constraint such as `a100&ib`) are fine; whitespace, quotes,
-# backslashes, `$` (nothing would expand it) and control characters are not.
-DIRECTIVE_VALUE = r"[A-Za-z0-9_.,:/@%+=*~&|!\[\]()#-]*"
+# backslashes, `$` (nothing would expand it), `;`, `<`, `>` and control characters are not.
+DIRECTIVE_VALUE = r"[^\s'\"\\`$;<>]*"
 DIRECTIVE = re.compile(rf"^--[a-z][a-z0-9-]*(={DIRECTIVE_VALUE})?\Z")
 _OPTION = re.compile(rf"^--([a-z][a-z0-9-]*)(=({DIRECTIVE_VALUE}))?\Z")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")

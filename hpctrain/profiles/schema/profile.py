@@ -102,6 +102,12 @@ class Profile(Strict):
     def _text(cls, v: str | None) -> str | None:
         return None if v is None else checks.check_text(v)
 
+    def _checks(self) -> list[tuple[str, str]]:
+        if self.launch.launcher == "srun" and self.scheduler != "slurm":
+            return [("launch", "launch.launcher srun needs scheduler slurm (srun starts the tasks); "
+                     "fix: use launcher torchrun with scheduler local")]
+        return []
+
     @property
     def warnings(self) -> list[str]:
         """Valid but risky choices, printed by `profiles validate`."""

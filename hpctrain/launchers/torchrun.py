@@ -1,0 +1,28 @@
+"""launcher torchrun: one srun task per node runs torchrun, which starts one worker per GPU and joins
+the c10d rendezvous on the head node. The site may name its own torchrun (a wrapper with the same
+flags) and add torchrun options."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpctrain.shellwords import Sh, shvalue
+
+
+def tasks_per_node(req: Any) -> int:
+    return 1
+
+
+def step_options(profile: Any, req: Any) -> list[str]:
+    return []
+
+
+def context(profile: Any, req: Any) -> dict[str, Any]:
+    launch = profile.launch
+    if launch.torchrun:
+        command = [shvalue(w) for w in launch.torchrun.split(" ")]
+    else:
+        command = [Sh('"$HPCTRAIN_PYTHON"'), Sh("-m"), Sh("torch.distributed.run")]
+    return {"torchrun_command": command,
+            "torchrun_args": [Sh(a.split("=", 1)[0] + ("=" + shvalue(a.split("=", 1)[1])
+                                                       if "=" in a else "")) for a in launch.torchrun_args]}
