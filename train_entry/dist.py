@@ -1,6 +1,7 @@
 """Process group init and teardown: NCCL + CUDA on GPU machines, gloo + CPU otherwise, chosen at run time.
 
-Works under torchrun (RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/MASTER_PORT) and as a plain single process
+Works under torchrun and under `srun` alone (the script sets RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/
+MASTER_PORT in each task: torch's env:// init needs no torchrun agent) and as a plain single process
 (a one-rank gloo group on an in-memory store), so the same code path serves tests and references.
 """
 
@@ -46,8 +47,12 @@ def init_distributed(*, timeout_min: float = 10.0, seed: int = 0) -> DistInfo:
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if kind == "cuda":
-        torch.cuda.set_device(local_rank)
-        device, backend = torch.device("cuda", local_rank), "nccl"
+        # torchrun shows a worker every GPU of the node; `srun --gpus-per-task=1` shows it one (its
+        # own, as device 0): LOCAL_RANK modulo the visible devices is right in both. On ROCm, torch's
+        # "cuda" is HIP and its "nccl" backend is RCCL.
+        index = local_rank % max(1, torch.cuda.device_count())
+        torch.cuda.set_device(index)
+        device, backend = torch.device("cuda", index), "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
     if not dist.is_initialized():

@@ -210,10 +210,12 @@ EOF
     chmod 600 "$ETC/slurmdbd.conf"
     umask 022
 
-    # The nodes' private /etc/hosts: each node name, and the controller, resolve on loopback.
+    # The nodes' private /etc/hosts: each node name, and the controller, resolve on loopback. Each
+    # node also has an `<name>i` alias, as JSC's nodes have for their InfiniBand address (the
+    # profile key rendezvous.host_suffix is tested through it).
     {
         echo "127.0.0.1 localhost $ctl_host"
-        for n in "${NODES[@]}"; do echo "${ADDR[$n]} $n"; done
+        for n in "${NODES[@]}"; do echo "${ADDR[$n]} $n ${n}i"; done
         echo "::1 localhost ip6-localhost ip6-loopback"
     } >"$ETC/hosts"
 
