@@ -172,7 +172,8 @@ def environment_vars(profile: Any) -> list[tuple[str, str]]:
     return sorted(env.items())
 
 
-def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = None) -> dict[str, Any]:
+def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = None, *,
+            chain: bool = False) -> dict[str, Any]:
     if not os.path.isabs(run_dir):
         raise UserError(f"internal: run folder {run_dir!r} must be absolute")
     problems = req.problems(profile)  # a request that does not fit the profile cannot be rendered
@@ -186,6 +187,7 @@ def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = No
         "var": _VAR,
         "version": __version__,
         "scheduler": profile.scheduler,
+        "chain": chain and slurm,  # submit --chain: segments hand over (hpctrain/chain.py)
         "profile": profile,
         "job": req,
         "run_dir": run_dir,
@@ -207,12 +209,13 @@ def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = No
     }
 
 
-def render(profile: Any, req: JobRequest, run_dir: str | os.PathLike[str], *, python: str | None = None) -> str:
+def render(profile: Any, req: JobRequest, run_dir: str | os.PathLike[str], *, python: str | None = None,
+           chain: bool = False) -> str:
     """The script text, byte for byte what is handed to the scheduler. `python`: the nodes' interpreter
     (default node_python(profile); a resume passes run.yaml's `node_python` to render the same script)."""
     from hpctrain import templating
 
-    ctx = templating.plain(context(profile, req, str(run_dir), python))
+    ctx = templating.plain(context(profile, req, str(run_dir), python, chain=chain))
     ctx["profile"]["source"] = str(profile.source) if getattr(profile, "source", None) else None
     ctx["profile"]["chain"] = [str(p) for p in getattr(profile, "chain", [])]
     text = templating.render_template(environment(), profile.template or TEMPLATE, ctx)

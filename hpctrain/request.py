@@ -112,8 +112,9 @@ class JobRequest:
         if slurm.max_time_min is not None and self.time_min > slurm.max_time_min:
             out.append(Problem(
                 f"--time {self.time_min} is more than the {slurm.max_time_min} minutes {where} allows; "
-                f"use --time {slurm.max_time_min} or less (the run resumes from its checkpoint "
-                "with `hpctrain resume`)", key="--time"))
+                f"use --time {slurm.max_time_min} or less, or add --chain to run it as "
+                f"{-(-self.time_min // slurm.max_time_min)} jobs one after another, each resuming from "
+                "the newest checkpoint", key="--time"))
         return out
 
     def to_dict(self) -> dict[str, Any]:

@@ -155,7 +155,12 @@ class RunDir:
                       {"job_id": str(job_id), "kind": kind, "time": now(), "scheduler": scheduler})
 
     def last_job_id(self) -> str | None:
+        """The job to ask about: the newest submission's (a chain's current segment)."""
         jobs = self.jobs()
+        if jobs and jobs[-1].get("kind") == "chain":
+            from hpctrain import chain
+
+            return chain.current(self, chain.ids(self))
         return str(jobs[-1]["job_id"]) if jobs else None
 
     def restarts(self) -> list[dict[str, Any]]:

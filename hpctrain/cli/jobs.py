@@ -72,7 +72,7 @@ def resolve_profile(o: dict[str, Any]) -> Any:
 class Prepared:
     """Everything submit and render agree on: the profile, the request, the run folder, the script."""
 
-    def __init__(self, o: dict[str, Any], profile: Any = None) -> None:
+    def __init__(self, o: dict[str, Any], profile: Any = None, *, chain: bool = False) -> None:
         from hpctrain.render import node_python, render
         from hpctrain.request import JobRequest
         from hpctrain.runs import RunDir, runs_dir_of
@@ -90,7 +90,7 @@ class Prepared:
             strategy=strategy, script=o["script"], module=o["module"], args=args)
         self.run = RunDir(runs_dir_of(self.profile) / self.request.name)
         self.python = node_python(self.profile)
-        self.script = render(self.profile, self.request, self.run.path, python=self.python)
+        self.script = render(self.profile, self.request, self.run.path, python=self.python, chain=chain)
 
 
 def plan_args(rec: Any) -> list[str]:
@@ -145,6 +145,9 @@ def render(**o: Any) -> None:
 @click.option("--sync", type=click.Path(file_okay=False, exists=True),
               help="Remote site (profile with login:): send this folder as the run's code/ instead of "
                    "the committed tree of your --script's git repository.")
+@click.option("--chain", is_flag=True,
+              help="--time above the profile's slurm.max_time_min: submit ceil(time / max) jobs that run "
+                   "one after another (afterany), each resuming from the newest checkpoint.")
 @click.option("--code", type=click.Path(file_okay=False, exists=True), hidden=True,
               help="On the site: the uploaded code folder, moved into the run folder as code/.")
 def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
@@ -166,7 +169,13 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
 
         sys.exit(remote_submit({**o, "wait": wait, "dry_run": dry_run, "replace_finished": replace_finished},
                                profile, echo=click.echo))
-    p = Prepared(o, profile)
+    segments: list[Any] = []
+    if o["chain"]:
+        from hpctrain import chain
+
+        segments = chain.plan(o["time_min"] or profile.slurm.default_time_min, profile)
+        o = {**o, "time_min": segments[0].time_min}
+    p = Prepared(o, profile, chain=len(segments) > 1)
     if o["code"]:
         from hpctrain.remote.code import adopt
 
@@ -180,7 +189,13 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
         click.echo(f"dry run: would submit {req.name} to {where} with profile {profile.name}\n"
                    f"  topology: {topology}, time {req.time_min} min, strategy {req.strategy}\n"
                    f"  run folder: {run.path}\n  script: {len(p.script.splitlines())} lines "
-                   "(`hpctrain render` with the same options prints it)\n  nothing was written")
+                   "(`hpctrain render` with the same options prints it)")
+        if len(segments) > 1:
+            click.echo(f"  chain: {len(segments)} jobs (--time {sum(x.time_min for x in segments)} "
+                       f"> slurm.max_time_min {profile.slurm.max_time_min}), each resuming from the newest checkpoint")
+            for line in chain.describe(segments):
+                click.echo(f"    {line}")
+        click.echo("  nothing was written")
         return
     run.create(profile=profile, request=req, script=p.script, replace_finished=replace_finished,
                node_python=p.python)
@@ -190,7 +205,13 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
         install(run.path, Path(o["code"]))
     if p.plan is not None:
         (run.path / "plan.json").write_text(p.plan.to_json() + "\n")
-    job_id = dispatch.submit(run, profile, time_min=req.time_min)
+    if len(segments) > 1:
+        ids = chain.submit(run, segments)
+        job_id = " -> ".join(ids)
+        click.echo(f"chain of {len(ids)} jobs, each --time <= {profile.slurm.max_time_min} min, "
+                   "each waiting for the one before (afterany)")
+    else:
+        job_id = dispatch.submit(run, profile, time_min=req.time_min)
     click.echo(f"submitted {req.name}: job {job_id} on {where}, {topology}\n  run folder: {run.path}\n"
                f"  follow: hpctrain status {req.name}; hpctrain logs {req.name} --follow")
     if wait:
@@ -265,6 +286,11 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
     info = _summary(r)
     info["history"] = r.restarts()
     info["jobs"] = r.jobs()
+    from hpctrain import chain
+
+    segments = chain.states(r)
+    if segments:
+        info["chain"] = segments
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
@@ -275,6 +301,9 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
                f"  restarts: {info['restarts']} ({info['starts']} start(s) of the script)\n"
                f"  newest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}\n"
                f"  folder: {info['path']}")
+    if segments:
+        click.echo(f"  chain: {len(segments)} jobs, one after another: "
+                   + " -> ".join(f"{x['job_id']} {x['state']}" for x in segments))
     for start in info["history"]:
         click.echo(f"    start {start.get('time')} job {start.get('job_id')} restart "
                    f"{start.get('restart_count')} on {start.get('host')}")

@@ -40,9 +40,11 @@ def cancel(run: RunDir) -> str:
     if run.scheduler() == "slurm":
         from hpctrain.dispatch import slurm
 
-        job_id = run.last_job_id()
-        if job_id:
-            slurm.cancel(job_id)
+        from hpctrain import chain
+
+        for job_id in chain.cancel_ids(run) or [run.last_job_id()]:  # a chain: every segment left
+            if job_id:
+                slurm.cancel(job_id)
         return state(run)
     from hpctrain.dispatch import local
 

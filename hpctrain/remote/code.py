@@ -26,7 +26,9 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True)
 
 
-def pack(dest: Path, *, script: str | None, sync: str | None, cwd: Path | None = None) -> Code | None:
+def pack(
+    dest: Path, *, script: str | None, sync: str | None, cwd: Path | None = None
+) -> Code | None:
     """Put the code into `dest` (an empty folder); None when the run needs none (train_entry
     without --sync)."""
     script_path = Path(script).expanduser().resolve() if script else None
@@ -37,25 +39,36 @@ def pack(dest: Path, *, script: str | None, sync: str | None, cwd: Path | None =
         rel = None
         if script_path is not None:
             if not script_path.is_relative_to(root):
-                raise UserError(f"--script {script} is not inside --sync {sync}; fix: give a script "
-                                "inside the folder that is sent")
+                raise UserError(
+                    f"--script {script} is not inside --sync {sync}; fix: give a script "
+                    "inside the folder that is sent"
+                )
             rel = str(script_path.relative_to(root))
-        shutil.copytree(root, dest, symlinks=True, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns(".git", "__pycache__", "runs"))
+        shutil.copytree(
+            root,
+            dest,
+            symlinks=True,
+            dirs_exist_ok=True,
+            ignore=shutil.ignore_patterns(".git", "__pycache__", "runs"),
+        )
         return Code(f"folder {root}", rel)
     if script_path is None:
         return None
     where = script_path.parent
     top = _git(where, "rev-parse", "--show-toplevel")
     if top.returncode != 0:
-        raise UserError(f"--script {script} is not in a git repository, and only committed code is "
-                        "sent to a remote site; fix: commit it in a repository, or send a folder "
-                        "with --sync DIR")
+        raise UserError(
+            f"--script {script} is not in a git repository, and only committed code is "
+            "sent to a remote site; fix: commit it in a repository, or send a folder "
+            "with --sync DIR"
+        )
     repo = Path(top.stdout.decode().strip())
     rel = str(script_path.relative_to(repo.resolve()))
     if _git(repo, "cat-file", "-e", f"HEAD:{rel}").returncode != 0:
-        raise UserError(f"--script {script} is not in the last commit of {repo}; fix: "
-                        f"`git add {rel} && git commit`, or send the folder with --sync DIR")
+        raise UserError(
+            f"--script {script} is not in the last commit of {repo}; fix: "
+            f"`git add {rel} && git commit`, or send the folder with --sync DIR"
+        )
     commit = _git(repo, "rev-parse", "HEAD").stdout.decode().strip()
     archive = _git(repo, "archive", "--format=tar", "HEAD")
     if archive.returncode != 0:
@@ -63,8 +76,11 @@ def pack(dest: Path, *, script: str | None, sync: str | None, cwd: Path | None =
     with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
         tar.extractall(dest, filter="data")
     dirty = _git(repo, "status", "--porcelain", "--untracked-files=no").stdout.strip()
-    warning = (f"{repo} has uncommitted changes; they are not sent (commit {commit[:12]} is)"
-               if dirty else None)
+    warning = (
+        f"{repo} has uncommitted changes; they are not sent (commit {commit[:12]} is)"
+        if dirty
+        else None
+    )
     return Code(f"git {repo} {commit[:12]}", rel, warning)
 
 
@@ -81,7 +97,9 @@ def adopt(prepared: Any, code_dir: Path) -> None:
         rel = Path(req.entry.target).resolve().relative_to(code_dir.resolve())
         entry = dataclasses.replace(req.entry, target=str(prepared.run.path / "code" / rel))
         prepared.request = dataclasses.replace(req, entry=entry)
-    prepared.script = render(prepared.profile, prepared.request, prepared.run.path, python=prepared.python)
+    prepared.script = render(
+        prepared.profile, prepared.request, prepared.run.path, python=prepared.python
+    )
 
 
 def install(run_path: Path, code_dir: Path) -> None:

@@ -25,7 +25,7 @@ def is_local(ref: str, runs_dir: Path | None) -> bool:
 def site_args(command: str, ref: str, path: str, argv: list[str]) -> list[str]:
     """This command line for the site: the run's remote path for REF, no --runs-dir."""
     try:
-        rest = argv[argv.index(command) + 1:]
+        rest = argv[argv.index(command) + 1 :]
     except ValueError:
         rest = []
     out: list[str] = []

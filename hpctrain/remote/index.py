@@ -1,5 +1,6 @@
-"""This machine's index of runs that live on remote sites: $XDG_STATE_HOME/hpctrain/remote-runs.jsonl,
-one line per submission {"name", "path", "login", "profile", "time"} (newest wins)."""
+"""This machine's index of runs that live on remote sites:
+$XDG_STATE_HOME/hpctrain/remote-runs.jsonl, one line per submission
+{"name", "path", "login", "profile", "time"} (newest wins)."""
 
 from __future__ import annotations
 
@@ -33,8 +34,14 @@ def entries() -> list[dict[str, Any]]:
 def record(*, name: str, path: str, login: dict[str, Any], profile: str, kind: str = "run") -> None:
     file = index_file()
     file.parent.mkdir(parents=True, exist_ok=True)
-    item = {"name": name, "path": path, "login": login, "profile": profile, "kind": kind,
-            "time": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    item = {
+        "name": name,
+        "path": path,
+        "login": login,
+        "profile": profile,
+        "kind": kind,
+        "time": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
     with file.open("a") as f:
         f.write(json.dumps(item, sort_keys=True) + "\n")
 

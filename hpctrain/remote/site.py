@@ -15,8 +15,10 @@ _NO_PYTHON = ("command not found", "no such file or directory", "not found")
 _NO_HPCTRAIN = "no module named hpctrain"
 
 # Expand one profile path ($VAR, ~) the way the site's shell would, without running a shell on it.
-_EXPAND = ("import json, os, sys; print(json.dumps([os.path.abspath(os.path.expanduser("
-           "os.path.expandvars(p))) for p in sys.argv[1:]]))")
+_EXPAND = (
+    "import json, os, sys; print(json.dumps([os.path.abspath(os.path.expanduser("
+    "os.path.expandvars(p))) for p in sys.argv[1:]]))"
+)
 
 
 class Site:
@@ -43,20 +45,26 @@ class Site:
         err = proc.stderr.decode(errors="replace")
         self._check_started(proc.returncode, err)
         if proc.returncode != 0:
-            raise RemoteError(f"{self.login.where}: hpctrain {args[0]} failed: "
-                              f"{err.strip().splitlines()[-1] if err.strip() else proc.returncode}")
+            raise RemoteError(
+                f"{self.login.where}: hpctrain {args[0]} failed: "
+                f"{err.strip().splitlines()[-1] if err.strip() else proc.returncode}"
+            )
         return json.loads(proc.stdout.decode())
 
     def _check_started(self, rc: int, stderr: str) -> None:
         low = stderr.lower()
         if rc == 127 or (rc != 0 and any(s in low for s in _NO_PYTHON) and "python" in low):
-            raise RemoteError(f"{self.login.where}: no Python at login.remote_python "
-                              f"{self.login.remote_python!r}; fix: set login.remote_python to the site's "
-                              "Python that has hpctrain installed")
+            raise RemoteError(
+                f"{self.login.where}: no Python at login.remote_python "
+                f"{self.login.remote_python!r}; fix: set login.remote_python to the site's "
+                "Python that has hpctrain installed"
+            )
         if rc != 0 and _NO_HPCTRAIN in low:
-            raise RemoteError(f"{self.login.where}: hpctrain is not installed for "
-                              f"{self.login.remote_python}; fix: `{self.login.remote_python} -m pip "
-                              "install hpctrain` on the site, or point login.remote_python at its venv")
+            raise RemoteError(
+                f"{self.login.where}: hpctrain is not installed for "
+                f"{self.login.remote_python}; fix: `{self.login.remote_python} -m pip "
+                "install hpctrain` on the site, or point login.remote_python at its venv"
+            )
 
     def expand(self, *paths: str) -> list[str]:
         """Absolute paths with the site's $VARS and ~ expanded on the login node. A variable that is
@@ -66,16 +74,21 @@ class Site:
         err = proc.stderr.decode(errors="replace")
         self._check_started(proc.returncode, err)
         if proc.returncode != 0:
-            raise RemoteError(f"{self.login.where}: cannot resolve {', '.join(paths)}: {err.strip()}")
+            raise RemoteError(
+                f"{self.login.where}: cannot resolve {', '.join(paths)}: {err.strip()}"
+            )
         return list(json.loads(proc.stdout.decode()))
 
     def probe(self) -> dict[str, Any]:
         """What `doctor` reports about the site before any job: Python, hpctrain, Slurm commands."""
-        script = (f"py={self.python}; printf 'python=%s\\n' \"$(command -v \"$py\" || echo missing)\"; "
-                  "\"$py\" -c 'import hpctrain, sys; print(\"hpctrain=\" + hpctrain.__version__); "
-                  "print(\"python_version=\" + sys.version.split()[0])' 2>/dev/null || echo hpctrain=missing; "
-                  "for c in sbatch squeue sacct scancel scontrol; do "
-                  "printf '%s=%s\\n' \"$c\" \"$(command -v $c || echo missing)\"; done")
+        script = (
+            f'py={self.python}; printf \'python=%s\\n\' "$(command -v "$py" || echo missing)"; '
+            '"$py" -c \'import hpctrain, sys; print("hpctrain=" + hpctrain.__version__); '
+            'print("python_version=" + sys.version.split()[0])\' 2>/dev/null '
+            "|| echo hpctrain=missing; "
+            "for c in sbatch squeue sacct scancel scontrol; do "
+            'printf \'%s=%s\\n\' "$c" "$(command -v $c || echo missing)"; done'
+        )
         proc = self.ssh.run(script)
         out: dict[str, Any] = {}
         for line in proc.stdout.decode(errors="replace").splitlines():

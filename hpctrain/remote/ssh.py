@@ -67,7 +67,9 @@ def control_dir() -> Path:
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = folder.stat()
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise UserError(f"{folder} (SSH control sockets) is not private to you; fix: chmod 700 {folder}")
+        raise UserError(
+            f"{folder} (SSH control sockets) is not private to you; fix: chmod 700 {folder}"
+        )
     return folder
 
 
@@ -89,35 +91,63 @@ class SSH:
     def options(self) -> list[str]:
         login = self.login
         opts = [
-            "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={control_dir()}/%C",
-            "-o", f"ControlPersist={PERSIST_S}",
-            "-o", "StrictHostKeyChecking=yes",
-            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-            "-o", "ServerAliveInterval=30",
-            "-o", f"BatchMode={'yes' if self.batch else 'no'}",
+            "-o",
+            "ControlMaster=auto",
+            "-o",
+            f"ControlPath={control_dir()}/%C",
+            "-o",
+            f"ControlPersist={PERSIST_S}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+            "-o",
+            "ServerAliveInterval=30",
+            "-o",
+            f"BatchMode={'yes' if self.batch else 'no'}",
         ]
         if login.port:
             opts += ["-p", str(login.port)]
         if login.identity:
-            opts += ["-i", os.path.expanduser(os.path.expandvars(login.identity)), "-o", "IdentitiesOnly=yes"]
+            opts += [
+                "-i",
+                os.path.expanduser(os.path.expandvars(login.identity)),
+                "-o",
+                "IdentitiesOnly=yes",
+            ]
         if login.known_hosts:
-            opts += ["-o", f"UserKnownHostsFile={os.path.expanduser(os.path.expandvars(login.known_hosts))}"]
+            opts += [
+                "-o",
+                f"UserKnownHostsFile={os.path.expanduser(os.path.expandvars(login.known_hosts))}",
+            ]
         return opts
 
     def argv(self, command: str) -> list[str]:
         """`ssh ... HOST -- COMMAND`: COMMAND is one string for the login node's shell."""
         return ["ssh", *self.options(), "-T", self.login.host, "--", command]
 
-    def run(self, command: str, *, input: bytes | None = None, timeout: float | None = 120,
-            check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    def run(
+        self,
+        command: str,
+        *,
+        input: bytes | None = None,
+        timeout: float | None = 120,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[bytes]:
         """Run COMMAND on the login node, output captured; an SSH failure raises RemoteError."""
         try:
-            proc = subprocess.run(self.argv(command), input=input, capture_output=True, timeout=timeout,
-                                  stdin=None if input is not None else subprocess.DEVNULL)
+            proc = subprocess.run(
+                self.argv(command),
+                input=input,
+                capture_output=True,
+                timeout=timeout,
+                stdin=None if input is not None else subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
-            raise RemoteError(f"{self.login.where}: no answer within {timeout:.0f} s; check the "
-                              "network, or `ssh` to it by hand") from None
+            raise RemoteError(
+                f"{self.login.where}: no answer within {timeout:.0f} s; check the "
+                "network, or `ssh` to it by hand"
+            ) from None
         except FileNotFoundError:
             raise RemoteError("ssh is not installed here; install the OpenSSH client") from None
         if check:
@@ -128,7 +158,9 @@ class SSH:
         """Run COMMAND with its stdout on ours and its stderr passed through line by line (live);
         returns its exit code and the last lines of its stderr, or raises RemoteError for an SSH
         failure."""
-        proc = subprocess.Popen(self.argv(command), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            self.argv(command), stdin=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         tail: list[str] = []
         assert proc.stderr is not None
         try:
@@ -154,29 +186,47 @@ class SSH:
         where, text = self.login.where, stderr.strip()
         last = text.splitlines()[-1] if text else "ssh failed"
         low = text.lower()
-        if "host key verification failed" in low or "host identification has changed" in low \
-                or "no matching host key" in low:
+        if (
+            "host key verification failed" in low
+            or "host identification has changed" in low
+            or "no matching host key" in low
+        ):
             port = f"-p {self.login.port} " if self.login.port else ""
             raise RemoteError(
-                f"{where}: the host key is not in known_hosts or has changed (strict checking is on); "
-                f"fix: run `ssh {port}{self.login.host}` once, compare the fingerprint with the site's "
-                "documentation and accept it")
+                f"{where}: the host key is not in known_hosts or has changed (strict checking is "
+                f"on); fix: run `ssh {port}{self.login.host}` once, compare the fingerprint with "
+                "the site's "
+                "documentation and accept it"
+            )
         if "permission denied" in low or "too many authentication failures" in low:
             raise RemoteError(
-                f"{where}: authentication failed ({last}); fix: check login.identity, `ssh-add` your "
-                f"key, or log in once with `ssh {self.login.host}` (a password or MFA prompt needs a "
-                "terminal)")
-        if any(s in low for s in ("could not resolve", "connection refused", "timed out",
-                                  "no route to host", "network is unreachable", "connection closed",
-                                  "connection reset")):
-            raise RemoteError(f"{where}: host unreachable ({last}); fix: check login.host and "
-                              "login.port, your network or VPN")
+                f"{where}: authentication failed ({last}); fix: check login.identity, `ssh-add` "
+                f"your key, or log in once with `ssh {self.login.host}` (a password or MFA prompt "
+                "needs a "
+                "terminal)"
+            )
+        if any(
+            s in low
+            for s in (
+                "could not resolve",
+                "connection refused",
+                "timed out",
+                "no route to host",
+                "network is unreachable",
+                "connection closed",
+                "connection reset",
+            )
+        ):
+            raise RemoteError(
+                f"{where}: host unreachable ({last}); fix: check login.host and "
+                "login.port, your network or VPN"
+            )
         raise RemoteError(f"{where}: ssh failed ({last})")
 
     # -- files ------------------------------------------------------------------------------------
     def upload(self, local: Path, remote_dir: str) -> str:
-        """Copy the contents of folder `local` into `remote_dir` (created); rsync when both ends have
-        it, else scp. Both go through the control connection. Returns the tool used."""
+        """Copy the contents of folder `local` into `remote_dir` (created); rsync when both ends
+        have it, else scp. Both go through the control connection. Returns the tool used."""
         self.run(f"mkdir -p {shlex.quote(remote_dir)}")
         ssh_cmd = shlex.join(["ssh", *self.options()])
         if shutil.which("rsync") and self.run("command -v rsync", check=False).returncode == 0:
@@ -184,21 +234,33 @@ class SSH:
             tool = "rsync"
         else:
             scp_opts = [o if o != "-p" else "-P" for o in self.options()]
-            argv = ["scp", "-q", "-r", *scp_opts, *[str(p) for p in sorted(local.iterdir())],
-                    f"{self.login.host}:{remote_dir}/"]
+            argv = [
+                "scp",
+                "-q",
+                "-r",
+                *scp_opts,
+                *[str(p) for p in sorted(local.iterdir())],
+                f"{self.login.host}:{remote_dir}/",
+            ]
             tool = "scp"
         proc = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL)
         if proc.returncode != 0:
             err = proc.stderr.decode(errors="replace").strip()
             self.raise_for(SSH_FAILED if "ssh" in err.lower() else 0, err)
-            raise RemoteError(f"{self.login.where}: {tool} to {remote_dir} failed: "
-                              f"{err.splitlines()[-1] if err else proc.returncode}")
+            raise RemoteError(
+                f"{self.login.where}: {tool} to {remote_dir} failed: "
+                f"{err.splitlines()[-1] if err else proc.returncode}"
+            )
         return tool
 
     def close(self) -> None:
         """Close the control connection now (else it closes after PERSIST_S idle)."""
-        subprocess.run(["ssh", *self.options(), "-O", "exit", self.login.host], capture_output=True,
-                       stdin=subprocess.DEVNULL, timeout=30)
+        subprocess.run(
+            ["ssh", *self.options(), "-O", "exit", self.login.host],
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            timeout=30,
+        )
 
 
 def _is_ssh_noise(line: str) -> bool:

@@ -26,13 +26,26 @@ from hpctrain.remote.site import Site
 from hpctrain.remote.ssh import Login
 
 # Options of `submit` passed on as they are (the others are folded into the uploaded profile).
-_PASS = (("nodes", "--nodes"), ("gpus", "--gpus"), ("time_min", "--time"), ("strategy", "--strategy"),
-         ("module", "--module"), ("params", "--params"), ("plan_model", "--model"))
-_FLAGS = (("wait", "--wait"), ("dry_run", "--dry-run"), ("replace_finished", "--replace-finished"))
+_PASS = (
+    ("nodes", "--nodes"),
+    ("gpus", "--gpus"),
+    ("time_min", "--time"),
+    ("strategy", "--strategy"),
+    ("module", "--module"),
+    ("params", "--params"),
+    ("plan_model", "--model"),
+)
+_FLAGS = (
+    ("wait", "--wait"),
+    ("dry_run", "--dry-run"),
+    ("replace_finished", "--replace-finished"),
+    ("chain", "--chain"),
+)
 
 
 def site_profile(profile: Any, runs_dir: str) -> dict[str, Any]:
-    """The resolved profile as a standalone file for the site: no chain, no login, absolute runs_dir."""
+    """The resolved profile as a standalone file for the site: no chain, no login, an
+    absolute runs_dir."""
     data = profile.model_dump(mode="json")
     data.pop("login", None)
     data["extends"] = None
@@ -40,8 +53,13 @@ def site_profile(profile: Any, runs_dir: str) -> dict[str, Any]:
     return data
 
 
-def submit(o: dict[str, Any], profile: Any, *, extra: list[str] | None = None,
-           echo: Callable[[str], None] = print) -> int:
+def submit(
+    o: dict[str, Any],
+    profile: Any,
+    *,
+    extra: list[str] | None = None,
+    echo: Callable[[str], None] = print,
+) -> int:
     """Submit to the profile's login node; returns the site's exit code. `extra`: more options for
     the site's `submit` (sweep and chain options)."""
     import yaml
@@ -50,28 +68,53 @@ def submit(o: dict[str, Any], profile: Any, *, extra: list[str] | None = None,
 
     login = Login.of(profile.login)
     site = Site(login)
-    req = JobRequest.build(profile, name=o.get("name"), nodes=o.get("nodes"), gpus=o.get("gpus"),
-                           time_min=o.get("time_min"), strategy=o.get("strategy"),
-                           script=o.get("script"), module=o.get("module"), args=o.get("args", ()))
+    time_min = o.get("time_min")
+    if o.get("chain"):
+        from hpctrain import chain
+
+        time_min = chain.plan(time_min or profile.slurm.default_time_min, profile)[0].time_min
+    req = JobRequest.build(
+        profile,
+        name=o.get("name"),
+        nodes=o.get("nodes"),
+        gpus=o.get("gpus"),
+        time_min=time_min,
+        strategy=o.get("strategy"),
+        script=o.get("script"),
+        module=o.get("module"),
+        args=o.get("args", ()),
+    )
     raw_runs = profile.storage.runs_dir or f"{login.workdir.rstrip('/')}/runs"
     workdir, runs_dir = site.expand(login.workdir, raw_runs)
     for raw, value in ((login.workdir, workdir), (raw_runs, runs_dir)):
         if "$" in value:
-            raise UserError(f"{raw!r} uses a variable that is not set on {login.where}; fix: set it "
-                            "in the site's shell start-up, or use another path in the profile")
+            raise UserError(
+                f"{raw!r} uses a variable that is not set on {login.where}; fix: set it "
+                "in the site's shell start-up, or use another path in the profile"
+            )
     incoming = f"{workdir}/incoming/{req.name}-{secrets.token_hex(4)}"
     with tempfile.TemporaryDirectory(prefix="hpctrain-upload-") as tmp:
         stage = Path(tmp)
-        (stage / "profile.yaml").write_text(yaml.safe_dump(site_profile(profile, runs_dir), sort_keys=True))
+        (stage / "profile.yaml").write_text(
+            yaml.safe_dump(site_profile(profile, runs_dir), sort_keys=True)
+        )
         code = pack(stage / "code", script=o.get("script"), sync=o.get("sync"))
         if code and code.warning:
             echo(f"warning: {code.warning}")
         tool = site.ssh.upload(stage, incoming)
-    echo(f"site {login.where}: run folder {runs_dir}/{req.name}"
-         + (f"; code {code.source} sent with {tool}" if code else ""))
+    echo(
+        f"site {login.where}: run folder {runs_dir}/{req.name}"
+        + (f"; code {code.source} sent with {tool}" if code else "")
+    )
     args = ["submit", "--profile", f"{incoming}/profile.yaml", "--name", req.name]
     for key, flag in _PASS:
-        value = getattr(req, key, None) if key in ("nodes", "gpus", "time_min", "strategy") else o.get(key)
+        value = (
+            getattr(req, key, None)
+            if key in ("nodes", "gpus", "time_min", "strategy")
+            else o.get(key)
+        )
+        if key == "time_min" and o.get("chain"):
+            value = o.get("time_min")  # the whole time: the site plans the segments
         if value is not None:
             args += [flag, str(value)]
     if code:
@@ -85,6 +128,10 @@ def submit(o: dict[str, Any], profile: Any, *, extra: list[str] | None = None,
     finally:
         site.ssh.run(f"rm -rf {shlex.quote(incoming)}", check=False)  # only our own upload folder
     if rc == 0 and not o.get("dry_run"):
-        index.record(name=req.name, path=f"{runs_dir}/{req.name}", login=login.to_dict(),
-                     profile=profile.name)
+        index.record(
+            name=req.name,
+            path=f"{runs_dir}/{req.name}",
+            login=login.to_dict(),
+            profile=profile.name,
+        )
     return rc

@@ -13,7 +13,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sshd  # noqa: E402
 
-VENV_PYTHON = sys.executable  # the site's hpctrain: this checkout's venv, as a site would install it
+VENV_PYTHON = (
+    sys.executable
+)  # the site's hpctrain: this checkout's venv, as a site would install it
 
 
 @pytest.fixture(scope="session")
@@ -30,21 +32,39 @@ class Laptop:
         self.root, self.site = root, site
         self.home = root / "home"
         (self.home / ".ssh").mkdir(parents=True, exist_ok=True)
-        # ssh reads the passwd entry's ~/.ssh, not $HOME: the laptop's known_hosts is named in the profile
+        # ssh reads the passwd entry's ~/.ssh, not $HOME: the profile names the laptop's
+        # known_hosts
         self.known_hosts = self.home / ".ssh" / "known_hosts"
         self.known_hosts.write_text(Path(site.known_hosts).read_text())
         self.work = root / "work"
         self.work.mkdir(exist_ok=True)
         env = {k: v for k, v in os.environ.items() if k not in ("SCRATCH", "XDG_RUNTIME_DIR")}
-        self.env = {**env, "HOME": str(self.home), "XDG_STATE_HOME": str(root / "state"),
-                    "XDG_CONFIG_HOME": str(root / "config"), "OMP_NUM_THREADS": "1"}
+        self.env = {
+            **env,
+            "HOME": str(self.home),
+            "XDG_STATE_HOME": str(root / "state"),
+            "XDG_CONFIG_HOME": str(root / "config"),
+            "OMP_NUM_THREADS": "1",
+        }
         self.profile = self.write_profile("site", **login)
 
-    def write_profile(self, name: str, runs_dir: str = "$SCRATCH/runs", extends: str = "loopback",
-                      extra: str = "", **login: object) -> Path:
-        values = {"host": self.site.host, "port": self.site.port, "identity": self.site.identity,
-                  "remote_python": VENV_PYTHON, "workdir": f"{self.site.dir}/work",
-                  "known_hosts": str(self.known_hosts), **login}
+    def write_profile(
+        self,
+        name: str,
+        runs_dir: str = "$SCRATCH/runs",
+        extends: str = "loopback",
+        extra: str = "",
+        **login: object,
+    ) -> Path:
+        values = {
+            "host": self.site.host,
+            "port": self.site.port,
+            "identity": self.site.identity,
+            "remote_python": VENV_PYTHON,
+            "workdir": f"{self.site.dir}/work",
+            "known_hosts": str(self.known_hosts),
+            **login,
+        }
         lines = [f"name: {name}", f"extends: {extends}", "login:"]
         lines += [f"  {k}: {v!s}" for k, v in values.items() if v is not None]
         lines += ["storage:", f"  runs_dir: {runs_dir}", extra]
@@ -53,25 +73,55 @@ class Laptop:
         path.write_text("\n".join(lines) + "\n")
         return path
 
-    def hp(self, *args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
-        out = subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=self.work, env=self.env,
-                             capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    def hp(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        out = subprocess.run(
+            [sys.executable, "-m", "hpctrain", *args],
+            cwd=self.work,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
         if check:
-            assert out.returncode == 0, f"hpctrain {' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}"
+            assert out.returncode == 0, (
+                f"hpctrain {' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}"
+            )
         return out
 
     def close(self) -> None:
         """Close the control connection this laptop opened (it would persist for minutes)."""
-        subprocess.run(["ssh", "-o", f"ControlPath={control_dir(self.home)}/%C", "-O", "exit",
-                        "-o", f"UserKnownHostsFile={self.known_hosts}",
-                        "-p", str(self.site.port), self.site.host], env=self.env, capture_output=True,
-                       timeout=30, stdin=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                "ssh",
+                "-o",
+                f"ControlPath={control_dir(self.home)}/%C",
+                "-O",
+                "exit",
+                "-o",
+                f"UserKnownHostsFile={self.known_hosts}",
+                "-p",
+                str(self.site.port),
+                self.site.host,
+            ],
+            env=self.env,
+            capture_output=True,
+            timeout=30,
+            stdin=subprocess.DEVNULL,
+        )
 
 
 def control_dir(home: Path) -> str:
-    code = ("import sys; from hpctrain.remote.ssh import control_dir; print(control_dir())")
-    return subprocess.run([sys.executable, "-c", code], env={**os.environ, "HOME": str(home)},
-                          capture_output=True, text=True, check=True).stdout.strip()
+    code = "import sys; from hpctrain.remote.ssh import control_dir; print(control_dir())"
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "HOME": str(home)},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 @pytest.fixture

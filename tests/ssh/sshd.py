@@ -7,8 +7,8 @@ Everything lives in DIR: a generated host key, a user key (no passphrase: the te
 authorized_keys, a known_hosts entry for `[127.0.0.1]:PORT` (strict host key checking stays on), the
 sshd config and its log (LogLevel VERBOSE: one "Connection from" line per new TCP connection, which
 the benchmark counts). The server listens on loopback only. It runs as the user that starts it
-(root in CI, so the "remote" login is root, as the test cluster's jobs are). Each SSH session gets the
-site's own environment from `SetEnv` (SCRATCH, XDG_STATE_HOME): the laptop side does not have them.
+(root in CI, so the "remote" login is root, as the test cluster's jobs are). Each SSH session gets
+the site's own environment from `SetEnv` (SCRATCH, XDG_STATE_HOME), which the laptop side lacks.
 """
 
 from __future__ import annotations
@@ -58,8 +58,11 @@ def _free_port() -> int:
 
 
 def _keygen(path: Path, kind: str = "ed25519") -> None:
-    subprocess.run(["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "hpctrain-test", "-f", str(path)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", kind, "-N", "", "-C", "hpctrain-test", "-f", str(path)],
+        check=True,
+        capture_output=True,
+    )
 
 
 def up(folder: Path, *, env: dict[str, str] | None = None, timeout: float = 20.0) -> Site:
@@ -103,8 +106,12 @@ Subsystem sftp internal-sftp
     host_pub = (folder / "host_key.pub").read_text().split()
     (folder / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
     log.write_text("")
-    subprocess.run([SSHD, "-f", str(folder / "sshd_config"), "-E", str(log)], check=True,
-                   capture_output=True, timeout=timeout)  # daemonizes; writes the pid file
+    subprocess.run(
+        [SSHD, "-f", str(folder / "sshd_config"), "-E", str(log)],
+        check=True,
+        capture_output=True,
+        timeout=timeout,
+    )  # daemonizes; writes the pid file
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -117,9 +124,16 @@ Subsystem sftp internal-sftp
         raise RuntimeError(f"sshd did not listen on 127.0.0.1:{port}: {log.read_text()}")
     import pwd
 
-    site = Site(dir=str(folder), port=port, user=pwd.getpwuid(os.getuid()).pw_name,
-                identity=str(folder / "user_key"), known_hosts=str(folder / "known_hosts"),
-                scratch=str(scratch), state=str(state), log=str(log))
+    site = Site(
+        dir=str(folder),
+        port=port,
+        user=pwd.getpwuid(os.getuid()).pw_name,
+        identity=str(folder / "user_key"),
+        known_hosts=str(folder / "known_hosts"),
+        scratch=str(scratch),
+        state=str(state),
+        log=str(log),
+    )
     (folder / "site.json").write_text(json.dumps(asdict(site), indent=2) + "\n")
     return site
 

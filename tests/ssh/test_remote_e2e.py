@@ -13,9 +13,16 @@ from pathlib import Path
 
 import pytest
 
-TRAIN = ["--train.micro_batch=4", "--train.global_batch=8", "--train.log_every=1",
-         "--model.d_model=128", "--model.n_layers=4", "--model.seq_len=64", "--max-steps=40",
-         "--checkpoint-every=10"]
+TRAIN = [
+    "--train.micro_batch=4",
+    "--train.global_batch=8",
+    "--train.log_every=1",
+    "--model.d_model=128",
+    "--model.n_layers=4",
+    "--model.seq_len=64",
+    "--max-steps=40",
+    "--checkpoint-every=10",
+]
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}
 
 
@@ -49,7 +56,9 @@ def status(laptop, name: str) -> dict:
 
 
 def wait(laptop, name: str, timeout: float) -> dict:
-    return until(f"{name} ends", lambda: (s := status(laptop, name))["state"] in ENDED and s, timeout, 2)
+    return until(
+        f"{name} ends", lambda: (s := status(laptop, name))["state"] in ENDED and s, timeout, 2
+    )
 
 
 @pytest.mark.slurm
@@ -65,18 +74,28 @@ def test_laptop_submits_follows_preempts_and_resumes_bit_identical(slurm_cluster
         out = laptop.hp("submit", *topo, "--name", "ref", "--", *TRAIN)
         assert re.search(r"submitted ref: job \d+", out.stdout), out.stdout
         laptop.hp("submit", *topo, "--name", "pre", "--", *TRAIN)
-        follow = subprocess.Popen([sys.executable, "-m", "hpctrain", "logs", "pre", "--follow"],
-                                  cwd=laptop.work, env=laptop.env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        follow = subprocess.Popen(
+            [sys.executable, "-m", "hpctrain", "logs", "pre", "--follow"],
+            cwd=laptop.work,
+            env=laptop.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
         until("pre trains past step 3", lambda: len(steps(runs / "pre")) >= 3, 240)
         out = laptop.hp("preempt", "pre")
         assert re.search(r"job \d+", out.stdout), out.stdout
         # Slurm calls the batch script's exit 75 FAILED; the run's own events say what happened
         assert wait(laptop, "pre", 120)["state"] in ("PREEMPTED", "FAILED")
-        events = [json.loads(x)["event"] for x in (runs / "pre" / "events.jsonl").read_text().splitlines()]
+        events = [
+            json.loads(x)["event"] for x in (runs / "pre" / "events.jsonl").read_text().splitlines()
+        ]
         assert events[:2] == ["signal", "preempted"] and "requeue" not in events, events
-        followed, _ = follow.communicate(timeout=60)   # --follow ends by itself with the job
-        assert re.search(r"node 0 on n1", followed) and re.search(r"node 1 on n2", followed), followed[-2000:]
+        followed, _ = follow.communicate(timeout=60)  # --follow ends by itself with the job
+        assert re.search(r"node 0 on n1", followed) and re.search(r"node 1 on n2", followed), (
+            followed[-2000:]
+        )
         stopped = status(laptop, "pre")["checkpoint_step"]
         assert stopped is not None and 3 <= stopped < 40
 
@@ -85,16 +104,20 @@ def test_laptop_submits_follows_preempts_and_resumes_bit_identical(slurm_cluster
         assert info["state"] == "COMPLETED", info
         assert [j["kind"] for j in info["jobs"]] == ["submit", "resume"], info["jobs"]
         assert wait(laptop, "ref", 240)["state"] == "COMPLETED"
-        assert (runs / "pre" / "final_params.sha256").read_text() == \
-            (runs / "ref" / "final_params.sha256").read_text()
+        assert (runs / "pre" / "final_params.sha256").read_text() == (
+            runs / "ref" / "final_params.sha256"
+        ).read_text()
         starts = re.findall(r"step (\d+)/40\n", (runs / "pre" / "train.log").read_text())
         assert starts[0] == "0" and int(starts[1]) == stopped, starts
 
         # the laptop's view: logs of one rank, and the site's runs listed with their site
         assert "done: 40 steps" in laptop.hp("logs", "pre", "--rank", "1").stdout
         listed = {r["name"]: r for r in json.loads(laptop.hp("runs", "--json").stdout)}
-        assert listed["pre"]["state"] == "COMPLETED" and listed["pre"]["site"] == f"127.0.0.1:{site.port}" \
-            or listed["pre"]["site"].endswith(f":{site.port}"), listed
+        assert (
+            listed["pre"]["state"] == "COMPLETED"
+            and listed["pre"]["site"] == f"127.0.0.1:{site.port}"
+            or listed["pre"]["site"].endswith(f":{site.port}")
+        ), listed
         # the laptop keeps no run folder of its own, only the index entry
         assert not (laptop.work / "runs").exists()
         # one SSH connection served every command above
@@ -102,4 +125,6 @@ def test_laptop_submits_follows_preempts_and_resumes_bit_identical(slurm_cluster
     finally:
         for jobs in runs.glob("*/jobs.jsonl"):
             for line in jobs.read_text().splitlines():
-                subprocess.run(["scancel", json.loads(line)["job_id"]], capture_output=True, timeout=30)
+                subprocess.run(
+                    ["scancel", json.loads(line)["job_id"]], capture_output=True, timeout=30
+                )

@@ -14,14 +14,26 @@ def accepted(site) -> int:
 
 def test_dry_run_resolves_the_sites_variables_there_and_commands_share_one_connection(laptop):
     before = accepted(laptop.site)
-    out = laptop.hp("submit", "--profile", str(laptop.profile), "--name", "dry", "--nodes", "2",
-                    "--dry-run", "--", "--max-steps=5")
+    out = laptop.hp(
+        "submit",
+        "--profile",
+        str(laptop.profile),
+        "--name",
+        "dry",
+        "--nodes",
+        "2",
+        "--dry-run",
+        "--",
+        "--max-steps=5",
+    )
     # $SCRATCH is the site's (the laptop has none): the run folder is under the site's scratch
     assert f"{laptop.site.scratch}/runs/dry" in out.stdout, out.stdout
     assert f"site root@127.0.0.1:{laptop.site.port}" in out.stdout, out.stdout
     assert "nothing was written" in out.stdout
     assert not Path(laptop.site.scratch, "runs", "dry").exists()
-    assert not list(Path(laptop.site.dir, "work", "incoming").glob("*")), "upload folder left behind"
+    assert not list(Path(laptop.site.dir, "work", "incoming").glob("*")), (
+        "upload folder left behind"
+    )
     # the dry run wrote no index entry
     assert not (laptop.root / "state" / "hpctrain" / "remote-runs.jsonl").exists()
     # every command of that submit (resolve, upload, submit, clean up) used one SSH connection
@@ -38,8 +50,15 @@ def _fails(laptop, name: str, **login) -> str:
 
 def test_each_failure_is_one_line_naming_the_host_and_the_fix(laptop, tmp_path):
     port = laptop.site.port
-    closed = subprocess.run(["python3", "-c", "import socket; s=socket.socket(); s.bind(('127.0.0.1',0));"
-                             "print(s.getsockname()[1])"], capture_output=True, text=True).stdout.strip()
+    closed = subprocess.run(
+        [
+            "python3",
+            "-c",
+            "import socket; s=socket.socket(); s.bind(('127.0.0.1',0));print(s.getsockname()[1])",
+        ],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     err = _fails(laptop, "down", port=closed)
     assert re.search(rf"127\.0\.0\.1:{closed}: host unreachable .*fix: check login\.host", err), err
 
