@@ -72,12 +72,14 @@ def context(profile: Any, req: Any, run_dir: str) -> dict[str, Any]:
         "container_srun": kind.srun_options(c, where, gpu) if kind else [],
         "container_prefix": kind.prefix(c, where, gpu) if kind else [],
         "module_lines": [module_line(m) for m in env.modules],
-        "setup_lines": [Sh(line) for line in env.setup],            # trusted admin shell
+        "setup_lines": [Sh(line) for line in env.setup],  # trusted admin shell
         "task_setup_lines": [Sh(line) for line in env.task_setup],  # trusted admin shell
         "task_env": [(Sh(k), shvalue(v)) for k, v in sorted(env.task_env.items())],
         "activate_in_task": bool(c and env.activate),
         "gloo_prefix": profile.network.gloo_prefix,
-        "gloo_words": Sh(" ".join(shvalue(w) for w in (profile.network.gloo_prefix or "").split(","))),
+        "gloo_words": Sh(
+            " ".join(shvalue(w) for w in (profile.network.gloo_prefix or "").split(","))
+        ),
         "head_suffix": rdzv.host_suffix,
         "head_interface": rdzv.interface,
         "fixed_port": rdzv.port,

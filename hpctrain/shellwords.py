@@ -33,7 +33,7 @@ def shvalue(value: Any) -> Sh:
     no backticks."""
     text, out, pos = str(value), [], 0
     for m in ENV_REF.finditer(text):
-        out.append(_dq_escape(text[pos:m.start()]))
+        out.append(_dq_escape(text[pos : m.start()]))
         out.append(m.group(0))
         pos = m.end()
     out.append(_dq_escape(text[pos:]))

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -29,8 +28,16 @@ pytestmark = [pytest.mark.slurm]
 
 REPO = Path(__file__).resolve().parent.parent
 STANDINS = REPO / "tests" / "standins"
-SMALL = ["--train.micro_batch=4", "--train.global_batch=4", "--train.log_every=1", "--max-steps=2",
-         "--model.d_model=32", "--model.n_layers=1", "--model.seq_len=16", "--checkpoint-every=2"]
+SMALL = [
+    "--train.micro_batch=4",
+    "--train.global_batch=4",
+    "--train.log_every=1",
+    "--max-steps=2",
+    "--model.d_model=32",
+    "--model.n_layers=1",
+    "--model.seq_len=16",
+    "--checkpoint-every=2",
+]
 
 
 class Site(Runs):
@@ -41,8 +48,11 @@ class Site(Runs):
         self.record = root / "record"
         self.record.mkdir()
         (root / "profiles").mkdir()
-        self.env.update(PATH=f"{STANDINS}:{os.environ['PATH']}", STANDIN_RECORD=str(self.record),
-                        STANDIN_DATA=str(root / "data"))
+        self.env.update(
+            PATH=f"{STANDINS}:{os.environ['PATH']}",
+            STANDIN_RECORD=str(self.record),
+            STANDIN_DATA=str(root / "data"),
+        )
 
     def profile(self, name: str, text: str) -> str:
         path = self.root / "profiles" / f"{name}.yaml"
@@ -50,9 +60,22 @@ class Site(Runs):
         path.chmod(0o644)
         return str(path)
 
-    def submit_with(self, profile: str, name: str, *, nodes: int, gpus: int, train: list[str]) -> str:
-        out = self.hp("submit", "--profile", profile, "--nodes", str(nodes), "--gpus", str(gpus),
-                      "--name", name, "--", *train)
+    def submit_with(
+        self, profile: str, name: str, *, nodes: int, gpus: int, train: list[str]
+    ) -> str:
+        out = self.hp(
+            "submit",
+            "--profile",
+            profile,
+            "--nodes",
+            str(nodes),
+            "--gpus",
+            str(gpus),
+            "--name",
+            name,
+            "--",
+            *train,
+        )
         m = re.search(r"job (\d+)", out.stdout)
         assert m, out.stdout
         return m.group(1)
@@ -88,7 +111,7 @@ rendezvous:
 def test_srun_launcher_trains_2x2_and_a_preempted_run_resumes_bit_identical(site):
     profile = site.profile("loopback-srun", SRUN_PROFILE)
     site.submit_with(profile, "ref", nodes=2, gpus=2, train=FULL)
-    job = site.submit_with(profile, "pre", nodes=2, gpus=2, train=FULL)   # queued behind ref
+    job = site.submit_with(profile, "pre", nodes=2, gpus=2, train=FULL)  # queued behind ref
     ref, pre = site.run("ref"), site.run("pre")
     info = site.wait("ref", ENDED, 300)
     assert info["state"] == "COMPLETED", info
@@ -99,16 +122,22 @@ def test_srun_launcher_trains_2x2_and_a_preempted_run_resumes_bit_identical(site
     assert "hpctrain_head=${hpctrain_head}i " in text
     logs = "".join(p.read_text() for p in sorted((ref / "logs").glob("node-*.log")))
     for rank in range(4):
-        assert re.search(rf"node {rank // 2} task {rank} \(local {rank % 2}\) on n{rank // 2 + 1} "
-                         r".* master=127\.0\.0\.2:\d+", logs), logs[-3000:]
+        assert re.search(
+            rf"node {rank // 2} task {rank} \(local {rank % 2}\) on n{rank // 2 + 1} "
+            r".* master=127\.0\.0\.2:\d+",
+            logs,
+        ), logs[-3000:]
     assert "torch.distributed.run" not in logs and "4 ranks" in (ref / "train.log").read_text()
     assert steps(ref) == list(range(1, FULL_STEPS + 1))
 
     # the preemption chain under srun: trap -> STOP -> all ranks save, exit 75 -> requeue -> resume
     site.until("pre training past step 3", lambda: len(steps(pre)) >= 3, 240)
     assert f"job {job}" in site.hp("preempt", "pre").stdout
-    site.until("the requeued job starts", lambda: any(x["restart_count"] == 1
-                                                      for x in lines(pre / "restarts.jsonl")), 120)
+    site.until(
+        "the requeued job starts",
+        lambda: any(x["restart_count"] == 1 for x in lines(pre / "restarts.jsonl")),
+        120,
+    )
     info = site.wait("pre", ENDED, 300)
     assert info["state"] == "COMPLETED", info
     kinds = [e["event"] for e in lines(pre / "events.jsonl")]
@@ -120,35 +149,55 @@ def test_srun_launcher_trains_2x2_and_a_preempted_run_resumes_bit_identical(site
 
 # kind -> (environment.container, more launch keys, slurm keys)
 CONTAINERS = {
-    "pyxis": ("""
+    "pyxis": (
+        """
     kind: pyxis
     image: nvcr.io#nvidia/pytorch:24.05-py3
     mounts: [$STANDIN_DATA:/data, /tmp]
     workdir: /tmp
     env: [NCCL_DEBUG]
     flags: [--container-writable]
-""", "", "  single_node_sbatch: [--comment=single-node-only]\n"),
-    "apptainer": ("""
+""",
+        "",
+        "  single_node_sbatch: [--comment=single-node-only]\n",
+    ),
+    "apptainer": (
+        """
     kind: apptainer
     image: $STANDIN_DATA/pytorch.sif
     mounts: [/tmp]
-""", "  torchrun: torchrun-site\n  torchrun_args: [--local-addr=$HOSTNAME]\n", ""),
-    "singularity": ("""
+""",
+        "  torchrun: torchrun-site\n  torchrun_args: [--local-addr=$HOSTNAME]\n",
+        "",
+    ),
+    "singularity": (
+        """
     kind: singularity
     image: docker://rocm/pytorch:latest
     exec: run
     mounts: [$STANDIN_DATA:/data:ro]
-""", "", "  gpu_vendor: amd\n"),
-    "shifter": ("""
+""",
+        "",
+        "  gpu_vendor: amd\n",
+    ),
+    "shifter": (
+        """
     kind: shifter
     image: docker:nersc/pytorch:24.06.01
     modules: [gpu, nccl-plugin]
     mounts: [$STANDIN_DATA:/data]
-""", "", ""),
-    "edf": ("""
+""",
+        "",
+        "",
+    ),
+    "edf": (
+        """
     kind: edf
     image: $STANDIN_DATA/pytorch.toml
-""", "", ""),
+""",
+        "",
+        "",
+    ),
 }
 
 
@@ -156,8 +205,10 @@ CONTAINERS = {
 def test_every_container_kind_and_a_torchrun_wrapper_run_real_training(site):
     (site.root / "data").mkdir()
     for kind, (container, launch, slurm) in CONTAINERS.items():
-        text = (f"launch:\n  python: {sys.executable}\n{launch}environment:\n  container:{container}"
-                + (f"slurm:\n{slurm}" if slurm else ""))
+        text = (
+            f"launch:\n  python: {sys.executable}\n{launch}environment:\n  container:{container}"
+            + (f"slurm:\n{slurm}" if slurm else "")
+        )
         site.submit_with(site.profile(f"loopback-{kind}", text), kind, nodes=1, gpus=1, train=SMALL)
     data, runs = str(site.root / "data"), {k: site.run(k) for k in CONTAINERS}
     deadline = time.monotonic() + 300
@@ -170,9 +221,16 @@ def test_every_container_kind_and_a_torchrun_wrapper_run_real_training(site):
     pyxis = [a for a in srun if any(x.startswith("--container-image=") for x in a)]
     assert len(pyxis) == 1, srun
     run_dir = str(runs["pyxis"])
-    assert {"--container-image=nvcr.io#nvidia/pytorch:24.05-py3", "--container-workdir=/tmp",
+    assert (
+        {
+            "--container-image=nvcr.io#nvidia/pytorch:24.05-py3",
+            "--container-workdir=/tmp",
             f"--container-mounts={data}:/data,/tmp:/tmp,{run_dir}:{run_dir}",  # $VAR expanded on the node
-            "--container-env=NCCL_DEBUG", "--container-writable"} <= set(pyxis[0])
+            "--container-env=NCCL_DEBUG",
+            "--container-writable",
+        }
+        <= set(pyxis[0])
+    )
     assert "#SBATCH --comment=single-node-only" in (runs["pyxis"] / "job.sh").read_text()
     edf = [a for a in srun if any(x.startswith("--environment=") for x in a)]
     assert len(edf) == 1 and f"--environment={data}/pytorch.toml" in edf[0], srun
@@ -183,19 +241,30 @@ def test_every_container_kind_and_a_torchrun_wrapper_run_real_training(site):
     assert app[6] == f"{data}/pytorch.sif" and app[7:9] == ["bash", "-c"], app
     (wrapper,) = [r["argv"] for r in site.records("torchrun-site")]
     assert "--nnodes=1" in wrapper and "--rdzv-backend=c10d" in wrapper, wrapper
-    assert "--local-addr=n1" in wrapper or "--local-addr=n2" in wrapper, wrapper  # $HOSTNAME, on the node
+    assert "--local-addr=n1" in wrapper or "--local-addr=n2" in wrapper, (
+        wrapper
+    )  # $HOSTNAME, on the node
     assert wrapper[-2:] == ["--strategy", "ddp"] or "train_entry" in wrapper, wrapper
 
     (sing,) = [r["argv"] for r in site.records("singularity")]
     run_dir = str(runs["singularity"])
-    assert sing[:6] == ["run", "--rocm", "--bind", f"{data}:/data:ro", "--bind", f"{run_dir}:{run_dir}"]
+    assert sing[:6] == [
+        "run",
+        "--rocm",
+        "--bind",
+        f"{data}:/data:ro",
+        "--bind",
+        f"{run_dir}:{run_dir}",
+    ]
     assert sing[6] == "docker://rocm/pytorch:latest", sing
 
     text = (runs["shifter"] / "job.sh").read_text()
-    assert "#SBATCH --image=docker:nersc/pytorch:24.06.01\n#SBATCH --module=gpu,nccl-plugin\n" in text
+    assert (
+        "#SBATCH --image=docker:nersc/pytorch:24.06.01\n#SBATCH --module=gpu,nccl-plugin\n" in text
+    )
     (shifter,) = [r["argv"] for r in site.records("shifter")]
     run_dir = str(runs["shifter"])
     assert shifter[:2] == [f"--volume={data}:/data", f"--volume={run_dir}:{run_dir}"], shifter
     assert shifter[2:4] == ["bash", "-c"], shifter
-    for kind in CONTAINERS:   # inside each, the real training ran to its end
+    for kind in CONTAINERS:  # inside each, the real training ran to its end
         assert "done: 2 steps" in (runs[kind] / "train.log").read_text(), kind

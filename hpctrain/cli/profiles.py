@@ -54,7 +54,7 @@ def list_(as_json: bool) -> None:
                                "shadowed_by": str(e.shadowed_by) if e.shadowed_by else None,
                                "error": None}
         if e.error is not None:
-            rows.append({**row, "name": "?", "wins": False, "error": e.error})
+            rows.append({**row, "name": e.name or "?", "wins": False, "error": e.error})
             continue
         try:
             p = resolve_file(e.found or e.path, user_config=False, expect_name=e.name)

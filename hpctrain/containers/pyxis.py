@@ -1,7 +1,7 @@
 """pyxis (NVIDIA's enroot through Slurm's SPANK plugin): the container is an srun option set.
 
-    srun --container-image="IMAGE" --container-mounts="SRC:DST,..." [--container-workdir="DIR"]
-         [--container-env=NAME,...] [flags] bash -c NODE_CMD
+srun --container-image="IMAGE" --container-mounts="SRC:DST,..." [--container-workdir="DIR"]
+     [--container-env=NAME,...] [flags] bash -c NODE_CMD
 """
 
 from __future__ import annotations

@@ -23,6 +23,10 @@ def context(profile: Any, req: Any) -> dict[str, Any]:
         command = [shvalue(w) for w in launch.torchrun.split(" ")]
     else:
         command = [Sh('"$HPCTRAIN_PYTHON"'), Sh("-m"), Sh("torch.distributed.run")]
-    return {"torchrun_command": command,
-            "torchrun_args": [Sh(a.split("=", 1)[0] + ("=" + shvalue(a.split("=", 1)[1])
-                                                       if "=" in a else "")) for a in launch.torchrun_args]}
+    return {
+        "torchrun_command": command,
+        "torchrun_args": [
+            Sh(a.split("=", 1)[0] + ("=" + shvalue(a.split("=", 1)[1]) if "=" in a else ""))
+            for a in launch.torchrun_args
+        ],
+    }

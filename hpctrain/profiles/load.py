@@ -352,10 +352,15 @@ def discover() -> list[Entry]:
             broken.append(Entry("", d, kind, found=d, error=f"cannot read search folder {d}: {reason}; "
                                 f"fix: make it readable or remove it from HPCTRAIN_SITE_PATH"))
             continue
+        stems = [e.name for e in found]
+        for e in found:   # NAME.yaml beside NAME.yml: an error, never a silent winner
+            if stems.count(e.name) > 1:
+                e.error = (f"{e.found}:1: name: both {e.name}.yaml and {e.name}.yml are in {d}; "
+                           "fix: delete one of them (hpctrain does not pick one)")
         entries += found
-    winners = {e.name: e.path for e in entries}
+    winners = {e.name: e.path for e in entries if e.error is None}
     for e in entries:
-        if winners[e.name] != e.path:
+        if e.name in winners and winners[e.name] != e.path:
             e.shadowed_by = winners[e.name]
     return entries + broken
 
@@ -375,7 +380,11 @@ def _looks_like_path(ref: str) -> bool:
 
 def find(name: str, *, skip: set[Path] | None = None) -> Path:
     """The winning file for a profile name (skipping files already in an extends chain)."""
-    entries = [e for e in discover() if e.error is None]
+    every = discover()
+    for e in every:
+        if e.error is not None and e.name == name:
+            raise UserError(e.error)
+    entries = [e for e in every if e.error is None]
     for e in reversed(entries):
         if e.name == name and e.path not in (skip or set()):
             _check_shadowing(e, entries)

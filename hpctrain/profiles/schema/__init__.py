@@ -43,6 +43,8 @@ from hpctrain.profiles.schema.slurm import Network, Slurm
 SIGNALS = ("USR2", "USR1", "HUP", "INT", "URG")
 
 __all__ = [
+    "Login",
+    "_model_of",
     "DEDICATED_ENV",
     "ENV_NAME",
     "ENV_REF",

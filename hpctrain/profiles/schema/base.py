@@ -92,8 +92,20 @@ SRUN_OWNED = {
 # Options that would undo the site's policy or a locked key, refused wherever an option list
 # appears (slurm.extra_sbatch, slurm.srun_args, container flags): docs/security.md.
 POLICY_OWNED = {
-    **{k: SBATCH_OWNED[k] for k in ("partition", "account", "qos", "reservation", "constraint",
-                                     "exclusive", "mem", "cpus-per-task", "cpus-per-gpu")},
+    **{
+        k: SBATCH_OWNED[k]
+        for k in (
+            "partition",
+            "account",
+            "qos",
+            "reservation",
+            "constraint",
+            "exclusive",
+            "mem",
+            "cpus-per-task",
+            "cpus-per-gpu",
+        )
+    },
     "export": "the script sets the environment (environment.env); --export would drop or replace it",
     "export-file": "the script sets the environment (environment.env)",
     "get-user-env": "the script sets the environment (environment.env)",

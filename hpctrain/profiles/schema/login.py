@@ -13,27 +13,42 @@ from hpctrain.profiles.schema.checks import check_path_text
 class Login(Strict):
     """A login node reached over SSH: `submit`, `status`, `logs`... then work from this machine."""
 
-    host: str = Field(description="SSH destination `user@host` or `host` (an alias of ~/.ssh/config "
-                                  "works too); its host key must already be in known_hosts.")
-    port: int | None = Field(None, ge=1, le=65535, description="SSH port; null: ssh's default (22 or "
-                                                                   "~/.ssh/config).")
-    identity: str | None = Field(None, description="Private key file (`ssh -i`); null: ssh's "
-                                                   "default keys or agent.")
-    remote_python: str = Field("python3", description="The site's Python that has hpctrain installed "
-                                                      "(e.g. `$HOME/venv/bin/python`; expanded on the "
-                                                      "login node).")
-    workdir: str = Field("~/.hpctrain", description="Folder on the login node for code being "
-                                                   "uploaded before its run folder exists.")
-    known_hosts: str | None = Field(None, description="A known_hosts file with the site's host key "
-                                                      "(e.g. published with the profile); null: "
-                                                      "~/.ssh/known_hosts. Checking is always strict.")
+    host: str = Field(
+        description="SSH destination `user@host` or `host` (an alias of ~/.ssh/config "
+        "works too); its host key must already be in known_hosts."
+    )
+    port: int | None = Field(
+        None, ge=1, le=65535, description="SSH port; null: ssh's default (22 or ~/.ssh/config)."
+    )
+    identity: str | None = Field(
+        None, description="Private key file (`ssh -i`); null: ssh's default keys or agent."
+    )
+    remote_python: str = Field(
+        "python3",
+        description="The site's Python that has hpctrain installed "
+        "(e.g. `$HOME/venv/bin/python`; expanded on the "
+        "login node).",
+    )
+    workdir: str = Field(
+        "~/.hpctrain",
+        description="Folder on the login node for code being "
+        "uploaded before its run folder exists.",
+    )
+    known_hosts: str | None = Field(
+        None,
+        description="A known_hosts file with the site's host key "
+        "(e.g. published with the profile); null: "
+        "~/.ssh/known_hosts. Checking is always strict.",
+    )
 
     @field_validator("host")
     @classmethod
     def _host(cls, v: str) -> str:
         if not re.match(r"^([A-Za-z0-9._-]+@)?[A-Za-z0-9][A-Za-z0-9._-]*\Z", v):
-            raise ValueError(f"login.host {v!r} is not user@host; fix: write host or user@host "
-                             "(letters, digits, '.', '_', '-'; no spaces or options)")
+            raise ValueError(
+                f"login.host {v!r} is not user@host; fix: write host or user@host "
+                "(letters, digits, '.', '_', '-'; no spaces or options)"
+            )
         return v
 
     @field_validator("identity", "remote_python", "workdir", "known_hosts")

@@ -61,12 +61,17 @@ class Profile(Strict):
         default_factory=Rendezvous, description="Rendezvous head and port."
     )
     preemption: Preemption = Field(default_factory=Preemption, description="Preemption handling.")
-    login: Login | None = Field(None, description="Reach the site over SSH from another machine "
-                                                  "(docs/remote.md); null: this machine is the login node.")
-    preflight: Preflight = Field(default_factory=Preflight,
-                                 description="Node checks before training (docs/bad-nodes.md).")
-    watchdog: Watchdog = Field(default_factory=Watchdog,
-                               description="Collective timeouts and the stall heartbeat.")
+    login: Login | None = Field(
+        None,
+        description="Reach the site over SSH from another machine "
+        "(docs/remote.md); null: this machine is the login node.",
+    )
+    preflight: Preflight = Field(
+        default_factory=Preflight, description="Node checks before training (docs/bad-nodes.md)."
+    )
+    watchdog: Watchdog = Field(
+        default_factory=Watchdog, description="Collective timeouts and the stall heartbeat."
+    )
     locked: list[LockedKey] = Field(
         default_factory=list,
         description="Dotted keys (or whole sections) that profiles extending this one, the user's "
@@ -104,8 +109,13 @@ class Profile(Strict):
 
     def _checks(self) -> list[tuple[str, str]]:
         if self.launch.launcher == "srun" and self.scheduler != "slurm":
-            return [("launch", "launch.launcher srun needs scheduler slurm (srun starts the tasks); "
-                     "fix: use launcher torchrun with scheduler local")]
+            return [
+                (
+                    "launch",
+                    "launch.launcher srun needs scheduler slurm (srun starts the tasks); "
+                    "fix: use launcher torchrun with scheduler local",
+                )
+            ]
         return []
 
     @property
