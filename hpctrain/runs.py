@@ -11,6 +11,7 @@ import datetime as _dt
 import json
 import os
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,18 @@ def runs_dir_of(profile: Any, cwd: Path | None = None) -> Path:
     if "$" in expanded:
         raise UserError(f"storage.runs_dir {raw!r} uses a variable that is not set here; set it or "
                         "choose another runs_dir (the run folder must be known at submit time)")
-    return Path(cwd or Path.cwd(), expanded).resolve()
+    try:
+        return Path(cwd or Path.cwd(), expanded).resolve()
+    except (OSError, RuntimeError) as e:
+        raise UserError(f"storage.runs_dir {raw!r} cannot be resolved ({getattr(e, 'strerror', None) or e}, "
+                        "a symlink loop?); fix: point runs_dir at a real folder") from None
+
+
+class BrokenRun(UserError):
+    """A run folder whose files cannot be read as a run (shown as a BROKEN row, not a crash)."""
+
+
+LOW_SPACE = 1 << 20      # a run folder needs at least this much room to start
 
 
 def _index_file() -> Path:
@@ -43,10 +55,12 @@ def _index_file() -> Path:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
+    try:
+        text = path.read_text(errors="replace") if path.is_file() else ""
+    except OSError:
         return []
     out = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in text.splitlines():
         try:
             item = json.loads(line)
         except ValueError:
@@ -91,9 +105,31 @@ class RunDir:
         return self.run_yaml.is_file()
 
     # -- creating ---------------------------------------------------------------------------------
+    def check_writable(self) -> None:
+        """The run folder can be created here: its nearest existing folder is a writable folder
+        with room (what `submit --dry-run` checks without writing anything)."""
+        p = self.path.parent
+        while not os.path.lexists(p):
+            p = p.parent
+        why = None
+        if not p.is_dir():
+            why = f"{p} is not a folder"
+        elif not os.access(p, os.W_OK | os.X_OK):
+            why = f"{p} is not writable (read-only, or not yours)"
+        else:
+            try:
+                free = shutil.disk_usage(p).free
+            except OSError as e:
+                free, why = 0, f"{p}: {e.strerror}"
+            if why is None and free < LOW_SPACE:
+                why = f"no space left in {p} ({free} bytes free)"
+        if why:
+            raise UserError(f"cannot write the run folder {self.path}: {why}; fix: choose another "
+                            "storage.runs_dir (--set storage.runs_dir=DIR) or free space there")
+
     def check_free(self, state: str | None, *, replace_finished: bool = False) -> None:
         """Refuse a name that is taken; `replace_finished` moves a COMPLETED run aside."""
-        if not self.path.exists():
+        if not os.path.lexists(self.path):
             return
         if not self.exists():
             raise UserError(f"{self.path} exists and is not a run folder (no run.yaml); choose another "
@@ -112,12 +148,15 @@ class RunDir:
         with replace_finished, checked by check_free) is renamed to NAME.old-<time>, never deleted."""
         import yaml
 
-        if self.path.exists() and replace_finished:
-            stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-            aside = self.path.with_name(f"{self.name}.old-{stamp}")
-            self.path.rename(aside)
-        self.path.mkdir(parents=True, exist_ok=False)
-        self.logs.mkdir()
+        try:
+            if self.path.exists() and replace_finished:
+                stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+                move_aside(self.path, f"{self.name}.old-{stamp}")
+            self.path.mkdir(parents=True, exist_ok=False)
+            self.logs.mkdir()
+        except OSError as e:
+            raise UserError(f"cannot create the run folder {self.path}: {e.strerror or e}; fix: choose "
+                            "another --name or storage.runs_dir, or free space there") from None
         frozen = {
             "hpctrain_version": __version__,
             "created": now(),
@@ -142,10 +181,23 @@ class RunDir:
 
         if not self.exists():
             raise UserError(f"{self.path} is not a run folder (no run.yaml)")
-        return yaml.safe_load(self.run_yaml.read_text()) or {}
+        try:
+            data = yaml.safe_load(self.run_yaml.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, RecursionError) as e:
+            what = getattr(e, "strerror", None) or type(e).__name__
+            raise BrokenRun(f"{self.run_yaml} cannot be read ({what}): the run is broken; fix: restore "
+                            "run.yaml from a backup, or move the folder away") from None
+        if not isinstance(data, dict):
+            raise BrokenRun(f"{self.run_yaml} is not a mapping: the run is broken; fix: restore run.yaml "
+                            "from a backup, or move the folder away")
+        for key in ("profile", "request"):
+            if not isinstance(data.get(key), dict):
+                raise BrokenRun(f"{self.run_yaml} has no {key} section: the run is broken; fix: restore "
+                                "run.yaml from a backup, or move the folder away")
+        return data
 
     def scheduler(self) -> str:
-        return str(self.frozen().get("profile", {}).get("scheduler", "local"))
+        return str(self.frozen()["profile"].get("scheduler", "local"))
 
     def jobs(self) -> list[dict[str, Any]]:
         return _read_jsonl(self.path / "jobs.jsonl")
@@ -155,8 +207,10 @@ class RunDir:
                       {"job_id": str(job_id), "kind": kind, "time": now(), "scheduler": scheduler})
 
     def last_job_id(self) -> str | None:
-        """The job to ask about: the newest submission's (a chain's current segment)."""
-        jobs = self.jobs()
+        """The job to ask about: the newest submission's (a chain's current segment). A line
+        without a job_id (hand-edited, cut short) is skipped."""
+        jobs = [j for j in self.jobs() if isinstance(j.get("job_id"), str | int)
+                and not isinstance(j.get("job_id"), bool)]
         if jobs and jobs[-1].get("kind") == "chain":
             from hpctrain import chain
 
@@ -175,6 +229,37 @@ class RunDir:
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
+
+    def failure_reason(self) -> str | None:
+        """Why the run stopped, in one line: the last `error: ...` line a rank or the batch script
+        wrote, else, when the run folder's disk is full, that (with the newest checkpoint and the fix)."""
+        found = None
+        logs = [*sorted(self.logs.glob("node-*.log")), *sorted(self.logs.glob("rank-*.log")),
+                self.logs / "batch.log"]
+        for log in logs:
+            try:
+                with open(log, "rb") as f:
+                    f.seek(max(0, log.stat().st_size - 16384))
+                    tail = f.read().decode(errors="replace")
+            except OSError:
+                continue
+            for line in tail.splitlines():
+                if line.startswith("error: ") or line.startswith("hpctrain: error: "):
+                    found = line.split("error: ", 1)[1].strip()
+        if found:
+            return found
+        try:
+            free = shutil.disk_usage(self.path).free
+        except OSError:
+            return None
+        if free >= LOW_SPACE:
+            return None
+        try:
+            newest = (self.path / "checkpoints" / "latest").read_text().strip() or "none"
+        except OSError:
+            newest = "none"
+        return (f"no space left in {self.path.parent} ({free} bytes free); newest verified checkpoint: "
+                f"{newest}; fix: free space there, then `hpctrain resume {self.name}`")
 
     def newest_checkpoint_step(self) -> int | None:
         """The step of checkpoints/latest (the newest verified checkpoint), or None."""
@@ -205,12 +290,52 @@ def all_runs(runs_dir: Path | None = None) -> list[RunDir]:
     """Runs in `runs_dir` (default ./runs) and in the index, oldest first, each once."""
     seen: dict[Path, RunDir] = {}
     base = runs_dir or Path("runs")
-    if base.is_dir():
-        for child in sorted(base.iterdir()):
+    try:
+        children = sorted(base.iterdir()) if base.is_dir() else []
+    except OSError:
+        children = []
+    for child in children:
+        try:
             if (child / "run.yaml").is_file():
                 seen.setdefault(child.resolve(), RunDir(child.resolve()))
+        except (OSError, RuntimeError):
+            continue        # a symlink loop or an unreadable entry is not a run
     for item in _read_jsonl(_index_file()):
-        p = Path(item.get("path", ""))
-        if (p / "run.yaml").is_file():
-            seen.setdefault(p.resolve(), RunDir(p.resolve()))
-    return sorted(seen.values(), key=lambda r: r.run_yaml.stat().st_mtime)
+        try:
+            p = Path(str(item.get("path", "")))
+            if (p / "run.yaml").is_file():
+                seen.setdefault(p.resolve(), RunDir(p.resolve()))
+        except (OSError, RuntimeError, ValueError):
+            continue
+
+    def mtime(r: RunDir) -> float:
+        try:
+            return r.run_yaml.stat().st_mtime
+        except OSError:
+            return 0.0
+    return sorted(seen.values(), key=mtime)
+
+
+def move_aside(path: Path, name: str) -> Path:
+    """Rename `path` to `name` in its folder, never onto something that exists (NAME-2, -3, ...)."""
+    for i in range(1, 1000):
+        aside = path.with_name(name if i == 1 else f"{name}-{i}")
+        if os.path.lexists(aside):
+            continue
+        os.rename(path, aside)   # rename(2) would replace an empty folder: the check above keeps it
+        return aside
+    raise UserError(f"cannot move {path} aside: {name}-1..999 all exist; fix: clean them up")
+
+
+def copy_aside(src: Path, name: str) -> Path:
+    """Copy `src` to a new file `name` in its folder, created exclusively (NAME-2, ... if taken)."""
+    for i in range(1, 1000):
+        dst = src.with_name(name if i == 1 else f"{name}-{i}")
+        try:
+            with open(dst, "xb") as out:
+                out.write(src.read_bytes())
+        except FileExistsError:
+            continue
+        shutil.copystat(src, dst)
+        return dst
+    raise UserError(f"cannot copy {src} aside: {name}-1..999 all exist; fix: clean them up")

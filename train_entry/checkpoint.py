@@ -17,11 +17,13 @@ This module imports torch only inside the Checkpointer, so the CLI can read mani
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -36,6 +38,7 @@ STEP_RE = re.compile(r"^step-(\d{8})$")
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"
 FORMAT = 1
+LOW_SPACE = 64 << 20     # a save that failed with less free than this failed for lack of space
 DCP_STRATEGIES = ("ddp", "fsdp")
 STRATEGIES = (*DCP_STRATEGIES, "deepspeed")
 
@@ -62,11 +65,15 @@ def fsync_path(path: Path) -> None:
 def write_atomic(path: Path, text: str) -> None:
     """Replace `path` with `text`: temp file in the same folder, fsync, rename, fsync the folder."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)   # a full disk: leave the old file, not a half-written temp
+        raise
     fsync_path(path.parent)
 
 
@@ -82,22 +89,38 @@ def list_files(folder: Path) -> list[str]:
 
 
 def verify(folder: Path) -> tuple[dict | None, str | None]:
-    """(manifest, None) when every file the manifest lists has its size and checksum, else (None, why)."""
+    """(manifest, None) when every file the manifest lists has its size and checksum, else (None, why).
+    Reads only regular files inside `folder`: a manifest naming /dev/zero, ../x or a symlink out is
+    refused, never followed (verification must not hang or read outside the checkpoint)."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
     except FileNotFoundError:
         return None, f"no {MANIFEST} (the save did not finish)"
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         return None, f"unreadable {MANIFEST}: {exc}"
+    if not isinstance(manifest, dict):
+        return None, f"{MANIFEST} is not a JSON object"
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         return None, f"{MANIFEST} lists no files"
+    root = folder.resolve()
     for rel, entry in sorted(files.items()):
+        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) \
+                or not isinstance(entry.get("sha256"), str):
+            return None, f"{MANIFEST}: the entry of {rel!r} has no size and sha256"
         path = folder / rel
         try:
-            size = path.stat().st_size
+            inside = path.resolve().is_relative_to(root) and not Path(rel).is_absolute()
+            st = path.lstat()
         except FileNotFoundError:
             return None, f"{rel} is missing"
+        except (OSError, RuntimeError, ValueError) as exc:
+            return None, f"{rel} cannot be checked: {exc}"
+        if not inside:
+            return None, f"{MANIFEST} lists {rel!r}, which is outside the checkpoint folder"
+        if not stat.S_ISREG(st.st_mode):
+            return None, f"{MANIFEST} lists {rel!r}, which is not a regular file"
+        size = st.st_size
         if size != entry["size"]:
             return None, f"{rel} is {size} bytes, the manifest says {entry['size']} (truncated?)"
         if sha256_file(path) != entry["sha256"]:
@@ -122,6 +145,39 @@ def newest_verified(ckpt_dir: Path, warn: Callable[[str], None] | None = None
             return folder, manifest
         if warn:
             warn(f"checkpoint {folder} skipped: {why}; it is left in place")
+    return None
+
+
+class SaveFailed(Exception):
+    """A checkpoint could not be written (full disk, I/O error). Raised on EVERY rank at once (the
+    ranks agree on it at each step of the save), so the caller can go on training together."""
+
+    def __init__(self, step: int, folder: Path, cause: BaseException | None) -> None:
+        self.step, self.folder, self.cause = step, folder, cause
+        self.no_space = getattr(cause, "errno", None) == errno.ENOSPC or "No space left" in str(cause)
+        if not self.no_space:     # torch's zip writer hides ENOSPC ("unexpected pos"): ask the disk
+            try:
+                self.no_space = shutil.disk_usage(folder if folder.exists() else folder.parent).free < LOW_SPACE
+            except OSError:
+                pass
+        lines = (getattr(cause, "strerror", None) or str(cause) or type(cause).__name__).strip().splitlines()
+        reason = "no space left on the device" if self.no_space else (
+            lines[-1][:200] if cause is not None else "another rank failed")
+        super().__init__(f"checkpoint of step {step} into {folder} failed: {reason}")
+
+
+def _attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BaseException | None:
+    """Run one step of a save on this rank: None, or the I/O error it raised (for _agree)."""
+    try:
+        fn(*args, **kwargs)
+    except OSError as exc:
+        return exc
+    except BaseException as exc:
+        # DCP wraps each rank's failure in a CheckpointException (a BaseException, on every rank)
+        if type(exc).__name__ == "CheckpointException" or (
+                isinstance(exc, Exception) and "No space left" in str(exc)):
+            return exc
+        raise
     return None
 
 
@@ -308,20 +364,42 @@ class Checkpointer:
 
     def save(self, state: Any, *, sync: bool = True) -> Path:
         """Write a checkpoint of `state`. sync=False (DCP only) returns once the tensors are staged;
-        the write and the commit finish in the background and `wait()` waits for them."""
+        the write and the commit finish in the background and `wait()` waits for them.
+
+        A save that cannot be written (a full disk) raises SaveFailed on every rank together: the
+        half-written staging folder is removed, `latest` and the older checkpoints are untouched,
+        and the next interval tries again (docs/checkpoint-resume.md, "A full disk")."""
         self.wait()   # one save at a time: the previous one is committed before this starts
+        _, rank, _ = self._dist()
+        staging = self.dir / f".staging-{step_name(state.step)}"
+        try:
+            return self._save(state, sync=sync)
+        except SaveFailed:
+            self._failed(staging, rank)
+            raise
+
+    def _failed(self, staging: Path, rank: int) -> None:
+        if rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)  # frees the space it took; never a checkpoint
+        self._last_time = time.monotonic()              # retry after another interval, not every step
+
+    def _agree(self, error: BaseException | None, step: int) -> None:
+        """A barrier that also agrees on failure: when any rank failed, every rank raises SaveFailed
+        (a rank that raised alone would leave the others waiting in the next collective)."""
+        if self._any_rank(error is not None):
+            raise SaveFailed(step, self.dir, error)
+
+    def _save(self, state: Any, *, sync: bool) -> Path:
         _, rank, world = self._dist()
         t0 = time.monotonic()
         name = step_name(state.step)
         final, staging = self.dir / name, self.dir / f".staging-{name}"
-        if rank == 0:
-            self._prepare(final, staging)
-        self._barrier()
-        self._write_side_files(state, staging, rank, world)
+        self._agree(_attempt(self._prepare, final, staging) if rank == 0 else None, state.step)
+        self._agree(_attempt(self._write_side_files, state, staging, rank, world), state.step)
 
         if self.strategy == "deepspeed":
-            state.model.save_checkpoint(str(self.dir), tag=staging.name, client_state={},
-                                        save_latest=False)
+            self._agree(_attempt(state.model.save_checkpoint, str(self.dir), tag=staging.name,
+                                 client_state={}, save_latest=False), state.step)
             sync = True
         else:
             import torch.distributed.checkpoint as dcp
@@ -343,32 +421,38 @@ class Checkpointer:
                 self.timings.append({"step": state.step, "async": True,
                                      "blocked_s": time.monotonic() - t0})
                 return final
-            dcp.save(holder, checkpoint_id=str(staging), planner=_planner())
+            # every rank's files are written (DCP/DeepSpeed fsync their own) once all agree
+            self._agree(_attempt(dcp.save, holder, checkpoint_id=str(staging), planner=_planner()),
+                        state.step)
 
-        self._barrier()          # every rank's files are written (DCP/DeepSpeed fsync their own)
-        if rank == 0:
-            self._commit(staging, final, state.step, world)
-        self._barrier()          # nobody goes on (or exits 75) before the checkpoint is committed
+        # nobody goes on (or exits 75) before the checkpoint is committed
+        self._agree(_attempt(self._commit, staging, final, state.step, world) if rank == 0 else None,
+                    state.step)
         self._last_step, self._last_time = state.step, time.monotonic()
         took = time.monotonic() - t0
         self.timings.append({"step": state.step, "async": False, "blocked_s": took, "total_s": took})
         return final
 
     def wait(self) -> None:
-        """Block until the pending async save is written and committed (on every rank)."""
+        """Block until the pending async save is written and committed (on every rank); SaveFailed
+        on every rank when it could not be."""
         pending, self._pending = self._pending, None
         if pending is None:
             return
         t0 = time.monotonic()
-        pending.future.result()
+        error = _attempt(pending.future.result)
         if pending.committer is not None:
             pending.committer.join()
-        self._barrier()
+        error = error or pending.error
         if self.timings and self.timings[-1]["step"] == pending.step:
             self.timings[-1]["total_s"] = time.monotonic() - pending.started
             self.timings[-1]["wait_blocked_s"] = time.monotonic() - t0
-        if pending.error is not None:
-            raise RuntimeError(f"async checkpoint of step {pending.step} failed: {pending.error}")
+        try:
+            self._agree(error, pending.step)
+        except SaveFailed:
+            self._failed(pending.staging, self._dist()[1])
+            self._last_step = None
+            raise
 
     # ------------------------------------------------------------ the steps of a save
     def _prepare(self, final: Path, staging: Path) -> None:

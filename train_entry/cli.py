@@ -89,3 +89,20 @@ def main(argv: list[str] | None = None) -> int:
             one = isinstance(e, ValidationError) and len(e.problems) == 1
             print(f"error: {e.problems[0] if one else e.format_message()}", file=sys.stderr)
         return 2
+    except Exception as e:
+        if _peer_gone(e):     # a secondary failure: the rank that died first says why
+            print(f"hpctrain: rank {os.environ.get('RANK', '?')} stopped: another rank failed first "
+                  "(its error is in the logs)", file=sys.stderr, flush=True)
+            return 1
+        if type(e).__name__ != "RunFailed":          # train_entry.trainer.RunFailed (torch-free here)
+            raise
+        if not getattr(e, "every_rank", False) or os.environ.get("RANK", "0") == "0":
+            print(f"error: {e}", file=sys.stderr, flush=True)   # said once
+        return 1
+
+
+def _peer_gone(e: BaseException) -> bool:
+    """A collective that failed only because another rank exited (gloo's connection errors)."""
+    text = str(e)
+    return type(e).__name__ in ("RuntimeError", "DistBackendError", "DistNetworkError") and any(
+        m in text for m in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))

@@ -27,6 +27,7 @@ def rank_logger(run_dir: Path, rank: int) -> logging.Logger:
     log.propagate = False
     if not log.handlers:
         h = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log", mode="a")
+        h.handleError = lambda record: None  # type: ignore[method-assign]  # a full disk: no traceback
         h.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(message)s"))
         log.addHandler(h)
     return log

@@ -11,6 +11,7 @@ newest verified checkpoint: model, optimizer, schedule, scaler, RNG and the exac
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from train_entry.checkpoint import Checkpointer
+from train_entry.checkpoint import LATEST, Checkpointer, SaveFailed
 from train_entry.config import TrainConfig
 from train_entry.data import build_batches
 from train_entry.dist import init_distributed, teardown
@@ -49,6 +50,15 @@ def tokens_per_sample(batch: Any) -> int | None:
     return None
 
 
+class RunFailed(Exception):
+    """The run cannot go on (a full disk): one line for the user, exit code 1. `every_rank`: all
+    ranks raise it together (a failed save), so only rank 0 says it."""
+
+    def __init__(self, line: str, *, every_rank: bool = False) -> None:
+        super().__init__(line)
+        self.every_rank = every_rank
+
+
 class Trainer:
     def __init__(self, cfg: TrainConfig, *, run_dir: str | Path, grad_accum: int) -> None:
         self.cfg, self.run_dir, self.accum = cfg, Path(run_dir).resolve(), grad_accum
@@ -58,8 +68,45 @@ class Trainer:
         info = init_distributed(timeout_min=self.cfg.train.timeout_min, seed=self.cfg.train.seed)
         try:
             return self._train(info)
+        except SaveFailed as e:
+            reason = str(e).rsplit(": ", 1)[-1]
+            raise RunFailed(self._fatal_line(e.folder, f"could not save step {e.step}", e.no_space,
+                                             reason), every_rank=True) from None
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            where = Path(e.filename).parent if e.filename else self.run_dir
+            raise RunFailed(self._fatal_line(where, "a write failed", True, "")) from None
         finally:
             teardown()
+
+    def _newest(self) -> str:
+        try:
+            return (self.run_dir / "checkpoints" / LATEST).read_text().strip() or "none"
+        except OSError:
+            return "none"
+
+    def _fatal_line(self, folder: Path, what: str, no_space: bool, reason: str) -> str:
+        """One line: what failed where, the newest verified checkpoint, and the fix."""
+        head = f"no space left in {folder}" if no_space else f"{reason} in {folder}"
+        return (f"{head}: {what}; newest verified checkpoint: {self._newest()}; fix: free space "
+                f"there, then `hpctrain resume {self.run_dir.name}`")
+
+    def _try_save(self, save: Any, *, rank: int, metrics: Any, log: Any) -> bool:
+        """A periodic save that may fail without ending the run: every rank gets the same
+        SaveFailed, reports it, keeps the previous checkpoint and tries again at the next interval."""
+        try:
+            return bool(save())
+        except SaveFailed as e:
+            why = (f"WARNING: {e}; keeping {self._newest()} (newest verified); training goes on and "
+                   "the next interval saves again")
+            metrics.line(why)
+            log.warning(why)
+            if rank == 0:
+                with contextlib.suppress(OSError):
+                    self._event({"event": "save_failed", "step": e.step, "no_space": e.no_space,
+                                 "reason": str(e)})
+            return False
 
     def _train(self, info: Any) -> int:
         cfg, t = self.cfg, self.cfg.train
@@ -122,7 +169,8 @@ class Trainer:
                                  grad_norm=grad_norm)
                 if prof is not None:
                     prof.step()
-                saved = ckpt.maybe_save(state)
+                saved = self._try_save(lambda: ckpt.maybe_save(state), rank=info.rank,
+                                       metrics=metrics, log=log)
 
                 # preemption: every rank sees the same answer, so all save the same step
                 if stop.agreed(device, step=state.step):

@@ -183,6 +183,7 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
     run, profile, req = p.run, p.profile, p.request
     previous = dispatch.state(run) if run.exists() else None
     run.check_free(previous, replace_finished=replace_finished)
+    run.check_writable()
     where = "Slurm (sbatch)" if profile.scheduler == "slurm" else "this machine (local executor)"
     topology = f"{req.nodes} node(s) x {req.gpus} {'GPU' if profile.scheduler == 'slurm' else 'worker'}(s)"
     if dry_run:
@@ -236,14 +237,29 @@ _runs_dir_option = click.option("--runs-dir", type=click.Path(file_okay=False, p
 
 
 def _summary(run: Any) -> dict[str, Any]:
+    """One run's row; a run whose files cannot be read is a BROKEN row saying why (one broken
+    folder never hides the others)."""
+    from hpctrain.runs import BrokenRun
+
+    try:
+        return _read_summary(run)
+    except (BrokenRun, OSError, ValueError, TypeError, AttributeError, KeyError) as e:
+        why = e.format_message() if isinstance(e, BrokenRun) else f"{type(e).__name__}: {e}"
+        return {"name": run.name, "state": "BROKEN", "job_id": None, "scheduler": None, "profile": None,
+                "nodes": None, "gpus_per_node": None, "strategy": None, "restarts": 0, "starts": 0,
+                "checkpoint_step": None, "created": None, "path": str(run.path), "reason": why}
+
+
+def _read_summary(run: Any) -> dict[str, Any]:
     from hpctrain import dispatch
 
     frozen = run.frozen()
     req = frozen.get("request", {})
     restarts = run.restarts()
+    state = dispatch.state(run)
     return {
         "name": run.name,
-        "state": dispatch.state(run),
+        "state": state,
         "job_id": run.last_job_id(),
         "scheduler": frozen.get("profile", {}).get("scheduler"),
         "profile": frozen.get("profile", {}).get("name"),
@@ -255,7 +271,14 @@ def _summary(run: Any) -> dict[str, Any]:
         "checkpoint_step": run.newest_checkpoint_step(),
         "created": frozen.get("created"),
         "path": str(run.path),
-    }
+        "reason": None,
+    } | _reason(run, state)
+
+
+def _reason(run: Any, state: str) -> dict[str, Any]:
+    if state in ("FAILED", "LOST", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"):
+        return {"reason": run.failure_reason()}
+    return {}
 
 
 @click.command()
@@ -284,6 +307,8 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
         return
     r = find_run(run, runs_dir)
     info = _summary(r)
+    if info["state"] == "BROKEN":
+        raise UserError(info["reason"])
     info["history"] = r.restarts()
     info["jobs"] = r.jobs()
     from hpctrain import chain
@@ -304,6 +329,8 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
     if segments:
         click.echo(f"  chain: {len(segments)} jobs, one after another: "
                    + " -> ".join(f"{x['job_id']} {x['state']}" for x in segments))
+    if info.get("reason"):
+        click.echo(f"  reason: {info['reason']}")
     for start in info["history"]:
         click.echo(f"    start {start.get('time')} job {start.get('job_id')} restart "
                    f"{start.get('restart_count')} on {start.get('host')}")
@@ -352,6 +379,9 @@ def _table(items: list[dict[str, Any]]) -> None:
     if not console.is_terminal:
         console = Console(width=200)  # piped: no truncation
     console.print(table)
+    for i in items:
+        if i["state"] == "BROKEN":
+            click.echo(f"{i['name']}: broken: {i['reason']}")
 
 
 @click.command()

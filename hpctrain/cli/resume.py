@@ -137,7 +137,9 @@ def resume(run: str, wait: bool, time_min: int | None, max_steps: int | None, no
         import yaml
 
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        shutil.copy2(r.job_sh, r.path / f"job.sh.before-resume-{stamp}")
+        from hpctrain.runs import copy_aside
+
+        copy_aside(r.job_sh, f"job.sh.before-resume-{stamp}")   # never over an earlier one
         r.write_script(render(profile, new, r.path))
         frozen["request"] = new.to_dict()
         frozen.setdefault("resumes", []).append({"time": stamp, "changes": changes})
@@ -187,7 +189,8 @@ def _check_batch(config_json: Path, world: int, nodes: int) -> None:
 
 @click.command()
 @click.argument("run")
-@click.option("--signal", "sig", help="Signal to send (default: the profile's preemption.signal).")
+@click.option("--signal", "sig", help="Signal to send: USR2, USR1, HUP, INT, URG or TERM "
+              "(default: the profile's preemption.signal).")
 @_runs_dir_option
 def preempt(run: str, sig: str | None, runs_dir: Path | None) -> None:
     """Send a run the preemption signal the way the scheduler would, to rehearse a preemption:
@@ -208,8 +211,11 @@ def preempt(run: str, sig: str | None, runs_dir: Path | None) -> None:
     frozen = r.frozen()
     name = (sig or frozen.get("profile", {}).get("preemption", {}).get("signal") or "USR2").upper()
     name = name.removeprefix("SIG")
-    if not hasattr(signal, f"SIG{name}"):
-        raise UserError(f"--signal {sig}: not a signal name; use USR2 (the default), USR1 or TERM")
+    from hpctrain.procs import PREEMPT_SIGNALS
+
+    if name not in PREEMPT_SIGNALS:
+        raise UserError(f"--signal {sig}: not a signal preempt sends; use one of "
+                        f"{', '.join(PREEMPT_SIGNALS)} (USR2, the default, is what Slurm sends)")
     current = dispatch.state(r)
     if current != "RUNNING":
         raise UserError(f"{r.name} is {current}, not RUNNING: only a running job can be preempted")
@@ -221,9 +227,12 @@ def preempt(run: str, sig: str | None, runs_dir: Path | None) -> None:
             raise UserError(f"scancel --batch --signal={name} {job_id} failed: {proc.stderr.strip()}")
         target = f"job {job_id} (scancel --batch --signal={name})"
     else:
-        pid = (r.local_state() or {}).get("pid")
+        from hpctrain.dispatch.local import script_pid
+
+        pid = script_pid(r)
         if not pid:
-            raise UserError(f"{r.name}: state.json has no script pid yet; try again in a second")
+            raise UserError(f"{r.name}: no running batch script of this run (state.json names none, or "
+                            "its pid now belongs to another process); nothing was signalled")
         try:
             os.kill(int(pid), getattr(signal, f"SIG{name}"))
         except ProcessLookupError:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from submitit.local.local import LocalExecutor, LocalJob
 
+from hpctrain import procs
 from hpctrain.runs import RunDir
 
 # Keep the controllers' Popen objects alive: their __del__ would warn about a still-running child.
@@ -53,10 +55,21 @@ class ScriptLocalExecutor(LocalExecutor):
 
 def submit(run: RunDir, *, time_min: int, signal_name: str, warning_s: int) -> str:
     """Start job.sh; returns the controller's pid as the job id."""
-    _write_state(run, {"state": "PENDING", "pid": None, "pgid": None, "exit_code": None})
+    token = procs.new_token()   # on the script's command line: cancel/preempt check it before a signal
+    _write_state(run, {"state": "PENDING", "pid": None, "pgid": None, "exit_code": None, "token": token})
     ex = ScriptLocalExecutor(run.submitit, time_min=time_min, signal_name=signal_name, warning_s=warning_s)
-    job = ex._submit_command(f"bash {run.job_sh}")
+    job = ex._submit_command(f"bash {shlex.quote(str(run.job_sh))} {token}")
     return str(job.job_id)
+
+
+def script_pid(run: RunDir) -> int | None:
+    """The pid of the run's batch script, only if that process is still the script this run started
+    (start time and token match: a reused pid is never signalled); else None."""
+    st = run.local_state() or {}
+    pid = st.get("pid")
+    if procs.is_run_script(pid, job_sh=run.job_sh, start=st.get("start"), token=st.get("token")):
+        return int(pid)
+    return None
 
 
 def _write_state(run: RunDir, state: dict) -> None:
@@ -83,7 +96,7 @@ def state(run: RunDir) -> str:
         job_id = run.last_job_id()
         if job_id and not alive(int(job_id)):
             return "LOST"  # the controller ended before the script started
-    if value == "RUNNING" and not alive(st.get("pid")):
+    if value == "RUNNING" and not _still_running(run, st):
         # The script may have recorded its end between our read and the liveness check: read again.
         value = str((run.local_state() or {}).get("state") or "UNKNOWN")
         if value == "RUNNING":
@@ -91,22 +104,33 @@ def state(run: RunDir) -> str:
     return value
 
 
+def _still_running(run: RunDir, st: dict) -> bool:
+    if "start" in st:          # a script that records its start time: the pid must still be it
+        return script_pid(run) is not None
+    return alive(st.get("pid"))
+
+
 def cancel(run: RunDir, *, grace_s: float = 60.0) -> str:
     """TERM to the script (it stops the nodes, which save); after grace_s, KILL the whole group."""
     st = run.local_state() or {}
-    pid, pgid = st.get("pid"), st.get("pgid")
     job_id = run.last_job_id()
-    if st.get("state") == "PENDING" and job_id and alive(int(job_id)):
-        os.killpg(int(job_id), signal.SIGKILL)  # the controller leads its own session
+    controller = int(job_id) if job_id and job_id.isdigit() else None
+    if st.get("state") == "PENDING" and procs.is_run_controller(controller, submitit_dir=run.submitit):
+        os.killpg(controller, signal.SIGKILL)  # the controller leads its own session
         _write_state(run, {**st, "state": "CANCELLED", "exit_code": 143})
         return "CANCELLED"
-    if not alive(pid):
+    pid = script_pid(run)
+    if pid is None:
+        return state(run)      # not running, or the pid now belongs to another process: no signal
+    try:
+        pgid = os.getpgid(pid)
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
         return state(run)
-    os.kill(int(pid), signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    while alive(pid) and time.monotonic() < deadline:
+    while script_pid(run) == pid and time.monotonic() < deadline:
         time.sleep(0.2)
-    if alive(pid):
-        os.killpg(int(pgid or pid), signal.SIGKILL)
+    if script_pid(run) == pid:
+        os.killpg(pgid, signal.SIGKILL)
         _write_state(run, {**st, "state": "CANCELLED", "exit_code": 137})
     return state(run)

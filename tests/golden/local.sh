@@ -35,9 +35,19 @@ hpctrain_fail() {  # MESSAGE: a setup failure, before any training started
 }
 read -r -a hpctrain_stat </proc/$$/stat
 hpctrain_pgid=${hpctrain_stat[4]}
-hpctrain_state() {  # STATE EXIT_CODE: state.json, replaced atomically
-  printf '{"state": "%s", "pid": %s, "pgid": %s, "exit_code": %s}\n' "$1" "$$" "$hpctrain_pgid" "$2" \
-    >"$HPCTRAIN_RUN_DIR/state.json.tmp" && mv -f "$HPCTRAIN_RUN_DIR/state.json.tmp" "$HPCTRAIN_RUN_DIR/state.json"
+# cancel/preempt signal this pid only if its start time and this submission's token still match
+hpctrain_start=${hpctrain_stat[21]}
+hpctrain_token=${1:-}
+if ! [[ $hpctrain_token =~ ^[0-9a-f]{0,64}$ ]]; then hpctrain_token=; fi
+hpctrain_state() {  # STATE EXIT_CODE: state.json, replaced atomically; in place when the disk is full
+  local line
+  line=$(printf '{"state": "%s", "pid": %s, "pgid": %s, "start": %s, "token": "%s", "exit_code": %s}' \
+    "$1" "$$" "$hpctrain_pgid" "$hpctrain_start" "$hpctrain_token" "$2")
+  if ! { printf '%s\n' "$line" >"$HPCTRAIN_RUN_DIR/state.json.tmp" \
+      && mv -f "$HPCTRAIN_RUN_DIR/state.json.tmp" "$HPCTRAIN_RUN_DIR/state.json"; } 2>/dev/null; then
+    rm -f "$HPCTRAIN_RUN_DIR/state.json.tmp"
+    printf '%s\n' "$line" >"$HPCTRAIN_RUN_DIR/state.json"
+  fi
 }
 hpctrain_state RUNNING null
 hpctrain_finish() {  # STATE EXIT_CODE
