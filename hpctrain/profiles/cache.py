@@ -263,7 +263,7 @@ class _Node:
         """`isinstance(view, Profile)` (or a section's class) holds, as for the validated model.
         Whoever holds the class has imported the schema; until then the view is its own class
         (so the fast path stays free of pydantic), and the type itself never changes."""
-        schema = sys.modules.get("hpctrain.profiles.schema")
+        schema = sys.modules.get("hpctrain.profiles.schema.profile")  # the models, not checks.py
         if schema is None:
             return type(self)
         model = schema.Profile

@@ -14,64 +14,29 @@ into a `file:line: dotted.key: message` problem.
     profile.py      the top level, SECTIONS, model_at, key_exists
 """
 
-from hpctrain.profiles.schema.base import (
-    DEDICATED_ENV,
-    NETWORK_ENV_PREFIXES,
-    OWNED_ENV,
-    OWNED_ENV_PREFIXES,
-    SBATCH_OWNED,
-    SRUN_OWNED,
-    TORCHRUN_OWNED,
-    Strict,
-)
-from hpctrain.profiles.schema.checks import (
-    ENV_NAME,
-    ENV_REF,
-    check_gloo_ifname,
-    check_ib_hca,
-    check_nccl_ifname,
-    check_option,
-    check_path_text,
-    check_text,
-)
-from hpctrain.profiles.schema.environment import Container, Environment
-from hpctrain.profiles.schema.launch import Launch, Preemption, Rendezvous, Storage
-from hpctrain.profiles.schema.login import Login
-from hpctrain.profiles.schema.profile import SECTIONS, Profile, _model_of, key_exists, model_at
-from hpctrain.profiles.schema.slurm import Network, Slurm
+import importlib
+from typing import Any
 
+# Imported on first use (PEP 562): the renderer needs checks.py, which imports no pydantic, and a
+# cached profile (profiles/cache.py) must not pay for building the models.
+_WHERE = {
+    **dict.fromkeys(("DEDICATED_ENV", "NETWORK_ENV_PREFIXES", "OWNED_ENV", "OWNED_ENV_PREFIXES",
+                     "POLICY_OWNED", "SBATCH_OWNED", "SRUN_OWNED", "TORCHRUN_OWNED", "Strict"), "base"),
+    **dict.fromkeys(("ENV_NAME", "ENV_REF", "check_gloo_ifname", "check_ib_hca", "check_nccl_ifname",
+                     "check_option", "check_path_text", "check_text"), "checks"),
+    **dict.fromkeys(("Container", "Environment"), "environment"),
+    **dict.fromkeys(("Launch", "Preemption", "Rendezvous", "Storage"), "launch"),
+    "Login": "login",
+    **dict.fromkeys(("SECTIONS", "Profile", "_model_of", "key_exists", "model_at"), "profile"),
+    **dict.fromkeys(("Network", "Slurm"), "slurm"),
+}
 SIGNALS = ("USR2", "USR1", "HUP", "INT", "URG")
+__all__ = [*_WHERE, "SIGNALS"]
 
-__all__ = [
-    "Login",
-    "_model_of",
-    "DEDICATED_ENV",
-    "ENV_NAME",
-    "ENV_REF",
-    "NETWORK_ENV_PREFIXES",
-    "OWNED_ENV",
-    "OWNED_ENV_PREFIXES",
-    "SBATCH_OWNED",
-    "SECTIONS",
-    "SIGNALS",
-    "SRUN_OWNED",
-    "TORCHRUN_OWNED",
-    "Container",
-    "Environment",
-    "Launch",
-    "Network",
-    "Preemption",
-    "Profile",
-    "Rendezvous",
-    "Slurm",
-    "Storage",
-    "Strict",
-    "check_gloo_ifname",
-    "check_ib_hca",
-    "check_nccl_ifname",
-    "check_option",
-    "check_path_text",
-    "check_text",
-    "key_exists",
-    "model_at",
-]
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
