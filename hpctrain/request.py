@@ -4,6 +4,7 @@ the resolved profile. It is the ONE source of the topology: nodes and GPUs per n
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -17,6 +18,15 @@ NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 STRATEGIES = ("ddp", "fsdp", "deepspeed", "auto")
 TRAIN_ENTRY = "train_entry"
+
+
+MAX_COUNT = 100_000          # nodes or GPUs per node: anything above is a typo (or 10**24)
+MAX_TIME_MIN = 366 * 24 * 60
+
+
+def local_limit() -> int:
+    """How many workers the local executor may start here: 4 per CPU core (at least 8)."""
+    return max(8, 4 * (os.cpu_count() or 1))
 
 
 @dataclass(frozen=True)
@@ -99,6 +109,16 @@ class JobRequest:
             out.append(Problem(f"--gpus {self.gpus}: at least 1 per node", key="--gpus"))
         if self.time_min < 1:
             out.append(Problem(f"--time {self.time_min}: at least 1 minute", key="--time"))
+        for key, value, most in (("--nodes", self.nodes, MAX_COUNT), ("--gpus", self.gpus, MAX_COUNT),
+                                 ("--time", self.time_min, MAX_TIME_MIN)):
+            if value > most:
+                out.append(Problem(f"{key} {str(value)[:24]} is not a realistic value (at most {most}); "
+                                   f"fix: give {key} a real count", key=key))
+        if profile.scheduler == "local" and MAX_COUNT >= self.nodes * self.gpus > local_limit():
+            out.append(Problem(
+                f"--nodes {self.nodes} x --gpus {self.gpus} = {self.nodes * self.gpus} local workers, more than "
+                f"this machine runs ({local_limit()}: 4 per CPU core); fix: fewer --nodes or --gpus, or a "
+                "Slurm profile", key="--nodes"))
         slurm = profile.slurm
         where = f"profile {profile.name}"
         if profile.scheduler == "slurm" and slurm.gpus_per_node and self.gpus > slurm.gpus_per_node:

@@ -237,3 +237,112 @@ def test_preempt_accepts_only_documented_signals(fake_run, sig) -> None:
     assert out.exit_code == 2 and "USR2, USR1, HUP, INT, URG or TERM" in out.output.replace(", TERM", " or TERM") \
         or "use one of USR2" in out.output, out.output
     assert fake_run[1].poll() is None
+
+
+# --- run folders that are broken, and names that must not be reused -----------------------------
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def invoke(*args: str):
+    out = CliRunner().invoke(main, list(args))
+    assert "Traceback" not in out.output and out.exit_code in (0, 2), (out.exit_code, out.output, out.exception)
+    return out
+
+
+def make_run(home: Path, name: str) -> Path:
+    from hpctrain.profiles import resolve
+    from hpctrain.request import JobRequest
+    from hpctrain.runs import RunDir
+
+    profile = resolve("local", {})
+    run = RunDir(home / "runs" / name)
+    run.create(profile=profile, request=JobRequest.build(profile, name=name), script="echo\n")
+    return run.path
+
+
+@pytest.mark.parametrize("content", [b"- a\n- b\n", b"just text\n", b"\x00\x01\xff\xfe binary", b"a: [\n",
+                                     b"profile: {scheduler: local}\n", b"request: 3\nprofile: {}\n",
+                                     b"x: " + b"9" * 5000 + b"\n"])
+def test_a_broken_run_is_a_marked_row_not_a_crash(home, content) -> None:
+    make_run(home, "good")
+    bad = make_run(home, "bad")
+    (bad / "run.yaml").write_bytes(content)
+    rows = {r["name"]: r for r in json.loads(invoke("runs", "--json").output)}
+    assert rows["good"]["state"] != "BROKEN" and rows["bad"]["state"] == "BROKEN"
+    assert "run.yaml" in rows["bad"]["reason"]
+    assert "bad: broken:" in invoke("runs").output
+    assert "BROKEN" in invoke("status").output
+    out = invoke("status", "bad")
+    assert out.exit_code == 2 and "run.yaml" in out.output and "fix:" in out.output
+
+
+def test_jobs_lines_without_job_id_and_manifests_that_are_lists(home) -> None:
+    run = make_run(home, "j")
+    (run / "jobs.jsonl").write_text('{"job_id": "123", "kind": "submit"}\n{"kind": "resume"}\n[1]\n"x"\n')
+    info = json.loads(invoke("status", "j", "--json").output)
+    assert info["job_id"] == "123"
+    ck = run / "checkpoints" / "step-00000005"
+    ck.mkdir(parents=True)
+    (ck / "MANIFEST.json").write_text("[1, 2, 3]")
+    (run / "checkpoints" / "latest").write_text("step-00000005\n")
+    out = invoke("resume", "j")
+    assert out.exit_code == 2 or "no verified checkpoint" in out.output.lower() or "from scratch" in out.output
+
+
+def test_runs_dir_that_is_a_file_a_loop_or_read_only(home) -> None:
+    (home / "afile").write_text("x")
+    out = invoke("submit", "--profile", "local", "--name", "x", "--dry-run", "--set", f"storage.runs_dir={home}/afile")
+    assert out.exit_code == 2 and "cannot write the run folder" in out.output and "not a folder" in out.output
+    out = invoke("submit", "--profile", "local", "--name", "x", "--set", f"storage.runs_dir={home}/afile")
+    assert out.exit_code == 2 and "not a folder" in out.output
+    (home / "loop").symlink_to(home / "loop")
+    out = invoke("submit", "--profile", "local", "--name", "x", "--dry-run", "--set", f"storage.runs_dir={home}/loop")
+    assert out.exit_code == 2 and "symlink loop" in out.output
+    ro = home / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(ro)], check=True)
+    try:
+        out = invoke("submit", "--profile", "local", "--name", "x", "--dry-run", "--set", f"storage.runs_dir={ro}")
+        assert out.exit_code == 2 and "not writable" in out.output
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False)
+    (home / "runs").mkdir(exist_ok=True)
+    (home / "runs" / "dangling").symlink_to(home / "nowhere")
+    out = invoke("submit", "--profile", "local", "--name", "dangling", "--dry-run")
+    assert out.exit_code == 2 and "not a run folder" in out.output
+    assert invoke("runs").exit_code == 0
+
+
+def test_names_moved_aside_are_never_overwritten(home) -> None:
+    from hpctrain.runs import copy_aside, move_aside
+
+    run = make_run(home, "r")
+    (home / "runs" / "r.old-X").mkdir()                   # an empty folder: rename(2) would replace it
+    aside = move_aside(run, "r.old-X")
+    assert aside.name == "r.old-X-2" and (aside / "run.yaml").is_file() and (home / "runs" / "r.old-X").is_dir()
+    first = copy_aside(aside / "job.sh", "job.sh.before-resume-T")
+    (aside / "job.sh").write_text("changed\n")
+    second = copy_aside(aside / "job.sh", "job.sh.before-resume-T")
+    assert first.read_text() == "echo\n" and second.read_text() == "changed\n" and first != second
+
+
+def test_local_submit_from_a_folder_with_a_space(tmp_path) -> None:
+    home = tmp_path / "my runs"
+    home.mkdir()
+    hpctrain(home, "submit", "--profile", "local", "--name", "sp", "--wait", "--", "--max-steps", "2")
+    assert "COMPLETED" in hpctrain(home, "status", "sp").stdout
+
+
+@pytest.mark.parametrize("args, expect", [(["--nodes", str(10**24)], "not a realistic value"),
+                                          (["--nodes", "1000", "--gpus", "8"], "local workers, more than"),
+                                          (["--time", str(10**12)], "not a realistic value")])
+def test_absurd_local_topology_is_capped_by_the_machine(home, args, expect) -> None:
+    out = invoke("submit", "--profile", "local", "--name", "big", "--dry-run", *args)
+    assert out.exit_code == 2 and expect in out.output

@@ -139,7 +139,7 @@ BAD = {
     "container in srun": ("name: x\nslurm:\n  srun_args: [--container-image=x]\n", "set environment.container"),
     "env name": ("name: x\nenvironment:\n  env:\n    bad-name: 1\n", ":4: environment.env.bad-name: 'bad-name' is not a valid variable name"),
     "env value newline": ('name: x\nenvironment:\n  env:\n    A: "x\\ny"\n', ":4: environment.env.A: the value contains a newline"),
-    "network env prefix": ("name: x\nnetwork:\n  env:\n    LD_PRELOAD: /x.so\n", ":4: network.env.LD_PRELOAD: LD_PRELOAD is not a network variable"),
+    "network env prefix": ("name: x\nnetwork:\n  env:\n    MY_LIB: /x.so\n", ":4: network.env.MY_LIB: MY_LIB is not a network variable"),
     "dedicated env": ("name: x\nnetwork:\n  env:\n    NCCL_SOCKET_IFNAME: eth0\n", "set network.socket_ifname instead"),
     "owned env": ("name: x\nenvironment:\n  env:\n    MASTER_PORT: '29500'\n", "is set by hpctrain's script"),
     "missing name": ("scheduler: local\n", "name: required key is missing"),

@@ -385,3 +385,38 @@ def test_policy_options_are_refused_in_every_option_list(tmp_path, where, option
     result = cli("profiles", "validate", str(path))
     assert result.exit_code == 2, result.output
     assert "hpctrain sets --" in result.output or "abbreviates" in result.output
+
+
+@pytest.mark.parametrize("body, expect", [
+    ("environment: {env: {IFS: x}}", "IFS would change how the job script itself runs"),
+    ("environment: {env: {BASH_ENV: /tmp/x}}", "BASH_ENV would change"),
+    ("environment: {env: {LD_PRELOAD: /tmp/x.so}}", "LD_PRELOAD would change"),
+    ("environment: {env: {ENV: /tmp/x}}", "ENV would change"),
+    ("environment: {modules: ['-q']}", "not a module name"),
+    ("environment: {container: {kind: apptainer, image: '-x'}}", "not starting with -"),
+    ("environment: {container: {kind: shifter, image: a, modules: ['-x']}}", "not a name"),
+])
+def test_env_that_subverts_the_script_and_option_like_values_are_refused(tmp_path, body, expect) -> None:
+    path = write(tmp_path / "p" / "x.yaml", f"name: x\nscheduler: slurm\n{body}\n")
+    result = cli("profiles", "validate", str(path))
+    assert result.exit_code == 2 and "x.yaml:3: environment." in result.output and expect in result.output
+    flag = cli("render", "--profile", "local", "--name", "t", "--set", "environment.env.BASH_ENV=/tmp/x")
+    assert flag.exit_code == 2 and "BASH_ENV would change" in flag.output
+
+
+def test_unreadable_site_folder_is_a_row_not_a_crash(tmp_path, monkeypatch) -> None:
+    """Root reads every folder, so the OS answer is stood in for: EACCES from listing the folder."""
+    site = tmp_path / "locked-site"
+    site.mkdir(mode=0o700)
+    real_iterdir = Path.iterdir
+
+    def iterdir(self):
+        if self == site:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_iterdir(self)
+    monkeypatch.setattr(Path, "iterdir", iterdir)
+    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(site))
+    rows = json.loads(cli("profiles", "list", "--json").output)
+    assert any("cannot read search folder" in (r["error"] or "") and "Permission denied" in r["error"] for r in rows)
+    assert any(r["name"] == "local" and r["error"] is None for r in rows)
+    assert resolve("local").name == "local"

@@ -183,8 +183,21 @@ NETWORK_ENV_PREFIXES = (
 )
 
 
+# Variables that change how bash itself, or every program the script starts, behaves: IFS splits
+# the script's words, BASH_ENV/ENV run a file in every `bash -c`, LD_PRELOAD/LD_AUDIT load code into
+# every process. Refused wherever an env mapping is set (docs/security.md). PATH is allowed (a site
+# adds its tools): write it as `/opt/x/bin:$PATH`.
+SHELL_ENV = {
+    "IFS", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "CDPATH", "GLOBIGNORE", "PS4", "PROMPT_COMMAND",
+    "BASH_XTRACEFD", "LD_PRELOAD", "LD_AUDIT",
+}
+
+
 def env_name(name: str, *, task: bool = False) -> str:
     checks.check_env_name(name)
+    if name in SHELL_ENV:
+        raise ValueError(f"{name} would change how the job script itself runs (docs/security.md); "
+                         "fix: remove it (set what you need in the program's own config)")
     if name in DEDICATED_ENV:
         raise ValueError(f"{name} has its own key; fix: set {DEDICATED_ENV[name]} instead")
     if task and name in TASK_ENV_ALLOWED:

@@ -128,7 +128,7 @@ class Container(Strict):
     @classmethod
     def _modules(cls, v: list[str]) -> list[str]:
         for m in v:
-            if not re.match(r"^[A-Za-z0-9_.+-]+\Z", m):
+            if not re.match(r"^[A-Za-z0-9_.+][A-Za-z0-9_.+-]*\Z", m):  # never an option
                 raise ValueError(f"shifter module {m!r} is not a name; fix: e.g. gpu, nccl-plugin")
         return v
 
