@@ -110,6 +110,10 @@ class Preemptible(L.Callback):
             self.ckpt.save(step, self.state(trainer, module))
             self.preempted = trainer.should_stop = True
 
+    def on_train_end(self, trainer: L.Trainer, module: Regressor) -> None:
+        if not self.preempted:  # the final checkpoint, as train_entry keeps one
+            self.ckpt.save(self.step(trainer), self.state(trainer, module))
+
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -24,6 +24,10 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "PREEMPTED", "TIMEOUT", "NODE_FA
             "BOOT_FAIL", "DEADLINE", "LOST"}
 
 
+# A run that ended in one of these before its first step may be submitted again under its name.
+FAILED_EARLY_STATES = {"FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"}
+
+
 def now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -129,6 +133,7 @@ class RunDir:
 
     def check_free(self, state: str | None, *, replace_finished: bool = False) -> None:
         """Refuse a name that is taken; `replace_finished` moves a COMPLETED run aside."""
+        self._failed_early = False
         if not os.path.lexists(self.path):
             return
         if not self.exists():
@@ -136,6 +141,8 @@ class RunDir:
                             "--name or move that folder away")
         if state == FINISHED and replace_finished:
             return
+        if self.failed_before_first_step(state):
+            return  # nothing of value in it: create() moves it aside, logs and all
         hint = (f"use `hpctrain resume {self.name}` to continue it, or another --name"
                 if state != FINISHED else
                 f"use another --name, or --replace-finished to move it aside and start again")
@@ -148,10 +155,13 @@ class RunDir:
         with replace_finished, checked by check_free) is renamed to NAME.old-<time>, never deleted."""
         import yaml
 
+        self.moved_aside = None
         try:
-            if self.path.exists() and replace_finished:
+            if self.path.exists() and (replace_finished or self.failed_before_first_step(None)):
                 stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-                move_aside(self.path, f"{self.name}.old-{stamp}")
+                failed = self.failed_before_first_step(None)
+                self.moved_aside = move_aside(
+                    self.path, f"{self.name}.{'failed' if failed else 'old'}-{stamp}")
             self.path.mkdir(parents=True, exist_ok=False)
             self.logs.mkdir()
         except OSError as e:
@@ -174,6 +184,16 @@ class RunDir:
         tmp.write_text(script)
         tmp.chmod(0o755)
         tmp.replace(self.job_sh)
+
+    def failed_before_first_step(self, state: str | None) -> bool:
+        """A run that failed before any training step (no step in metrics.jsonl, no checkpoint):
+        its name may be used again; its folder (logs) is moved aside, never deleted. `state`
+        None: the state recorded when check_free accepted it."""
+        if state is not None:
+            self._failed_early = (state in FAILED_EARLY_STATES and not self.newest_checkpoint_step()
+                                  and not any("step" in r for r in _read_jsonl(self.path / "metrics.jsonl"))
+                                  and not any((self.path / "checkpoints").glob("step-*")))
+        return bool(getattr(self, "_failed_early", False))
 
     # -- reading ----------------------------------------------------------------------------------
     def frozen(self) -> dict[str, Any]:

@@ -98,8 +98,12 @@ def rank() -> int:
 
 
 def exit(code: int = 0) -> None:  # noqa: A001 - runtime.exit reads as what it does
-    """Leave now: destroy the process group, flush, os._exit (torch 2.13 + gloo can abort at
-    interpreter exit after a finished run, which torchrun would report as a failure)."""
+    """Leave now. With PREEMPTED, rank 0 first records a `preempted` event (the step of the last
+    save) in events.jsonl, as train_entry does. Then: destroy the process group, flush, os._exit
+    (torch 2.13 + gloo can abort at interpreter exit after a finished run, which torchrun would
+    report as a failure)."""
+    if code == PREEMPTED and rank() == 0 and _saved:
+        _event({"event": "preempted", "step": _saved[-1], "reason": _flag.reason})
     dist = _dist()
     if dist is not None:
         try:
@@ -109,6 +113,19 @@ def exit(code: int = 0) -> None:  # noqa: A001 - runtime.exit reads as what it d
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _event(record: dict) -> None:
+    try:
+        folder = run_dir()
+    except RuntimeError:
+        return
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    with open(folder / "events.jsonl", "a") as f:
+        f.write(json.dumps({"time": stamp, **record, "source": "runtime"}) + "\n")
+
+
+_saved: list[int] = []  # steps this process saved (the last one goes into the preempted event)
 
 
 # ---------------------------------------------------------------- the stop flag
@@ -251,6 +268,7 @@ class Checkpoint:
             self._commit(fmt, staging, final, step, world, torch.__version__)
         _barrier(dist)
         self.blocked_s.append(time.monotonic() - t0)
+        _saved.append(step)
         return final
 
     def _commit(
@@ -294,8 +312,8 @@ class Checkpoint:
         dist = _dist()
         me = dist.get_rank() if dist else rank()  # before init_process_group (Lightning): RANK
         choice = None
-        if me == 0:
-            found = fmt.newest_verified(self.dir, warn=_warn)
+        if me == 0 or dist is None:  # without a process group every process looks for itself
+            found = fmt.newest_verified(self.dir, warn=_warn if me == 0 else None)
             choice = str(found[0]) if found else None
         if dist is not None:
             box = [choice]

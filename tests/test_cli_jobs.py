@@ -106,12 +106,17 @@ def test_wait_fails_when_the_job_fails(cli):
     out = cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "1", "--name", "f",
               "--script", "fail.py", "--wait", timeout=180)
     assert out.returncode == 1 and "f: FAILED" in out.stdout, out.stdout + out.stderr
-    assert "the run failed (exit code" in out.stderr and "node-0.log (last lines)" in out.stderr
+    # why (the worker's exit, not torchrun's wrapper traceback) and where the whole log is
+    assert "why: rank 0 on " in out.stderr and "exited with code 3" in out.stderr, out.stderr
+    assert "full log: " in out.stderr and "Traceback" not in out.stderr, out.stderr
     state = json.loads((cli.tmp / "runs" / "f" / "state.json").read_text())
     assert state["state"] == "FAILED" and state["exit_code"] != 0
     assert json.loads(ok(cli("status", "f", "--json")).stdout)["state"] == "FAILED"
-    # not finished: a new submit under the name is refused with the resume hint
-    user_error(cli("submit", "--profile", "local", "--name", "f", "--script", "fail.py"), "hpctrain resume f")
+    # it failed before any step: the name may be used again, the old folder is kept aside
+    again = ok(cli("submit", "--profile", "local", "--name", "f", "--script", "fail.py"))
+    assert "failed before its first step" in again.stdout, again.stdout
+    aside = [p.name for p in (cli.tmp / "runs").iterdir() if p.name.startswith("f.failed-")]
+    assert len(aside) == 1 and (cli.tmp / "runs" / aside[0] / "logs" / "node-0.log").is_file()
 
 
 def test_cancel_stops_a_local_run_and_the_job_survives_the_cli(cli):
@@ -236,6 +241,8 @@ def test_replace_finished_moves_the_old_run_aside(tmp_path, monkeypatch):
     run = RunDir(tmp_path / "runs" / "r")
     run.create(profile=profile, request=req, script="echo first\n")
     (run.path / "checkpoints").mkdir()
+    run.check_free("FAILED")  # failed before its first step: the name may be used again
+    (run.path / "metrics.jsonl").write_text('{"step": 1, "loss": 2.8}\n')  # now it trained
     with pytest.raises(UserError, match="hpctrain resume r"):
         run.check_free("FAILED", replace_finished=True)  # only a COMPLETED run may be replaced
     with pytest.raises(UserError, match="--replace-finished"):

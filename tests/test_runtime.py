@@ -15,8 +15,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def py(code: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         cwd=REPO, env={**os.environ, **(env or {})})
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
     assert out.returncode == 0, out.stderr
     return out
 
@@ -36,8 +42,11 @@ assert runtime.should_stop() is True
 assert runtime.stop_reason().startswith('stop file'), runtime.stop_reason()
 print('ok')
 """
-    env = {"HPCTRAIN_RUN_DIR": str(tmp_path), "HPCTRAIN_RESTART_COUNT": "3",
-           "HPCTRAIN_STOP_FILE": str(stop)}
+    env = {
+        "HPCTRAIN_RUN_DIR": str(tmp_path),
+        "HPCTRAIN_RESTART_COUNT": "3",
+        "HPCTRAIN_STOP_FILE": str(stop),
+    }
     assert py(code, env).stdout.strip() == "ok"
 
 
@@ -75,13 +84,19 @@ def test_checkpoint_round_trip_in_train_entrys_format(tmp_path, capsys):
     opt.step()
     for step in (3, 5, 7):
         torch.manual_seed(step)
-        ckpt.save(step, {"model": model.state_dict(), "optimizer": opt.state_dict(),
-                         "data": {"epoch": 0, "offset": step * 8}})
-    after_save = torch.rand(3)                     # what the generator gives after the save
+        ckpt.save(
+            step,
+            {
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "data": {"epoch": 0, "offset": step * 8},
+            },
+        )
+    after_save = torch.rand(3)  # what the generator gives after the save
     folders = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
-    assert folders == ["latest", "step-00000005", "step-00000007"]   # keep=2 pruned step 3
+    assert folders == ["latest", "step-00000005", "step-00000007"]  # keep=2 pruned step 3
     assert (tmp_path / "checkpoints" / "latest").read_text() == "step-00000007\n"
-    manifest, why = verify(tmp_path / "checkpoints" / "step-00000007")   # train_entry's verifier
+    manifest, why = verify(tmp_path / "checkpoints" / "step-00000007")  # train_entry's verifier
     assert why is None and manifest["step"] == 7 and manifest["world_size"] == 1
     assert set(manifest["files"]) == {"state.pt", "rng/rank-00000.pt"}
     assert newest_verified(tmp_path / "checkpoints")[0].name == "step-00000007"
@@ -89,7 +104,7 @@ def test_checkpoint_round_trip_in_train_entrys_format(tmp_path, capsys):
     torch.manual_seed(999)
     found = runtime.Checkpoint(tmp_path / "checkpoints").load()
     assert found.step == 7 and found.state["data"] == {"epoch": 0, "offset": 56}
-    assert torch.equal(torch.rand(3), after_save)   # this rank's RNG came back too
+    assert torch.equal(torch.rand(3), after_save)  # this rank's RNG came back too
     fresh = torch.nn.Linear(4, 2)
     fresh.load_state_dict(found.state["model"])
     assert runtime.params_sha256(fresh) == runtime.params_sha256(model)

@@ -9,6 +9,7 @@ Errors in the flags or the config: one line on stderr (rank 0 only under torchru
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -47,6 +48,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--collate", metavar="PKG.MOD:FN", help="= --data.collate")
     p.add_argument("--profile-steps", type=int, metavar="N", help="= --profile.active (torch.profiler)")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
+    p.add_argument("--check", action="store_true",
+                   help="validate at $WORLD_SIZE (batch arithmetic, factories importable, DeepSpeed "
+                        "present and accepting the config), print the resolved settings as JSON, exit "
+                        "(`hpctrain submit` runs this before queueing)")
     return p
 
 
@@ -69,7 +74,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, int]:
         from train_entry.strategies.deepspeed import validate  # DeepSpeed's own checks, no processes yet
         validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), accum=accum)
     args.run_dir = args.run_dir or os.environ.get("HPCTRAIN_RUN_DIR")
-    if not args.run_dir:
+    if not args.run_dir and not args.check:
         raise UserError("no run folder: pass --run-dir DIR or set HPCTRAIN_RUN_DIR")
     return args, cfg, accum
 
@@ -81,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             if os.environ.get("RANK", "0") == "0":
                 sys.stdout.write(cfg.to_yaml())
+            return 0
+        if args.check:
+            t = cfg.train
+            print(json.dumps({"strategy": cfg.strategy, "global_batch": t.global_batch,
+                              "micro_batch": t.micro_batch, "grad_accum": accum,
+                              "max_steps": t.max_steps}))
             return 0
         from train_entry.trainer import Trainer  # torch is imported only past this line
         return Trainer(cfg, run_dir=args.run_dir, grad_accum=accum).run()

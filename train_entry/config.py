@@ -340,6 +340,14 @@ def check_sizes(cfg: TrainConfig, world: int | None = None) -> int:
                         f"({gpn}) = {int(nnodes) * int(gpn)}; launch torchrun with --nnodes {nnodes} "
                         f"--nproc-per-node {gpn}")
     t = cfg.train
+    if not {"global_batch", "micro_batch", "grad_accum"} & t.model_fields_set \
+            and t.global_batch % (world * t.micro_batch):
+        # Nothing set by the user: the defaults adapt to the world size (the same global batch,
+        # fewer samples per rank; else one default micro-batch per rank). 1 and 2 ranks keep 16 = 2 x 8.
+        if t.global_batch % world == 0:
+            t.micro_batch = t.global_batch // world
+        else:
+            t.global_batch = world * t.micro_batch
     per_step = world * t.micro_batch
     if t.grad_accum is None:
         if t.global_batch % per_step:

@@ -113,7 +113,7 @@ class Metrics:
         rate = samples / dt if dt > 0 else 0.0
         eta = (now - self.t0) / max(1, step - self.start_step) * (self.max_steps - step)
         rec = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "samples_per_s": rate,
-               "step_time_s": dt, "time": time.time(), **mem}
+               "step_time_s": dt, "max_steps": self.max_steps, "time": time.time(), **mem}
         if self.tokens_per_sample:
             rec["tokens_per_s"] = rate * self.tokens_per_sample
         self.jsonl.write(json.dumps(rec) + "\n")

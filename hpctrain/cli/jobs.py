@@ -3,6 +3,7 @@ Nothing here imports torch (tests/test_cli_jobs.py checks sys.modules)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -73,24 +74,45 @@ class Prepared:
     """Everything submit and render agree on: the profile, the request, the run folder, the script."""
 
     def __init__(self, o: dict[str, Any], profile: Any = None, *, chain: bool = False) -> None:
+        from hpctrain import entry_check
         from hpctrain.render import node_python, render
         from hpctrain.request import JobRequest
         from hpctrain.runs import RunDir, runs_dir_of
 
         self.profile = profile or resolve_profile(o)
         strategy, args = o["strategy"], tuple(o["args"])
+        ours = not (o["script"] or o["module"])  # the bundled train_entry
+        if ours:
+            entry_check.refuse_owned(args)
+            if strategy != "auto":
+                strategy = entry_check.one_source(strategy, args)
         self.plan = None
         if strategy == "auto":
             self.plan = _plan(self.profile, o)
             strategy = self.plan.strategy
             if not (o["script"] or o["module"]):  # train_entry takes the plan's details as flags
                 args = (*plan_args(self.plan), *args)
+        explicit = strategy  # None: train_entry's own (its --config), else this one
         self.request = JobRequest.build(
             self.profile, name=o["name"], nodes=o["nodes"], gpus=o["gpus"], time_min=o["time_min"],
             strategy=strategy, script=o["script"], module=o["module"], args=args)
+        self.resolved = None
+        if ours:  # validated at the requested world size before anything is queued
+            self.resolved = entry_check.check_train_entry(
+                nodes=self.request.nodes, gpus=self.request.gpus, args=args, strategy=explicit)
+            if self.resolved["strategy"] != self.request.strategy:  # e.g. `strategy:` in --config
+                self.request = dataclasses.replace(self.request, strategy=self.resolved["strategy"])
         self.run = RunDir(runs_dir_of(self.profile) / self.request.name)
         self.python = node_python(self.profile)
         self.script = render(self.profile, self.request, self.run.path, python=self.python, chain=chain)
+
+
+def _entry_line(p: Prepared) -> str:
+    if p.resolved is None:
+        return f"entry {p.request.entry.kind} {p.request.entry.target}"
+    from hpctrain.entry_check import describe
+
+    return f"strategy {p.request.strategy}, {describe(p.resolved)}"
 
 
 def plan_args(rec: Any) -> list[str]:
@@ -188,7 +210,7 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
     topology = f"{req.nodes} node(s) x {req.gpus} {'GPU' if profile.scheduler == 'slurm' else 'worker'}(s)"
     if dry_run:
         click.echo(f"dry run: would submit {req.name} to {where} with profile {profile.name}\n"
-                   f"  topology: {topology}, time {req.time_min} min, strategy {req.strategy}\n"
+                   f"  topology: {topology}, time {req.time_min} min, {_entry_line(p)}\n"
                    f"  run folder: {run.path}\n  script: {len(p.script.splitlines())} lines "
                    "(`hpctrain render` with the same options prints it)")
         if len(segments) > 1:
@@ -200,6 +222,9 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
         return
     run.create(profile=profile, request=req, script=p.script, replace_finished=replace_finished,
                node_python=p.python)
+    if run.moved_aside is not None:
+        click.echo(f"{req.name} had failed before its first step: its folder (logs) is now "
+                   f"{run.moved_aside}")
     if o["code"]:
         from hpctrain.remote.code import install
 
@@ -213,23 +238,35 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
                    "each waiting for the one before (afterany)")
     else:
         job_id = dispatch.submit(run, profile, time_min=req.time_min)
-    click.echo(f"submitted {req.name}: job {job_id} on {where}, {topology}\n  run folder: {run.path}\n"
+    click.echo(f"submitted {req.name}: job {job_id} on {where}, {topology}, {_entry_line(p)}\n"
+               f"  run folder: {run.path}\n"
                f"  follow: hpctrain status {req.name}; hpctrain logs {req.name} --follow")
     if wait:
-        try:
-            final = dispatch.wait(run, on_change=lambda s: click.echo(f"  {time.strftime('%H:%M:%S')} {s}",
-                                                                      err=True))
-        except KeyboardInterrupt:
-            click.echo(f"\nstopped waiting; {req.name} keeps running (`hpctrain cancel {req.name}` stops it)",
-                       err=True)
-            sys.exit(130)
-        click.echo(f"{req.name}: {final}")
-        if final != "COMPLETED":
-            for log in [run.logs / "batch.log", *sorted(run.logs.glob("node-*.log"))]:
-                if log.is_file():
-                    tail = log.read_text(errors="replace").splitlines()[-5:]
-                    click.echo(f"==> {log} (last lines) <==\n" + "\n".join(tail), err=True)
-            sys.exit(1)
+        _wait(run, req.name, total=p.resolved["max_steps"] if p.resolved else None)
+
+
+def _wait(run: Any, name: str, *, total: int | None) -> None:
+    """Follow the job to its end: state and training progress; on failure, why and where."""
+    from hpctrain import dispatch
+    from hpctrain.progress import Follower, describe, root_cause, snapshot
+
+    follow = Follower(run.path, total=total, out=lambda s: click.echo(s, err=True))
+    try:
+        final = dispatch.wait(run, on_poll=follow)
+    except KeyboardInterrupt:
+        follow.close()
+        click.echo(f"\nstopped waiting; {name} keeps running (`hpctrain cancel {name}` stops it)",
+                   err=True)
+        sys.exit(130)
+    follow.close()
+    click.echo(f"{name}: {final}  {describe(snapshot(run.path, total))}")
+    if final != "COMPLETED":
+        cause = root_cause(run.path)
+        if cause:
+            click.echo(f"  why: {cause['line']}\n  full log: {cause['log']}", err=True)
+        else:
+            click.echo(f"  no error line found; logs: {run.logs} (`hpctrain logs {name}`)", err=True)
+        sys.exit(1)
 
 
 _runs_dir_option = click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path),
@@ -265,7 +302,9 @@ def _read_summary(run: Any) -> dict[str, Any]:
         "profile": frozen.get("profile", {}).get("name"),
         "nodes": req.get("nodes"),
         "gpus_per_node": req.get("gpus"),
-        "strategy": req.get("strategy"),
+        # a user's own script or module has no strategy of ours: show its entry instead
+        "strategy": req.get("strategy") if req.get("entry", {}).get("kind", "train_entry") ==
+        "train_entry" else req.get("entry", {}).get("kind"),
         "restarts": max(0, len(restarts) - len(run.jobs())) if restarts else 0,
         "starts": len(restarts),
         "checkpoint_step": run.newest_checkpoint_step(),
@@ -305,6 +344,8 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
         else:
             _table(items)
         return
+    from hpctrain.progress import describe, root_cause, snapshot
+
     r = find_run(run, runs_dir)
     info = _summary(r)
     if info["state"] == "BROKEN":
@@ -316,6 +357,9 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
     segments = chain.states(r)
     if segments:
         info["chain"] = segments
+    info["progress"] = snapshot(r.path)
+    failed = info["state"] not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN", "REQUEUED")
+    info["root_cause"] = root_cause(r.path) if failed else None
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
@@ -324,6 +368,7 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
                f"profile {info['profile']})\n"
                f"  topology: {info['nodes']} node(s) x {info['gpus_per_node']}, strategy {info['strategy']}\n"
                f"  restarts: {info['restarts']} ({info['starts']} start(s) of the script)\n"
+               f"  training: {describe(info['progress'])}\n"
                f"  newest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}\n"
                f"  folder: {info['path']}")
     if segments:
@@ -331,6 +376,9 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
                    + " -> ".join(f"{x['job_id']} {x['state']}" for x in segments))
     if info.get("reason"):
         click.echo(f"  reason: {info['reason']}")
+    if info["root_cause"]:
+        click.echo(f"  why it failed: {info['root_cause']['line']}\n"
+                   f"  full log: {info['root_cause']['log']}")
     for start in info["history"]:
         click.echo(f"    start {start.get('time')} job {start.get('job_id')} restart "
                    f"{start.get('restart_count')} on {start.get('host')}")

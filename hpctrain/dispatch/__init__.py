@@ -52,14 +52,18 @@ def cancel(run: RunDir) -> str:
 
 
 def wait(run: RunDir, *, poll_s: float | None = None,
-         on_change: Callable[[str], None] | None = None) -> str:
-    """Block until the run's job ends; returns the final state."""
+         on_change: Callable[[str], None] | None = None,
+         on_poll: Callable[[str], None] | None = None) -> str:
+    """Block until the run's job ends; returns the final state. on_change: at each new state;
+    on_poll: at every poll (progress display)."""
     poll = poll_s or (5.0 if run.scheduler() == "slurm" else 1.0)
     last = None
     while True:
         current = state(run)
         if current != last and on_change:
             on_change(current)
+        if on_poll:
+            on_poll(current)
         last = current
         if current in TERMINAL:
             return current

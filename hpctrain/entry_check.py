@@ -1,0 +1,144 @@
+"""Submit-time checks of the entry's settings: one source each, validated before anything is queued.
+
+- One source: a setting that both `submit` and the entry take (`--strategy`) is read from where the
+  user gave it; given twice with different values it is refused, naming both. `--run-dir` belongs to
+  hpctrain (the run folder) and is refused after `--`.
+- For train_entry, the frozen config is validated at the requested world size (nodes x GPUs) with
+  train_entry's own code: the batch arithmetic (defaults adapt: train_entry.config.check_sizes),
+  the model/data factories importable and DeepSpeed present and accepting the config. A bad one is
+  exit 2 with train_entry's message and fix, and nothing is queued or written.
+
+The config check runs in this process (no torch); factories and DeepSpeed need torch and the user's
+code, so they are checked by `python -m train_entry --check` in a child process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from hpctrain.errors import UserError
+
+# Names of the job environment train_entry reads for the topology (docs/design.md contract).
+ENV_NNODES, ENV_GPUS = "HPCTRAIN_NNODES", "HPCTRAIN_GPUS_PER_NODE"
+OWNED = {"--run-dir": "hpctrain sets it to the run folder; remove it from the arguments after `--`"}
+SHARED = ("strategy",)  # entry flags that `submit` also takes
+
+
+def entry_flag(args: tuple[str, ...] | list[str], name: str) -> str | None:
+    """The value of `--name V` / `--name=V` in the entry's arguments (the last one, as argparse)."""
+    flag, value = f"--{name}", None
+    items = list(args)
+    for i, item in enumerate(items):
+        if item == flag and i + 1 < len(items):
+            value = items[i + 1]
+        elif item.startswith(flag + "="):
+            value = item.split("=", 1)[1]
+    return value
+
+
+def one_source(
+    submit_value: str | None, args: tuple[str, ...], name: str = "strategy"
+) -> str | None:
+    """The setting from wherever it was given; refused when given twice with different values."""
+    entry = entry_flag(args, name)
+    if submit_value and entry and submit_value != entry:
+        raise UserError(
+            f"--{name} is given twice and they disagree: `submit --{name} {submit_value}` "
+            f"and the entry's `--{name} {entry}` after `--`; give it once (either place)"
+        )
+    return submit_value or entry
+
+
+def refuse_owned(args: tuple[str, ...]) -> None:
+    for flag, why in OWNED.items():
+        if any(a == flag or a.startswith(flag + "=") for a in args):
+            raise UserError(f"{flag} after `--`: {why}")
+
+
+def check_train_entry(
+    *, nodes: int, gpus: int, args: tuple[str, ...], strategy: str | None, python: str | None = None
+) -> dict[str, Any]:
+    """Validate train_entry's config at world = nodes x gpus; return what it resolved to
+    ({"strategy", "global_batch", "micro_batch", "grad_accum", "max_steps", "world_size"})."""
+    from train_entry.cli import NAMED, parser
+    from train_entry.config import check_sizes, load_config
+
+    world = nodes * gpus
+    ns, rest = parser().parse_known_args([*(["--strategy", strategy] if strategy else []), *args])
+    flags = {key: getattr(ns, name) for name, key in NAMED.items()}
+    where = f"at {nodes} node(s) x {gpus} = world size {world}"
+    try:
+        cfg = load_config(ns.config, rest, flags)
+        accum = check_sizes(cfg, world)
+    except UserError as e:
+        raise UserError(
+            f"train_entry's config does not work {where}:\n  {_one(e)}\n"
+            "nothing was queued (`python -m train_entry --help` lists every key)"
+        ) from None
+    if cfg.model.factory or cfg.data.factory or cfg.data.collate or cfg.strategy == "deepspeed":
+        _probe(
+            python or sys.executable,
+            [*(["--strategy", strategy] if strategy else []), *args],
+            nodes=nodes,
+            gpus=gpus,
+            where=where,
+        )
+    t = cfg.train
+    return {
+        "strategy": cfg.strategy,
+        "global_batch": t.global_batch,
+        "micro_batch": t.micro_batch,
+        "grad_accum": accum,
+        "max_steps": t.max_steps,
+        "world_size": world,
+    }
+
+
+def _probe(python: str, args: list[str], *, nodes: int, gpus: int, where: str) -> None:
+    """`python -m train_entry --check`: imports the factories and DeepSpeed, as a rank would."""
+    env = {
+        **os.environ,
+        "WORLD_SIZE": str(nodes * gpus),
+        "RANK": "0",
+        ENV_NNODES: str(nodes),
+        ENV_GPUS: str(gpus),
+    }
+    try:
+        res = subprocess.run(
+            [python, "-m", "train_entry", "--check", *args],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise UserError(
+            f"could not check train_entry's config ({e}); is {python} the right Python?"
+        ) from None
+    if res.returncode != 0:
+        lines = [x for x in res.stderr.strip().splitlines() if x.strip()]
+        first = next((x for x in lines if x.startswith("error:")), lines[-1] if lines else "")
+        raise UserError(
+            f"train_entry's config does not work {where}:\n  "
+            f"{first.removeprefix('error: ')}\nnothing was queued"
+        )
+
+
+def _one(e: UserError) -> str:
+    return e.format_message().replace("\n", "\n  ")
+
+
+def describe(resolved: dict[str, Any]) -> str:
+    return (
+        f"global batch {resolved['global_batch']} = world {resolved['world_size']} x micro "
+        f"{resolved['micro_batch']} x accum {resolved['grad_accum']}, "
+        f"{resolved['max_steps']} steps"
+    )
+
+
+def dumps(resolved: dict[str, Any]) -> str:
+    return json.dumps(resolved, sort_keys=True)
