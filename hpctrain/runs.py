@@ -299,6 +299,14 @@ def find_run(ref: str, runs_dir: Path | None = None) -> RunDir:
     for c in candidates:
         if (c / "run.yaml").is_file():
             return RunDir(c.resolve())
+    head, sep, point = ref.rpartition("/")
+    if sep and head and point:  # SWEEP/<index> or SWEEP/<point folder> (SWEEP a name or a path)
+        from hpctrain import sweep
+
+        found = sweep.find(head, runs_dir)
+        where = sweep.point_dir(found, point) if found else None
+        if where is not None and (where / "run.yaml").is_file():
+            return RunDir(where)
     for item in reversed(_read_jsonl(_index_file())):
         if item.get("name") == ref and (Path(item.get("path", "")) / "run.yaml").is_file():
             return RunDir(item["path"])

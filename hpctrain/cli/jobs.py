@@ -335,6 +335,14 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
     from hpctrain.remote.forward import maybe_forward
 
     maybe_forward("status", run, runs_dir)
+    from hpctrain import sweep as sweeps
+
+    found = sweeps.find(run, runs_dir) if run else None
+    if found is not None:
+        from hpctrain.cli.sweep import show
+
+        show(found, as_json)
+        return
     from hpctrain.runs import all_runs, find_run
 
     if run is None:
@@ -408,6 +416,13 @@ def runs(runs_dir: Path | None, as_json: bool) -> None:
         click.echo(json.dumps(items, indent=2))
         return
     _table(items)
+    from hpctrain import sweep as sweeps
+
+    for found in sweeps.all_sweeps(runs_dir):
+        from hpctrain.cli.sweep import show
+
+        click.echo("")
+        show(found, False)
     if remote:
         from hpctrain.remote.forward import each_site
 
@@ -451,6 +466,11 @@ def logs(run: str, rank: int | None, node: int | None, follow: bool, runs_dir: P
     from hpctrain.remote.forward import maybe_forward
 
     maybe_forward("logs", run, runs_dir)
+    from hpctrain import sweep as sweeps
+
+    if sweeps.find(run, runs_dir) is not None:
+        raise UserError(f"{run} is a sweep: give one point, e.g. `hpctrain logs {run}/0` "
+                        f"(`hpctrain status {run}` lists them)")
     from hpctrain.runs import find_run
 
     r = find_run(run, runs_dir)
@@ -531,6 +551,16 @@ def cancel(run: str, runs_dir: Path | None) -> None:
     from hpctrain.remote.forward import maybe_forward
 
     maybe_forward("cancel", run, runs_dir)
+    from hpctrain import sweep as sweeps
+
+    found = sweeps.find(run, runs_dir)
+    if found is not None:
+        done = sweeps.cancel(found)
+        for point, state in done:
+            click.echo(f"{found.name}/{point}: cancel sent (now {state})")
+        click.echo(f"sweep {found.name}: {len(done)} point(s) cancelled; resume with "
+                   f"`hpctrain resume {found.name}`")
+        return
     from hpctrain import dispatch
     from hpctrain.runs import TERMINAL, find_run
 

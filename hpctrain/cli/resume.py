@@ -75,6 +75,18 @@ def resume(run: str, wait: bool, time_min: int | None, max_steps: int | None, no
     from hpctrain.remote.forward import maybe_forward
 
     maybe_forward("resume", run, runs_dir)
+    from hpctrain import sweep as sweeps
+
+    found = sweeps.find(run, runs_dir)
+    if found is not None:  # every point that stopped before finishing
+        rows = [r for r in sweeps.table(found) if r["state"] in sweeps.RESUMABLE]
+        for row in rows:
+            click.echo(f"{found.name}/{row['point']} ({row['state']}):")
+            click.get_current_context().invoke(
+                resume, run=row["path"], wait=False, time_min=time_min, max_steps=max_steps,
+                nodes=nodes, as_json=False, runs_dir=None, args=args)
+        click.echo(f"sweep {found.name}: {len(rows)} point(s) resumed")
+        return
     from hpctrain import dispatch
     from hpctrain.profiles import Profile
     from hpctrain.render import render
@@ -204,6 +216,10 @@ def preempt(run: str, sig: str | None, runs_dir: Path | None) -> None:
     from hpctrain.remote.forward import maybe_forward
 
     maybe_forward("preempt", run, runs_dir)
+    from hpctrain import sweep as sweeps
+
+    if sweeps.find(run, runs_dir) is not None:
+        raise UserError(f"{run} is a sweep: preempt one point, e.g. `hpctrain preempt {run}/0`")
     from hpctrain import dispatch
     from hpctrain.runs import find_run
 

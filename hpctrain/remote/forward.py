@@ -13,7 +13,11 @@ from hpctrain.remote.ssh import Login
 
 
 def is_local(ref: str, runs_dir: Path | None) -> bool:
+    from hpctrain import sweep
     from hpctrain.runs import find_run
+
+    if sweep.find(ref, runs_dir) is not None:
+        return True
 
     try:
         find_run(ref, runs_dir)

@@ -57,6 +57,7 @@ def submit(
     o: dict[str, Any],
     profile: Any,
     *,
+    command: str = "submit",
     extra: list[str] | None = None,
     echo: Callable[[str], None] = print,
 ) -> int:
@@ -106,7 +107,7 @@ def submit(
         f"site {login.where}: run folder {runs_dir}/{req.name}"
         + (f"; code {code.source} sent with {tool}" if code else "")
     )
-    args = ["submit", "--profile", f"{incoming}/profile.yaml", "--name", req.name]
+    args = [command, "--profile", f"{incoming}/profile.yaml", "--name", req.name]
     for key, flag in _PASS:
         value = (
             getattr(req, key, None)
@@ -133,5 +134,6 @@ def submit(
             path=f"{runs_dir}/{req.name}",
             login=login.to_dict(),
             profile=profile.name,
+            kind="sweep" if command == "sweep" else "run",
         )
     return rc

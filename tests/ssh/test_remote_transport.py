@@ -36,7 +36,20 @@ def test_dry_run_resolves_the_sites_variables_there_and_commands_share_one_conne
     )
     # the dry run wrote no index entry
     assert not (laptop.root / "state" / "hpctrain" / "remote-runs.jsonl").exists()
-    # every command of that submit (resolve, upload, submit, clean up) used one SSH connection
+    # a sweep's dry run on the site: the site's folder, the grid, the array script
+    out = laptop.hp(
+        "sweep",
+        "--profile",
+        str(laptop.profile),
+        "--name",
+        "sw",
+        "--grid",
+        "optim.lr=1e-3,1e-2",
+        "--dry-run",
+    )
+    assert f"folder: {laptop.site.scratch}/runs/sw" in out.stdout, out.stdout
+    assert "#SBATCH --array=0-1" in out.stdout and "1-optim.lr=1e-2" in out.stdout
+    # every command of both (resolve, upload, submit, clean up) used one SSH connection
     assert accepted(laptop.site) == before + 1
 
 

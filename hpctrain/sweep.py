@@ -1,0 +1,417 @@
+"""Sweeps: the product of a grid of entry arguments, one run folder per point, one Slurm job array.
+
+    runs/NAME/sweep.json            the grid, the points and the array job id
+    runs/NAME/array.sh              Slurm: the array script (what sbatch got)
+    runs/NAME/<i>-<key=value,...>/  point i: a run folder like any other (run.yaml, job.sh, ...)
+
+Each point is frozen, resumable and preemptible on its own: array task i runs point i's own job.sh
+(`exec`, so the batch shell that Slurm signals is job.sh's, with its traps); the script requeues
+itself with `scontrol requeue $SLURM_JOB_ID`, the task's own id, so only that task runs again. A
+point is addressed as NAME/<i> or NAME/<folder>; its jobs.jsonl records `<array id>_<i>`. The
+local profile runs the points with a detached runner, `--max-parallel` at a time (default one after
+another).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpctrain.errors import UserError
+
+SWEEP_FILE = "sweep.json"
+ARRAY_FILE = "array.sh"
+KIND = "sweep"  # jobs.jsonl kind of a point's array task
+# Point states `resume SWEEP` brings back (a point never started locally shows WAITING).
+RESUMABLE = {
+    "FAILED",
+    "CANCELLED",
+    "PREEMPTED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "LOST",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}\Z")
+_VALUE = re.compile(r"[A-Za-z0-9_.+:-]{1,64}\Z")
+
+
+@dataclass(frozen=True)
+class Point:
+    index: int
+    values: tuple[tuple[str, str], ...]
+
+    @property
+    def folder(self) -> str:
+        return f"{self.index}-" + ",".join(f"{k}={v}" for k, v in self.values)
+
+    def args(self) -> list[str]:
+        return [f"--{k}={v}" for k, v in self.values]
+
+
+def parse_grid(items: tuple[str, ...] | list[str]) -> list[tuple[str, list[str]]]:
+    """`--grid KEY=V1,V2` items -> [(key, [values])], every problem raised at once."""
+    grid: list[tuple[str, list[str]]] = []
+    problems = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.removeprefix("--")
+        vals = [v for v in values.split(",")] if sep else []
+        if not sep or not _KEY.match(key) or not vals:
+            problems.append(
+                f"--grid {item!r}: write KEY=V1,V2,... (KEY an entry option such as "
+                "optim.lr, without the leading --)"
+            )
+            continue
+        bad = [v for v in vals if not _VALUE.match(v)]
+        if bad:
+            problems.append(
+                f"--grid {item!r}: value {bad[0]!r} has characters a folder name cannot "
+                "carry; use letters, digits and . _ + : -"
+            )
+            continue
+        if any(k == key for k, _ in grid):
+            problems.append(f"--grid {key} is given twice; give each key once with all its values")
+            continue
+        grid.append((key, vals))
+    if not items:
+        problems.append("a sweep needs at least one --grid KEY=V1,V2,...")
+    if problems:
+        raise UserError("\n".join(problems))
+    return grid
+
+
+def points(grid: list[tuple[str, list[str]]]) -> list[Point]:
+    keys = [k for k, _ in grid]
+    combos = itertools.product(*[vals for _, vals in grid])
+    return [Point(i, tuple(zip(keys, combo, strict=True))) for i, combo in enumerate(combos)]
+
+
+def array_spec(n: int, max_parallel: int | None) -> str:
+    return f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else "")
+
+
+def array_script(
+    name: str, sweep_dir: Path, directives: list[str], folders: list[Path], spec: str
+) -> str:
+    """The job array's batch script: point i's own resources, then `exec bash` its job.sh."""
+    keep = [d for d in directives if not d.startswith(("--job-name=", "--output=", "--error="))]
+    head = [
+        f"--job-name={name}",
+        *keep,
+        f"--output={sweep_dir}/logs/array-%a.log",
+        f"--array={spec}",
+    ]
+    lines = [
+        "#!/bin/bash",
+        *(f"#SBATCH {d}" for d in head),
+        f"# hpctrain sweep {name}: array task i runs point i's own job.sh in its own run folder.",
+        "# exec: the batch shell that Slurm signals (preemption, time limit) is job.sh's.",
+        "set -u",
+        "points=(" + " ".join(_quoted(str(f)) for f in folders) + ")",
+        "point=${points[$SLURM_ARRAY_TASK_ID]}",
+        'exec >>"$point/logs/batch.log" 2>&1',
+        'exec bash "$point/job.sh"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _quoted(text: str) -> str:
+    """Always single-quoted (shlex leaves `a,b` bare, which shellcheck reads as a mistake)."""
+    return "'" + text.replace("'", "'\\''") + "'"
+
+
+# -- the sweep folder -----------------------------------------------------------------------------
+def is_sweep(path: Path) -> bool:
+    return (path / SWEEP_FILE).is_file()
+
+
+def read(sweep_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((sweep_dir / SWEEP_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(
+            f"{sweep_dir / SWEEP_FILE} cannot be read ({e}); the sweep's points are "
+            "still run folders of their own"
+        ) from None
+    return data if isinstance(data, dict) else {}
+
+
+def write(sweep_dir: Path, data: dict[str, Any]) -> None:
+    tmp = sweep_dir / (SWEEP_FILE + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(sweep_dir / SWEEP_FILE)
+
+
+def find(ref: str, runs_dir: Path | None = None) -> Path | None:
+    """The sweep folder for a sweep name or path, if REF is one."""
+    candidates = [Path(ref)]
+    if "/" not in ref:
+        candidates.append((runs_dir or Path("runs")) / ref)
+    for c in candidates:
+        if is_sweep(c):
+            return c.resolve()
+    for item in reversed(_index()):
+        if item.get("kind") == KIND and item.get("name") == ref and is_sweep(Path(item["path"])):
+            return Path(item["path"])
+    return None
+
+
+def point_dir(sweep_dir: Path, which: str) -> Path | None:
+    """A point by its index (`3`) or its folder name (`3-lr=0.1`)."""
+    for p in read(sweep_dir).get("points", []):
+        if which in (str(p.get("index")), p.get("folder")):
+            return sweep_dir / str(p["folder"])
+    return None
+
+
+def _index() -> list[dict[str, Any]]:
+    from hpctrain.runs import _index_file, _read_jsonl
+
+    return _read_jsonl(_index_file())
+
+
+def record(name: str, sweep_dir: Path) -> None:
+    from hpctrain.runs import _append_jsonl, _index_file, now
+
+    _append_jsonl(
+        _index_file(), {"name": name, "path": str(sweep_dir), "kind": KIND, "time": now()}
+    )
+
+
+def all_sweeps(runs_dir: Path | None = None) -> list[Path]:
+    seen: dict[Path, None] = {}
+    base = runs_dir or Path("runs")
+    if base.is_dir():
+        for child in sorted(base.iterdir()):
+            if is_sweep(child):
+                seen.setdefault(child.resolve())
+    for item in _index():
+        if item.get("kind") == KIND and is_sweep(Path(item.get("path", ""))):
+            seen.setdefault(Path(item["path"]))
+    return list(seen)
+
+
+# -- what a sweep shows ---------------------------------------------------------------------------
+def final_loss(run_path: Path) -> float | None:
+    try:
+        lines = (run_path / "metrics.jsonl").read_text().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("loss"), (int, float)):
+            return float(rec["loss"])
+    return None
+
+
+def table(sweep_dir: Path) -> list[dict[str, Any]]:
+    """One row per point: index, values, state, job, newest checkpoint step, final loss."""
+    from hpctrain import dispatch
+    from hpctrain.runs import RunDir
+
+    rows = []
+    for p in read(sweep_dir).get("points", []):
+        run = RunDir(sweep_dir / str(p["folder"]))
+        state = dispatch.state(run) if run.exists() and run.jobs() else "WAITING"
+        rows.append(
+            {
+                "index": p["index"],
+                "point": p["folder"],
+                "values": p.get("values", {}),
+                "state": state,
+                "job_id": run.last_job_id() if run.exists() else None,
+                "checkpoint_step": run.newest_checkpoint_step(),
+                "final_loss": final_loss(run.path),
+                "path": str(run.path),
+            }
+        )
+    return rows
+
+
+# -- submitting -----------------------------------------------------------------------------------
+def submit_array(sweep_dir: Path, script: str, runs: list[Any], pts: list[Point]) -> str:
+    """Slurm: one sbatch of the array script; every point records `<array>_<i>`."""
+    from submitit.core.utils import FailedJobError
+
+    from hpctrain.dispatch.slurm import ScriptSlurmExecutor
+
+    (sweep_dir / "submitit").mkdir(exist_ok=True)
+    try:
+        job = ScriptSlurmExecutor(sweep_dir / "submitit", script)._submit_command("")
+    except (FailedJobError, subprocess.CalledProcessError, OSError) as e:
+        raise UserError(f"sbatch refused the job array: {str(e).strip()}") from None
+    array_id = str(job.job_id).split("_")[0]
+    for run, p in zip(runs, pts, strict=True):
+        run.add_job(f"{array_id}_{p.index}", kind=KIND, scheduler="slurm")
+    return array_id
+
+
+def start_local(sweep_dir: Path) -> int:
+    """Local profile: a detached runner starts the points, max_parallel at a time."""
+    log = (sweep_dir / "logs" / "runner.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpctrain.sweep_runner", str(sweep_dir)],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=dict(os.environ),
+    )
+    log.close()
+    return proc.pid
+
+
+def cancel(sweep_dir: Path) -> list[tuple[str, str]]:
+    """Stop the local runner (no new points) and cancel every point that is queued or running."""
+    from hpctrain import dispatch
+    from hpctrain.runs import TERMINAL, RunDir
+
+    data = read(sweep_dir)
+    pid = data.get("runner_pid")
+    if pid:
+        try:
+            if "hpctrain.sweep_runner" in Path(f"/proc/{pid}/cmdline").read_text():
+                os.kill(int(pid), 15)
+        except OSError:
+            pass
+    out = []
+    for p in data.get("points", []):
+        run = RunDir(sweep_dir / str(p["folder"]))
+        if not run.exists() or not run.jobs():
+            continue
+        before = dispatch.state(run)
+        if before not in TERMINAL:
+            out.append((str(p["folder"]), dispatch.cancel(run)))
+    return out
+
+
+@dataclass
+class Planned:
+    """A sweep ready to be written and submitted (sweep --dry-run prints it)."""
+
+    name: str
+    sweep_dir: Path
+    profile: Any
+    grid: list[tuple[str, list[str]]]
+    points: list[Point]
+    requests: list[Any]
+    scripts: list[str]
+    python: str
+    max_parallel: int | None
+    array: str | None  # the array script (Slurm)
+
+
+def prepare(
+    o: dict[str, Any],
+    profile: Any,
+    grid_items: tuple[str, ...],
+    max_parallel: int | None,
+    code_dir: Path | None = None,
+) -> Planned:
+    import dataclasses
+    import time as _time
+
+    from hpctrain.render import node_python, render, sbatch_directives
+    from hpctrain.request import NAME_RE, NAME_RULE, JobRequest
+    from hpctrain.runs import runs_dir_of
+
+    grid = parse_grid(grid_items)
+    pts = points(grid)
+    name = o.get("name") or f"sweep-{_time.strftime('%Y%m%d-%H%M%S')}"
+    if not NAME_RE.match(name) or len(name) > 56:
+        raise UserError(f"--name {name!r} is not a valid sweep name ({NAME_RULE}, at most 56)")
+    if max_parallel is not None and max_parallel < 1:
+        raise UserError(f"--max-parallel {max_parallel}: at least 1")
+    sweep_dir = runs_dir_of(profile) / name
+    if sweep_dir.exists():
+        hint = (
+            f"`hpctrain resume {name}` continues its unfinished points"
+            if is_sweep(sweep_dir)
+            else "move that folder away"
+        )
+        raise UserError(f"{sweep_dir} already exists; choose another --name, or {hint}")
+    python = node_python(profile)
+    requests, scripts = [], []
+    for p in pts:
+        req = JobRequest.build(
+            profile,
+            name=f"{name}-{p.index}",
+            nodes=o.get("nodes"),
+            gpus=o.get("gpus"),
+            time_min=o.get("time_min"),
+            strategy=o.get("strategy"),
+            script=o.get("script"),
+            module=o.get("module"),
+            args=(*o.get("args", ()), *p.args()),
+        )
+        if code_dir is not None and req.entry.kind == "script":
+            rel = Path(req.entry.target).resolve().relative_to(code_dir.resolve())
+            entry = dataclasses.replace(req.entry, target=str(sweep_dir / "code" / rel))
+            req = dataclasses.replace(req, entry=entry)
+        requests.append(req)
+        scripts.append(render(profile, req, sweep_dir / p.folder, python=python))
+    array = None
+    if profile.scheduler == "slurm":
+        first = sweep_dir / pts[0].folder
+        array = array_script(
+            name,
+            sweep_dir,
+            sbatch_directives(profile, requests[0], str(first)),
+            [sweep_dir / p.folder for p in pts],
+            array_spec(len(pts), max_parallel),
+        )
+    return Planned(
+        name, sweep_dir, profile, grid, pts, requests, scripts, python, max_parallel, array
+    )
+
+
+def create_and_submit(plan: Planned, code_dir: Path | None = None) -> str:
+    """Write the sweep folder and every point's run folder, then submit; returns the job id
+    (Slurm: the array's) or the local runner's pid."""
+    import shutil
+
+    from hpctrain.runs import RunDir
+
+    plan.sweep_dir.mkdir(parents=True)
+    (plan.sweep_dir / "logs").mkdir()
+    if code_dir is not None:
+        shutil.move(str(code_dir), str(plan.sweep_dir / "code"))
+    runs = []
+    for p, req, script in zip(plan.points, plan.requests, plan.scripts, strict=True):
+        run = RunDir(plan.sweep_dir / p.folder)
+        run.create(profile=plan.profile, request=req, script=script, node_python=plan.python)
+        runs.append(run)
+    data = {
+        "name": plan.name,
+        "scheduler": plan.profile.scheduler,
+        "grid": [[k, v] for k, v in plan.grid],
+        "max_parallel": plan.max_parallel,
+        "points": [
+            {"index": p.index, "folder": p.folder, "values": dict(p.values)} for p in plan.points
+        ],
+    }
+    write(plan.sweep_dir, data)
+    record(plan.name, plan.sweep_dir)
+    if plan.array is not None:
+        (plan.sweep_dir / ARRAY_FILE).write_text(plan.array)
+        job = submit_array(plan.sweep_dir, plan.array, runs, plan.points)
+        write(plan.sweep_dir, {**data, "array_job": job})
+        return job
+    write(plan.sweep_dir, {**data, "runner_pid": None})
+    pid = start_local(plan.sweep_dir)
+    write(plan.sweep_dir, {**data, "runner_pid": pid})
+    return str(pid)

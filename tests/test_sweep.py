@@ -1,0 +1,213 @@
+"""Sweeps (`hpctrain sweep`): one run folder per grid point; on Slurm one job array whose preempted
+element requeues alone; locally the points run K at a time through the local executor."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+HPCTRAIN = [sys.executable, "-m", "hpctrain"]
+TINY = ["--train.micro_batch=4", "--train.global_batch=8", "--train.log_every=1"]
+
+
+@pytest.fixture
+def hp(tmp_path):
+    env = {
+        **os.environ,
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
+        "OMP_NUM_THREADS": "1",
+    }
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+        out = subprocess.run(
+            [*HPCTRAIN, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+        if check:
+            assert out.returncode == 0, f"{args} -> {out.returncode}\n{out.stdout}\n{out.stderr}"
+        return out
+
+    run.root = tmp_path
+    return run
+
+
+def lines(path: Path) -> list[dict]:
+    return (
+        [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        if path.is_file()
+        else []
+    )
+
+
+def until(what: str, cond, timeout: float):
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(1)
+    return value
+
+
+def test_dry_run_prints_the_grid_and_the_array_script_and_bad_grids_say_how(hp):
+    out = hp(
+        "sweep",
+        "--profile",
+        "loopback",
+        "--name",
+        "g",
+        "--grid",
+        "optim.lr=1e-3,1e-2",
+        "--grid",
+        "train.seed=1,2,3",
+        "--max-parallel",
+        "2",
+        "--dry-run",
+        "--",
+        "--max-steps=5",
+    )
+    assert "sweep g: 6 points on one Slurm job array" in out.stdout, out.stdout
+    assert re.search(
+        r"^5\s+5-optim\.lr=1e-2,train\.seed=3\s+--optim\.lr=1e-2 --train\.seed=3$", out.stdout, re.M
+    ), out.stdout
+    script = out.stdout.split("<==\n", 1)[1].rsplit("nothing was written", 1)[0]
+    assert "#SBATCH --array=0-5%2" in script and "#SBATCH --job-name=g" in script
+    assert "#SBATCH --requeue" in script and 'exec bash "$point/job.sh"' in script
+    assert not (hp.root / "runs").exists()
+    if shutil.which("shellcheck"):
+        check = subprocess.run(
+            ["shellcheck", "-S", "warning", "-"], input=script, text=True, capture_output=True
+        )
+        assert check.returncode == 0, check.stdout
+    for grid, msg in (
+        ("lr", "write KEY=V1,V2"),
+        ("lr=a/b", "characters a folder name cannot"),
+        ("--lr=1,2", None),
+    ):
+        out = hp(
+            "sweep",
+            "--profile",
+            "loopback",
+            "--name",
+            "g",
+            "--grid",
+            grid,
+            "--dry-run",
+            check=msg is None,
+        )
+        if msg:
+            assert out.returncode == 2 and msg in out.stderr and "Traceback" not in out.stderr
+
+
+def test_local_sweep_runs_points_one_after_another_each_its_own_run(hp):
+    out = hp(
+        "sweep",
+        "--profile",
+        "local",
+        "--name",
+        "loc",
+        "--nodes",
+        "1",
+        "--gpus",
+        "1",
+        "--grid",
+        "optim.lr=1e-3,3e-3",
+        "--",
+        *TINY,
+        "--max-steps=3",
+    )
+    assert "2 points on this machine, 1 at a time" in out.stdout, out.stdout
+    sweep = hp.root / "runs" / "loc"
+    try:
+        rows = until(
+            "both points end",
+            lambda: (
+                (t := json.loads(hp("status", "loc", "--json").stdout))
+                and all(r["state"] in ("COMPLETED", "FAILED") for r in t["points"])
+                and t
+            ),
+            180,
+        )
+    except AssertionError:
+        print((sweep / "logs" / "runner.log").read_text())
+        raise
+    points = rows["points"]
+    assert [r["state"] for r in points] == ["COMPLETED", "COMPLETED"], points
+    assert all(isinstance(r["final_loss"], float) for r in points)
+    assert points[0]["final_loss"] != points[1]["final_loss"]  # the grid reached the entry
+    first, second = (sweep / r["point"] for r in points)
+    assert (first / "run.yaml").is_file() and (second / "job.sh").is_file()  # frozen, each its own
+    # one after another: the second point started after the first was done
+    done = [e["time"] for e in lines(first / "events.jsonl") if e["event"] == "done"]
+    assert done and lines(second / "restarts.jsonl")[0]["time"] >= done[0]
+    table = hp("runs").stdout
+    assert re.search(r"sweep loc .*\n.*\n.*\n0\s+0-optim\.lr=1e-3\s+COMPLETED", table), table
+    assert "done: 3 steps" in hp("logs", "loc/1", "--rank", "0").stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.timeout(420)
+def test_array_element_preempted_requeues_alone_and_resumes(slurm_cluster, hp):
+    train = [
+        *TINY,
+        "--model.d_model=128",
+        "--model.n_layers=4",
+        "--model.seq_len=64",
+        "--max-steps=30",
+        "--checkpoint-every=10",
+    ]
+    out = hp(
+        "sweep",
+        "--profile",
+        "loopback",
+        "--name",
+        "arr",
+        "--nodes",
+        "2",
+        "--gpus",
+        "1",
+        "--grid",
+        "optim.lr=1e-3,3e-3",
+        "--",
+        *train,
+    )
+    array = re.search(r"array job (\d+)", out.stdout).group(1)
+    sweep = hp.root / "runs" / "arr"
+    first = sweep / "0-optim.lr=1e-3"
+    try:
+        assert lines(first / "jobs.jsonl")[0]["job_id"] == f"{array}_0"
+        until("point 0 trains", lambda: len(lines(first / "metrics.jsonl")) >= 3, 240)
+        assert f"job {array}_0" in hp("preempt", "arr/0").stdout
+        table = until(
+            "both points end",
+            lambda: (
+                (t := json.loads(hp("status", "arr", "--json").stdout))
+                and all(r["state"] in ("COMPLETED", "FAILED", "CANCELLED") for r in t["points"])
+                and t
+            ),
+            240,
+        )
+        assert [r["state"] for r in table["points"]] == ["COMPLETED", "COMPLETED"], table
+        # only the preempted task was requeued: its own restarts, the other task ran once
+        assert [r["restart_count"] for r in lines(first / "restarts.jsonl")] == [0, 1]
+        assert [
+            r["restart_count"] for r in lines(sweep / "1-optim.lr=3e-3" / "restarts.jsonl")
+        ] == [0]
+        kinds = [e["event"] for e in lines(first / "events.jsonl")]
+        assert kinds[:3] == ["signal", "preempted", "requeue"] and kinds[-1] == "done", kinds
+        starts = re.findall(r"step (\d+)/30\n", (first / "train.log").read_text())
+        assert len(starts) == 2 and starts[0] == "0" and int(starts[1]) > 0, starts
+        sacct = subprocess.run(
+            ["sacct", "-X", "-D", "-n", "-P", "-j", array, "-o", "JobID,State"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert f"{array}_0|REQUEUED" in sacct and sacct.count(f"{array}_1|COMPLETED") == 1, sacct
+    finally:
+        subprocess.run(["scancel", array], capture_output=True, timeout=30)
