@@ -20,7 +20,7 @@ def srun_options(c: Any, mounts: list[str], gpu: str | None) -> list[Sh]:
     if c.workdir:
         out.append(option("--container-workdir", c.workdir))
     if c.env:
-        out.append(Sh("--container-env=" + ",".join(c.env)))
+        out.append(option("--container-env", ",".join(c.env)))
     return out + [quote(f) for f in c.flags]
 
 

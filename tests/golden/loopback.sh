@@ -75,9 +75,13 @@ if [ "$HPCTRAIN_WANT_GPU" = 1 ]; then
   elif rocm-smi >/dev/null 2>&1 || [ -e /dev/kfd ]; then device=cuda; gpu=amd
   fi
 fi
-if [ "$gpu" = amd ] && [ -n "${CUDA_VISIBLE_DEVICES:-}" ] && [ -z "${ROCR_VISIBLE_DEVICES:-}" ]; then
-  export ROCR_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES  # the ROCm runtime visibility variable
-  unset CUDA_VISIBLE_DEVICES
+if [ "$gpu" = amd ]; then
+  # One visibility variable on ROCm: ROCR_VISIBLE_DEVICES (the runtime level); HIP would index a
+  # second list into the first one.
+  if [ -z "${ROCR_VISIBLE_DEVICES:-}" ] && [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    export ROCR_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES
+  fi
+  unset CUDA_VISIBLE_DEVICES HIP_VISIBLE_DEVICES
 fi
 export HPCTRAIN_DEVICE=$device
 # What unchanged launcher-aware scripts expect: Accelerate trains on CPU only when told to (else

@@ -1,0 +1,220 @@
+"""site_configs/examples/: profiles of real clusters, modelled on their public documentation (each
+file's header cites its pages). Each renders with a fixed request (2 nodes, the profile's GPUs) and
+must carry the lines the site documents, with exact quoting: sbatch options, module commands, the
+container call, every documented variable, the launch line. All validate, pass bash -n and
+shellcheck, and render the same twice.
+
+    .venv/bin/python -m pytest -q tests/test_site_examples.py
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpctrain.profiles import resolve
+from hpctrain.render import render
+from hpctrain.request import JobRequest
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "site_configs" / "examples"
+RUN = "/scratch/runs/demo"
+TORCHRUN_FLAGS = (
+    '--nnodes="$HPCTRAIN_NNODES" --nproc-per-node="$HPCTRAIN_GPUS_PER_NODE" '
+    '--rdzv-backend=c10d --rdzv-endpoint="$HPCTRAIN_RDZV_ENDPOINT" '
+    '--rdzv-id="$HPCTRAIN_JOB_ID" --rdzv-conf="is_host=$is_host" --max-restarts=0 '
+    '"${tee[@]}" "$@"'
+)
+SRUN_TASK = [
+    "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS",
+    "export MASTER_ADDR=${HPCTRAIN_RDZV_ENDPOINT%:*} MASTER_PORT=${HPCTRAIN_RDZV_ENDPOINT##*:}",
+    '"$HPCTRAIN_PYTHON" "$@"',
+]
+GETENT = ["hpctrain_head_addr=$(getent ahostsv4 \"$hpctrain_head\" | awk 'NR == 1 {print $1}')"]
+
+# example -> every line it must render (stripped of indentation), in the site's own terms
+EXPECT = {
+    "lumi-rocm-singularity": [
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --cpus-per-task=7",
+        "#SBATCH --mem=0",
+        "#SBATCH --partition=standard-g",
+        "#SBATCH --account=project_465000000",
+        "#SBATCH --exclusive",
+        "hpctrain_module purge",
+        'export NCCL_SOCKET_IFNAME="hsn0,hsn1,hsn2,hsn3"',
+        'export FI_CXI_DEFAULT_CQ_SIZE="131072"',
+        'export FI_PROVIDER="${FI_PROVIDER:-cxi}"',
+        'export NCCL_NET_GDR_LEVEL="PHB"',
+        'export ROCR_VISIBLE_DEVICES="$SLURM_LOCALID"',
+        'export MIOPEN_USER_DB_PATH="/tmp/$USER-miopen-cache-$SLURM_NODEID"',
+        'hpctrain_launch=(srun --nodes="$HPCTRAIN_NNODES" --ntasks-per-node=8 --kill-on-bad-exit=1)',
+        'hpctrain_launch+=(singularity exec --rocm --bind "/pfs:/pfs" --bind "/scratch:/scratch" '
+        '--bind "/projappl:/projappl" --bind "/flash:/flash" --bind "/scratch/runs/demo:/scratch/runs/demo" '
+        '"$PROJECT_DIR/containers/pytorch-rocm.sif")  # environment.container (singularity)',
+        'export HPCTRAIN_PYTHON="python3"',
+        *SRUN_TASK,
+        *GETENT,
+    ],
+    "perlmutter-shifter": [
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --cpus-per-task=32",
+        "#SBATCH --constraint=gpu",
+        "#SBATCH --account=m0000",
+        "#SBATCH --qos=regular",
+        "#SBATCH --image=nersc/pytorch:25.02.01",
+        "#SBATCH --module=gpu,nccl-plugin",
+        "hpctrain_port=29500  # rendezvous.port: fixed by the profile",
+        'export NCCL_SOCKET_IFNAME="hsn"',
+        'hpctrain_launch+=(shifter --volume="$SCRATCH:/scratch" --volume="/scratch/runs/demo:/scratch/runs/demo")'
+        "  # environment.container (shifter)",
+        *SRUN_TASK,
+        *GETENT,
+    ],
+    "alps-edf": [
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --cpus-per-task=72",
+        "#SBATCH --partition=normal",
+        "#SBATCH --account=a-g000",
+        'export FI_PROVIDER="${FI_PROVIDER:-cxi}"',
+        'export NCCL_CROSS_NIC="1"',
+        'export FI_CXI_DISABLE_HOST_REGISTER="1"',
+        'export FI_MR_CACHE_MONITOR="userfaultfd"',
+        "hpctrain_launch+=(--gpus-per-task=1)",
+        'hpctrain_launch+=(--environment="pytorch")  # environment.container (edf)',
+        *SRUN_TASK,
+    ],
+    "olivia-slingshot-apptainer": [
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --cpus-per-task=72",
+        "#SBATCH --mem=440G",
+        "#SBATCH --partition=accel",
+        "#SBATCH --account=nn0000k",
+        "hpctrain_module reset",
+        "hpctrain_module load NRIS/GPU",
+        "hpctrain_module load NCCL/2.26.6-GCCcore-14.2.0-CUDA-12.8.0",
+        'hpctrain_module use "/cluster/work/support/pytorch_module"',
+        'export PYTORCH_OVERLAY_MODE="ro"',
+        "hpctrain_port=29500  # rendezvous.port: fixed by the profile",
+        'hpctrain_launch+=(apptainer exec --nv --bind "/cluster:/cluster" --bind "/scratch/runs/demo:'
+        '/scratch/runs/demo" "/cluster/work/support/containers/pytorch.sif")  # environment.container (apptainer)',
+        f'exec "$HPCTRAIN_PYTHON" -m torch.distributed.run {TORCHRUN_FLAGS}',
+    ],
+    "juwels-booster": [
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gres=gpu:4",
+        "#SBATCH --cpus-per-task=48",
+        "#SBATCH --mem=0",
+        "#SBATCH --partition=booster",
+        "#SBATCH --account=training0000",
+        "#SBATCH --threads-per-core=1",
+        "hpctrain_module load Stages/2024",
+        "hpctrain_module load GCC",
+        'eval "$(conda shell.bash hook)" || hpctrain_fail "conda is not available to activate the profile\'s environment"',
+        'conda activate train || hpctrain_fail "cannot activate the conda environment"',
+        'export NCCL_SOCKET_IFNAME="ib0"',
+        'export GLOO_SOCKET_IFNAME="ib0"',
+        'export NCCL_IB_DISABLE="0"',
+        'export NCCL_IB_TIMEOUT="20"',
+        "hpctrain_head=${hpctrain_head}i  # rendezvous.host_suffix: the site's name for that network",
+        f'exec "torchrun_jsc" {TORCHRUN_FLAGS}',
+        *GETENT,
+    ],
+    "vega-ib-conda": [
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gres=gpu:4",
+        "#SBATCH --cpus-per-task=64",
+        "#SBATCH --mem=0",
+        "#SBATCH --partition=gpu",
+        "hpctrain_module purge",
+        "hpctrain_module load Anaconda3",
+        'conda activate ddp || hpctrain_fail "cannot activate the conda environment"',
+        'export NCCL_SOCKET_IFNAME="ib0"',
+        'export NCCL_IB_DISABLE="0"',
+        'export NCCL_IB_HCA="mlx5"',
+        'export NCCL_IB_TIMEOUT="22"',
+        "hpctrain_launch+=(--cpus-per-task=64)",
+        f'exec "$HPCTRAIN_PYTHON" -m torch.distributed.run {TORCHRUN_FLAGS}',
+    ],
+    "aws-parallelcluster-efa-pyxis": [
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --cpus-per-task=192",
+        "#SBATCH --exclusive",
+        "#SBATCH --partition=p5",
+        'export FI_PROVIDER="efa"',
+        'export FI_EFA_USE_DEVICE_RDMA="1"',
+        'export FI_EFA_FORK_SAFE="1"',
+        'export NCCL_PROTO="simple"',
+        'export NCCL_SOCKET_IFNAME="^docker,lo,veth"',
+        'export NCCL_IB_DISABLE="1"',
+        "hpctrain_launch+=(--cpu-bind=none)",
+        'hpctrain_launch+=(--container-image="/fsx/apps/pytorch.sqsh" --container-mounts="/fsx:/fsx,'
+        '/scratch/runs/demo:/scratch/runs/demo" --container-workdir="/fsx" '
+        '--container-env="FI_PROVIDER,NCCL_PROTO")  # environment.container (pyxis)',
+        f'exec "$HPCTRAIN_PYTHON" -m torch.distributed.run {TORCHRUN_FLAGS}',
+    ],
+    "azure-ndv5-pyxis": [
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --cpus-per-task=96",
+        "#SBATCH --exclusive",
+        'export NCCL_TOPO_FILE="/opt/microsoft/ndv5-topo.xml"',
+        'export NCCL_IB_PCI_RELAXED_ORDERING="1"',
+        'export UCX_IB_PCI_RELAXED_ORDERING="on"',
+        'export CUDA_DEVICE_ORDER="PCI_BUS_ID"',
+        'export NCCL_SOCKET_IFNAME="eth0"',
+        'export GLOO_SOCKET_IFNAME="eth0"',
+        'export NCCL_IB_DISABLE="0"',
+        'hpctrain_launch+=(--container-image="nvcr.io#nvidia/pytorch:24.03-py3" --container-mounts='
+        '"/opt/microsoft:/opt/microsoft:ro,/shared:/shared,/scratch/runs/demo:/scratch/runs/demo")'
+        "  # environment.container (pyxis)",
+        f'exec "$HPCTRAIN_PYTHON" -m torch.distributed.run {TORCHRUN_FLAGS}',
+    ],
+}
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("HPCTRAIN_SITE_PATH", raising=False)
+    monkeypatch.setenv("HPCTRAIN_PYTHON", "/opt/hpctrain/bin/python")
+
+
+def rendered(name: str) -> str:
+    profile = resolve(str(EXAMPLES / f"{name}.yaml"), {})
+    return render(profile, JobRequest.build(profile, name="demo", nodes=2, args=[]), RUN)
+
+
+def test_the_examples_cover_the_kinds_of_site_asked_for():
+    assert {p.stem for p in EXAMPLES.glob("*.yaml")} == set(EXPECT)
+    assert len(EXPECT) >= 8
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_example_renders_what_the_site_documents(name, tmp_path):
+    header = (EXAMPLES / f"{name}.yaml").read_text().split("\nname:")[0]
+    assert re.search(r"^#\s+https://\S+", header, re.M), (
+        f"{name}: no source page cited in the header"
+    )
+    text = rendered(name)
+    lines = {ln.strip() for ln in text.splitlines()}
+    missing = [ln for ln in EXPECT[name] if ln not in lines]
+    assert not missing, f"{name} lacks:\n" + "\n".join(missing)
+    assert rendered(name) == text
+    script = tmp_path / "job.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    exe = shutil.which("shellcheck")
+    assert exe, "shellcheck is missing: `make sysdeps`"
+    out = subprocess.run([exe, "--shell=bash", str(script)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout
