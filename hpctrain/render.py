@@ -122,7 +122,12 @@ def sbatch_directives(profile: Any, req: JobRequest, run_dir: str) -> list[str]:
     """Every #SBATCH line, in a fixed order, from the request (topology) and the profile."""
     s, pre = profile.slurm, profile.preemption
     tasks = launch_context.tasks_per_node(profile, req)
-    d = [f"--job-name={req.name}", f"--nodes={req.nodes}", f"--ntasks-per-node={tasks}"]
+    if req.node_range:
+        # a range: no --ntasks-per-node, with which Slurm counts min x tasks and gives the minimum;
+        # the srun steps inside give their own --ntasks-per-node
+        d = [f"--job-name={req.name}", f"--nodes={req.min_nodes}-{req.nodes}"]
+    else:
+        d = [f"--job-name={req.name}", f"--nodes={req.nodes}", f"--ntasks-per-node={tasks}"]
     if s.gpus_per_node:
         d.append(f"--gres=gpu:{req.gpus}" if s.gpu_request == "gres" else f"--gpus-per-node={req.gpus}")
     cpus = cpus_per_task(profile, req)
@@ -137,6 +142,8 @@ def sbatch_directives(profile: Any, req: JobRequest, run_dir: str) -> list[str]:
             d.append(f"--{key}={value}")
     if s.exclusive:
         d.append("--exclusive")
+    if req.exclude:
+        d.append(f"--exclude={','.join(req.exclude)}")
     d += [f"--output={run_dir}/logs/batch.log", "--open-mode=append",
           "--requeue" if pre.requeue else "--no-requeue", f"--signal=B:{pre.signal}@{pre.warning_s}"]
     for extra in s.extra_sbatch:
@@ -154,7 +161,10 @@ def sbatch_directives(profile: Any, req: JobRequest, run_dir: str) -> list[str]:
 def environment_vars(profile: Any) -> list[tuple[str, str]]:
     """Network and site environment, sorted: (name, value). Profile env wins over derived values."""
     net = profile.network
-    env: dict[str, str] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}
+    wd = profile.watchdog
+    # a dead peer fails the job in minutes (watchdog: keys), not after torch's default half hour
+    env: dict[str, str] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": str(wd.nccl_async_error_handling),
+                           "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(wd.nccl_heartbeat_timeout_s)}
     if net.socket_ifname:
         env["NCCL_SOCKET_IFNAME"] = net.socket_ifname
     gloo = net.gloo_ifname
@@ -203,6 +213,8 @@ def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = No
             python or node_python(profile)),
         "entry_argv": req.entry.argv(run_dir=run_dir, strategy=req.strategy, args=req.args),
         "preemption": profile.preemption,
+        "preflight": profile.preflight,
+        "watchdog": profile.watchdog,
         "rendezvous": profile.rendezvous,
         "environment": profile.environment,
         "container": profile.environment.container,
@@ -242,7 +254,8 @@ def check_topology(text: str, profile: Any, req: JobRequest) -> None:
     for d in lines:
         keyed.setdefault(d.split("=", 1)[0], []).append(d)
     tasks = launch_context.tasks_per_node(profile, req)
-    expect = {"--nodes": f"--nodes={req.nodes}", "--ntasks-per-node": f"--ntasks-per-node={tasks}"}
+    expect = {"--nodes": f"--nodes={req.min_nodes}-{req.nodes}"} if req.node_range else \
+        {"--nodes": f"--nodes={req.nodes}", "--ntasks-per-node": f"--ntasks-per-node={tasks}"}
     if profile.slurm.gpus_per_node:
         if profile.slurm.gpu_request == "gres":
             expect["--gres"] = f"--gres=gpu:{req.gpus}"

@@ -17,6 +17,7 @@ NAME_RULE = "1-64 characters: letters, digits, '.', '_', '-', starting with a le
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 STRATEGIES = ("ddp", "fsdp", "deepspeed", "auto")
+NODE_NAMES_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*\Z")   # Slurm host names and ranges: n1,gpu[01-04]
 TRAIN_ENTRY = "train_entry"
 
 
@@ -54,12 +55,20 @@ class JobRequest:
     strategy: str = "ddp"
     entry: Entry = field(default_factory=Entry)
     args: tuple[str, ...] = ()
+    min_nodes: int | None = None  # fewest nodes the run may continue on (preflight shrink, #SBATCH --nodes=M-N)
+    exclude: tuple[str, ...] = ()  # nodes Slurm must not give this job (#SBATCH --exclude)
+
+    @property
+    def node_range(self) -> bool:
+        """The request allows fewer nodes than asked for."""
+        return self.min_nodes is not None and self.min_nodes < self.nodes
 
     @classmethod
     def build(cls, profile: Any, *, name: str | None = None, nodes: int | None = None,
               gpus: int | None = None, time_min: int | None = None, strategy: str | None = None,
               script: str | None = None, module: str | None = None,
-              args: tuple[str, ...] | list[str] = ()) -> JobRequest:
+              args: tuple[str, ...] | list[str] = (), min_nodes: int | None = None,
+              exclude: tuple[str, ...] | list[str] = ()) -> JobRequest:
         """Fill the defaults from the profile and check everything; every problem is raised at once."""
         problems: list[Problem] = []
         if script and module:
@@ -89,6 +98,8 @@ class JobRequest:
             strategy=strategy or "ddp",
             entry=entry,
             args=tuple(args),
+            min_nodes=min_nodes,
+            exclude=tuple(e for item in exclude for e in str(item).split(",") if e),
         )
         problems += req.problems(profile)
         if problems:
@@ -105,6 +116,18 @@ class JobRequest:
                                key="--strategy"))
         if self.nodes < 1:
             out.append(Problem(f"--nodes {self.nodes}: at least 1 node", key="--nodes"))
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            out.append(Problem(f"--min-nodes {self.min_nodes}: between 1 and --nodes ({self.nodes})",
+                               key="--min-nodes"))
+        elif self.node_range and self.strategy == "deepspeed":
+            out.append(Problem("--min-nodes: DeepSpeed checkpoints load only at the world size that "
+                               "saved them, so a DeepSpeed run cannot continue on fewer nodes; drop "
+                               "--min-nodes (a bad node is then excluded and the job requeued)",
+                               key="--min-nodes"))
+        for name in self.exclude:
+            if not NODE_NAMES_RE.match(name):
+                out.append(Problem(f"--exclude {name!r} is not a Slurm node name or range (like n1 or "
+                                   "gpu[01-04])", key="--exclude"))
         if self.gpus < 1:
             out.append(Problem(f"--gpus {self.gpus}: at least 1 per node", key="--gpus"))
         if self.time_min < 1:
@@ -140,6 +163,7 @@ class JobRequest:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["args"] = list(self.args)
+        d["exclude"] = list(self.exclude)
         return d
 
     @classmethod
@@ -147,4 +171,5 @@ class JobRequest:
         d = dict(d)
         d["entry"] = Entry(**d.get("entry", {}))
         d["args"] = tuple(d.get("args", ()))
+        d["exclude"] = tuple(d.get("exclude", ()))
         return cls(**d)

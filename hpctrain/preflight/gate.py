@@ -1,0 +1,218 @@
+"""The preflight verdict, run by the batch shell once every node's checks are in (no torch).
+
+    python -m hpctrain.preflight.gate DIR --nodes n1,n2 --min-nodes 1 --on-fail shrink ...
+
+A node fails when it left no report within the budget, its checks could not run (the node command
+wrote `fail-<id>.txt`: exit code and the last lines of stderr), one of its checks failed, its
+matmul is more than `slow_factor` times the median of the other nodes, or every ring pair it is in
+is more than `slow_factor` times slower than the median pair. The all-reduce of all healthy nodes
+is compared with the profile's `expected_busbw_gbps`; with two nodes a slow link cannot be pinned
+on either, so it is reported, not excluded (`hpctrain doctor --bisect` narrows it down).
+
+Prints shell assignments for the batch shell (`eval`): hpctrain_gate=ok|shrink|requeue|fail,
+hpctrain_good, hpctrain_bad (comma-separated Slurm names), hpctrain_exclude (what the requeued job
+excludes), hpctrain_gate_reason. Writes verdict.json, the run's preflight.json and one
+`preflight` event in events.jsonl naming each failed node with its reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpctrain.preflight import LATEST, NET_ERROR, NET_REPORT, NODE_FAILURE, NODE_REPORT, VERDICT
+
+
+@dataclass
+class Verdict:
+    action: str                                   # ok | shrink | requeue | fail
+    good: list[str]
+    bad: dict[str, str]                           # node name -> reason
+    warnings: list[str] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)
+    reason: str = ""
+    busbw_gbps: float | None = None
+    seconds: float | None = None
+
+    def shell(self) -> str:
+        values = {"hpctrain_gate": self.action, "hpctrain_good": ",".join(self.good),
+                  "hpctrain_bad": ",".join(self.bad), "hpctrain_exclude": ",".join(self.exclude),
+                  "hpctrain_gate_reason": self.reason}
+        return "\n".join(f"{k}={shlex.quote(v)}" for k, v in values.items()) + "\n"
+
+
+def read(folder: Path, names: list[str]) -> tuple[dict[int, dict[str, Any]], dict[int, str],
+                                                   dict[str, Any] | None, list[dict[str, Any]]]:
+    reports, failures = {}, {}
+    for n in range(len(names)):
+        f = folder / NODE_REPORT.format(node=n)
+        if f.exists():
+            try:
+                reports[n] = json.loads(f.read_text())
+                continue
+            except (OSError, ValueError):
+                pass
+        f = folder / NODE_FAILURE.format(node=n)
+        if f.exists():
+            lines = [ln.strip() for ln in f.read_text(errors="replace").splitlines() if ln.strip()]
+            code = lines[0] if lines else "?"
+            tail = " | ".join(lines[1:])[-400:] or "no output"
+            failures[n] = f"the preflight checks could not run (exit code {code}): {tail}"
+    net = None
+    if (folder / NET_REPORT).exists():
+        net = json.loads((folder / NET_REPORT).read_text())
+    errors = [json.loads(p.read_text()) for p in sorted(folder.glob(NET_ERROR.format(node="*")))]
+    return reports, failures, net, errors
+
+
+def judge(folder: Path, names: list[str], *, budget_s: float, slow_factor: float,
+          expected_busbw: float | None, min_fraction: float) -> tuple[list[str], dict[str, str],
+                                                                      list[str], float | None]:
+    """(good, bad {name: reason}, warnings, busbw of all good nodes)."""
+    reports, failures, net, errors = read(folder, names)
+    bad: dict[str, str] = {}
+    warnings: list[str] = []
+    for n, name in enumerate(names):
+        if n in failures:
+            bad[name] = failures[n]
+        elif n not in reports:
+            bad[name] = f"no report within the {budget_s:g} s budget (the node hung, or its task never started)"
+        else:
+            failed = [c for c in reports[n]["checks"] if c["status"] == "fail"]
+            if failed:
+                bad[name] = "; ".join(f"{c['name']}: {c['detail']}" for c in failed)
+    # lagging compute: against the median of the OTHER nodes (with two nodes: the other one)
+    times = {n: r["matmul_s"] for n, r in reports.items() if names[n] not in bad and r.get("matmul_s")}
+    for n, t in times.items():
+        others = [v for m, v in times.items() if m != n]
+        if others and t > slow_factor * statistics.median(others):
+            ref = statistics.median(others)
+            bad[names[n]] = (f"lagging: matmul {t * 1e3:.1f} ms is {t / ref:.1f}x the median of the other "
+                             f"nodes ({ref * 1e3:.1f} ms; preflight.slow_factor {slow_factor:g})")
+    busbw = None
+    if net:
+        busbw = net["busbw_gbps"]
+        if not net.get("correct", True):
+            warnings.append(f"the all-reduce over {', '.join(net['names'])} gave a wrong sum")
+        pairs = net.get("pairs") or []
+        if pairs:
+            med = statistics.median(p["seconds"] for p in pairs)
+            for n in net["members"]:
+                mine = [p for p in pairs if n in (p["a"], p["b"])]
+                if mine and all(p["seconds"] > slow_factor * med for p in mine) and names[n] not in bad:
+                    worst = max(p["seconds"] for p in mine)
+                    bad[names[n]] = (f"slow network: every all-reduce pair with this node took >= "
+                                     f"{worst / med:.1f}x the median pair ({med * 1e3:.1f} ms)")
+                for p in mine:
+                    if not p.get("correct", True) and names[n] not in bad:
+                        bad[names[n]] = "all-reduce with a neighbour gave a wrong sum"
+        if expected_busbw and busbw < min_fraction * expected_busbw:
+            warnings.append(f"all-reduce bus bandwidth {busbw:.2f} GB/s over {len(net['members'])} nodes "
+                            f"is below {min_fraction:g} x the expected {expected_busbw:g} GB/s"
+                            + ("" if pairs else " (two nodes: the slow one cannot be named; run "
+                               "`hpctrain doctor --bisect`)"))
+    for e in errors:
+        warnings.append(f"all-reduce failed on {e['name']}: {e['error'][:300]}")
+    good = [n for n in names if n not in bad]
+    return good, bad, warnings, busbw
+
+
+def current_exclude(job_id: str | None) -> list[str]:
+    """The job's ExcNodeList now (earlier exclusions are kept when more are added)."""
+    if not job_id:
+        return []
+    try:
+        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    for word in out.split():
+        if word.startswith("ExcNodeList="):
+            value = word.split("=", 1)[1]
+            if value and value != "(null)":
+                try:
+                    hosts = subprocess.run(["scontrol", "show", "hostnames", value], capture_output=True,
+                                           text=True, timeout=30).stdout.split()
+                except (OSError, subprocess.TimeoutExpired):
+                    hosts = value.split(",")
+                return hosts
+    return []
+
+
+def decide(good: list[str], bad: dict[str, str], *, min_nodes: int, on_fail: str, can_requeue: bool,
+           excluded: list[str]) -> tuple[str, str, list[str]]:
+    """(action, reason, exclude list)."""
+    if not bad:
+        return "ok", "", []
+    named = ", ".join(f"{n} ({r})" for n, r in bad.items())
+    if not good:
+        return "fail", (f"every node failed its preflight checks, so the cause is the environment "
+                        f"or the profile, not a node: {named}"), []
+    exclude = sorted(set(excluded) | set(bad))
+    if on_fail == "shrink" and len(good) >= min_nodes:
+        return "shrink", f"continuing on {len(good)} healthy node(s) without {', '.join(bad)}: {named}", exclude
+    if can_requeue:
+        return "requeue", f"excluding {', '.join(bad)} and requeueing: {named}", exclude
+    return "fail", (f"{', '.join(bad)} failed the preflight checks and the job may not requeue "
+                    f"(preemption.requeue off or max_restarts reached): {named}"), exclude
+
+
+def event(run_dir: Path, record: dict[str, Any]) -> None:
+    """One line in events.jsonl, the template's format (UTC time, job id, restart count)."""
+    line = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **record}
+    with (run_dir / "events.jsonl").open("a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m hpctrain.preflight.gate", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("folder", type=Path)
+    ap.add_argument("--nodes", required=True, help="node names, comma-separated, SLURM_NODEID order")
+    ap.add_argument("--run-dir", type=Path, required=True)
+    ap.add_argument("--min-nodes", type=int, required=True)
+    ap.add_argument("--on-fail", choices=("shrink", "requeue"), default="shrink")
+    ap.add_argument("--budget-s", type=float, default=60.0)
+    ap.add_argument("--slow-factor", type=float, default=2.0)
+    ap.add_argument("--expected-busbw", type=float, default=None)
+    ap.add_argument("--min-fraction", type=float, default=0.5)
+    ap.add_argument("--can-requeue", type=int, default=1)
+    ap.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID"))
+    ap.add_argument("--restart-count", type=int, default=0)
+    ap.add_argument("--started", type=float, default=None, help="epoch seconds the gate started")
+    a = ap.parse_args(argv)
+    names = [n for n in a.nodes.split(",") if n]
+    good, bad, warnings, busbw = judge(a.folder, names, budget_s=a.budget_s, slow_factor=a.slow_factor,
+                                       expected_busbw=a.expected_busbw, min_fraction=a.min_fraction)
+    excluded = current_exclude(a.job_id) if bad else []
+    action, reason, exclude = decide(good, bad, min_nodes=a.min_nodes, on_fail=a.on_fail,
+                                     can_requeue=bool(a.can_requeue), excluded=excluded)
+    seconds = round(time.time() - a.started, 2) if a.started else None
+    v = Verdict(action, good, bad, warnings, exclude, reason, busbw, seconds)
+    record = {"job_id": a.job_id, "restart_count": a.restart_count, "nodes": names, **asdict(v)}
+    (a.folder / VERDICT).write_text(json.dumps(record, indent=1) + "\n")
+    tmp = a.run_dir / f".{LATEST}.tmp"
+    tmp.write_text(json.dumps({**record, "folder": str(a.folder)}, indent=1) + "\n")
+    os.replace(tmp, a.run_dir / LATEST)
+    event(a.run_dir, {"event": "preflight", "job_id": a.job_id, "restart_count": a.restart_count,
+                      "verdict": action, "good": good, "bad": bad, "warnings": warnings,
+                      "busbw_gbps": busbw, "seconds": seconds})
+    for name, why in bad.items():
+        print(f"hpctrain: preflight: node {name} failed: {why}", file=sys.stderr)
+    for w in warnings:
+        print(f"hpctrain: preflight: warning: {w}", file=sys.stderr)
+    sys.stdout.write(v.shell())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
