@@ -76,7 +76,8 @@ def _prequoted(values: Any) -> Sh:
 # The job environment's names for the template ({{ var.RUN_DIR }}); until the kernel's table lands.
 _VAR = {k: Sh("HPCTRAIN_" + k) for k in (
     "RUN_DIR", "STOP_FILE", "NNODES", "GPUS_PER_NODE", "WANT_GPU", "SCHEDULER", "PROFILE", "RUN_NAME",
-    "PYTHON", "TEE", "JOB_ID", "RESTART_COUNT", "RDZV_ENDPOINT", "NODEID", "DEVICE")}
+    "PYTHON", "TEE", "JOB_ID", "RESTART_COUNT", "RDZV_ENDPOINT", "NODEID", "DEVICE", "PG_TIMEOUT_S",
+    "STALL_S")}
 
 
 def _home(path: str) -> str:

@@ -29,6 +29,7 @@ from train_entry.model import build_model, compute_loss
 from train_entry.preempt import PREEMPTED_EXIT, StopFlag
 from train_entry.state import TrainState, params_sha256
 from train_entry.strategies import wrap
+from train_entry.watchdog import Watchdog, pg_timeout_min
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -65,7 +66,7 @@ class Trainer:
 
     def run(self) -> int:
         """0 when max_steps are done, 75 when stopped by the preemption flag (after a verified save)."""
-        info = init_distributed(timeout_min=self.cfg.train.timeout_min, seed=self.cfg.train.seed)
+        info = init_distributed(timeout_min=pg_timeout_min(self.cfg.train.timeout_min), seed=self.cfg.train.seed)
         try:
             return self._train(info)
         except SaveFailed as e:
@@ -142,6 +143,8 @@ class Trainer:
         log.info(start)
         with contextlib.ExitStack() as closing:   # closed whatever happens, in reverse order
             closing.callback(metrics.close)
+            beat = Watchdog(self.run_dir, info.rank).start()   # stall heartbeat (watchdog.stall_s)
+            closing.callback(beat.stop)
             if info.local_rank == 0 and GpuSampler.available(device):
                 closing.callback(GpuSampler(self.run_dir / "gpu.csv").start().stop)
             prof = closing.enter_context(profiler(self.run_dir, info.rank, **cfg.profile.model_dump()))
@@ -171,6 +174,7 @@ class Trainer:
                     prof.step()
                 saved = self._try_save(lambda: ckpt.maybe_save(state), rank=info.rank,
                                        metrics=metrics, log=log)
+                beat.beat(state.step)
 
                 # preemption: every rank sees the same answer, so all save the same step
                 if stop.agreed(device, step=state.step):

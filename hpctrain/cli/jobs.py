@@ -20,6 +20,12 @@ def _job_options(f: Any) -> Any:
         click.option("--profile", "-p", help="Site profile name or YAML path (default: your config's "
                      "default_profile, else `local` when sbatch is not on PATH)."),
         click.option("--nodes", "-N", type=int, help="Number of nodes (default 1)."),
+        click.option("--min-nodes", type=int, help="Fewest nodes the run may train on (#SBATCH "
+                     "--nodes=MIN-N): Slurm may start it on fewer, and the preflight gate continues "
+                     "without a bad node (docs/bad-nodes.md). DDP/FSDP only."),
+        click.option("--exclude", multiple=True, metavar="NODES",
+                     help="Nodes Slurm must not give this run (#SBATCH --exclude), e.g. the list "
+                          "`hpctrain doctor --bisect` prints (repeatable, or comma-separated)."),
         click.option("--gpus", "-G", type=int, help="GPUs per node (local profile: CPU workers per "
                      "simulated node). Default: all GPUs of a node, 1 locally."),
         click.option("--time", "-t", "time_min", type=int, help="Time limit in minutes "
@@ -95,7 +101,8 @@ class Prepared:
         explicit = strategy  # None: train_entry's own (its --config), else this one
         self.request = JobRequest.build(
             self.profile, name=o["name"], nodes=o["nodes"], gpus=o["gpus"], time_min=o["time_min"],
-            strategy=strategy, script=o["script"], module=o["module"], args=args)
+            strategy=strategy, script=o["script"], module=o["module"], args=args,
+            min_nodes=o.get("min_nodes"), exclude=tuple(o.get("exclude") or ()))
         self.resolved = None
         if ours:  # validated at the requested world size before anything is queued
             self.resolved = entry_check.check_train_entry(
@@ -368,6 +375,9 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
     info["progress"] = snapshot(r.path)
     failed = info["state"] not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN", "REQUEUED")
     info["root_cause"] = root_cause(r.path) if failed else None
+    from hpctrain.preflight.gate import health, health_lines
+
+    info.update(health(r.events()))
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return
@@ -387,6 +397,8 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
     if info["root_cause"]:
         click.echo(f"  why it failed: {info['root_cause']['line']}\n"
                    f"  full log: {info['root_cause']['log']}")
+    for line in health_lines(info):
+        click.echo(line)
     for start in info["history"]:
         click.echo(f"    start {start.get('time')} job {start.get('job_id')} restart "
                    f"{start.get('restart_count')} on {start.get('host')}")

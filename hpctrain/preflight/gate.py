@@ -5,7 +5,7 @@
 A node fails when it left no report within the budget, its checks could not run (the node command
 wrote `fail-<id>.txt`: exit code and the last lines of stderr), one of its checks failed, its
 matmul is more than `slow_factor` times the median of the other nodes, or every ring pair it is in
-is more than `slow_factor` times slower than the median pair. The all-reduce of all healthy nodes
+is more than `slow_factor` times slower than the median of the pairs without it. The all-reduce of all healthy nodes
 is compared with the profile's `expected_busbw_gbps`; with two nodes a slow link cannot be pinned
 on either, so it is reported, not excluded (`hpctrain doctor --bisect` narrows it down).
 
@@ -39,6 +39,7 @@ class Verdict:
     bad: dict[str, str]                           # node name -> reason
     warnings: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)
+    update: list[str] = field(default_factory=list)     # `scontrol update JobId=..` arguments for a requeue
     reason: str = ""
     busbw_gbps: float | None = None
     seconds: float | None = None
@@ -47,7 +48,9 @@ class Verdict:
         values = {"hpctrain_gate": self.action, "hpctrain_good": ",".join(self.good),
                   "hpctrain_bad": ",".join(self.bad), "hpctrain_exclude": ",".join(self.exclude),
                   "hpctrain_gate_reason": self.reason}
-        return "\n".join(f"{k}={shlex.quote(v)}" for k, v in values.items()) + "\n"
+        lines = [f"{k}={shlex.quote(v)}" for k, v in values.items()]
+        lines.append(f"hpctrain_update=({' '.join(shlex.quote(u) for u in self.update)})")
+        return "\n".join(lines) + "\n"
 
 
 def read(folder: Path, names: list[str]) -> tuple[dict[int, dict[str, Any]], dict[int, str],
@@ -105,13 +108,17 @@ def judge(folder: Path, names: list[str], *, budget_s: float, slow_factor: float
             warnings.append(f"the all-reduce over {', '.join(net['names'])} gave a wrong sum")
         pairs = net.get("pairs") or []
         if pairs:
-            med = statistics.median(p["seconds"] for p in pairs)
             for n in net["members"]:
                 mine = [p for p in pairs if n in (p["a"], p["b"])]
-                if mine and all(p["seconds"] > slow_factor * med for p in mine) and names[n] not in bad:
-                    worst = max(p["seconds"] for p in mine)
+                rest = [p["seconds"] for p in pairs if n not in (p["a"], p["b"])]
+                if not (mine and rest) or names[n] in bad:
+                    continue
+                med = statistics.median(rest)
+                if all(p["seconds"] > slow_factor * med for p in mine):
+                    best = min(p["seconds"] for p in mine)
                     bad[names[n]] = (f"slow network: every all-reduce pair with this node took >= "
-                                     f"{worst / med:.1f}x the median pair ({med * 1e3:.1f} ms)")
+                                     f"{best / med:.1f}x the median of the other pairs ({med * 1e3:.1f} ms; "
+                                     f"preflight.slow_factor {slow_factor:g})")
                 for p in mine:
                     if not p.get("correct", True) and names[n] not in bad:
                         bad[names[n]] = "all-reduce with a neighbour gave a wrong sum"
@@ -126,26 +133,37 @@ def judge(folder: Path, names: list[str], *, budget_s: float, slow_factor: float
     return good, bad, warnings, busbw
 
 
-def current_exclude(job_id: str | None) -> list[str]:
-    """The job's ExcNodeList now (earlier exclusions are kept when more are added)."""
+def job_nodes(job_id: str | None) -> dict[str, list[str]]:
+    """The job's ExcNodeList and ReqNodeList now, as host names (earlier exclusions are kept)."""
+    found: dict[str, list[str]] = {"ExcNodeList": [], "ReqNodeList": []}
     if not job_id:
-        return []
+        return found
     try:
         out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
                              timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
-        return []
+        return found
     for word in out.split():
-        if word.startswith("ExcNodeList="):
-            value = word.split("=", 1)[1]
-            if value and value != "(null)":
-                try:
-                    hosts = subprocess.run(["scontrol", "show", "hostnames", value], capture_output=True,
-                                           text=True, timeout=30).stdout.split()
-                except (OSError, subprocess.TimeoutExpired):
-                    hosts = value.split(",")
-                return hosts
-    return []
+        key, _, value = word.partition("=")
+        if key in found and value and value != "(null)":
+            try:
+                found[key] = subprocess.run(["scontrol", "show", "hostnames", value], capture_output=True,
+                                            text=True, timeout=30).stdout.split()
+            except (OSError, subprocess.TimeoutExpired):
+                found[key] = value.split(",")
+    return found
+
+
+def requeue_update(bad: list[str], current: dict[str, list[str]], min_nodes: int, max_nodes: int) -> list[str]:
+    """What the requeued job must change: the bad nodes excluded (with earlier exclusions), taken out
+    of a required node list, and the node count restated (Slurm narrows it to the allocation)."""
+    exclude = sorted(set(current["ExcNodeList"]) | set(bad))
+    update = [f"ExcNodeList={','.join(exclude)}"]
+    if current["ReqNodeList"]:
+        keep = [n for n in current["ReqNodeList"] if n not in bad]
+        update.append(f"ReqNodeList={','.join(keep)}" if keep else "ReqNodeList=")
+    update.append(f"NumNodes={min_nodes}-{max_nodes}")
+    return update
 
 
 def decide(good: list[str], bad: dict[str, str], *, min_nodes: int, on_fail: str, can_requeue: bool,
@@ -166,6 +184,25 @@ def decide(good: list[str], bad: dict[str, str], *, min_nodes: int, on_fail: str
                     f"(preemption.requeue off or max_restarts reached): {named}"), exclude
 
 
+def health(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """What `status` shows: every node the gate named (newest reason), and every stall."""
+    bad: dict[str, str] = {}
+    stalls = []
+    for e in events:
+        if e.get("event") == "preflight":
+            bad.update(e.get("bad") or {})
+        elif e.get("event") == "stall":
+            stalls.append({k: e.get(k) for k in ("time", "job_id", "rank", "host", "last_step", "stacks")})
+    return {"bad_nodes": bad, "stalls": stalls}
+
+
+def health_lines(info: dict[str, Any]) -> list[str]:
+    out = [f"  bad node {name}: {why}" for name, why in info.get("bad_nodes", {}).items()]
+    out += [f"  stall: rank {s['rank']} on {s['host']} after step {s['last_step']} (job {s['job_id']}); "
+            f"stacks in {s['stacks']}" for s in info.get("stalls", [])]
+    return out
+
+
 def event(run_dir: Path, record: dict[str, Any]) -> None:
     """One line in events.jsonl, the template's format (UTC time, job id, restart count)."""
     line = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **record}
@@ -180,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", required=True, help="node names, comma-separated, SLURM_NODEID order")
     ap.add_argument("--run-dir", type=Path, required=True)
     ap.add_argument("--min-nodes", type=int, required=True)
+    ap.add_argument("--max-nodes", type=int, default=None, help="the request's node count")
     ap.add_argument("--on-fail", choices=("shrink", "requeue"), default="shrink")
     ap.add_argument("--budget-s", type=float, default=60.0)
     ap.add_argument("--slow-factor", type=float, default=2.0)
@@ -193,11 +231,14 @@ def main(argv: list[str] | None = None) -> int:
     names = [n for n in a.nodes.split(",") if n]
     good, bad, warnings, busbw = judge(a.folder, names, budget_s=a.budget_s, slow_factor=a.slow_factor,
                                        expected_busbw=a.expected_busbw, min_fraction=a.min_fraction)
-    excluded = current_exclude(a.job_id) if bad else []
+    current = job_nodes(a.job_id) if bad else {"ExcNodeList": [], "ReqNodeList": []}
     action, reason, exclude = decide(good, bad, min_nodes=a.min_nodes, on_fail=a.on_fail,
-                                     can_requeue=bool(a.can_requeue), excluded=excluded)
+                                     can_requeue=bool(a.can_requeue), excluded=current["ExcNodeList"])
+    update = requeue_update(list(bad), current, a.min_nodes, a.max_nodes or len(names)) \
+        if action == "requeue" else []
     seconds = round(time.time() - a.started, 2) if a.started else None
-    v = Verdict(action, good, bad, warnings, exclude, reason, busbw, seconds)
+    v = Verdict(action, good, bad, warnings, exclude=exclude, update=update, reason=reason, busbw_gbps=busbw,
+                seconds=seconds)
     record = {"job_id": a.job_id, "restart_count": a.restart_count, "nodes": names, **asdict(v)}
     (a.folder / VERDICT).write_text(json.dumps(record, indent=1) + "\n")
     tmp = a.run_dir / f".{LATEST}.tmp"

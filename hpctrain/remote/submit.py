@@ -34,6 +34,7 @@ _PASS = (
     ("module", "--module"),
     ("params", "--params"),
     ("plan_model", "--model"),
+    ("min_nodes", "--min-nodes"),
 )
 _FLAGS = (
     ("wait", "--wait"),
@@ -123,6 +124,7 @@ def submit(
         if code.script:
             args += ["--script", f"{incoming}/code/{code.script}"]
     args += [flag for key, flag in _FLAGS if o.get(key)]
+    args += [f"--exclude={e}" for e in o.get("exclude") or ()]
     args += [*(extra or []), "--", *req.args]
     try:
         rc = site.hpctrain(args)
