@@ -304,3 +304,24 @@ def test_a_stalled_rank_dumps_stacks_requeues_and_resumes(live):
     # resumed from the newest checkpoint: no step lost beyond the checkpoint interval
     starts = [int(s) for s in re.findall(r"step (\d+)/12\n", (run / "train.log").read_text())]
     assert starts[0] == 0 and stall_step - every <= starts[1] <= stall_step, starts
+
+
+def test_bisect_halves_to_the_node_that_breaks_a_set():
+    from hpctrain.preflight.bisect import Probe, bisect
+
+    nodes = [f"n{i}" for i in range(1, 9)]
+    seen = []
+
+    def probe(sub):            # n6 breaks every set it is in, without failing alone in a way the gate names
+        seen.append(sub)
+        return Probe(sub, "n6" not in sub, warnings=[] if "n6" not in sub else ["all-reduce below expected"])
+
+    b = bisect(nodes, probe)
+    assert b.exclude == "n6" and "below expected" in b.bad["n6"]
+    assert len(seen) <= 1 + 2 * 3                 # log2(8) halvings, at most two probes each
+    # a fault only between the halves: both are reported
+    b = bisect(["a", "b"], lambda sub: Probe(sub, len(sub) == 1, warnings=["slow"]))
+    assert sorted(b.bad) == ["a", "b"] and "between the halves" in b.note
+    # the gate names the node on the first probe: no halving needed
+    b = bisect(nodes, lambda sub: Probe(sub, False, bad={"n3": "import torch failed"}))
+    assert b.bad == {"n3": "import torch failed"} and len(b.probes) == 1

@@ -20,8 +20,12 @@ MIB = 1024**2
               help="Process-group timeout of the sweep.")
 @click.option("--wait-s", type=click.FloatRange(min=1), default=600.0, show_default=True,
               help="Slurm: how long to wait for the job before cancelling it.")
+@click.option("--bisect", "bisect", is_flag=False, flag_value="", default=None, metavar="[RUN]",
+              help="Find the failing or slow node by halving: among RUN's nodes, or (--bisect --nodes N) "
+                   "among N nodes Slurm gives; prints the list for `submit --exclude` (docs/bad-nodes.md).")
+@click.option("--runs-dir", type=click.Path(file_okay=False), default=None, help="--bisect RUN: where runs are.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def doctor(profile, nodes, gpus, quick, max_mib, timeout_s, wait_s, as_json) -> None:
+def doctor(profile, nodes, gpus, quick, max_mib, timeout_s, wait_s, bisect, runs_dir, as_json) -> None:
     """Check the profile's interface, name resolution, rendezvous port, InfiniBand, GPUs, scontrol
     and /dev/shm on every node, then sweep all-reduce from 1 KiB to 256 MiB over the real backend.
 
@@ -33,11 +37,16 @@ def doctor(profile, nodes, gpus, quick, max_mib, timeout_s, wait_s, as_json) -> 
     Examples:
       hpctrain doctor --quick
       hpctrain doctor --profile mycluster --nodes 2 --json
+      hpctrain doctor --profile mycluster --bisect gpt-small     # which node of that run is bad
+      hpctrain doctor --profile mycluster --bisect --nodes 8
     """
     from hpctrain.doctor import format_report, run_local, run_slurm
     from hpctrain.profiles import resolve
 
     prof = resolve(profile)
+    if bisect is not None:
+        _bisect(prof, bisect, nodes, gpus, runs_dir, as_json)
+        return
     max_bytes = (max_mib * MIB) if max_mib else (16 * MIB if quick else 256 * MIB)
     if prof.scheduler == "slurm":
         if nodes is None:
@@ -50,4 +59,22 @@ def doctor(profile, nodes, gpus, quick, max_mib, timeout_s, wait_s, as_json) -> 
         rep = run_local(prof, nodes=nodes or 1, gpus=gpus or 2, max_bytes=max_bytes, timeout_s=timeout_s)
     click.echo(rep.to_json() if as_json else format_report(rep))
     if not rep.ok:
+        raise SystemExit(1)
+
+
+def _bisect(prof, run, nodes, gpus, runs_dir, as_json) -> None:
+    import json
+    from pathlib import Path
+
+    from hpctrain.errors import UserError
+    from hpctrain.preflight.bisect import format_bisection, run_bisect
+    from hpctrain.runs import find_run
+
+    if prof.scheduler != "slurm":
+        raise UserError(f"--bisect needs a Slurm profile (profile {prof.name} is local: one machine)")
+    run_dir = find_run(run, Path(runs_dir) if runs_dir else None).path if run else None
+    result = run_bisect(prof, run_dir=run_dir, nodes=nodes, gpus=gpus,
+                        progress=None if as_json else lambda s: click.echo(f"  {s}", err=True))
+    click.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_bisection(result))
+    if result.bad:
         raise SystemExit(1)
