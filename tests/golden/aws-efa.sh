@@ -26,6 +26,8 @@ export HPCTRAIN_RUN_NAME=golden
 export HPCTRAIN_PYTHON=/opt/hpctrain/bin/python
 # train_entry writes logs/rank-<R>.log itself; a user's script gets torchrun's per-rank files (--tee)
 export HPCTRAIN_TEE=0
+# collective timeout and stall heartbeat (profile watchdog:), read by train_entry
+export HPCTRAIN_PG_TIMEOUT_S=600
 mkdir -p "$HPCTRAIN_RUN_DIR/logs"
 export HPCTRAIN_JOB_ID="$SLURM_JOB_ID"
 export HPCTRAIN_RESTART_COUNT="${SLURM_RESTART_COUNT:-0}"
@@ -56,7 +58,8 @@ export NCCL_NET_GDR_LEVEL="PHB"
 export NCCL_PROTO="simple"
 export NCCL_SOCKET_IFNAME="^docker,lo"
 export PYTHONUNBUFFERED="1"
-export TORCH_NCCL_ASYNC_ERROR_HANDLING="1"
+export TORCH_NCCL_ASYNC_ERROR_HANDLING="3"
+export TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC="600"
 export OMP_NUM_THREADS=24
 
 # The per-node command: each srun task (or simulated node) runs it in its own bash, with the entry's
@@ -142,6 +145,15 @@ trap 'hpctrain_on_signal TERM' TERM
 if [ "${SLURM_NNODES:-}" != "$HPCTRAIN_NNODES" ]; then
   hpctrain_fail "Slurm gave ${SLURM_NNODES:-no} nodes, the run needs $HPCTRAIN_NNODES"
 fi
+# A rank's stall watchdog (train_entry) wrote STALLED after every rank dumped its stack: keep the
+# marker with the stacks and requeue, as after a preemption.
+hpctrain_stalled() {
+  [ -e "$HPCTRAIN_RUN_DIR/STALLED" ] || return 1
+  mkdir -p "$HPCTRAIN_RUN_DIR/stacks/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT"
+  mv -f "$HPCTRAIN_RUN_DIR/STALLED" "$HPCTRAIN_RUN_DIR/stacks/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT/STALLED"
+  return 0
+}
+hpctrain_nodes=  # the nodes to train on, when the gate dropped some (comma-separated)
 hpctrain_entry=(-m train_entry --run-dir /scratch/runs/golden --strategy ddp --max-steps 10)
 
 while :; do
@@ -153,7 +165,7 @@ while :; do
   # say 127.0.1.1), from its name with the site's suffix, or from one of its interfaces (this batch
   # shell runs on it); the port from the job id inside the profile's range, never 29500 unless the
   # profile names it, never in the ephemeral range, and free on the head.
-  hpctrain_head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+  hpctrain_head=$(scontrol show hostnames "${hpctrain_nodes:-$SLURM_JOB_NODELIST}" | head -n 1)
   hpctrain_head_addr=$(getent ahostsv4 "$hpctrain_head" | awk 'NR == 1 {print $1}')
   if [ -z "$hpctrain_head_addr" ]; then
     hpctrain_fail "cannot resolve the head node '$hpctrain_head' to an IPv4 address (getent ahostsv4)"
@@ -182,6 +194,7 @@ while :; do
 
   unset HPCTRAIN_NODEID
   hpctrain_launch=(srun --nodes="$HPCTRAIN_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1)
+  if [ -n "$hpctrain_nodes" ]; then hpctrain_launch+=(--nodelist="$hpctrain_nodes"); fi  # the gate's healthy nodes
   hpctrain_launch+=(--cpus-per-task=192)
   hpctrain_launch+=(--cpu-bind=none)
   hpctrain_launch+=(--container-image="nvcr.io#nvidia/pytorch:24.05-py3" --container-mounts="/fsx:/fsx,/opt/amazon/efa:/opt/amazon/efa:ro,/scratch/runs/golden:/scratch/runs/golden" --container-writable)  # environment.container (pyxis)
@@ -190,9 +203,11 @@ while :; do
   hpctrain_wait "${hpctrain_node_pids[@]}"
   hpctrain_node_pids=()
 
+  hpctrain_why=preempted
+  if hpctrain_stalled; then preempted=1; hpctrain_why=stall; fi
   if [ "$preempted" = 1 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
     if true && [ "$HPCTRAIN_RESTART_COUNT" -lt 10 ]; then
-      hpctrain_event requeue
+      hpctrain_event requeue "\"reason\": \"$hpctrain_why\""
       # From the batch shell, outside any container (scontrol is often missing inside one).
       scontrol requeue "$SLURM_JOB_ID" || hpctrain_fail "scontrol requeue $SLURM_JOB_ID failed"
       exit 0

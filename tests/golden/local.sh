@@ -14,6 +14,8 @@ export HPCTRAIN_RUN_NAME=golden
 export HPCTRAIN_PYTHON=/opt/hpctrain/bin/python
 # train_entry writes logs/rank-<R>.log itself; a user's script gets torchrun's per-rank files (--tee)
 export HPCTRAIN_TEE=0
+# collective timeout and stall heartbeat (profile watchdog:), read by train_entry
+export HPCTRAIN_PG_TIMEOUT_S=600
 mkdir -p "$HPCTRAIN_RUN_DIR/logs"
 exec >>"$HPCTRAIN_RUN_DIR/logs/batch.log" 2>&1
 export HPCTRAIN_JOB_ID="${SUBMITIT_LOCAL_JOB_ID:-$$}"  # the controller's pid: the local job id
@@ -58,7 +60,8 @@ hpctrain_finish() {  # STATE EXIT_CODE
 export GLOO_SOCKET_IFNAME="lo"
 export NCCL_IB_DISABLE="1"
 export NCCL_SOCKET_IFNAME="lo"
-export TORCH_NCCL_ASYNC_ERROR_HANDLING="1"
+export TORCH_NCCL_ASYNC_ERROR_HANDLING="3"
+export TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC="600"
 export OMP_NUM_THREADS=1
 
 # The per-node command: each srun task (or simulated node) runs it in its own bash, with the entry's
@@ -153,6 +156,14 @@ trap hpctrain_on_timeout INT
 trap 'hpctrain_on_signal USR2' USR2
 trap 'hpctrain_on_signal TERM' TERM
 
+# A rank's stall watchdog (train_entry) wrote STALLED after every rank dumped its stack: keep the
+# marker with the stacks and requeue, as after a preemption.
+hpctrain_stalled() {
+  [ -e "$HPCTRAIN_RUN_DIR/STALLED" ] || return 1
+  mkdir -p "$HPCTRAIN_RUN_DIR/stacks/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT"
+  mv -f "$HPCTRAIN_RUN_DIR/STALLED" "$HPCTRAIN_RUN_DIR/stacks/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT/STALLED"
+  return 0
+}
 hpctrain_entry=(-m train_entry --run-dir /scratch/runs/golden --strategy ddp --max-steps 10)
 
 while :; do
@@ -195,9 +206,11 @@ while :; do
   hpctrain_wait "${hpctrain_node_pids[@]}"
   hpctrain_node_pids=()
 
+  hpctrain_why=preempted
+  if hpctrain_stalled; then preempted=1; hpctrain_why=stall; fi
   if [ "$preempted" = 1 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
     if true && [ "$HPCTRAIN_RESTART_COUNT" -lt 10 ]; then
-      hpctrain_event requeue
+      hpctrain_event requeue "\"reason\": \"$hpctrain_why\""
       HPCTRAIN_RESTART_COUNT=$((HPCTRAIN_RESTART_COUNT + 1))
       preempted=0
       continue
