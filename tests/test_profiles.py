@@ -440,7 +440,7 @@ def test_publish_is_atomic_and_safe(tmp_path: Path) -> None:
     assert out.exit_code == 2 and "extend by profile name" in out.output
 
 
-@pytest.mark.parametrize("cmd", ["list", "show", "validate", "publish"])
+@pytest.mark.parametrize("cmd", ["list", "show", "validate", "publish", "diff"])
 def test_every_command_has_help_with_an_example(cmd: str) -> None:
     result = cli("profiles", cmd, "--help")
     assert result.exit_code == 0 and "Example" in result.output

@@ -301,3 +301,28 @@ def test_bad_new_keys_are_one_located_line_and_exit_2(tmp_path, text, where):
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"{path}{where}" in out.stdout + out.stderr, out.stdout + out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_profiles_diff_shows_changed_keys_and_the_script_diff(tmp_path):
+    new = tmp_path / "loopback.yaml"
+    new.write_text("name: loopback\nextends: loopback\nlaunch:\n  launcher: srun\n")
+    new.chmod(0o644)
+    run = [sys.executable, "-m", "hpctrain", "profiles", "diff"]
+    out = subprocess.run([*run, "loopback", str(new)], capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    assert f'launch.launcher: "torchrun" (default) -> "srun" ({new}:4)' in out.stdout
+    assert "-#SBATCH --ntasks-per-node=1\n+#SBATCH --ntasks-per-node=2\n" in out.stdout
+    assert "+export RANK=$SLURM_PROCID" in out.stdout
+    same = subprocess.run([*run, "loopback", "loopback", "--json"], capture_output=True, text=True)
+    assert same.returncode == 0 and json.loads(same.stdout)["same_script"] is True
+
+
+def test_the_publishing_guide_profile_validates(tmp_path):
+    text = (REPO / "docs" / "publishing-a-site.md").read_text()
+    block = text.split("## 2. Write the profile")[1].split("```yaml\n")[1].split("```")[0]
+    path = tmp_path / "mycluster.yaml"
+    path.write_text(block)
+    path.chmod(0o644)
+    p = resolve(str(path), {})
+    assert p.environment.modules == ["purge", "load GCC/13.2.0 CUDA/12.4 NCCL/2.21"]
+    assert "environment.setup" in p.locked

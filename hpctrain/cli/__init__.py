@@ -27,7 +27,7 @@ COMMANDS: dict[str, str] = {
 }
 
 SHORT_HELP: dict[str, str] = {
-    "profiles": "List, show, validate and publish site profiles.",
+    "profiles": "List, show, validate, publish and diff site profiles.",
     "render": "Print the sbatch script that submit would hand to the scheduler.",
     "submit": "Submit a training run (Slurm, or this machine with the local profile).",
     "status": "Show the state of one run or of all runs.",

@@ -24,7 +24,7 @@ def _console() -> Any:
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def profiles() -> None:
-    """List, show, validate and publish site profiles.
+    """List, show, validate, publish and diff site profiles.
 
     \b
     Examples:
@@ -211,3 +211,31 @@ def publish(file: Path, to: Path, force: bool) -> None:
     click.echo(f"published {profile.name} -> {target}")
     if to.resolve() not in [d.resolve() for d, _ in search_dirs()]:
         click.echo(f"note: {to} is not searched yet; add it to HPCTRAIN_SITE_PATH")
+
+
+@profiles.command()
+@click.argument("old")
+@click.argument("new")
+@click.option("--nodes", type=click.IntRange(min=1), default=2, show_default=True,
+              help="Nodes of the request both scripts are rendered for.")
+@click.option("--gpus", type=click.IntRange(min=0), default=None,
+              help="GPUs (workers) per node; default: each profile's own.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def diff(old: str, new: str, nodes: int, gpus: int | None, as_json: bool) -> None:
+    """Compare profiles OLD and NEW (names or files): resolved keys, then the rendered scripts.
+
+    Both are rendered for the same request and run folder, so the script diff shows exactly what a
+    change to the profile changes on the cluster. Exit 0 when the scripts are the same, 1 if not.
+
+    \b
+    Examples:
+      hpctrain profiles diff mycluster ./mycluster.yaml        # published vs your draft
+      hpctrain profiles diff generic-ib roce --nodes 4 --json
+    """
+    from hpctrain.profiles.diff import compare
+
+    result = compare(old, new, nodes=nodes, gpus=gpus)
+    click.echo(json.dumps(result.as_json(), indent=2) if as_json else result.text(), nl=as_json)
+    if not result.same_script:
+        raise SystemExit(1)
+

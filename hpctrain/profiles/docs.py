@@ -37,6 +37,10 @@ $ hpctrain profiles publish mycluster.yaml --to /etc/hpctrain/profiles
 Shipped profiles (`site_configs/`): `local` (this machine, no Slurm), `generic-ib` (InfiniBand),
 `roce` (RoCE v2, extends generic-ib), `aws-efa` (EFA with a pyxis container), `ethernet`
 (TCP only) and `loopback` (the live two-node test cluster of `tests/slurm/cluster.sh`).
+`site_configs/examples/` holds profiles of real clusters modelled on their public documentation
+(LUMI, Perlmutter, CSCS Alps, Olivia, JUWELS Booster, Vega, AWS ParallelCluster, Azure NDv5), each
+citing its pages; [publishing-a-site.md](publishing-a-site.md) goes from a site's sbatch recipe to
+a published, locked profile.
 
 ## Layers
 
@@ -107,12 +111,44 @@ reader never sees half a file). DIR is created with mode 0755. A different profi
 name is only replaced with `--force`. A profile that extends by path cannot be published (extend
 by name). Users see it once DIR is in `$HPCTRAIN_SITE_PATH`.
 
+## Launch, containers and the node environment
+
+- `launch.launcher: torchrun` (default): one srun task per node runs torchrun (or the site's
+  wrapper, `launch.torchrun`, with `launch.torchrun_args`), which starts one worker per GPU.
+  `launch.launcher: srun`: one srun task per GPU is the worker; each task sets RANK, LOCAL_RANK,
+  WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR and MASTER_PORT from Slurm's variables and
+  the rendezvous head (torch's env:// init, no torchrun agent). train_entry, user scripts, the
+  preemption chain and exact resume work under both. One module per launcher: `hpctrain/launchers/`.
+- `environment.container.kind`: `pyxis` (srun `--container-image/-mounts/-workdir/-env`),
+  `apptainer` / `singularity` (`BINARY exec|run [--nv|--rocm] --bind ... IMAGE`), `shifter`
+  (`#SBATCH --image`, `--module`, `srun shifter --volume=...`), `edf` (`srun --environment=EDF`).
+  `$VAR` in images and mounts expands on the node; a mount may be a bare path. One module per kind:
+  `hpctrain/containers/`. With a container, `activate` runs inside it, in every task.
+- Order on the nodes: the batch shell runs `environment.setup`, then `environment.modules` (each
+  through a helper that stops the job, naming the command, when it fails), activation, then exports
+  `network.env` and `environment.env`; every task then resolves the gloo interface, detects its
+  GPUs (NVIDIA by nvidia-smi; AMD by rocm-smi or /dev/kfd, with ROCR_VISIBLE_DEVICES as the one
+  visibility variable), activates inside the container, exports `environment.task_env` and runs
+  `environment.task_setup`.
+- `environment.setup` and `environment.task_setup` are trusted admin content: shell lines run as
+  written. Keep them in site profiles and lock them.
+- Environment values everywhere: `$NAME`, `${{NAME}}` and `${{NAME:-default}}` expand on the node,
+  every other character is literal, `$(...)` and backticks are refused. Names may be mixed case
+  (`PMIX_MCA_psec`). `NAME: null` in a child profile removes an inherited entry.
+- The rendezvous head is the first node of the allocation, resolved with getent; with
+  `rendezvous.host_suffix` its name gets a suffix first (`jwb0001i`); with `rendezvous.interface`
+  it is that interface's IPv4 on the first node. The port comes from the job id inside
+  `port_min`..`port_max`, never 29500 and never in the ephemeral range, unless `rendezvous.port`
+  names one (29500 included).
+- `template: NAME.j2` picks a template for this profile only (from the site folders' `templates/`).
+
 ## Network notes
 
 - `socket_ifname` uses NCCL's syntax: `eth` (prefix), `=eth0` (exact), `ib0,ib1`, `^docker,lo`
   (exclude), `^=docker0` (exclude exactly). `=^...`, empty items and spaces are errors.
-- gloo takes exact names only: `gloo_socket_ifname` defaults to `socket_ifname` when that names
-  interfaces (a leading `=` dropped) and is left unset when it excludes (`^`).
+- gloo takes exact names only: `gloo_socket_ifname` defaults to `socket_ifname`: an exact name
+  (`=eth0`) as it is, a prefix (`hsn`, `bond`, `ib0,ib1`) resolved in every task to the node's
+  first interface with that prefix, unset when it excludes (`^`).
 - Variables with their own key (NCCL_SOCKET_IFNAME, GLOO_SOCKET_IFNAME, NCCL_IB_DISABLE,
   NCCL_IB_HCA, NCCL_IB_GID_INDEX, NCCL_P2P_LEVEL) are refused in `network.env`.
 - `preemption.signal: USR1` is accepted, but NCCL and some launchers use USR1 themselves; prefer

@@ -195,7 +195,7 @@ class Environment(Strict):
     )
     setup: list[ShellLine] = Field(
         default_factory=list,
-        description="Admin shell lines run in the batch shell after the modules (`ulimit -c 0`, a "
+        description="Admin shell lines run in the batch shell before the modules (`ulimit -c 0`, a "
         "per-job cache folder). Trusted admin content, run as written: keep it in site "
         "profiles and lock it (`locked: [environment.setup]`).",
     )
