@@ -9,7 +9,7 @@ export OMP_NUM_THREADS ?= 1
 export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 
-.PHONY: venv sysdeps demo test test-fast test-slurm cluster-up cluster-down bench bench-quick gpu-check wheel clean
+.PHONY: venv sysdeps demo lint golden docs test test-fast test-slurm cluster-up cluster-down bench bench-quick gpu-check wheel clean
 
 venv: $(STAMP)
 
@@ -29,6 +29,23 @@ sysdeps:
 # to runs/demo.old-<time> (--replace-finished); an unfinished one is refused with a resume hint.
 demo: $(STAMP)
 	$(BIN)/hpctrain submit --profile local --name demo --nodes 2 --gpus 1 --wait --replace-finished -- --max-steps 60
+
+# ruff format --check, ruff check (rules in pyproject.toml), mypy --strict on the typed layers.
+# LINT_PATHS grows to the whole tree (".") once the tree-wide `ruff format` has run.
+LINT_PATHS ?= hpctrain/kernel tests/test_contract.py
+lint: $(STAMP)
+	$(BIN)/ruff format --check $(LINT_PATHS)
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/mypy
+
+# Rewrite the golden scripts after an intended template change (say so in the commit message).
+golden: $(STAMP)
+	HPCTRAIN_UPDATE_GOLDEN=1 $(PYTEST) -q tests/test_render.py -k golden
+
+# The generated documents: contract tables in docs/design.md, the profile key reference.
+docs: $(STAMP)
+	$(BIN)/python -m hpctrain.kernel.docs docs/design.md
+	$(BIN)/python -m hpctrain.profiles.docs > docs/site-profiles.md
 
 # The live Slurm tests need root (CI runs as root). The cluster is stopped whatever happens.
 test: $(STAMP) sysdeps

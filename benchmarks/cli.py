@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
+from hpctrain.kernel import jobenv
 
 HPCTRAIN = str(Path(common.PY).with_name("hpctrain"))
 LARGE = str(common.BENCH / "profiles" / "large-ib.yaml")
@@ -56,7 +57,7 @@ def run(quick: bool) -> list[dict]:
     reps = common.reps(7 if quick else 15)
     cwd = common.scratch("cli-")
     env = {"XDG_CONFIG_HOME": str(cwd / "xdg"), "XDG_CACHE_HOME": str(cwd / "cache"),
-           "HPCTRAIN_SITE_PATH": ""}
+           jobenv.SITE_PATH: ""}
     common.run([common.PY, "-m", "compileall", "-q", str(common.ROOT / "hpctrain")], timeout=120)
     base = [common.PY, "-c", "import jinja2, yaml, click"]
     dry = [HPCTRAIN, "submit", "--profile", "local", "--nodes", "2", "--gpus", "1", "--name",

@@ -17,6 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hpctrain.kernel import jobenv
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
 BASELINES = BENCH / "baselines"
@@ -111,7 +113,7 @@ def env(**extra: str) -> dict[str, str]:
              TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
              PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     # A run launched by a benchmark must not inherit the caller's run folder or stop flag.
-    for k in ("HPCTRAIN_RUN_DIR", "HPCTRAIN_STOP_FILE", "HPCTRAIN_RESTART_COUNT"):
+    for k in (*jobenv.RUN_SCOPED, jobenv.RESTART_COUNT):
         e.pop(k, None)
     e.update(extra)
     return e

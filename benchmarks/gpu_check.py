@@ -34,6 +34,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hpctrain.kernel import jobenv
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 HPCTRAIN = str(Path(PY).with_name("hpctrain"))
@@ -41,8 +43,8 @@ SCHEMA = 1
 TOTAL_BUDGET_S = 300
 SKIPPED_EXIT = 77            # the automake / CTest convention for "skipped"
 # job environment names (train_entry reads them; kept in one place here)
-ENV_DEVICE = "HPCTRAIN_DEVICE"
-ENV_STOP_AT_STEP = "HPCTRAIN_STOP_AT_STEP"
+ENV_DEVICE = jobenv.DEVICE
+ENV_STOP_AT_STEP = jobenv.STOP_AT_STEP
 
 SMALL = ["--model.d_model=256", "--model.n_layers=4", "--model.n_heads=4", "--model.seq_len=128",
          "--train.micro_batch=8", "--train.log_every=1"]

@@ -4,7 +4,7 @@
 torchrun (2 ranks, DDP, the demo GPT, a checkpoint every C steps) trains; at a step that is not a
 multiple of C it is
   - preempted the way hpctrain's batch script relays the scheduler's signal: its trap touches
-    $HPCTRAIN_STOP_FILE, the ranks agree, save and exit 75; or
+    the STOP file (the job environment's STOP_FILE), the ranks agree, save and exit 75; or
   - sent SIGTERM, torchrun and every worker at once, as Slurm does on scancel (target 0 too); or
   - killed: SIGKILL to torchrun and every worker at once (a node lost, the OOM killer);
 then the same command is started again and resumes by itself. Steps redone = the last step the first
@@ -19,6 +19,7 @@ import signal
 import time
 
 from benchmarks import common
+from hpctrain.kernel import jobenv
 from benchmarks.restart import train_entry
 
 EVERY = 5
@@ -27,7 +28,7 @@ EVERY = 5
 def one(kind: str, at_step: int) -> dict:
     d = common.scratch(f"preempt-{kind}-")
     stop, log, metrics = d / "STOP", d / "torchrun.log", d / "metrics.jsonl"
-    proc = common.launch(train_entry(d, 10_000, EVERY), log, HPCTRAIN_STOP_FILE=str(stop))
+    proc = common.launch(train_entry(d, 10_000, EVERY), log, **{jobenv.STOP_FILE: str(stop)})
     try:
         common.wait_for_step(metrics, at_step, proc, timeout=600)
         if kind == "signal":
@@ -47,7 +48,7 @@ def one(kind: str, at_step: int) -> dict:
     last = rows[-1]["step"]
     events = [e.get("event") for e in common.read_jsonl(d / "events.jsonl")]
     stop.unlink(missing_ok=True)  # the script removes STOP at every start
-    common.run(train_entry(d, last + 2, EVERY), timeout=600, HPCTRAIN_STOP_FILE=str(stop))
+    common.run(train_entry(d, last + 2, EVERY), timeout=600, **{jobenv.STOP_FILE: str(stop)})
     new = common.read_jsonl(metrics)[len(rows):]
     if not new:
         raise common.NotMeasured(f"the restarted run in {d} logged no step")

@@ -26,6 +26,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpctrain import runtime
+from hpctrain.kernel import jobenv
 
 DATA = torch.randn(4096, 16, generator=torch.Generator().manual_seed(0))
 
@@ -51,7 +52,7 @@ def main() -> None:
     p.add_argument("--run-dir", default=None, help="run folder when not under hpctrain")
     args = p.parse_args()
 
-    cuda = torch.cuda.is_available() and os.environ.get("HPCTRAIN_DEVICE") != "cpu"
+    cuda = torch.cuda.is_available() and jobenv.get(jobenv.DEVICE) != "cpu"
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = (

@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
 from hpctrain import runtime
+from hpctrain.kernel import jobenv
 
 
 class FromStep(Sampler[int]):
@@ -130,7 +131,7 @@ def main() -> None:
 
     run = runtime.run_dir(args.run_dir)
     world, local = int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_WORLD_SIZE"])
-    gpu = torch.cuda.is_available() and os.environ.get("HPCTRAIN_DEVICE") != "cpu"
+    gpu = torch.cuda.is_available() and jobenv.get(jobenv.DEVICE) != "cpu"
     trainer_args = dict(
         accelerator="gpu" if gpu else "cpu",
         devices=local,

@@ -18,6 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctrain.kernel import jobenv
+
 MIN_SHM_BYTES = 512 * 1024**2   # Docker's default is 64 MiB; NCCL's shared-memory transport needs more
 SLEEP_PORT = 29500              # the port every tutorial uses: a collision magnet
 
@@ -517,7 +519,7 @@ def run_local(profile: Any, *, nodes: int, gpus: int, max_bytes: int, timeout_s:
                f"--rdzv-endpoint=127.0.0.1:{port}", "--max-restarts=0",
                "-m", "hpctrain.doctor_worker", "--out", tmp, "--no-node-checks",
                "--max-bytes", str(max_bytes), "--timeout-s", str(timeout_s)]
-        run_env = {**os.environ, **env, "OMP_NUM_THREADS": "1", "HPCTRAIN_DEVICE": "cpu"}
+        run_env = {**os.environ, **env, "OMP_NUM_THREADS": "1", jobenv.DEVICE: "cpu"}
         try:
             proc = subprocess.run(cmd, env=run_env, capture_output=True, text=True,
                                   timeout=timeout_s + 120, start_new_session=True)

@@ -18,6 +18,8 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from hpctrain.kernel import jobenv
+
 
 def _write(path: Path, data: dict) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -40,17 +42,17 @@ def _head_name() -> str | None:
 def node_report(out: Path) -> None:
     from hpctrain.doctor import NodeReport, node_checks
 
-    node = os.environ.get("HPCTRAIN_NODEID", "0")
-    endpoint = os.environ.get("HPCTRAIN_RDZV_ENDPOINT", "")
+    node = jobenv.get(jobenv.NODEID, "0")
+    endpoint = jobenv.get(jobenv.RDZV_ENDPOINT, "")
     addr, _, port = endpoint.rpartition(":")
     head = _head_name() or (addr or None)
     checks = node_checks(
         env=dict(os.environ), head=head, rdzv_addr=addr or None, port=int(port) if port.isdigit() else None,
-        is_head=node == "0", expect_gpus=int(os.environ.get("HPCTRAIN_GPUS_PER_NODE", "0") or 0),
-        want_gpu=os.environ.get("HPCTRAIN_WANT_GPU") == "1",
-        slurm=os.environ.get("HPCTRAIN_SCHEDULER") == "slurm",
+        is_head=node == "0", expect_gpus=int(jobenv.get(jobenv.GPUS_PER_NODE) or 0),
+        want_gpu=jobenv.get(jobenv.WANT_GPU) == "1",
+        slurm=jobenv.get(jobenv.SCHEDULER) == "slurm",
         bind_port=False,  # the port is the live rendezvous store's: in use by design
-        uses_nccl=os.environ.get("HPCTRAIN_DEVICE") == "cuda")
+        uses_nccl=jobenv.get(jobenv.DEVICE) == "cuda")
     report = NodeReport(node, socket.gethostname(), checks)
     _write(out / f"node-{node}.json", report.to_dict())
 
@@ -61,7 +63,7 @@ def sweep(out: Path, max_bytes: int, timeout_s: float) -> int:
 
     from hpctrain.doctor import sweep_sizes
 
-    cuda = os.environ.get("HPCTRAIN_DEVICE", "cpu") == "cuda" and torch.cuda.is_available()
+    cuda = jobenv.get(jobenv.DEVICE, "cpu") == "cuda" and torch.cuda.is_available()
     backend = "nccl" if cuda else "gloo"
     rank = int(os.environ.get("RANK", "0"))
     try:
@@ -124,12 +126,12 @@ def sweep(out: Path, max_bytes: int, timeout_s: float) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m hpctrain.doctor_worker", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, help="report folder (default $HPCTRAIN_RUN_DIR/doctor)")
+    ap.add_argument("--out", type=Path, help=f"report folder (default ${jobenv.RUN_DIR}/doctor)")
     ap.add_argument("--max-bytes", type=int, default=256 << 20, help="largest all-reduce (bytes)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="process-group timeout")
     ap.add_argument("--no-node-checks", action="store_true", help="only the sweep")
     a = ap.parse_args(argv)
-    out = a.out or Path(os.environ.get("HPCTRAIN_RUN_DIR", ".")) / "doctor"
+    out = a.out or Path(jobenv.get(jobenv.RUN_DIR) or ".") / "doctor"
     out.mkdir(parents=True, exist_ok=True)
     if not a.no_node_checks and os.environ.get("LOCAL_RANK", "0") == "0":
         node_report(out)

@@ -20,10 +20,11 @@ import subprocess
 import sys
 from typing import Any
 
-from hpctrain.errors import UserError
+from hpctrain.kernel import jobenv
+from hpctrain.kernel.errors import UserError
 
 # Names of the job environment train_entry reads for the topology (docs/design.md contract).
-ENV_NNODES, ENV_GPUS = "HPCTRAIN_NNODES", "HPCTRAIN_GPUS_PER_NODE"
+ENV_NNODES, ENV_GPUS = jobenv.NNODES, jobenv.GPUS_PER_NODE
 OWNED = {"--run-dir": "hpctrain sets it to the run folder; remove it from the arguments after `--`"}
 SHARED = ("strategy",)  # entry flags that `submit` also takes
 

@@ -1,37 +1,5 @@
-"""User-facing errors: one clear message, exit code 2, never a traceback."""
+"""Compatibility alias: the errors live in hpctrain.kernel.errors (no click). Import from there."""
 
-from __future__ import annotations
+from hpctrain.kernel.errors import HpctrainError, Problem, UserError, ValidationError
 
-import click
-
-
-class UserError(click.ClickException):
-    """Bad input from the user or an admin (profile, request, run name). Exit code 2."""
-
-    exit_code = 2
-
-
-class Problem:
-    """One validation problem, located in a file: `file:line: key: message (fix)`."""
-
-    __slots__ = ("file", "line", "key", "message")
-
-    def __init__(self, message: str, *, file: str | None = None, line: int | None = None,
-                 key: str | None = None) -> None:
-        self.file, self.line, self.key, self.message = file, line, key, message
-
-    def __str__(self) -> str:
-        where = self.file or "<input>"
-        if self.line is not None:
-            where += f":{self.line}"
-        return f"{where}: {self.key + ': ' if self.key else ''}{self.message}"
-
-
-class ValidationError(UserError):
-    """Every problem found at once, one per line."""
-
-    def __init__(self, problems: list[Problem]) -> None:
-        self.problems = problems
-        n = len(problems)
-        head = f"{n} problem{'s' if n != 1 else ''} found:"
-        super().__init__("\n".join([head, *(f"  {p}" for p in problems)]))
+__all__ = ["HpctrainError", "Problem", "UserError", "ValidationError"]

@@ -25,7 +25,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hpctrain.errors import UserError
+from hpctrain.kernel.errors import UserError
 
 GIB = 1024**3
 HEADROOM = 0.12              # allocator fragmentation, communication buckets, temporaries

@@ -3,7 +3,7 @@
 Sandboxed Jinja (templates come from shared site directories) with StrictUndefined, and every `{{ }}`
 value shell-quoted by a finalize hook unless it is `Sh` (already safe: built by one of the filters
 below). Jinja comments are `{## ... ##}` (bash's `${#x}` would open a default one). The template
-search path is site first ($HPCTRAIN_SITE_PATH dirs' templates/, then the user's
+search path is site first (the SITE_PATH dirs' templates/, see kernel/jobenv.py; then the user's
 config dir), the bundled template last; the bundled one is also reachable as "hpctrain/sbatch.sh.j2" so a
 site template can `{% extends "hpctrain/sbatch.sh.j2" %}` and override one block (`{{ super() | safe }}` keeps the
 original: like every value, super() is quoted otherwise).
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain import __version__, launch_context
-from hpctrain.errors import UserError, ValidationError
+from hpctrain.kernel import exitcodes, jobenv
+from hpctrain.kernel.errors import UserError, ValidationError
 from hpctrain.profiles.schema.checks import DIRECTIVE
 from hpctrain.request import JobRequest
 from hpctrain.resources import bundled
@@ -73,11 +74,11 @@ def _prequoted(values: Any) -> Sh:
     """Words hpctrain quoted itself (launcher and container parts of the context), joined."""
     return Sh(" ".join(str(v) for v in values))
 
-# The job environment's names for the template ({{ var.RUN_DIR }}); until the kernel's table lands.
-_VAR = {k: Sh("HPCTRAIN_" + k) for k in (
-    "RUN_DIR", "STOP_FILE", "NNODES", "GPUS_PER_NODE", "WANT_GPU", "SCHEDULER", "PROFILE", "RUN_NAME",
-    "PYTHON", "TEE", "JOB_ID", "RESTART_COUNT", "RDZV_ENDPOINT", "NODEID", "DEVICE", "PG_TIMEOUT_S",
-    "STALL_S")}
+# The job environment's names for the template ({{ var.RUN_DIR }}): hpctrain/kernel/jobenv.py.
+_VAR = {key: Sh(name) for key, name in jobenv.template_names().items()}
+# The exit codes the script reports ({{ exit.PREEMPTED }}): hpctrain/kernel/exitcodes.py.
+_EXIT = {"PREEMPTED": exitcodes.PREEMPTED, "TIMEOUT": exitcodes.TIMEOUT,
+         "TERMINATED": exitcodes.TERMINATED}
 
 
 def _home(path: str) -> str:
@@ -86,7 +87,7 @@ def _home(path: str) -> str:
 
 
 def _template_dirs() -> list[Path]:
-    dirs = [Path(p) / "templates" for p in os.environ.get("HPCTRAIN_SITE_PATH", "").split(os.pathsep) if p]
+    dirs = [Path(p) / "templates" for p in (jobenv.get(jobenv.SITE_PATH) or "").split(os.pathsep) if p]
     config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "hpctrain" / "templates"
     dirs.append(config)
     return [d for d in dirs if d.is_dir()]
@@ -103,13 +104,14 @@ def environment() -> Any:
 
 
 def node_python(profile: Any) -> str:
-    """The Python the nodes run: the profile's launch.python; HPCTRAIN_PYTHON if set; `python` from
+    """The Python the nodes run: the profile's launch.python; the PYTHON override (kernel/jobenv.py) if set; `python` from
     the activated venv/conda env or the container; else this interpreter (the submit host and the
     nodes share the filesystem)."""
     if profile.launch.python:
         return str(profile.launch.python)
-    if os.environ.get("HPCTRAIN_PYTHON"):
-        return os.environ["HPCTRAIN_PYTHON"]
+    override = jobenv.get(jobenv.PYTHON)
+    if override:
+        return override
     if profile.environment.activate or profile.environment.container:
         return "python"
     return sys.executable
@@ -196,6 +198,7 @@ def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = No
     return {
         **launch_context.context(profile, req, run_dir),
         "var": _VAR,
+        "exit": _EXIT,
         "version": __version__,
         "scheduler": profile.scheduler,
         "chain": chain and slurm,  # submit --chain: segments hand over (hpctrain/chain.py)
@@ -242,9 +245,14 @@ def render(profile: Any, req: JobRequest, run_dir: str | os.PathLike[str], *, py
 def check_topology(text: str, profile: Any, req: JobRequest) -> None:
     """One topology from one source: whatever a site template does, the script must carry exactly the
     request's nodes and GPUs per node, the launcher's tasks per node, and nothing that contradicts them."""
-    want = {"HPCTRAIN_NNODES": str(req.nodes), "HPCTRAIN_GPUS_PER_NODE": str(req.gpus)}
+    want = {jobenv.NNODES: str(req.nodes), jobenv.GPUS_PER_NODE: str(req.gpus)}
+    exports: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        name, eq, value = line.removeprefix("export ").partition("=")
+        if line.startswith("export ") and eq and not any(c.isspace() for c in value):
+            exports.setdefault(name, []).append(value)
     for key, value in want.items():
-        found = re.findall(rf"^export {key}=(\S*)$", text, re.M)
+        found = exports.get(key, [])
         if found != [value]:
             raise UserError(f"the rendered script sets {key}={found or 'nothing'}, the request says {value}: "
                             "a mismatched topology cannot be rendered (check the site template)")

@@ -11,12 +11,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpctrain.errors import Problem, ValidationError
+from hpctrain.kernel import strategies as strategy_names
+from hpctrain.kernel.errors import Problem, ValidationError
 
 NAME_RULE = "1-64 characters: letters, digits, '.', '_', '-', starting with a letter or digit"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
-STRATEGIES = ("ddp", "fsdp", "deepspeed", "auto")
+STRATEGIES = strategy_names.CHOICES
 NODE_NAMES_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*\Z")   # Slurm host names and ranges: n1,gpu[01-04]
 TRAIN_ENTRY = "train_entry"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain import __version__
-from hpctrain.errors import UserError
+from hpctrain.kernel.errors import UserError
 
 FINISHED = "COMPLETED"
 # Scheduler states after which nothing runs any more (Slurm's and the local script's names).

@@ -42,22 +42,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# The job environment this module reads (set by the rendered batch script, docs/design.md).
-ENV_RUN_DIR = "HPCTRAIN_RUN_DIR"
-ENV_STOP_FILE = "HPCTRAIN_STOP_FILE"
-ENV_RESTART_COUNT = "HPCTRAIN_RESTART_COUNT"
+from hpctrain.kernel import exitcodes, jobenv
 
-PREEMPTED = 75  # exit code: a verified checkpoint was saved because the stop flag was raised
+# The job environment this module reads (set by the rendered batch script, docs/design.md).
+ENV_RUN_DIR = jobenv.RUN_DIR
+ENV_STOP_FILE = jobenv.STOP_FILE
+ENV_RESTART_COUNT = jobenv.RESTART_COUNT
+
+PREEMPTED = exitcodes.PREEMPTED  # a verified checkpoint was saved because the stop flag was raised
 STOP_SIGNALS = ("SIGUSR2", "SIGUSR1", "SIGTERM")
 STATE_FILE = "state.pt"
 
 
 def _format() -> Any:
     """The checkpoint format (step folder names, manifest, verify, latest): one source."""
-    try:
-        from hpctrain.kernel import checkpoint as fmt
-    except ImportError:  # before the kernel landed
-        from train_entry import checkpoint as fmt
+    from hpctrain.kernel import checkpoint as fmt
+
     return fmt
 
 
@@ -66,7 +66,7 @@ _chosen: list[Path] = []  # the folder a first run_dir(default) call chose, outs
 
 
 def run_dir(default: str | os.PathLike | None = None) -> Path:
-    """The run folder: $HPCTRAIN_RUN_DIR under hpctrain, else `default` (remembered for later calls,
+    """The run folder: the job environment's RUN_DIR under hpctrain, else `default` (remembered for later calls,
     e.g. from log_metrics), created if missing."""
     raw = os.environ.get(ENV_RUN_DIR)
     if raw:

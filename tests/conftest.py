@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.kernel import jobenv
+
 REPO = Path(__file__).resolve().parent.parent
 CLUSTER_SH = REPO / "tests" / "slurm" / "cluster.sh"
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -23,7 +25,7 @@ HOW_TO_RUN = "run the live Slurm tests as root: sudo make test-slurm"
 
 # Runs are indexed in $XDG_STATE_HOME/hpctrain/runs.jsonl: keep the tests' runs out of the user's own
 # index (subprocesses inherit this).
-os.environ["XDG_STATE_HOME"] = os.environ.get("HPCTRAIN_TEST_STATE") or str(
+os.environ["XDG_STATE_HOME"] = os.environ.get(jobenv.TEST_STATE) or str(
     Path(os.environ.get("TMPDIR", "/tmp")) / f"hpctrain-test-state-{os.getpid()}")
 # ... and the validated-profile cache (hpctrain/profiles/cache.py) out of the user's ~/.cache.
 os.environ["XDG_CACHE_HOME"] = str(Path(os.environ["XDG_STATE_HOME"]) / "cache")

@@ -26,10 +26,12 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.kernel import jobenv
+
 from hpctrain.preflight import gate
 
 REPO = Path(__file__).resolve().parents[1]
-STATE = Path(os.environ.get("HPCTRAIN_SLURM_STATE") or REPO / "tests" / "slurm" / ".state")
+STATE = Path(os.environ.get(jobenv.SLURM_STATE) or REPO / "tests" / "slurm" / ".state")
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}
 # 1 rank per node; global batch 8 = world x micro x accum at world 1 and 2 alike
 TRAIN = ["--train.micro_batch=4", "--train.global_batch=8", "--train.log_every=1", "--model.d_model=64",

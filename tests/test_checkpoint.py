@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from hpctrain.kernel import jobenv
 from hpctrain.errors import UserError
 from train_entry.checkpoint import Checkpointer, newest_verified, step_folders, verify
 from train_entry.preempt import StopFlag
@@ -255,7 +256,7 @@ def test_params_sha256_ignores_wrappers_and_sees_one_bit():
 
 
 def test_stop_flag_signal_file_and_step(tmp_path, monkeypatch):
-    monkeypatch.delenv("HPCTRAIN_STOP_AT_STEP", raising=False)
+    monkeypatch.delenv(jobenv.STOP_AT_STEP, raising=False)
     stop_file = tmp_path / "STOP"
     flag = StopFlag(signals=("USR2",), stop_file=stop_file)
     old = signal.getsignal(signal.SIGUSR2)
@@ -270,7 +271,7 @@ def test_stop_flag_signal_file_and_step(tmp_path, monkeypatch):
     assert not by_file.local()
     stop_file.touch()
     assert by_file.agreed("cpu") and "stop file" in by_file.reason
-    monkeypatch.setenv("HPCTRAIN_STOP_AT_STEP", "4")
+    monkeypatch.setenv(jobenv.STOP_AT_STEP, "4")
     at_step = StopFlag(signals=())
     assert not at_step.agreed("cpu", step=3) and at_step.agreed("cpu", step=4)
 

@@ -6,7 +6,7 @@ Checkpointer/StopFlag interface (no test functions here).
 
 Dropout (per-rank RNG), a shuffled dataset (data position), AdamW + LambdaLR (optimizer and
 scheduler state) and gradient accumulation make every piece of TrainState matter for bit-identity.
-Test hooks: HPCTRAIN_STOP_AT_STEP (StopFlag); HPCTRAIN_TEST_SIGNAL_AT / HPCTRAIN_TEST_KILL_AT
+Test hooks (hpctrain/kernel/jobenv.py): STOP_AT_STEP (StopFlag); TEST_SIGNAL_AT / TEST_KILL_AT
 = "step:micro": rank 0 sends itself SIGUSR2 / SIGKILL during that micro-step of that step.
 """
 
@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from hpctrain.kernel import jobenv
 from train_entry.checkpoint import Checkpointer
 from train_entry.preempt import PREEMPTED_EXIT, StopFlag
 from train_entry.state import TrainState, params_sha256
@@ -108,15 +109,15 @@ def main() -> int:
         digest = params_sha256(model)
         if rank == 0:
             (Path(a.run_dir) / f"resumed-{resumed}-world{world}.sha256").write_text(digest)
-        if os.environ.get("HPCTRAIN_TEST_RESEED_AFTER_LOAD"):   # negative control: lose the RNG
+        if os.environ.get(jobenv.TEST_RESEED_AFTER_LOAD):   # negative control: lose the RNG
             torch.manual_seed(0)
     micro_n = GLOBAL_BATCH // (world * a.accum)
     log = Path(a.run_dir) / f"steps-rank{rank}.jsonl"
     while state.step < a.steps:
         for micro in range(a.accum):
-            if rank == 0 and hook("HPCTRAIN_TEST_SIGNAL_AT", state.step, micro):
+            if rank == 0 and hook(jobenv.TEST_SIGNAL_AT, state.step, micro):
                 os.kill(os.getpid(), signal.SIGUSR2)
-            if rank == 0 and hook("HPCTRAIN_TEST_KILL_AT", state.step, micro):
+            if rank == 0 and hook(jobenv.TEST_KILL_AT, state.step, micro):
                 os.kill(os.getpid(), signal.SIGKILL)
             offset = state.data["offset"] + micro * world * micro_n
             x = batch(state.data["epoch"], offset, rank, world, micro_n)

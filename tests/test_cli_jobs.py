@@ -14,16 +14,18 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.kernel import jobenv
+
 REPO = Path(__file__).resolve().parent.parent
 HPCTRAIN = [sys.executable, "-m", "hpctrain"]
 
-GLOO = """
+GLOO = f"""
 import os, sys, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
-print(f"rank {dist.get_rank()}/{dist.get_world_size()} node {os.environ['HPCTRAIN_NODEID']} "
-      f"sum {t.item()} args {sys.argv[1:]!r}", flush=True)
+print(f"rank {{dist.get_rank()}}/{{dist.get_world_size()}} node {{os.environ[{jobenv.NODEID!r}]}} "
+      f"sum {{t.item()}} args {{sys.argv[1:]!r}}", flush=True)
 dist.destroy_process_group()
 """
 FAIL = "import sys; sys.exit(3)\n"
@@ -34,8 +36,8 @@ SLEEP = "import time\nfor _ in range(600): time.sleep(0.2)\n"  # no STOP polling
 def cli(tmp_path):
     env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
            "OMP_NUM_THREADS": "1"}
-    env.pop("HPCTRAIN_SITE_PATH", None)
-    env.pop("HPCTRAIN_PYTHON", None)
+    env.pop(jobenv.SITE_PATH, None)
+    env.pop(jobenv.PYTHON, None)
     for name, text in (("gloo_job.py", GLOO), ("fail.py", FAIL), ("sleep.py", SLEEP)):
         (tmp_path / name).write_text(text)
 
@@ -149,7 +151,7 @@ def test_slurm_submit_hands_over_the_rendered_script(cli):
     for name, body in scripts.items():
         (bin_ / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_ / name).chmod(0o755)
-    env = {"PATH": f"{bin_}:{os.environ['PATH']}", "RECORD": str(cli.tmp), "HPCTRAIN_PYTHON": "/opt/py/bin/python"}
+    env = {"PATH": f"{bin_}:{os.environ['PATH']}", "RECORD": str(cli.tmp), jobenv.PYTHON: "/opt/py/bin/python"}
     opts = ["--profile", "loopback", "--nodes", "2", "--gpus", "2", "--name", "s", "--time", "5", "--", "--max-steps", "5"]
     rendered = ok(cli("render", *opts, extra_env=env)).stdout
     out = ok(cli("submit", *opts, extra_env=env))
@@ -187,7 +189,7 @@ def invoke(tmp_path, monkeypatch):
 
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.delenv("HPCTRAIN_SITE_PATH", raising=False)
+    monkeypatch.delenv(jobenv.SITE_PATH, raising=False)
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
     return lambda *args: runner.invoke(main, list(args))

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from hpctrain.kernel import jobenv
 from test_slurm_e2e import ENDED, Runs, lines, steps
 
 REPO = Path(__file__).resolve().parent.parent
@@ -44,7 +46,7 @@ def runs(slurm_cluster, tmp_path, request):
 def _reference(name: str, folder: Path) -> subprocess.Popen:
     """The uninterrupted run: plain torchrun, 2 processes on this machine (world 2, as the jobs)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "1"}
-    for key in ("HPCTRAIN_RUN_DIR", "HPCTRAIN_STOP_FILE"):
+    for key in (jobenv.RUN_DIR, jobenv.STOP_FILE):
         env.pop(key, None)
     return subprocess.Popen(
         [

@@ -20,13 +20,14 @@ import pytest
 from click.testing import CliRunner
 
 from hpctrain.cli import main
+from hpctrain.kernel import jobenv
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
 def hp_env(home: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("HPCTRAIN_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(jobenv.PREFIX)}
     return env | {"XDG_STATE_HOME": str(home / "state"), "XDG_CONFIG_HOME": str(home / "config"),
                   "XDG_CACHE_HOME": str(home / "cache"), "OMP_NUM_THREADS": "1"}
 

@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from hpctrain import dispatch
+from hpctrain.kernel import jobenv
 from hpctrain.runs import RunDir
 from train_entry.checkpoint import newest_verified, verify
 
 pytestmark = pytest.mark.slow
-SEED = int(os.environ.get("HPCTRAIN_TEST_SEED", time.time_ns() % 10_000))
+SEED = int(os.environ.get(jobenv.TEST_SEED, time.time_ns() % 10_000))
 
 
 TRAIN = ["--max-steps", "60"]      # room for a signal or 10 kills to land before the end
@@ -29,7 +30,7 @@ TRAIN = ["--max-steps", "60"]      # room for a signal or 10 kills to land befor
 
 def hp_env(home: Path) -> dict:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("HPCTRAIN_STOP_AT_STEP", "HPCTRAIN_STOP_FILE", "HPCTRAIN_RUN_DIR")}
+           if k not in (jobenv.STOP_AT_STEP, jobenv.STOP_FILE, jobenv.RUN_DIR)}
     return env | {"XDG_STATE_HOME": str(home / "state"), "XDG_CONFIG_HOME": str(home / "config"),
                   "OMP_NUM_THREADS": "1"}
 
@@ -51,7 +52,7 @@ def cli(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    for key in ("HPCTRAIN_STOP_AT_STEP", "HPCTRAIN_STOP_FILE", "HPCTRAIN_RUN_DIR"):
+    for key in (jobenv.STOP_AT_STEP, jobenv.STOP_FILE, jobenv.RUN_DIR):
         monkeypatch.delenv(key, raising=False)
     monkeypatch.chdir(tmp_path)
 

@@ -16,6 +16,7 @@ from hpctrain.cli import main
 from hpctrain.errors import ValidationError
 from hpctrain.profiles import Profile, cache, resolve
 from hpctrain.profiles.cache import ProfileView
+from hpctrain.kernel import jobenv
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p.stem for p in (REPO / "site_configs").glob("*.yaml"))
@@ -27,7 +28,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home.mkdir(mode=0o755)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.delenv("HPCTRAIN_SITE_PATH", raising=False)
+    monkeypatch.delenv(jobenv.SITE_PATH, raising=False)
     monkeypatch.setenv("SCRATCH", str(tmp_path / "scratch"))  # generic-ib's runs_dir
     monkeypatch.setattr(cache, "ENABLED", True)
     return tmp_path

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from hpctrain.cli import main
 from hpctrain.errors import UserError, ValidationError
 from hpctrain.profiles import Profile, discover, resolve
+from hpctrain.kernel import jobenv
 from hpctrain.profiles.schema import check_nccl_ifname
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,7 +30,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     home.mkdir()
     os.chmod(home, 0o755)
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
-    monkeypatch.delenv("HPCTRAIN_SITE_PATH", raising=False)
+    monkeypatch.delenv(jobenv.SITE_PATH, raising=False)
     return home
 
 
@@ -252,7 +253,7 @@ def test_extends_by_name_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     os.chmod(site, 0o755)
     write(site / "a.yaml", "name: a\nextends: b\n")
     write(site / "b.yaml", "name: b\nextends: a\n")
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(site))
+    monkeypatch.setenv(jobenv.SITE_PATH, str(site))
     with pytest.raises(ValidationError, match="extends forms a cycle"):
         resolve("a")
 
@@ -345,7 +346,7 @@ def test_discovery_precedence(isolated: Path, tmp_path: Path, monkeypatch: pytes
     write(site2 / "extra.yml", "name: extra\nextends: local\nslurm: {gpus_per_node: 1}\n")
     for d in (site1, site2):
         os.chmod(d, 0o755)
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", f"{site1}:{site2}")
+    monkeypatch.setenv(jobenv.SITE_PATH, f"{site1}:{site2}")
     assert resolve("local").description == "site two"
     assert resolve("extra").description == "site two"           # extends by name finds the winner
     user = write(isolated / "hpctrain" / "profiles" / "local.yaml", "name: local\nscheduler: local\ndescription: mine\n")
@@ -371,7 +372,7 @@ def test_discovery_precedence(isolated: Path, tmp_path: Path, monkeypatch: pytes
 def test_discovered_name_must_match_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write(tmp_path / "site" / "alpha.yaml", "name: beta\nscheduler: local\n")
     os.chmod(tmp_path / "site", 0o755)
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(tmp_path / "site"))
+    monkeypatch.setenv(jobenv.SITE_PATH, str(tmp_path / "site"))
     with pytest.raises(ValidationError, match="name 'beta' does not match the file name 'alpha'"):
         resolve("alpha")
 
@@ -521,7 +522,7 @@ def test_bundled_profile_more_writable_than_the_code_is_refused(tmp_path: Path,
 
 def test_list_shows_an_invalid_profile_without_failing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     write(tmp_path / "site" / "broken.yaml", "name: broken\nslurm: {gpus_per_node: -1}\n")
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(tmp_path / "site"))
+    monkeypatch.setenv(jobenv.SITE_PATH, str(tmp_path / "site"))
     result = cli("profiles", "list", "--json")
     assert result.exit_code == 0, result.output
     row = next(r for r in json.loads(result.output) if r["name"] == "broken")

@@ -3,7 +3,7 @@ topology from one source, and the rendered script EXECUTED with stand-in srun/sc
 that hostile values arrive intact and inject nothing, and that the port policy holds.
 
 Refresh the golden files after an intended change:
-    HPCTRAIN_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_render.py -k golden
+    make golden
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from hpctrain.profiles import resolve
 from hpctrain.render import _shvalue, render
 from hpctrain.request import JobRequest
 from hpctrain.runs import runs_dir_of
+from hpctrain.kernel import jobenv
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden"
@@ -37,8 +38,8 @@ def isolated(tmp_path, monkeypatch):
     """No user config, no site path, a fixed node python: renders depend only on the repo."""
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.delenv("HPCTRAIN_SITE_PATH", raising=False)
-    monkeypatch.setenv("HPCTRAIN_PYTHON", GOLDEN_PYTHON)
+    monkeypatch.delenv(jobenv.SITE_PATH, raising=False)
+    monkeypatch.setenv(jobenv.PYTHON, GOLDEN_PYTHON)
 
 
 def golden_script(name: str) -> str:
@@ -59,12 +60,12 @@ def shellcheck(path: Path) -> None:
 def test_golden(name, tmp_path):
     text = golden_script(name)
     path = GOLDEN / f"{name}.sh"
-    if os.environ.get("HPCTRAIN_UPDATE_GOLDEN"):
+    if os.environ.get(jobenv.UPDATE_GOLDEN):
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
-    assert path.is_file(), f"no golden for {name}: HPCTRAIN_UPDATE_GOLDEN=1 pytest {__file__}"
+    assert path.is_file(), f"no golden for {name}: make golden ({jobenv.UPDATE_GOLDEN}=1 pytest {__file__})"
     assert text == path.read_text(), (f"{name} renders differently from {path}; if intended, refresh: "
-                                      f"HPCTRAIN_UPDATE_GOLDEN=1 pytest {__file__} -k golden")
+                                      f"make golden ({jobenv.UPDATE_GOLDEN}=1 pytest {__file__} -k golden)")
     assert golden_script(name) == text  # deterministic
     script = tmp_path / "job.sh"
     script.write_text(text)
@@ -84,7 +85,7 @@ def test_slurm_header_order_and_topology():
     assert "--nodes=2" in directives and "--ntasks-per-node=1" in directives and "--gres=gpu:8" in directives
     assert "--signal=B:USR2@300" in directives and "--requeue" in directives
     assert "--open-mode=append" in directives and f"--output={GOLDEN_RUNS}/golden/logs/batch.log" in directives
-    assert "export HPCTRAIN_NNODES=2" in text and "export HPCTRAIN_GPUS_PER_NODE=8" in text
+    assert f"export {jobenv.NNODES}=2" in text and f"export {jobenv.GPUS_PER_NODE}=8" in text
     assert "export NCCL_IB_HCA=\"mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1\"" in text
     assert 'source "$HOME/venvs/train"/bin/activate' in text
 
@@ -96,7 +97,7 @@ def test_gpus_per_node_request_and_container():
     assert (f'--container-mounts="/fsx:/fsx,/opt/amazon/efa:/opt/amazon/efa:ro,{GOLDEN_RUNS}/golden:'
             f'{GOLDEN_RUNS}/golden" --container-writable)') in text
     assert "SC2054" not in text  # the container line is shellcheck clean without a disable
-    assert "export HPCTRAIN_PYTHON=/opt/hpctrain/bin/python" in text
+    assert f"export {jobenv.PYTHON}=/opt/hpctrain/bin/python" in text
 
 
 def test_request_problems_all_at_once():
@@ -138,7 +139,7 @@ def test_site_template_overrides_one_block(tmp_path, monkeypatch):
         '{% block setup %}{{ super() | safe }}export SITE_MARKER={{ job.name }}\n{% endblock %}\n')
     for p in (site, site / "templates", site / "templates" / "sbatch.sh.j2"):
         p.chmod(0o755 if p.is_dir() else 0o644)
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(site))
+    monkeypatch.setenv(jobenv.SITE_PATH, str(site))
     text = golden_script("loopback")
     assert "export SITE_MARKER=golden\n" in text
     assert text.replace("export SITE_MARKER=golden\n", "") == (GOLDEN / "loopback.sh").read_text()
@@ -152,7 +153,7 @@ def test_site_template_cannot_break_topology(tmp_path, monkeypatch):
     (site / "templates").mkdir(parents=True)
     (site / "templates" / "sbatch.sh.j2").write_text(
         '{% extends "hpctrain/sbatch.sh.j2" %}\n{% block header %}#SBATCH --nodes=4\n{% endblock %}\n')
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(site))
+    monkeypatch.setenv(jobenv.SITE_PATH, str(site))
     with pytest.raises(UserError, match="mismatched topology"):
         golden_script("loopback")
 
@@ -161,7 +162,7 @@ def test_sandbox_and_strict_undefined(tmp_path, monkeypatch):
     site = tmp_path / "site"
     (site / "templates").mkdir(parents=True)
     tpl = site / "templates" / "sbatch.sh.j2"
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(site))
+    monkeypatch.setenv(jobenv.SITE_PATH, str(site))
     tpl.write_text("{{ no_such_value }}\n")
     with pytest.raises(UserError, match="no_such_value"):
         golden_script("local")
@@ -178,7 +179,7 @@ import json, os, sys
 if sys.argv[1:2] == ["-c"]:
     os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])
 rec = os.environ["RECORD"]
-with open(os.path.join(rec, "node-" + os.environ["HPCTRAIN_NODEID"] + ".json"), "w") as f:
+with open(os.path.join(rec, "node-" + os.environ[{jobenv.NODEID!r}] + ".json"), "w") as f:
     json.dump({{"argv": sys.argv[1:], "env": dict(os.environ)}}, f)
 sys.exit(int(os.environ.get("STANDIN_EXIT", "0")))
 """
@@ -213,12 +214,12 @@ def run_script(text: str, standins, *, env: dict[str, str] | None = None, timeou
     script = rec.parent / "job.sh"
     script.write_text(text)
     full = {"PATH": f"{bin_}:{os.environ['PATH']}", "RECORD": str(rec), "HOME": str(rec.parent),
-            "HPCTRAIN_PYTHON": str(bin_ / "python"), **(env or {})}
+            jobenv.PYTHON: str(bin_ / "python"), **(env or {})}
     return subprocess.run(["bash", str(script)], env=full, capture_output=True, text=True, timeout=timeout)
 
 
 def render_with(profile_name, flags, args, run_dir, standins, name="h"):
-    os.environ["HPCTRAIN_PYTHON"] = str(standins[0] / "python")
+    os.environ[jobenv.PYTHON] = str(standins[0] / "python")
     profile = resolve(profile_name, flags)
     req = JobRequest.build(profile, name=name, nodes=2, gpus=1, args=args)
     return render(profile, req, run_dir)
@@ -257,8 +258,8 @@ def test_hostile_values_arrive_intact_and_inject_nothing(scheduler, tmp_path, st
         for k, v in env_values.items():
             expect = v.replace("$HOME", str(tmp_path))  # $NAME is the one expansion allowed
             assert rec["env"][k] == expect
-        assert rec["env"]["HPCTRAIN_NODEID"] == str(node)
-        assert rec["env"]["HPCTRAIN_RUN_DIR"] == str(run_dir)
+        assert rec["env"][jobenv.NODEID] == str(node)
+        assert rec["env"][jobenv.RUN_DIR] == str(run_dir)
     assert (run_dir / "logs" / "node-1.log").is_file()
     restarts = [json.loads(x) for x in (run_dir / "restarts.jsonl").read_text().splitlines()]
     assert len(restarts) == 1 and restarts[0]["restart_count"] == 0
@@ -305,18 +306,18 @@ def test_port_policy_skips_29500_and_fails_in_ephemeral_range(tmp_path, standins
 
 
 def test_local_preemption_relaunches_and_slurm_requeues(tmp_path, standins):
-    """A USR2 during the run: locally the script starts again with HPCTRAIN_RESTART_COUNT+1; on Slurm
+    """A USR2 during the run: locally the script starts again with RESTART_COUNT+1; on Slurm
     it calls `scontrol requeue $SLURM_JOB_ID` from the batch shell."""
     bin_, rec = standins
     slow = bin_ / "python"
-    slow.write_text(STANDIN_PYTHON.replace("sys.exit(", "import time; time.sleep(3 if os.environ['HPCTRAIN_RESTART_COUNT'] == '0' else 0); sys.exit("))
+    slow.write_text(STANDIN_PYTHON.replace("sys.exit(", f"import time; time.sleep(3 if os.environ[{jobenv.RESTART_COUNT!r}] == '0' else 0); sys.exit("))
     for scheduler, env in (("local", {}), ("loopback", SLURM_ENV)):
         run_dir = tmp_path / scheduler / "h"
         text = render_with(scheduler, {}, [], str(run_dir), standins)
         script = rec.parent / f"{scheduler}.sh"
         script.write_text(text)
         full = {"PATH": f"{bin_}:{os.environ['PATH']}", "RECORD": str(rec), "HOME": str(tmp_path),
-                "HPCTRAIN_PYTHON": str(slow), **env}
+                jobenv.PYTHON: str(slow), **env}
         proc = subprocess.Popen(["bash", str(script)], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         for _ in range(100):
             if (rec / "node-0.json").exists():

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.kernel import jobenv
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,7 +30,7 @@ def torchrun(run_dir: Path, strategy: str, *, nproc: int = 2, env: dict | None =
            "--accum", str(ACCUM), *extra]
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO),
                 **(env or {})}
-    for key in ("HPCTRAIN_STOP_FILE", "HPCTRAIN_STOP_AT_STEP"):
+    for key in (jobenv.STOP_FILE, jobenv.STOP_AT_STEP):
         if key not in (env or {}):
             full_env.pop(key, None)
     out = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=240)
@@ -69,7 +71,7 @@ def interrupt_then_resume(run_dir: Path, strategy: str, env: dict, extra=()) -> 
 def test_ddp_stop_at_a_step_boundary_and_a_negative_control(tmp_path, reference):
     """The stop flag at step 3: saved at 3, resumed at 3, bit-identical. The same checkpoint resumed
     with the RNG thrown away ends different: the comparison sees a resume that misses state."""
-    first = torchrun(tmp_path / "run", "ddp", env={"HPCTRAIN_STOP_AT_STEP": "3"})
+    first = torchrun(tmp_path / "run", "ddp", env={jobenv.STOP_AT_STEP: "3"})
     assert first.returncode != 0
     assert json.loads((tmp_path / "run" / "preempted.json").read_text())["step"] == 3
     shutil.copytree(tmp_path / "run", tmp_path / "control")
@@ -77,7 +79,7 @@ def test_ddp_stop_at_a_step_boundary_and_a_negative_control(tmp_path, reference)
     assert second.returncode == 0, second.stderr[-3000:]
     assert (tmp_path / "run" / "resumed-3-world2.sha256").exists()
     assert final_hash(tmp_path / "run") == reference("ddp")
-    control = torchrun(tmp_path / "control", "ddp", env={"HPCTRAIN_TEST_RESEED_AFTER_LOAD": "1"})
+    control = torchrun(tmp_path / "control", "ddp", env={jobenv.TEST_RESEED_AFTER_LOAD: "1"})
     assert control.returncode == 0, control.stderr[-3000:]
     assert final_hash(tmp_path / "control") != reference("ddp")
 
@@ -86,7 +88,7 @@ def test_ddp_sigkill_during_accumulation_with_async_saves(tmp_path, reference):
     """SIGKILL in micro-step 1 of step 6, async saves every 2 steps: back to step 4 (or 2 when the
     async save of step 4 was not committed yet), and bit-identical at the end."""
     extra = ("--every", "2", "--async-save")
-    assert interrupt_then_resume(tmp_path, "ddp", {"HPCTRAIN_TEST_KILL_AT": "5:1"}, extra) == {}
+    assert interrupt_then_resume(tmp_path, "ddp", {jobenv.TEST_KILL_AT: "5:1"}, extra) == {}
     resumed = sorted(p.name for p in tmp_path.glob("resumed-*"))
     assert resumed in (["resumed-4-world2.sha256"], ["resumed-2-world2.sha256"])
     assert final_hash(tmp_path) == reference("ddp")
@@ -97,7 +99,7 @@ def test_fsdp_signal_during_accumulation_then_reshard_to_one_rank(tmp_path, refe
     nothing is redone; resumed bit-identical (and equal to DDP: the hash ignores the strategy).
     The same checkpoint loads on 1 rank with the same parameters and goes on from step 5."""
     run = tmp_path / "run"
-    first = torchrun(run, "fsdp", env={"HPCTRAIN_TEST_SIGNAL_AT": "4:1"})
+    first = torchrun(run, "fsdp", env={jobenv.TEST_SIGNAL_AT: "4:1"})
     assert first.returncode != 0
     assert json.loads((run / "preempted.json").read_text()) == {"step": 5, "reason": "SIGUSR2"}
     shutil.copytree(run, tmp_path / "one")
@@ -116,7 +118,7 @@ def test_fsdp_signal_during_accumulation_then_reshard_to_one_rank(tmp_path, refe
 
 
 def test_deepspeed_signal_during_accumulation(tmp_path, reference):
-    stopped = interrupt_then_resume(tmp_path, "deepspeed", {"HPCTRAIN_TEST_SIGNAL_AT": "2:1"})
+    stopped = interrupt_then_resume(tmp_path, "deepspeed", {jobenv.TEST_SIGNAL_AT: "2:1"})
     assert stopped == {"step": 3, "reason": "SIGUSR2"}
     assert (tmp_path / "resumed-3-world2.sha256").exists()
     assert final_hash(tmp_path) == reference("deepspeed")

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hpctrain.kernel import jobenv
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -43,9 +44,9 @@ assert runtime.stop_reason().startswith('stop file'), runtime.stop_reason()
 print('ok')
 """
     env = {
-        "HPCTRAIN_RUN_DIR": str(tmp_path),
-        "HPCTRAIN_RESTART_COUNT": "3",
-        "HPCTRAIN_STOP_FILE": str(stop),
+        jobenv.RUN_DIR: str(tmp_path),
+        jobenv.RESTART_COUNT: "3",
+        jobenv.STOP_FILE: str(stop),
     }
     assert py(code, env).stdout.strip() == "ok"
 
@@ -59,13 +60,13 @@ os.kill(os.getpid(), signal.SIGUSR2)
 assert runtime.should_stop() and runtime.stop_reason() == 'SIGUSR2'
 print('ok')
 """
-    assert py(code, {"HPCTRAIN_STOP_FILE": ""}).stdout.strip() == "ok"
+    assert py(code, {jobenv.STOP_FILE: ""}).stdout.strip() == "ok"
 
 
 def test_run_dir_outside_hpctrain_says_how_to_fix(monkeypatch):
     from hpctrain import runtime
 
-    monkeypatch.delenv("HPCTRAIN_RUN_DIR", raising=False)
+    monkeypatch.delenv(jobenv.RUN_DIR, raising=False)
     monkeypatch.setattr(runtime, "_chosen", [])
     with pytest.raises(RuntimeError, match=r"runtime.run_dir\('runs/NAME'\)"):
         runtime.run_dir()
@@ -120,7 +121,7 @@ def test_checkpoint_round_trip_in_train_entrys_format(tmp_path, capsys):
 def test_log_metrics_writes_what_status_and_report_read(tmp_path, monkeypatch):
     from hpctrain import runtime
 
-    monkeypatch.setenv("HPCTRAIN_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv(jobenv.RUN_DIR, str(tmp_path))
     monkeypatch.setattr(runtime, "_last", {})
     runtime.log_metrics(1, total=10, loss=2.5, samples=16)
     runtime.log_metrics(2, total=10, loss=2.0, samples=16)

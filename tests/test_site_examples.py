@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.kernel import jobenv
+
 from hpctrain.profiles import resolve
 from hpctrain.render import render
 from hpctrain.request import JobRequest
@@ -24,15 +26,15 @@ REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "site_configs" / "examples"
 RUN = "/scratch/runs/demo"
 TORCHRUN_FLAGS = (
-    '--nnodes="$HPCTRAIN_NNODES" --nproc-per-node="$HPCTRAIN_GPUS_PER_NODE" '
-    '--rdzv-backend=c10d --rdzv-endpoint="$HPCTRAIN_RDZV_ENDPOINT" '
-    '--rdzv-id="$HPCTRAIN_JOB_ID" --rdzv-conf="is_host=$is_host" --max-restarts=0 '
+    f'--nnodes="${jobenv.NNODES}" --nproc-per-node="${jobenv.GPUS_PER_NODE}" '
+    f'--rdzv-backend=c10d --rdzv-endpoint="${jobenv.RDZV_ENDPOINT}" '
+    f'--rdzv-id="${jobenv.JOB_ID}" --rdzv-conf="is_host=$is_host" --max-restarts=0 '
     '"${tee[@]}" "$@"'
 )
 SRUN_TASK = [
     "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS",
-    "export MASTER_ADDR=${HPCTRAIN_RDZV_ENDPOINT%:*} MASTER_PORT=${HPCTRAIN_RDZV_ENDPOINT##*:}",
-    '"$HPCTRAIN_PYTHON" "$@"',
+    f"export MASTER_ADDR=${{{jobenv.RDZV_ENDPOINT}%:*}} MASTER_PORT=${{{jobenv.RDZV_ENDPOINT}##*:}}",
+    f'"${jobenv.PYTHON}" "$@"',
 ]
 GETENT = ["hpctrain_head_addr=$(getent ahostsv4 \"$hpctrain_head\" | awk 'NR == 1 {print $1}')"]
 
@@ -53,11 +55,11 @@ EXPECT = {
         'export NCCL_NET_GDR_LEVEL="PHB"',
         'export ROCR_VISIBLE_DEVICES="$SLURM_LOCALID"',
         'export MIOPEN_USER_DB_PATH="/tmp/$USER-miopen-cache-$SLURM_NODEID"',
-        'hpctrain_launch=(srun --nodes="$HPCTRAIN_NNODES" --ntasks-per-node=8 --kill-on-bad-exit=1)',
+        f'hpctrain_launch=(srun --nodes="${jobenv.NNODES}" --ntasks-per-node=8 --kill-on-bad-exit=1)',
         'hpctrain_launch+=(singularity exec --rocm --bind "/pfs:/pfs" --bind "/scratch:/scratch" '
         '--bind "/projappl:/projappl" --bind "/flash:/flash" --bind "/scratch/runs/demo:/scratch/runs/demo" '
         '"$PROJECT_DIR/containers/pytorch-rocm.sif")  # environment.container (singularity)',
-        'export HPCTRAIN_PYTHON="python3"',
+        f'export {jobenv.PYTHON}="python3"',
         *SRUN_TASK,
         *GETENT,
     ],
@@ -106,7 +108,7 @@ EXPECT = {
         "hpctrain_port=29500  # rendezvous.port: fixed by the profile",
         'hpctrain_launch+=(apptainer exec --nv --bind "/cluster:/cluster" --bind "/scratch/runs/demo:'
         '/scratch/runs/demo" "/cluster/work/support/containers/pytorch.sif")  # environment.container (apptainer)',
-        f'exec "$HPCTRAIN_PYTHON" -m torch.distributed.run {TORCHRUN_FLAGS}',
+        f'exec "${jobenv.PYTHON}" -m torch.distributed.run {TORCHRUN_FLAGS}',
     ],
     "juwels-booster": [
         "#SBATCH --ntasks-per-node=1",
@@ -142,7 +144,7 @@ EXPECT = {
         'export NCCL_IB_HCA="mlx5"',
         'export NCCL_IB_TIMEOUT="22"',
         "hpctrain_launch+=(--cpus-per-task=64)",
-        f'exec "$HPCTRAIN_PYTHON" -m torch.distributed.run {TORCHRUN_FLAGS}',
+        f'exec "${jobenv.PYTHON}" -m torch.distributed.run {TORCHRUN_FLAGS}',
     ],
     "aws-parallelcluster-efa-pyxis": [
         "#SBATCH --ntasks-per-node=1",
@@ -160,7 +162,7 @@ EXPECT = {
         'hpctrain_launch+=(--container-image="/fsx/apps/pytorch.sqsh" --container-mounts="/fsx:/fsx,'
         '/scratch/runs/demo:/scratch/runs/demo" --container-workdir="/fsx" '
         '--container-env="FI_PROVIDER,NCCL_PROTO")  # environment.container (pyxis)',
-        f'exec "$HPCTRAIN_PYTHON" -m torch.distributed.run {TORCHRUN_FLAGS}',
+        f'exec "${jobenv.PYTHON}" -m torch.distributed.run {TORCHRUN_FLAGS}',
     ],
     "azure-ndv5-pyxis": [
         "#SBATCH --ntasks-per-node=1",
@@ -177,7 +179,7 @@ EXPECT = {
         'hpctrain_launch+=(--container-image="nvcr.io#nvidia/pytorch:24.03-py3" --container-mounts='
         '"/opt/microsoft:/opt/microsoft:ro,/shared:/shared,/scratch/runs/demo:/scratch/runs/demo")'
         "  # environment.container (pyxis)",
-        f'exec "$HPCTRAIN_PYTHON" -m torch.distributed.run {TORCHRUN_FLAGS}',
+        f'exec "${jobenv.PYTHON}" -m torch.distributed.run {TORCHRUN_FLAGS}',
     ],
 }
 
@@ -186,8 +188,8 @@ EXPECT = {
 def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.delenv("HPCTRAIN_SITE_PATH", raising=False)
-    monkeypatch.setenv("HPCTRAIN_PYTHON", "/opt/hpctrain/bin/python")
+    monkeypatch.delenv(jobenv.SITE_PATH, raising=False)
+    monkeypatch.setenv(jobenv.PYTHON, "/opt/hpctrain/bin/python")
 
 
 def rendered(name: str) -> str:

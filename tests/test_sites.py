@@ -21,6 +21,7 @@ from hpctrain.profiles import resolve
 from hpctrain.render import render
 from hpctrain.request import JobRequest
 from tests.test_render import SLURM_ENV, isolated, run_script, standins  # noqa: F401 (fixtures)
+from hpctrain.kernel import jobenv
 
 REPO = Path(__file__).resolve().parent.parent
 STANDINS = REPO / "tests" / "standins"
@@ -31,7 +32,7 @@ def script(
 ) -> str:
     import os
 
-    os.environ["HPCTRAIN_PYTHON"] = str(bin_ / "python")
+    os.environ[jobenv.PYTHON] = str(bin_ / "python")
     profile = resolve(name, flags)
     req = JobRequest.build(profile, name="s", nodes=nodes, gpus=gpus, args=[])
     return render(profile, req, str(run_dir))
@@ -48,13 +49,13 @@ def test_amd_node_detected_by_rocm_smi(tmp_path, standins):
     gpus = {"CUDA_VISIBLE_DEVICES": "0,1"}
     out = run_script(text, standins, env={**SLURM_ENV, **gpus})
     assert out.returncode == 0, out.stderr
-    assert node_env(rec)["HPCTRAIN_DEVICE"] == "cpu"  # no GPU tool: a CPU node, said so
+    assert node_env(rec)[jobenv.DEVICE] == "cpu"  # no GPU tool: a CPU node, said so
     shutil.copy(STANDINS / "rocm-smi", bin_ / "rocm-smi")
     shutil.copy(STANDINS / "_record.sh", bin_ / "_record.sh")
     out = run_script(text, standins, env={**SLURM_ENV, **gpus})
     assert out.returncode == 0, out.stderr
     env = node_env(rec)
-    assert env["HPCTRAIN_DEVICE"] == "cuda"  # torch's name for HIP too; nccl = RCCL
+    assert env[jobenv.DEVICE] == "cuda"  # torch's name for HIP too; nccl = RCCL
     assert env["ROCR_VISIBLE_DEVICES"] == "0,1" and "CUDA_VISIBLE_DEVICES" not in env
     assert "ACCELERATE_USE_CPU" not in env
     log = (tmp_path / "runs" / "s" / "logs" / "node-0.log").read_text()
@@ -109,7 +110,7 @@ def test_value_grammar_defaults_mixed_case_and_task_variables(tmp_path, standins
         "environment.env.PMIX_MCA_psec": "native",
         "environment.env.CACHE": "${SCRATCH:-/tmp}/$USER-miopen",
         "environment.task_env.CUDA_VISIBLE_DEVICES": "3,2,1,0",
-        "environment.task_setup": ["export TASK_MARK=node-$HPCTRAIN_NODEID"],
+        "environment.task_setup": [f"export TASK_MARK=node-${jobenv.NODEID}"],
     }
     text = script("local", flags, tmp_path / "a" / "s", bin_)
     assert (
@@ -190,7 +191,7 @@ def test_launcher_srun_renders_one_task_per_gpu(tmp_path, standins):
         "#SBATCH --ntasks-per-node=2\n#SBATCH --gpus-per-node=2\n#SBATCH --cpus-per-task=1\n"
         in text
     )
-    assert 'srun --nodes="$HPCTRAIN_NNODES" --ntasks-per-node=2 --kill-on-bad-exit=1' in text
+    assert f'srun --nodes="${jobenv.NNODES}" --ntasks-per-node=2 --kill-on-bad-exit=1' in text
     assert "hpctrain_launch+=(--gpus-per-task=1)" in text and "torch.distributed.run" not in text
     assert "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS" in text
     with pytest.raises(ValidationError, match="launch.launcher srun needs scheduler slurm"):
@@ -205,7 +206,7 @@ def test_torchrun_command_arguments_and_python_keys(tmp_path, standins):
         "launch.torchrun_args": ["--numa-binding=exclusive", "--local-addr=${HOSTNAME}i"],
     }
     text = script("loopback", flags, tmp_path / "r" / "s", bin_)
-    assert 'export HPCTRAIN_PYTHON="$CONDA_PREFIX/bin/python"\n' in text  # expands on the node
+    assert f'export {jobenv.PYTHON}="$CONDA_PREFIX/bin/python"\n' in text  # expands on the node
     assert ('exec "python" "-m" "torch.distributed.run" --nnodes=') in text
     assert (
         '--max-restarts=0 --numa-binding="exclusive" --local-addr="${HOSTNAME}i" "${tee[@]}"'
@@ -227,7 +228,7 @@ def test_name_yml_beside_name_yaml_is_an_error(tmp_path, monkeypatch):
         (site / f"twin.{suffix}").write_text("name: twin\nscheduler: local\n")
         (site / f"twin.{suffix}").chmod(0o644)
     site.chmod(0o755)
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(site))
+    monkeypatch.setenv(jobenv.SITE_PATH, str(site))
     with pytest.raises(
         UserError,
         match=r"twin.yaml:1: name: both twin.yaml and twin.yml are in .*"
@@ -255,8 +256,8 @@ def test_a_profile_chooses_its_template(tmp_path, monkeypatch):
         (site / f"{name}.yaml").write_text(f"name: {name}\nextends: local\n{extra}")
     for p in (site, site / "templates", tpl, *site.glob("*.yaml")):
         p.chmod(0o755 if p.is_dir() else 0o644)
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(site))
-    monkeypatch.setenv("HPCTRAIN_PYTHON", "/x/python")
+    monkeypatch.setenv(jobenv.SITE_PATH, str(site))
+    monkeypatch.setenv(jobenv.PYTHON, "/x/python")
     texts = {}
     for name in ("with-tpl", "without"):
         p = resolve(name, {})

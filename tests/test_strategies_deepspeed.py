@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.kernel import jobenv
+
 REPO = Path(__file__).resolve().parent.parent
 STEPS = 30
 VARIANTS = {
@@ -29,8 +31,8 @@ VARIANTS = {
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_zero_stages_and_offload_train():
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HPCTRAIN_", "RANK", "WORLD_SIZE"))}
-    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HPCTRAIN_DEVICE="cpu", PYTHONPATH=str(REPO))
+    env = {k: v for k, v in os.environ.items() if not k.startswith((jobenv.PREFIX, "RANK", "WORLD_SIZE"))}
+    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", **{jobenv.DEVICE: "cpu"}, PYTHONPATH=str(REPO))
     res = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node",
                           "2", __file__], capture_output=True, text=True, env=env, timeout=280)
     assert res.returncode == 0, res.stdout + res.stderr[-4000:]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from hpctrain.kernel import jobenv
 from hpctrain.errors import UserError, ValidationError
 from train_entry.cli import main, parse
 from train_entry.config import TrainConfig, all_keys, check_sizes, load_config
@@ -22,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def run_cli(*args: str, **env: str) -> subprocess.CompletedProcess:
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("HPCTRAIN_", "RANK", "WORLD_SIZE"))}
+    e = {k: v for k, v in os.environ.items() if not k.startswith((jobenv.PREFIX, "RANK", "WORLD_SIZE"))}
     e.update(OMP_NUM_THREADS="1", **env)
     return subprocess.run([sys.executable, "-m", "train_entry", *args], capture_output=True, text=True,
                           env=e, timeout=120, cwd=REPO)
@@ -111,10 +112,10 @@ def test_indivisible_batch_prints_every_factor(monkeypatch):
 
 
 def test_world_size_against_topology(monkeypatch):
-    monkeypatch.setenv("HPCTRAIN_NNODES", "2")
-    monkeypatch.setenv("HPCTRAIN_GPUS_PER_NODE", "4")
-    with pytest.raises(UserError, match=r"WORLD_SIZE\(2\) != HPCTRAIN_NNODES\(2\) \* "
-                                        r"HPCTRAIN_GPUS_PER_NODE\(4\) = 8"):
+    monkeypatch.setenv(jobenv.NNODES, "2")
+    monkeypatch.setenv(jobenv.GPUS_PER_NODE, "4")
+    with pytest.raises(UserError, match=rf"WORLD_SIZE\(2\) != {jobenv.NNODES}\(2\) \* "
+                                        rf"{jobenv.GPUS_PER_NODE}\(4\) = 8"):
         check_sizes(TrainConfig(), world=2)
     assert check_sizes(load_config(None, ["--train.micro_batch=2"]), world=8) == 1
 
@@ -149,7 +150,7 @@ def test_deepspeed_json_is_validated_by_deepspeed(tmp_path, monkeypatch):
 
 
 def test_deepspeed_fp16_on_cpu_is_a_config_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("HPCTRAIN_DEVICE", "cpu")
+    monkeypatch.setenv(jobenv.DEVICE, "cpu")
     with pytest.raises(UserError, match=r"train.precision=fp16: DeepSpeed has no fp16 on this device "
                                         r"\(cpu\); use --train.precision=bf16 or fp32"):
         parse(["--strategy", "deepspeed", "--run-dir", str(tmp_path), "--train.precision=fp16"])
@@ -181,7 +182,7 @@ def test_config_file_error_from_the_command(tmp_path):
 
 def test_missing_run_dir(tmp_path):
     res = run_cli()
-    assert res.returncode == 2 and "pass --run-dir DIR or set HPCTRAIN_RUN_DIR" in res.stderr
+    assert res.returncode == 2 and f"pass --run-dir DIR or set {jobenv.RUN_DIR}" in res.stderr
 
 
 def test_missing_deepspeed_extra(tmp_path):

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.kernel import jobenv
+
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 TORCHRUN = str(BIN / "torchrun")
@@ -75,9 +77,9 @@ def stack(items):
 
 # ---------------------------------------------------------------- running
 def env(**extra: str) -> dict:
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("HPCTRAIN_", "RANK", "WORLD_SIZE",
+    e = {k: v for k, v in os.environ.items() if not k.startswith((jobenv.PREFIX, "RANK", "WORLD_SIZE",
                                                                    "MASTER_", "LOCAL_RANK"))}
-    e.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HPCTRAIN_DEVICE="cpu",
+    e.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", **{jobenv.DEVICE: "cpu"},
              PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", **extra)
     return e
 
@@ -236,7 +238,7 @@ def test_preempt_and_resume_is_bit_identical(runs, tmp_path):
     full = runs.get("resume-full", *args)
     run = tmp_path / "resumed"
     # torchrun reports a worker's 75 as its own failure (1); the worker's code is in its report
-    stopped = train(run, *args, extra_env={"HPCTRAIN_STOP_AT_STEP": "7"}, expect=1)
+    stopped = train(run, *args, extra_env={jobenv.STOP_AT_STEP: "7"}, expect=1)
     assert "stopped at step 7" in stopped.stdout and "exitcode  : 75" in stopped.stderr
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000007"
     event = json.loads((run / "events.jsonl").read_text().splitlines()[-1])
@@ -252,7 +254,7 @@ def test_stop_flag_file_exits_75_single_process(tmp_path):
     stop = tmp_path / "STOP"
     stop.touch()
     res = train(tmp_path / "run", "--max-steps", "5", nproc=1, expect=75,
-                extra_env={"HPCTRAIN_STOP_FILE": str(stop)})
+                extra_env={jobenv.STOP_FILE: str(stop)})
     assert "stopped at step 1" in res.stdout
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-00000001"
     assert not (tmp_path / "run" / "final_params.sha256").exists()
@@ -264,7 +266,7 @@ def test_preempt_and_resume_matches_the_60_step_run(runs, tmp_path, strategy):
     full = runs.get(f"demo-{strategy}", "--strategy", strategy, "--max-steps", "60")
     run = tmp_path / strategy
     res = train(run, "--strategy", strategy, "--max-steps", "60", expect=1,
-                extra_env={"HPCTRAIN_STOP_AT_STEP": "30"})
+                extra_env={jobenv.STOP_AT_STEP: "30"})
     assert "stopped at step 30" in res.stdout
     res = train(run, "--strategy", strategy, "--max-steps", "60")
     assert "resumed from" in res.stdout and "step 30" in res.stdout

@@ -20,6 +20,7 @@ from hpctrain.errors import UserError, ValidationError
 from hpctrain.profiles import resolve
 from hpctrain.render import render
 from hpctrain.request import JobRequest
+from hpctrain.kernel import jobenv
 
 
 @pytest.fixture(autouse=True)
@@ -29,8 +30,8 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(home))
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.delenv("HPCTRAIN_SITE_PATH", raising=False)
-    monkeypatch.setenv("HPCTRAIN_PYTHON", "/opt/py/bin/python")
+    monkeypatch.delenv(jobenv.SITE_PATH, raising=False)
+    monkeypatch.setenv(jobenv.PYTHON, "/opt/py/bin/python")
     return home
 
 
@@ -55,7 +56,7 @@ def site_template(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str,
     write(site / "templates" / "sbatch.sh.j2", '{% extends "hpctrain/sbatch.sh.j2" %}\n' + body)
     for name, text in (files or {}).items():
         write(site / "templates" / name, text)
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(site))
+    monkeypatch.setenv(jobenv.SITE_PATH, str(site))
     return site
 
 
@@ -225,7 +226,7 @@ def test_site_path_that_is_a_symlink_in_a_world_writable_folder(tmp_path, monkey
     open_dir = tmp_path / "open"
     open_dir.mkdir(mode=0o755)
     (open_dir / "link").symlink_to(tmp_path / "site")
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(open_dir / "link"))
+    monkeypatch.setenv(jobenv.SITE_PATH, str(open_dir / "link"))
     assert resolve("t").name == "t"
     os.chmod(open_dir, 0o777)
     with pytest.raises(UserError, match=f"0777 on folder {open_dir}"):
@@ -275,7 +276,7 @@ def locked_site(tmp_path, monkeypatch) -> Path:
     site = tmp_path / "siteprof"
     write(site / "site.yaml", LOCKED_NET)
     os.chmod(site, 0o755)
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(site))
+    monkeypatch.setenv(jobenv.SITE_PATH, str(site))
     return site
 
 
@@ -358,7 +359,7 @@ def test_one_bad_file_does_not_break_profiles_list(tmp_path, monkeypatch) -> Non
     os.chmod(site, 0o755)
     loop = tmp_path / "loop"
     loop.symlink_to(loop)
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", f"{site}:{loop}:{tmp_path / 'missing'}")
+    monkeypatch.setenv(jobenv.SITE_PATH, f"{site}:{loop}:{tmp_path / 'missing'}")
     result = cli("profiles", "list", "--json")
     assert result.exit_code == 0, result.output
     rows = {r["name"]: r for r in json.loads(result.output)}
@@ -415,7 +416,7 @@ def test_unreadable_site_folder_is_a_row_not_a_crash(tmp_path, monkeypatch) -> N
             raise PermissionError(13, "Permission denied", str(self))
         return real_iterdir(self)
     monkeypatch.setattr(Path, "iterdir", iterdir)
-    monkeypatch.setenv("HPCTRAIN_SITE_PATH", str(site))
+    monkeypatch.setenv(jobenv.SITE_PATH, str(site))
     rows = json.loads(cli("profiles", "list", "--json").output)
     assert any("cannot read search folder" in (r["error"] or "") and "Permission denied" in r["error"] for r in rows)
     assert any(r["name"] == "local" and r["error"] is None for r in rows)

@@ -11,6 +11,8 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
+from hpctrain.kernel import jobenv
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -39,7 +41,7 @@ def test_wheel_renders_the_golden(tmp_path):
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"),
-           "XDG_STATE_HOME": str(tmp_path / "state"), "HPCTRAIN_PYTHON": "/opt/hpctrain/bin/python"}
+           "XDG_STATE_HOME": str(tmp_path / "state"), jobenv.PYTHON: "/opt/hpctrain/bin/python"}
     where = run([str(py), "-c", "import hpctrain, jinja2; print(hpctrain.__file__)"], cwd=cwd, env=env).stdout
     assert where.startswith(str(site)), f"hpctrain imported from {where}, not from the wheel"
     out = run([str(venv / "bin" / "hpctrain"), "render", "--profile", "loopback", "--name", "golden", "--nodes",

@@ -18,12 +18,9 @@ This module imports torch only inside the Checkpointer, so the CLI can read mani
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
-import re
 import shutil
-import stat
 import sys
 import threading
 import time
@@ -32,120 +29,28 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from hpctrain.errors import UserError
+from hpctrain.kernel import strategies as strategy_names
+from hpctrain.kernel.checkpoint import (  # noqa: F401  (the format lives in the kernel; re-exported)
+    FORMAT,
+    LATEST,
+    MANIFEST,
+    STAGING_PREFIX,
+    STEP_RE,
+    fsync_path,
+    list_files,
+    newest_verified,
+    sha256_file,
+    staging_name,
+    step_folders,
+    step_name,
+    step_of,
+    verify,
+    write_atomic,
+)
+from hpctrain.kernel.errors import UserError
 
-STEP_RE = re.compile(r"^step-(\d{8})$")
-MANIFEST = "MANIFEST.json"
-LATEST = "latest"
-FORMAT = 1
 LOW_SPACE = 64 << 20     # a save that failed with less free than this failed for lack of space
-DCP_STRATEGIES = ("ddp", "fsdp")
-STRATEGIES = (*DCP_STRATEGIES, "deepspeed")
-
-
-def step_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-# ---------------------------------------------------------------- files and manifests (no torch)
-def sha256_file(path: Path) -> str:
-    with open(path, "rb", buffering=0) as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def fsync_path(path: Path) -> None:
-    """fsync a file or a directory (a rename is durable only once its directory is synced)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Replace `path` with `text`: temp file in the same folder, fsync, rename, fsync the folder."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)   # a full disk: leave the old file, not a half-written temp
-        raise
-    fsync_path(path.parent)
-
-
-def list_files(folder: Path) -> list[str]:
-    """Every regular file under `folder` (relative POSIX paths, sorted), the manifest excluded."""
-    out = []
-    for root, _, files in os.walk(folder):
-        for name in files:
-            rel = (Path(root) / name).relative_to(folder).as_posix()
-            if rel != MANIFEST:
-                out.append(rel)
-    return sorted(out)
-
-
-def verify(folder: Path) -> tuple[dict | None, str | None]:
-    """(manifest, None) when every file the manifest lists has its size and checksum, else (None, why).
-    Reads only regular files inside `folder`: a manifest naming /dev/zero, ../x or a symlink out is
-    refused, never followed (verification must not hang or read outside the checkpoint)."""
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-    except FileNotFoundError:
-        return None, f"no {MANIFEST} (the save did not finish)"
-    except (OSError, ValueError, RecursionError) as exc:
-        return None, f"unreadable {MANIFEST}: {exc}"
-    if not isinstance(manifest, dict):
-        return None, f"{MANIFEST} is not a JSON object"
-    files = manifest.get("files")
-    if not isinstance(files, dict) or not files:
-        return None, f"{MANIFEST} lists no files"
-    root = folder.resolve()
-    for rel, entry in sorted(files.items()):
-        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) \
-                or not isinstance(entry.get("sha256"), str):
-            return None, f"{MANIFEST}: the entry of {rel!r} has no size and sha256"
-        path = folder / rel
-        try:
-            inside = path.resolve().is_relative_to(root) and not Path(rel).is_absolute()
-            st = path.lstat()
-        except FileNotFoundError:
-            return None, f"{rel} is missing"
-        except (OSError, RuntimeError, ValueError) as exc:
-            return None, f"{rel} cannot be checked: {exc}"
-        if not inside:
-            return None, f"{MANIFEST} lists {rel!r}, which is outside the checkpoint folder"
-        if not stat.S_ISREG(st.st_mode):
-            return None, f"{MANIFEST} lists {rel!r}, which is not a regular file"
-        size = st.st_size
-        if size != entry["size"]:
-            return None, f"{rel} is {size} bytes, the manifest says {entry['size']} (truncated?)"
-        if sha256_file(path) != entry["sha256"]:
-            return None, f"{rel} does not match its sha256 checksum (corrupted)"
-    return manifest, None
-
-
-def step_folders(ckpt_dir: Path) -> list[tuple[int, Path]]:
-    """(step, folder) of every step-<N> folder, newest first."""
-    if not ckpt_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in ckpt_dir.iterdir() if (m := STEP_RE.match(p.name))]
-    return sorted(found, reverse=True)
-
-
-def newest_verified(ckpt_dir: Path, warn: Callable[[str], None] | None = None
-                    ) -> tuple[Path, dict] | None:
-    """The newest checkpoint whose manifest verifies; every one skipped on the way is reported."""
-    for _, folder in step_folders(ckpt_dir):
-        manifest, why = verify(folder)
-        if manifest is not None:
-            return folder, manifest
-        if warn:
-            warn(f"checkpoint {folder} skipped: {why}; it is left in place")
-    return None
+STRATEGIES = strategy_names.NAMES
 
 
 class SaveFailed(Exception):
@@ -240,7 +145,7 @@ class Checkpointer:
         self.every_steps = every_steps or None
         self.every_minutes = every_minutes or None
         self.keep = keep
-        self.async_save = bool(async_save) and strategy in DCP_STRATEGIES  # DeepSpeed saves sync
+        self.async_save = bool(async_save) and strategy_names.info(strategy).async_save
         self._log = log or _stderr
         self._last_time = time.monotonic()
         self._last_step: int | None = None
@@ -371,7 +276,7 @@ class Checkpointer:
         and the next interval tries again (docs/checkpoint-resume.md, "A full disk")."""
         self.wait()   # one save at a time: the previous one is committed before this starts
         _, rank, _ = self._dist()
-        staging = self.dir / f".staging-{step_name(state.step)}"
+        staging = self.dir / staging_name(state.step)
         try:
             return self._save(state, sync=sync)
         except SaveFailed:
@@ -393,7 +298,7 @@ class Checkpointer:
         _, rank, world = self._dist()
         t0 = time.monotonic()
         name = step_name(state.step)
-        final, staging = self.dir / name, self.dir / f".staging-{name}"
+        final, staging = self.dir / name, self.dir / staging_name(state.step)
         self._agree(_attempt(self._prepare, final, staging) if rank == 0 else None, state.step)
         self._agree(_attempt(self._write_side_files, state, staging, rank, world), state.step)
 
@@ -483,7 +388,7 @@ class Checkpointer:
     def _commit_after(self, pending: _Pending, world: int) -> None:
         try:
             pending.future.result()
-            self._commit(pending.staging, self.dir / pending.staging.name.removeprefix(".staging-"),
+            self._commit(pending.staging, self.dir / pending.staging.name.removeprefix(STAGING_PREFIX),
                          pending.step, world)
         except BaseException as exc:  # reported by wait() on the main thread
             pending.error = exc
@@ -515,11 +420,11 @@ class Checkpointer:
 
     def _prune(self, newest: int) -> None:
         """Drop the oldest step folders beyond `keep`, only after a newer one was committed."""
-        for staging in self.dir.glob(".staging-step-*"):
+        for staging in self.dir.glob(STAGING_PREFIX + "step-*"):
             # Left by a save that was killed; older than a committed checkpoint, it can never be
             # completed (only the process that wrote it renames it). Not a checkpoint: no manifest.
-            m = STEP_RE.match(staging.name.removeprefix(".staging-"))
-            if m and int(m.group(1)) < newest and not (staging / MANIFEST).exists():
+            old = step_of(staging.name)
+            if old is not None and old < newest and not (staging / MANIFEST).exists():
                 self._log(f"removing {staging.name}: an older save that never finished")
                 shutil.rmtree(staging, ignore_errors=True)
         kept = 0

@@ -13,7 +13,9 @@ import json
 import os
 import sys
 
-from hpctrain.errors import UserError, ValidationError
+from hpctrain.kernel import jobenv
+from hpctrain.kernel import strategies as strategy_names
+from hpctrain.kernel.errors import UserError, ValidationError
 from train_entry.config import STRATEGIES, TrainConfig, check_sizes, keys_help, load_config
 
 # named flag -> the config key it sets (the dotted form works for every key too)
@@ -38,9 +40,9 @@ def parser() -> argparse.ArgumentParser:
                "every config key can be set with a dotted flag (default, meaning):\n" + keys_help()
                + "\n\nexit codes: 0 finished, 2 bad config or input, 75 preempted (checkpoint saved)")
     p.add_argument("--config", metavar="FILE.yaml", help="YAML config (sections as listed below)")
-    p.add_argument("--strategy", help=f"one of {', '.join(STRATEGIES)} (default ddp)")
+    p.add_argument("--strategy", help=f"one of {', '.join(STRATEGIES)} (default {strategy_names.DEFAULT})")
     p.add_argument("--run-dir", default=None,
-                   help="run folder (default $HPCTRAIN_RUN_DIR); checkpoints, logs and metrics go here")
+                   help=f"run folder (default ${jobenv.RUN_DIR}); checkpoints, logs and metrics go here")
     p.add_argument("--max-steps", type=int, metavar="N", help="= --train.max_steps")
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="= --checkpoint.every_steps")
     p.add_argument("--model", metavar="PKG.MOD:FACTORY", help="= --model.factory (your nn.Module)")
@@ -73,9 +75,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, int]:
     if cfg.strategy == "deepspeed":
         from train_entry.strategies.deepspeed import validate  # DeepSpeed's own checks, no processes yet
         validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), accum=accum)
-    args.run_dir = args.run_dir or os.environ.get("HPCTRAIN_RUN_DIR")
+    args.run_dir = args.run_dir or jobenv.get(jobenv.RUN_DIR)
     if not args.run_dir and not args.check:
-        raise UserError("no run folder: pass --run-dir DIR or set HPCTRAIN_RUN_DIR")
+        raise UserError(f"no run folder: pass --run-dir DIR or set {jobenv.RUN_DIR}")
     return args, cfg, accum
 
 

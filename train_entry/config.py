@@ -16,9 +16,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError as PydanticError
 
-from hpctrain.errors import Problem, UserError, ValidationError
+from hpctrain.kernel import jobenv
+from hpctrain.kernel import strategies as strategy_names
+from hpctrain.kernel.errors import Problem, UserError, ValidationError
 
-STRATEGIES = ("ddp", "fsdp", "deepspeed")
+STRATEGIES = strategy_names.NAMES
 
 
 class _Section(BaseModel):
@@ -131,7 +133,7 @@ class ProfileConfig(_Section):
 class TrainConfig(_Section):
     """The whole trainer configuration (one source of truth for its keys)."""
 
-    strategy: Literal["ddp", "fsdp", "deepspeed"] = _f("ddp", "ddp, fsdp (FSDP2) or deepspeed (ZeRO).")
+    strategy: Literal[strategy_names.NAMES] = _f("ddp", "ddp, fsdp (FSDP2) or deepspeed (ZeRO).")
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model.")
     data: DataConfig = Field(default_factory=DataConfig, description="The data.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="The optimizer.")
@@ -334,9 +336,9 @@ def world_size() -> int:
 def check_sizes(cfg: TrainConfig, world: int | None = None) -> int:
     """Check the topology and the batch arithmetic; return the gradient accumulation steps."""
     world = world_size() if world is None else world
-    nnodes, gpn = os.environ.get("HPCTRAIN_NNODES"), os.environ.get("HPCTRAIN_GPUS_PER_NODE")
+    nnodes, gpn = jobenv.get(jobenv.NNODES), jobenv.get(jobenv.GPUS_PER_NODE)
     if nnodes and gpn and int(gpn) > 0 and int(nnodes) * int(gpn) != world:
-        raise UserError(f"WORLD_SIZE({world}) != HPCTRAIN_NNODES({nnodes}) * HPCTRAIN_GPUS_PER_NODE"
+        raise UserError(f"WORLD_SIZE({world}) != {jobenv.NNODES}({nnodes}) * {jobenv.GPUS_PER_NODE}"
                         f"({gpn}) = {int(nnodes) * int(gpn)}; launch torchrun with --nnodes {nnodes} "
                         f"--nproc-per-node {gpn}")
     t = cfg.train

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, default_collate
 
-from hpctrain.errors import UserError
+from hpctrain.kernel.errors import UserError
 from train_entry.model import call_factory, load_object
 
 

@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from hpctrain.kernel import jobenv
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -31,15 +33,15 @@ class DistInfo:
 
 
 def pick_device() -> str:
-    """cuda when the node has GPUs and HPCTRAIN_DEVICE does not say cpu (we re-check the script's guess)."""
-    if os.environ.get("HPCTRAIN_DEVICE", "").lower() == "cpu":
+    """cuda when the node has GPUs and the job environment's DEVICE does not say cpu (we re-check the script's guess)."""
+    if (jobenv.get(jobenv.DEVICE) or "").lower() == "cpu":
         return "cpu"
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def init_distributed(*, timeout_min: float = 10.0, seed: int = 0) -> DistInfo:
     """Join the process group (once) and seed this rank. Call before building the model."""
-    if os.environ.get("HPCTRAIN_DEVICE", "").lower() != "cpu":
+    if (jobenv.get(jobenv.DEVICE) or "").lower() != "cpu":
         # Read once, when CUDA initialises: set it before anything touches CUDA (fewer
         # fragmentation OOMs). Harmless if this turns out to be a CPU run.
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hpctrain.errors import UserError
+from hpctrain.kernel.errors import UserError
 
 
 class Block(nn.Module):

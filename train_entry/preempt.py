@@ -1,12 +1,12 @@
 """The stop flag: raised by a signal or by the batch shell's flag file, agreed by all ranks.
 
 torchrun forwards only INT/TERM/HUP/QUIT to its workers, so Slurm's warning signal (USR2) reaches
-the batch shell only; its trap touches $HPCTRAIN_STOP_FILE, which every rank polls at each step
+the batch shell only; its trap touches the STOP_FILE (hpctrain/kernel/jobenv.py), which every rank polls at each step
 boundary. A signal that does reach a rank (SIGTERM from torchrun, a direct kill -USR2) sets the same
 flag. The handlers only set a flag: saving happens in the training loop, at a step boundary, after
 `agreed()` made every rank see the same answer (an all-reduce MAX), so all ranks save the same step.
 
-For tests and `hpctrain check-resume`, HPCTRAIN_STOP_AT_STEP=N raises the flag once N optimizer
+For tests and `hpctrain check-resume`, the job environment's STOP_AT_STEP=N raises the flag once N optimizer
 steps are done (pass `step=` to `agreed`).
 """
 
@@ -21,7 +21,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-PREEMPTED_EXIT = 75
+from hpctrain.kernel import exitcodes, jobenv
+
+PREEMPTED_EXIT = exitcodes.PREEMPTED
 DEFAULT_SIGNALS = ("SIGUSR2", "SIGUSR1", "SIGTERM")
 
 
@@ -50,9 +52,9 @@ class StopFlag:
                  stop_file: str | os.PathLike | None = None,
                  stop_at_step: int | None = None) -> None:
         self.signals = tuple(s if s.startswith("SIG") else f"SIG{s}" for s in signals)
-        env_file = os.environ.get("HPCTRAIN_STOP_FILE")
+        env_file = jobenv.get(jobenv.STOP_FILE)
         self.stop_file = Path(stop_file) if stop_file else (Path(env_file) if env_file else None)
-        env_step = os.environ.get("HPCTRAIN_STOP_AT_STEP")
+        env_step = jobenv.get(jobenv.STOP_AT_STEP)
         self.stop_at_step = stop_at_step if stop_at_step is not None else (
             int(env_step) if env_step else None)
         self.reason: str | None = None
@@ -82,7 +84,7 @@ class StopFlag:
             self.raise_(f"stop file {self.stop_file}")
         if (not self._raised and self.stop_at_step is not None and step is not None
                 and step >= self.stop_at_step):
-            self.raise_(f"HPCTRAIN_STOP_AT_STEP={self.stop_at_step}")
+            self.raise_(f"{jobenv.STOP_AT_STEP}={self.stop_at_step}")
         return self._raised
 
     def agreed(self, device: torch.device | str = "cpu", step: int | None = None) -> bool:

@@ -3,7 +3,7 @@
     torchrun --standalone --nproc-per-node 2 -m train_entry --strategy ddp --run-dir runs/demo --max-steps 60
     python -m train_entry --run-dir runs/cpu1 --max-steps 20            # one process, CPU
 
-Preemption: the stop flag (signal or $HPCTRAIN_STOP_FILE) is agreed by all ranks at every step boundary;
+Preemption: the stop flag (signal or the STOP file) is agreed by all ranks at every step boundary;
 then every rank saves the same step synchronously and exits 75. A restart resumes by itself from the
 newest verified checkpoint: model, optimizer, schedule, scaler, RNG and the exact data position.
 """

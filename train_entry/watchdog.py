@@ -24,11 +24,13 @@ import threading
 import time
 from pathlib import Path
 
+from hpctrain.kernel import jobenv
+
 STALL_EXIT = 76
-ENV_STALL_S = "HPCTRAIN_STALL_S"
-ENV_PG_TIMEOUT_S = "HPCTRAIN_PG_TIMEOUT_S"
-ENV_JOB_ID = "HPCTRAIN_JOB_ID"
-ENV_RESTART_COUNT = "HPCTRAIN_RESTART_COUNT"
+ENV_STALL_S = jobenv.STALL_S
+ENV_PG_TIMEOUT_S = jobenv.PG_TIMEOUT_S
+ENV_JOB_ID = jobenv.JOB_ID
+ENV_RESTART_COUNT = jobenv.RESTART_COUNT
 GRACE_S = 5.0
 MARKER = "STALLED"
 

@@ -8,6 +8,7 @@ import importlib
 import click
 
 from hpctrain import __version__
+from hpctrain.kernel.errors import HpctrainError
 
 # name -> "module:attribute"; one source of truth for the command list.
 COMMANDS: dict[str, str] = {
@@ -43,7 +44,23 @@ SHORT_HELP: dict[str, str] = {
 }
 
 
+class Failed(click.ClickException):
+    """A domain error as click shows it: `Error: <message>`, exit with the error's code."""
+
+    def __init__(self, error: HpctrainError) -> None:
+        super().__init__(error.message)
+        self.exit_code = error.exit_code
+        self.error = error
+
+
 class LazyGroup(click.Group):
+    def invoke(self, ctx: click.Context) -> object:
+        # The one place where domain errors (hpctrain.kernel.errors) become click's: no traceback.
+        try:
+            return super().invoke(ctx)
+        except HpctrainError as e:
+            raise Failed(e) from None
+
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(COMMANDS)
 

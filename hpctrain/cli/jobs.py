@@ -12,7 +12,8 @@ from typing import Any
 
 import click
 
-from hpctrain.errors import UserError
+from hpctrain.kernel import strategies as strategy_names
+from hpctrain.kernel.errors import UserError
 
 
 def _job_options(f: Any) -> Any:
@@ -31,7 +32,7 @@ def _job_options(f: Any) -> Any:
         click.option("--time", "-t", "time_min", type=int, help="Time limit in minutes "
                      "(default: the profile's slurm.default_time_min)."),
         click.option("--name", "-n", help="Run name = run folder name (default: <entry>-<date>-<time>)."),
-        click.option("--strategy", "-s", type=click.Choice(["ddp", "fsdp", "deepspeed", "auto"]),
+        click.option("--strategy", "-s", type=click.Choice(strategy_names.CHOICES),
                      help="Parallelism for train_entry (default ddp; auto: from `hpctrain plan`)."),
         click.option("--script", type=click.Path(dir_okay=False), help="Run your own script under "
                      "torchrun instead of train_entry."),

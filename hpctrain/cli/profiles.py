@@ -10,7 +10,8 @@ from typing import Any
 
 import click
 
-from hpctrain.errors import Problem, UserError, ValidationError
+from hpctrain.kernel import jobenv
+from hpctrain.kernel.errors import Problem, UserError, ValidationError
 from hpctrain.profiles.load import discover, read_yaml, resolve, resolve_file, search_dirs
 
 
@@ -37,15 +38,16 @@ def profiles() -> None:
 
 @profiles.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON list instead of a table.")
+@jobenv.documented
 def list_(as_json: bool) -> None:
     """Every profile found, where it comes from, and which file wins a name clash.
 
-    Search order (later wins): bundled, each directory of $HPCTRAIN_SITE_PATH, then
+    Search order (later wins): bundled, each directory of ${var.SITE_PATH}, then
     $XDG_CONFIG_HOME/hpctrain/profiles.
 
     \b
     Example:
-      HPCTRAIN_SITE_PATH=/etc/hpctrain/profiles hpctrain profiles list --json
+      {var.SITE_PATH}=/etc/hpctrain/profiles hpctrain profiles list --json
     """
     rows = []
     for e in discover():
@@ -156,15 +158,16 @@ def validate(files: tuple[Path, ...]) -> None:
 @profiles.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--to", "to", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Directory to install into (created 0755), e.g. one listed in HPCTRAIN_SITE_PATH.")
+              help=f"Directory to install into (created 0755), e.g. one listed in {jobenv.SITE_PATH}.")
 @click.option("--force", is_flag=True, help="Replace a different profile of the same name.")
+@jobenv.documented
 def publish(file: Path, to: Path, force: bool) -> None:
     """Validate FILE, then install it atomically as DIR/NAME.yaml with mode 0644.
 
     \b
     Example:
       hpctrain profiles publish mycluster.yaml --to /etc/hpctrain/profiles
-      export HPCTRAIN_SITE_PATH=/etc/hpctrain/profiles   # users then see it
+      export {var.SITE_PATH}=/etc/hpctrain/profiles   # users then see it
     """
     profile = resolve_file(file, user_config=False)
     if profile.extends is not None and ("/" in profile.extends or profile.extends.endswith((".yaml", ".yml"))):
@@ -210,7 +213,7 @@ def publish(file: Path, to: Path, force: bool) -> None:
                         "a folder you can write (and that is not a file)") from None
     click.echo(f"published {profile.name} -> {target}")
     if to.resolve() not in [d.resolve() for d, _ in search_dirs()]:
-        click.echo(f"note: {to} is not searched yet; add it to HPCTRAIN_SITE_PATH")
+        click.echo(f"note: {to} is not searched yet; add it to {jobenv.SITE_PATH}")
 
 
 @profiles.command()

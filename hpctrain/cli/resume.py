@@ -15,10 +15,12 @@ from typing import Any
 
 import click
 
-from hpctrain.errors import UserError
+from hpctrain.kernel import jobenv, layout
+from hpctrain.kernel import strategies as strategy_names
+from hpctrain.kernel.checkpoint import newest_verified
+from hpctrain.kernel.errors import UserError
 
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
-RESHARDING = {"ddp", "fsdp"}     # DCP checkpoints load at another world size; DeepSpeed's do not
 
 _runs_dir_option = click.option("--runs-dir", type=click.Path(file_okay=False, path_type=Path),
                                 help="Where to look for runs by name (default ./runs, then the run index).")
@@ -26,9 +28,7 @@ _runs_dir_option = click.option("--runs-dir", type=click.Path(file_okay=False, p
 
 def _newest_checkpoint(run: Any) -> tuple[str, dict] | None:
     """(folder name, manifest) of the newest checkpoint that verifies, read without torch."""
-    from train_entry.checkpoint import newest_verified
-
-    found = newest_verified(run.path / "checkpoints",
+    found = newest_verified(run.path / layout.CHECKPOINTS,
                             warn=lambda msg: click.echo(f"warning: {msg}", err=True))
     return (found[0].name, found[1]) if found else None
 
@@ -126,7 +126,7 @@ def resume(run: str, wait: bool, time_min: int | None, max_steps: int | None, no
         changes["time_min"] = time_min
     if nodes is not None and nodes != req.nodes:
         strategy = ckpt[1]["strategy"] if ckpt else req.strategy
-        if strategy not in RESHARDING:
+        if not strategy_names.info(strategy).reshards:
             raise UserError(
                 f"--nodes {nodes}: {r.name} uses {strategy}, whose checkpoints load only at the world "
                 f"size they were saved with ({req.nodes} node(s) x {req.gpus}); resume with --nodes "
@@ -142,7 +142,7 @@ def resume(run: str, wait: bool, time_min: int | None, max_steps: int | None, no
                      entry=req.entry, args=tuple(new_args))
     problems = new.problems(profile)
     if problems:
-        from hpctrain.errors import ValidationError
+        from hpctrain.kernel.errors import ValidationError
 
         raise ValidationError(problems)
     if changes:   # the script changes with the request; both are re-frozen, the old script kept
@@ -259,7 +259,7 @@ def preempt(run: str, sig: str | None, runs_dir: Path | None) -> None:
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
-@click.option("--strategy", "-s", type=click.Choice(["ddp", "fsdp", "deepspeed"]), default="ddp",
+@click.option("--strategy", "-s", type=click.Choice(strategy_names.NAMES), default=strategy_names.DEFAULT,
               show_default=True, help="Strategy to check.")
 @click.option("--steps", type=int, default=6, show_default=True, help="Steps of each short run.")
 @click.option("--stop-at", type=int, help="Interrupt at this step (default: half of --steps).")
@@ -296,8 +296,7 @@ def check_resume(strategy: str, steps: int, stop_at: int | None, nproc: int, kee
               f"--checkpoint.keep={steps + 1}", *args]
 
     def launch(run_dir: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("HPCTRAIN_STOP_FILE", "HPCTRAIN_STOP_AT_STEP", "HPCTRAIN_RUN_DIR")}
+        env = jobenv.without_run_scope(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         env.update(extra_env)
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
@@ -327,7 +326,7 @@ def check_resume(strategy: str, steps: int, stop_at: int | None, nproc: int, kee
         raise UserError(f"the uninterrupted run failed (exit {full.returncode}); see {base}/full.log:\n"
                         + _tail(full))
     say(f"2/3 interrupted at step {stop}")
-    first = launch(base / "interrupted", {"HPCTRAIN_STOP_AT_STEP": str(stop)})
+    first = launch(base / "interrupted", {jobenv.STOP_AT_STEP: str(stop)})
     if (base / "interrupted" / "final_params.sha256").exists():
         raise UserError("the run did not stop at --stop-at (does your entry use train_entry's loop?)")
     say("3/3 resumed")

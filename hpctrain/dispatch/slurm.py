@@ -14,7 +14,7 @@ from pathlib import Path
 from submitit.core.utils import FailedJobError
 from submitit.slurm.slurm import SlurmExecutor, SlurmJob
 
-from hpctrain.errors import UserError
+from hpctrain.kernel.errors import UserError
 from hpctrain.runs import RunDir
 
 logging.getLogger("submitit").setLevel(logging.ERROR)  # we report sacct trouble ourselves

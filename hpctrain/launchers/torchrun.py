@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from hpctrain.kernel import jobenv
 from hpctrain.shellwords import Sh, shvalue
 
 
@@ -22,7 +23,7 @@ def context(profile: Any, req: Any) -> dict[str, Any]:
     if launch.torchrun:
         command = [shvalue(w) for w in launch.torchrun.split(" ")]
     else:
-        command = [Sh('"$HPCTRAIN_PYTHON"'), Sh("-m"), Sh("torch.distributed.run")]
+        command = [Sh(f'"${jobenv.PYTHON}"'), Sh("-m"), Sh("torch.distributed.run")]
     return {
         "torchrun_command": command,
         "torchrun_args": [

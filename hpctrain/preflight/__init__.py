@@ -11,11 +11,13 @@ names used here are defined once, below. What is checked and how to tune it: doc
 
 from __future__ import annotations
 
+from hpctrain.kernel import jobenv
+
 # environment names read by the gate (set by the rendered script / Slurm)
-ENV_WANT_GPU = "HPCTRAIN_WANT_GPU"
-ENV_GPUS_PER_NODE = "HPCTRAIN_GPUS_PER_NODE"
-ENV_SCHEDULER = "HPCTRAIN_SCHEDULER"
-ENV_RUN_DIR = "HPCTRAIN_RUN_DIR"
+ENV_WANT_GPU = jobenv.WANT_GPU
+ENV_GPUS_PER_NODE = jobenv.GPUS_PER_NODE
+ENV_SCHEDULER = jobenv.SCHEDULER
+ENV_RUN_DIR = jobenv.RUN_DIR
 
 # files in a gate's folder
 NODE_REPORT = "node-{node}.json"       # node.py: local checks of node index {node}

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from hpctrain.kernel import jobenv
 from hpctrain.profiles.load import MAX_BYTES, MAX_DEPTH
 from hpctrain.profiles.schema import Profile
 
@@ -83,7 +84,7 @@ Profiles are found by file name (`NAME.yaml` or `NAME.yml`, whose `name:` must m
 precedence first:
 
 1. the profiles bundled with hpctrain;
-2. each directory of `$HPCTRAIN_SITE_PATH` (colon-separated; where admins publish);
+2. each directory of `${jobenv.SITE_PATH}` (colon-separated; where admins publish);
 3. `$XDG_CONFIG_HOME/hpctrain/profiles/`.
 
 A later directory wins a name clash; `hpctrain profiles list` shows every file and which one wins.
@@ -109,7 +110,7 @@ misspelt key, and exit code 2.
 `DIR/NAME.yaml`: written to a temporary file in DIR, mode 0644, fsynced, renamed into place (a
 reader never sees half a file). DIR is created with mode 0755. A different profile of the same
 name is only replaced with `--force`. A profile that extends by path cannot be published (extend
-by name). Users see it once DIR is in `$HPCTRAIN_SITE_PATH`.
+by name). Users see it once DIR is in `${jobenv.SITE_PATH}`.
 
 ## Launch, containers and the node environment
 

@@ -25,6 +25,7 @@ from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent
 from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from hpctrain.errors import Problem, UserError, ValidationError
+from hpctrain.kernel import jobenv
 from hpctrain.profiles import cache
 from hpctrain.profiles import locks as _locks
 from hpctrain.profiles import trust as _trust
@@ -329,7 +330,7 @@ def search_dirs() -> list[tuple[Path, str]]:
         dirs.append((bundled("site_configs"), "bundled"))
     except FileNotFoundError:
         pass
-    for d in os.environ.get("HPCTRAIN_SITE_PATH", "").split(":"):
+    for d in (jobenv.get(jobenv.SITE_PATH) or "").split(":"):
         if d:
             dirs.append((Path(d).expanduser(), "site"))
     dirs.append((config_home() / "profiles", "user"))
@@ -350,7 +351,7 @@ def discover() -> list[Entry]:
         except (OSError, RuntimeError) as e:
             reason = getattr(e, "strerror", None) or str(e)
             broken.append(Entry("", d, kind, found=d, error=f"cannot read search folder {d}: {reason}; "
-                                f"fix: make it readable or remove it from HPCTRAIN_SITE_PATH"))
+                                f"fix: make it readable or remove it from {jobenv.SITE_PATH}"))
             continue
         stems = [e.name for e in found]
         for e in found:   # NAME.yaml beside NAME.yml: an error, never a silent winner

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from hpctrain.errors import UserError
+from hpctrain.kernel.errors import UserError
 from train_entry.optim import build_optimizer, build_scheduler
 from train_entry.strategies import Wrapped
 

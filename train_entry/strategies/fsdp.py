@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
-from hpctrain.errors import UserError
+from hpctrain.kernel.errors import UserError
 from train_entry.model import find_blocks
 from train_entry.optim import DTYPES, build_optimizer, build_scheduler
 from train_entry.strategies import Wrapped, clip_and_step

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
 
+from hpctrain.kernel import jobenv
 from hpctrain.profiles.schema import checks
 
 
@@ -154,7 +155,7 @@ DEDICATED_ENV = {
     "NCCL_P2P_LEVEL": "network.p2p_level",
 }
 # Variables the rendered script sets itself.
-OWNED_ENV_PREFIXES = ("HPCTRAIN_", "SLURM_", "TORCHELASTIC_")
+OWNED_ENV_PREFIXES = (jobenv.PREFIX, "SLURM_", "TORCHELASTIC_")
 OWNED_ENV = {
     "MASTER_ADDR",
     "MASTER_PORT",

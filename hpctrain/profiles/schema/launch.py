@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from hpctrain.kernel import jobenv
 from hpctrain.launchers import LAUNCHERS
 from hpctrain.profiles.schema import checks
 from hpctrain.profiles.schema.base import Strict, TorchrunOption
@@ -39,7 +40,7 @@ class Launch(Strict):
     python: str | None = Field(
         None,
         description="The Python on the nodes (a module's `python3`, the container's `/usr/bin/python`, "
-        "a path with $VAR). Null: $HPCTRAIN_PYTHON when set, else `python` when a venv, "
+        f"a path with $VAR). Null: ${jobenv.PYTHON} when set, else `python` when a venv, "
         "conda env or container is activated, else the submitting interpreter.",
     )
     task_gpus: Literal["gpus-per-task", "none"] = Field(

@@ -1,0 +1,68 @@
+"""Writing files that readers may look at any moment: the one atomic write, JSON lines, the clock.
+
+Everything that writes into a run folder goes through these (hpctrain.runs.RunDir and train_entry).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every "time" field of every file we write: UTC, seconds
+
+
+def utc_now() -> str:
+    """The one clock: UTC, ISO 8601 to the second, `Z` suffix (what the batch script writes too)."""
+    return _dt.datetime.now(_dt.UTC).strftime(TIME_FORMAT)
+
+
+def fsync_path(path: Path) -> None:
+    """fsync a file or a directory (a rename is durable only once its directory is synced)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(
+    path: Path, data: str | bytes, *, mode: int | None = None, durable: bool = True
+) -> None:
+    """Replace `path` with `data`: a reader sees the old file or the new one, never half of one.
+
+    A temporary file in the same folder (unique per process), flushed and fsynced, optionally
+    chmod-ed, renamed over `path`; then the folder is fsynced (durable=False skips both fsyncs,
+    for files that are cheap to lose but must never be torn). On any error the temporary file is
+    removed and `path` is left as it was.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{os.urandom(3).hex()}")
+    raw = data.encode() if isinstance(data, str) else data
+    try:
+        with open(tmp, "xb") as f:
+            f.write(raw)
+            f.flush()
+            if durable:
+                os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_path(path.parent)
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one JSON object as one line, in one write (O_APPEND: lines of concurrent writers
+    never interleave below the pipe-buffer size)."""
+    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)

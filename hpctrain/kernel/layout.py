@@ -1,0 +1,107 @@
+"""The run folder's file names (`<storage.runs_dir>/<name>/`): one constant per file.
+
+Paths are relative to the run folder. The batch script gets them from its render context
+(`{{ files.STOP }}`), hpctrain.runs.RunDir and train_entry build paths from them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str
+    meaning: str
+    written_by: str
+
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry(
+        "run.yaml",
+        "frozen: resolved profile, request, entry args, hpctrain version, created time, "
+        "node_python",
+        "submit",
+    ),
+    Entry(
+        "job.sh",
+        "rendered script: byte for byte what was handed to the scheduler",
+        "submit, resume",
+    ),
+    Entry(
+        "jobs.jsonl",
+        'one line per submission: {"job_id", "kind": "submit"|"resume", "time", "scheduler"}',
+        "submit, resume",
+    ),
+    Entry("submitit/", "submitit's own files", "dispatch"),
+    Entry(
+        "logs/batch.log",
+        "the batch shell's output (sbatch --output, --open-mode=append)",
+        "batch script",
+    ),
+    Entry("logs/node-<N>.log", "each srun task (one per node)", "per-node command"),
+    Entry(
+        "logs/rank-<R>.log",
+        "each training rank (train_entry writes it, append; user scripts: torchrun --tee)",
+        "train_entry",
+    ),
+    Entry(
+        "restarts.jsonl",
+        'one line per start of the batch script: {"time", "job_id", "restart_count", "host"}',
+        "batch script",
+    ),
+    Entry(
+        "events.jsonl",
+        '{"time", "event": "signal"|"requeue"|"preempted"|"done"|"failed"|"timeout"|"resume", ...}',
+        "batch script, train_entry, resume",
+    ),
+    Entry(
+        "STOP",
+        "the preemption relay flag: created by the batch shell's trap, removed at each start",
+        "batch script",
+    ),
+    Entry(
+        "state.json",
+        'local scheduler only: {"state", "pid", "pgid", "exit_code"} (state: PENDING|RUNNING|'
+        "COMPLETED|FAILED|CANCELLED|PREEMPTED|TIMEOUT)",
+        "batch script",
+    ),
+    Entry(
+        "checkpoints/step-<8 digits>/",
+        "one verified checkpoint per step, MANIFEST.json written last",
+        "train_entry",
+    ),
+    Entry(
+        "checkpoints/latest",
+        "text file with the folder name of the newest verified checkpoint",
+        "train_entry",
+    ),
+    Entry("metrics.jsonl", "one JSON object per logging step", "train_entry"),
+    Entry("train.log", "rank-0 plain progress lines", "train_entry"),
+    Entry("final_params.sha256", "written by rank 0 at the end of training", "train_entry"),
+    Entry("plan.json", "`submit --strategy auto`: the plan decision", "submit"),
+)
+
+RUN_YAML = "run.yaml"
+JOB_SH = "job.sh"
+JOBS = "jobs.jsonl"
+SUBMITIT = "submitit"
+LOGS = "logs"
+BATCH_LOG = "logs/batch.log"
+RESTARTS = "restarts.jsonl"
+EVENTS = "events.jsonl"
+STOP = "STOP"
+STATE = "state.json"
+CHECKPOINTS = "checkpoints"
+METRICS = "metrics.jsonl"
+TRAIN_LOG = "train.log"
+FINAL_PARAMS = "final_params.sha256"
+PLAN = "plan.json"
+
+
+def node_log(node: int | str) -> str:
+    return f"logs/node-{node}.log"
+
+
+def rank_log(rank: int | str) -> str:
+    return f"logs/rank-{rank}.log"
