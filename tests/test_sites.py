@@ -327,3 +327,70 @@ def test_the_publishing_guide_profile_validates(tmp_path):
     p = resolve(str(path), {})
     assert p.environment.modules == ["purge", "load GCC/13.2.0 CUDA/12.4 NCCL/2.21"]
     assert "environment.setup" in p.locked
+
+
+STANDIN_SRUN_TASKS = """#!/bin/bash
+# Stand-in srun: --ntasks-per-node tasks on each "node", with the variables real srun gives a task.
+echo "$@" >"$RECORD/srun.args"
+per=1
+while [ "${1#-}" != "$1" ]; do
+  case $1 in --ntasks-per-node=*) per=${1#*=} ;; esac
+  shift
+done
+pids=(); n=0
+for ((node = 0; node < SLURM_NNODES; node++)); do
+  for ((t = 0; t < per; t++)); do
+    SLURM_NODEID=$node SLURM_PROCID=$n SLURM_LOCALID=$t SLURM_NTASKS=$((SLURM_NNODES * per)) "$@" &
+    pids+=($!); n=$((n + 1))
+  done
+done
+rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
+"""
+USER_SCRIPT = """
+import os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")          # env:// from what the task set: no torchrun agent
+t = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(t)
+with open(os.path.join(sys.argv[1], f"rank-{dist.get_rank()}.txt"), "w") as f:
+    f.write(f"{dist.get_world_size()} {int(t.item())} {os.environ['LOCAL_RANK']} {os.environ['GROUP_RANK']}")
+dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_a_user_script_runs_under_launcher_srun(tmp_path, standins, monkeypatch):
+    bin_, rec = standins
+    (bin_ / "srun").write_text(STANDIN_SRUN_TASKS)
+    user = tmp_path / "user.py"
+    user.write_text(USER_SCRIPT)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    monkeypatch.setenv("HPCTRAIN_PYTHON", sys.executable)
+    profile = resolve("loopback", {"launch.launcher": "srun"})
+    req = JobRequest.build(profile, name="u", nodes=2, gpus=1, script=str(user), args=[str(out_dir)])
+    text = render(profile, req, str(tmp_path / "runs" / "u"))
+    out = run_script(text, standins, env={**SLURM_ENV, "HPCTRAIN_PYTHON": sys.executable}, timeout=120)
+    logs = "".join(p.read_text() for p in (tmp_path / "runs" / "u" / "logs").glob("*.log"))
+    assert out.returncode == 0, out.stderr + logs
+    assert "--ntasks-per-node=1" in (rec / "srun.args").read_text()
+    results = sorted(p.read_text() for p in out_dir.glob("rank-*.txt"))
+    assert results == ["2 3 0 0", "2 3 0 1"], results      # world 2, all-reduce 1+2, local 0, nodes 0/1
+
+
+def test_activation_happens_inside_the_container_in_every_task(tmp_path, standins):
+    bin_, rec = standins
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text('export VENV_ACTIVE="inside-$HPCTRAIN_NODEID"\n')
+    shutil.copy(STANDINS / "apptainer", bin_ / "apptainer")
+    shutil.copy(STANDINS / "_record.sh", bin_ / "_record.sh")
+    flags = {"environment.activate": str(venv),
+             "environment.container": {"kind": "apptainer", "image": "/img.sif"}}
+    text = script("loopback", flags, tmp_path / "runs" / "s", bin_)
+    batch_part = text.split("hpctrain_node_cmd=")[0]
+    assert "bin/activate" not in batch_part                  # not in the batch shell (outside)
+    out = run_script(text, standins, env=SLURM_ENV)
+    assert out.returncode == 0, out.stderr
+    assert [node_env(rec, n)["VENV_ACTIVE"] for n in (0, 1)] == ["inside-0", "inside-1"]
