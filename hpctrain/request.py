@@ -133,6 +133,10 @@ class JobRequest:
             out.append(Problem(f"--gpus {self.gpus}: at least 1 per node", key="--gpus"))
         if self.time_min < 1:
             out.append(Problem(f"--time {self.time_min}: at least 1 minute", key="--time"))
+        for i, arg in enumerate(self.args):
+            if any(0xD800 <= ord(c) <= 0xDFFF for c in arg) or "\x00" in arg:
+                out.append(Problem(f"entry argument {i + 1} ({arg.encode('utf-8', 'surrogateescape')[:40]!r}) "
+                                   "is not valid UTF-8 text; fix: pass it in UTF-8", key="--"))
         for key, value, most in (("--nodes", self.nodes, MAX_COUNT), ("--gpus", self.gpus, MAX_COUNT),
                                  ("--time", self.time_min, MAX_TIME_MIN)):
             if value > most:

@@ -211,7 +211,14 @@ def read_yaml(path: Path, problems: list[Problem]) -> Doc | None:
     if parsed is not None:
         return Doc(path, *parsed)
     before = len(problems)
-    loader = _Loader(text, file, problems)
+    try:
+        loader = _Loader(text, file, problems)      # the reader refuses control characters here
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "position", None)
+        line = mark.line + 1 if hasattr(mark, "line") else text[: e.position].count("\n") + 1 \
+            if isinstance(getattr(e, "position", None), int) else None
+        fail("contains a control character YAML does not allow; fix: remove it (write plain text)", line)
+        return None
     try:
         node = loader.get_single_node()
     except _Stop:
