@@ -43,6 +43,7 @@ BENCHMARKS = {
     "cli": "benchmarks.cli",                  # 5 submit --dry-run vs bare imports; 4,096-node render
     "collective": "benchmarks.collective",    # 6 doctor's all-reduce bus bandwidth vs bare gloo
     "preflight": "benchmarks.preflight",      # 7 preflight gate cost; stall to requeue (live Slurm)
+    "remote": "benchmarks.remote",            # 8 status/logs over SSH vs on the login node; connections
 }
 
 

@@ -47,6 +47,16 @@ def lines(path: Path) -> list[dict]:
     )
 
 
+def dump(run: Path) -> str:
+    """A point's events and log tails, for a failure message."""
+    out = []
+    for f in [run / "events.jsonl", run / "restarts.jsonl", *sorted((run / "logs").glob("*.log"))]:
+        if f.is_file():
+            tail = f.read_text(errors="replace").splitlines()[-15:]
+            out.append(f"==> {f.name} <==\n" + "\n".join(tail))
+    return "\n".join(out)
+
+
 def until(what: str, cond, timeout: float):
     deadline = time.monotonic() + timeout
     while not (value := cond()):
@@ -182,7 +192,13 @@ def test_array_element_preempted_requeues_alone_and_resumes(slurm_cluster, hp):
     first = sweep / "0-optim.lr=1e-3"
     try:
         assert lines(first / "jobs.jsonl")[0]["job_id"] == f"{array}_0"
-        until("point 0 trains", lambda: len(lines(first / "metrics.jsonl")) >= 3, 240)
+        try:
+            until("point 0 trains", lambda: len(lines(first / "metrics.jsonl")) >= 3, 240)
+        except AssertionError:
+            queue = subprocess.run(["squeue"], capture_output=True, text=True).stdout
+            raise AssertionError(
+                f"point 0 did not train in 240 s\n{queue}\n{dump(first)}"
+            ) from None
         assert f"job {array}_0" in hp("preempt", "arr/0").stdout
         table = until(
             "both points end",
@@ -193,7 +209,9 @@ def test_array_element_preempted_requeues_alone_and_resumes(slurm_cluster, hp):
             ),
             240,
         )
-        assert [r["state"] for r in table["points"]] == ["COMPLETED", "COMPLETED"], table
+        assert [r["state"] for r in table["points"]] == ["COMPLETED", "COMPLETED"], "\n".join(
+            dump(Path(r["path"])) for r in table["points"]
+        )
         # only the preempted task was requeued: its own restarts, the other task ran once
         assert [r["restart_count"] for r in lines(first / "restarts.jsonl")] == [0, 1]
         assert [

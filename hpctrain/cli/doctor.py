@@ -39,6 +39,7 @@ def doctor(profile, nodes, gpus, quick, max_mib, timeout_s, wait_s, bisect, runs
       hpctrain doctor --profile mycluster --nodes 2 --json
       hpctrain doctor --profile mycluster --bisect gpt-small     # which node of that run is bad
       hpctrain doctor --profile mycluster --bisect --nodes 8
+      hpctrain doctor --profile mysite-remote --quick   # over SSH (docs/remote.md)
     """
     from hpctrain.doctor import format_report, run_local, run_slurm
     from hpctrain.profiles import resolve
@@ -47,6 +48,13 @@ def doctor(profile, nodes, gpus, quick, max_mib, timeout_s, wait_s, bisect, runs
     if bisect is not None:
         _bisect(prof, bisect, nodes, gpus, runs_dir, as_json)
         return
+    if getattr(prof, "login", None) is not None:  # a remote site: check the way there, then its doctor
+        from hpctrain.remote.doctor import doctor as remote_doctor
+
+        rest = [*(["--nodes", str(nodes)] if nodes else []), *(["--gpus", str(gpus)] if gpus else []),
+                *(["--quick"] if quick else []), *(["--max-mib", str(max_mib)] if max_mib else []),
+                "--timeout-s", str(timeout_s), "--wait-s", str(wait_s), *(["--json"] if as_json else [])]
+        raise SystemExit(remote_doctor(prof, rest, click.echo))
     max_bytes = (max_mib * MIB) if max_mib else (16 * MIB if quick else 256 * MIB)
     if prof.scheduler == "slurm":
         if nodes is None:

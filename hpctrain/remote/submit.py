@@ -54,6 +54,31 @@ def site_profile(profile: Any, runs_dir: str) -> dict[str, Any]:
     return data
 
 
+def site_folders(site: Site, profile: Any) -> tuple[str, str]:
+    """(workdir, runs_dir) as absolute paths on the login node, its variables expanded there."""
+    login = site.login
+    raw_runs = profile.storage.runs_dir or f"{login.workdir.rstrip('/')}/runs"
+    workdir, runs_dir = site.expand(login.workdir, raw_runs)
+    for raw, value in ((login.workdir, workdir), (raw_runs, runs_dir)):
+        if "$" in value:
+            raise UserError(
+                f"{raw!r} uses a variable that is not set on {login.where}; fix: set it "
+                "in the site's shell start-up, or use another path in the profile"
+            )
+    return workdir, runs_dir
+
+
+def upload_profile(site: Site, profile: Any, incoming: str, runs_dir: str) -> None:
+    """Only the resolved profile (doctor): the same standalone file submit sends."""
+    import yaml
+
+    with tempfile.TemporaryDirectory(prefix="hpctrain-upload-") as tmp:
+        stage = Path(tmp)
+        text = yaml.safe_dump(site_profile(profile, runs_dir), sort_keys=True)
+        (stage / "profile.yaml").write_text(text)
+        site.ssh.upload(stage, incoming)
+
+
 def submit(
     o: dict[str, Any],
     profile: Any,
@@ -86,14 +111,7 @@ def submit(
         module=o.get("module"),
         args=o.get("args", ()),
     )
-    raw_runs = profile.storage.runs_dir or f"{login.workdir.rstrip('/')}/runs"
-    workdir, runs_dir = site.expand(login.workdir, raw_runs)
-    for raw, value in ((login.workdir, workdir), (raw_runs, runs_dir)):
-        if "$" in value:
-            raise UserError(
-                f"{raw!r} uses a variable that is not set on {login.where}; fix: set it "
-                "in the site's shell start-up, or use another path in the profile"
-            )
+    workdir, runs_dir = site_folders(site, profile)
     incoming = f"{workdir}/incoming/{req.name}-{secrets.token_hex(4)}"
     with tempfile.TemporaryDirectory(prefix="hpctrain-upload-") as tmp:
         stage = Path(tmp)

@@ -90,3 +90,19 @@ def test_each_failure_is_one_line_naming_the_host_and_the_fix(laptop, tmp_path):
 
     err = _fails(laptop, "nohpctrain", remote_python="/usr/bin/python3")
     assert "hpctrain is not installed for /usr/bin/python3" in err, err
+
+
+def test_doctor_checks_the_way_to_the_site_then_runs_the_sites_doctor(laptop):
+    prof = laptop.write_profile("docsite", extends="local")
+    out = laptop.hp("doctor", "--profile", str(prof), "--gpus", "1", "--max-mib", "1", timeout=180)
+    lines = out.stdout.splitlines()
+    assert lines[0] == (
+        f"ok   ssh root@127.0.0.1:{laptop.site.port} (control connection, strict host key checking)"
+    )
+    assert lines[2].startswith("ok   hpctrain ") and f"{laptop.site.scratch}/runs" in lines[3]
+    # then the site's own doctor, with the uploaded profile
+    assert "hpctrain doctor: profile docsite (local)" in out.stdout
+    assert "all checks passed" in out.stdout
+    assert not list(Path(laptop.site.dir, "work", "incoming").glob("*")), (
+        "upload folder left behind"
+    )

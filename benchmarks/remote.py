@@ -1,0 +1,192 @@
+"""7. Remote sites over SSH: `hpctrain status` and `hpctrain logs` of a run on a site, from a
+"laptop" over the control connection, vs the same command run on the login node itself (target
+<= 1.5 each, once the connection is up), and the new SSH connections a second command opens
+(target 0, counted in sshd's own log).
+
+The site is tests/ssh/sshd.py: a real OpenSSH server on 127.0.0.1 with generated keys, in front of
+this machine (needs root and openssh-server). The laptop has its own HOME, config and state. The
+run is a short local-profile run submitted from the laptop over SSH (no Slurm needed), so both sides
+read the same finished run folder; the site side gives the run folder's path, the laptop its name.
+Repetitions interleaved (laptop, site, laptop, site, ...); a repetition's ratio is laptop / site.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks import common
+
+HPCTRAIN = str(Path(common.PY).with_name("hpctrain"))
+
+
+def _sshd():
+    sys.path.insert(0, str(common.ROOT / "tests" / "ssh"))
+    import sshd
+
+    return sshd
+
+
+def wall(cmd: list[str], cwd: Path, **env: str) -> float:
+    t0 = time.perf_counter()
+    common.run(cmd, timeout=120, cwd=cwd, **env)
+    return time.perf_counter() - t0
+
+
+def accepted(site) -> int:
+    return Path(site.log).read_text(errors="replace").count("Accepted publickey")
+
+
+def run(quick: bool) -> list[dict]:
+    names = {
+        "status": "remote_status_vs_on_login_node",
+        "logs": "remote_logs_vs_on_login_node",
+        "conn": "remote_new_ssh_connections_per_later_command",
+    }
+    if os.geteuid() != 0 or shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists():
+        why = "needs root and openssh-server (tests/ssh/sshd.py starts a real sshd on loopback)"
+        return [
+            common.not_measured(n, t, why)
+            for n, t in (
+                (names["status"], "<= 1.5"),
+                (names["logs"], "<= 1.5"),
+                (names["conn"], "== 0"),
+            )
+        ]
+    reps = common.reps(7 if quick else 15)
+    sshd = _sshd()
+    root = common.scratch("remote-")
+    site = sshd.up(root / "site")
+    laptop = root / "laptop"
+    (laptop / "work").mkdir(parents=True)
+    (laptop / "profiles").mkdir()
+    env = {
+        "HOME": str(laptop / "home"),
+        "XDG_STATE_HOME": str(laptop / "state"),
+        "XDG_CONFIG_HOME": str(laptop / "config"),
+        "XDG_CACHE_HOME": str(laptop / "cache"),
+    }
+    profile = laptop / "profiles" / "bench-site.yaml"
+    profile.write_text(
+        "name: bench-site\nextends: local\nlogin:\n"
+        f"  host: {site.host}\n  port: {site.port}\n  identity: {site.identity}\n"
+        f"  known_hosts: {site.known_hosts}\n  remote_python: {common.PY}\n"
+        f"  workdir: {site.dir}/work\nstorage:\n  runs_dir: $SCRATCH/runs\n"
+    )
+    rows: list[dict] = []
+    try:
+        common.run(
+            [
+                HPCTRAIN,
+                "submit",
+                "--profile",
+                str(profile),
+                "--name",
+                "bench",
+                "--nodes",
+                "1",
+                "--gpus",
+                "1",
+                "--wait",
+                "--",
+                "--max-steps",
+                "3",
+                "--train.micro_batch=4",
+                "--train.global_batch=4",
+            ],
+            timeout=300,
+            cwd=laptop / "work",
+            **env,
+        )
+        path = f"{site.scratch}/runs/bench"
+        sides = {
+            "status": ([HPCTRAIN, "status", "bench"], [HPCTRAIN, "status", path]),
+            "logs": ([HPCTRAIN, "logs", "bench"], [HPCTRAIN, "logs", path]),
+        }
+        for far, near in sides.values():  # warm: the connection is up, caches filled
+            wall(far, laptop / "work", **env)
+            wall(near, Path(site.scratch), XDG_STATE_HOME=site.state)
+        before = accepted(site)
+        t: dict[str, dict[str, list[float]]] = {k: {"laptop": [], "site": []} for k in sides}
+        for _ in range(reps):
+            for k, (far, near) in sides.items():
+                t[k]["laptop"].append(wall(far, laptop / "work", **env))
+                t[k]["site"].append(wall(near, Path(site.scratch), XDG_STATE_HOME=site.state))
+        opened = accepted(site) - before
+        # What the login node's shell costs before any command runs (its ~/.bashrc: on this
+        # machine pyenv's init), over the same control connection: part of both ratios.
+        probe = (
+            "import sys, time; from hpctrain.remote.ssh import SSH, Login; "
+            "s = SSH(Login(sys.argv[1], int(sys.argv[2]), sys.argv[3], known_hosts=sys.argv[4]));"
+            "t = [];\nfor _ in range(5):\n t0 = time.perf_counter(); s.run('true');"
+            " t.append(time.perf_counter() - t0)\nprint(sorted(t)[2])"
+        )
+        shell_s = float(
+            common.run(
+                [
+                    common.PY,
+                    "-c",
+                    probe,
+                    site.host,
+                    str(site.port),
+                    site.identity,
+                    site.known_hosts,
+                ],
+                timeout=120,
+                **env,
+            ).stdout.strip()
+        )
+        for k in sides:
+            per_rep = [a / b for a, b in zip(t[k]["laptop"], t[k]["site"], strict=True)]
+            rows.append(
+                common.settle(
+                    names[k],
+                    per_rep,
+                    "<= 1.5",
+                    reps=reps,
+                    seconds=t[k],
+                    ssh_true_s=shell_s,
+                    summary=f"`hpctrain {k}` over SSH {common.median(t[k]['laptop']):.3f} s; "
+                    f"on the login node {common.median(t[k]['site']):.3f} s; of the difference, "
+                    f"`ssh HOST true` over the open connection (the site shell's start-up) "
+                    f"takes {shell_s:.3f} s",
+                )
+            )
+        rows.append(
+            common.measured(
+                names["conn"],
+                opened / (2 * reps),
+                "== 0",
+                commands=2 * reps,
+                connections=opened,
+                summary=f"{opened} new SSH connection(s) for {2 * reps} commands after the first "
+                "(ControlMaster=auto, ControlPersist)",
+            )
+        )
+        index = laptop / "state" / "hpctrain" / "remote-runs.jsonl"
+        rows[-1]["details"]["index"] = json.loads(index.read_text().splitlines()[-1])["path"]
+    except common.NotMeasured as e:
+        done = {r["name"] for r in rows}
+        rows += [
+            common.not_measured(n, "== 0" if k == "conn" else "<= 1.5", str(e))
+            for k, n in names.items()
+            if n not in done
+        ]
+    finally:
+        close = (
+            "from hpctrain.remote.ssh import SSH, Login; import sys; "
+            "SSH(Login(sys.argv[1], int(sys.argv[2]), known_hosts=sys.argv[3])).close()"
+        )
+        subprocess.run(
+            [common.PY, "-c", close, site.host, str(site.port), site.known_hosts],
+            capture_output=True,
+            timeout=60,
+            env=common.env(**env),
+        )
+        sshd.down(Path(site.dir))
+    return rows
