@@ -220,7 +220,8 @@ def run_script(text: str, standins, *, env: dict[str, str] | None = None, timeou
 
 def render_with(profile_name, flags, args, run_dir, standins, name="h"):
     os.environ[jobenv.PYTHON] = str(standins[0] / "python")
-    profile = resolve(profile_name, flags)
+    # the stand-ins record commands; the preflight gate runs live (tests/test_bad_nodes.py)
+    profile = resolve(profile_name, {"preflight.enabled": False, **flags})
     req = JobRequest.build(profile, name=name, nodes=2, gpus=1, args=args)
     return render(profile, req, run_dir)
 

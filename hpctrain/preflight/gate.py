@@ -11,8 +11,9 @@ on either, so it is reported, not excluded (`hpctrain doctor --bisect` narrows i
 
 Prints shell assignments for the batch shell (`eval`): hpctrain_gate=ok|shrink|requeue|fail,
 hpctrain_good, hpctrain_bad (comma-separated Slurm names), hpctrain_exclude (what the requeued job
-excludes), hpctrain_gate_reason. Writes verdict.json, the run's preflight.json and one
-`preflight` event in events.jsonl naming each failed node with its reason.
+excludes), hpctrain_gate_reason. Writes verdict.json and the run's preflight.json; when a node
+failed (or a warning was raised), also one `preflight` event in events.jsonl naming each failed
+node with its reason.
 """
 
 from __future__ import annotations
@@ -244,9 +245,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp = a.run_dir / f".{LATEST}.tmp"
     tmp.write_text(json.dumps({**record, "folder": str(a.folder)}, indent=1) + "\n")
     os.replace(tmp, a.run_dir / LATEST)
-    event(a.run_dir, {"event": "preflight", "job_id": a.job_id, "restart_count": a.restart_count,
-                      "verdict": action, "good": good, "bad": bad, "warnings": warnings,
-                      "busbw_gbps": busbw, "seconds": seconds})
+    if bad or warnings:   # a gate that passed is in verdict.json and preflight.json, not in the event log
+        event(a.run_dir, {"event": "preflight", "job_id": a.job_id, "restart_count": a.restart_count,
+                          "verdict": action, "good": good, "bad": bad, "warnings": warnings,
+                          "busbw_gbps": busbw, "seconds": seconds})
     for name, why in bad.items():
         print(f"hpctrain: preflight: node {name} failed: {why}", file=sys.stderr)
     for w in warnings:
