@@ -23,10 +23,16 @@ from pathlib import Path
 
 from benchmarks import common
 
-TRAIN = ["--train.micro_batch=4", "--train.global_batch=8", "--train.log_every=1", "--model.d_model=64",
-         "--model.n_layers=2", "--model.seq_len=32"]
+TRAIN = [
+    "--train.micro_batch=4",
+    "--train.global_batch=8",
+    "--train.log_every=1",
+    "--model.d_model=64",
+    "--model.n_layers=2",
+    "--model.seq_len=32",
+]
 STALL_S = 15
-STALL_MODULE = '''import os, time
+STALL_MODULE = """import os, time
 from train_entry import watchdog
 from train_entry.cli import main
 from train_entry.dist import exit_now
@@ -38,24 +44,50 @@ def hang(self, step):
             time.sleep(1)
 watchdog.Watchdog.beat = hang
 exit_now(main())
-'''
+"""
 
 
 def _t(stamp: str) -> float:
-    return dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.timezone.utc).timestamp()
+    return dt.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC).timestamp()
 
 
 def _submit(root: Path, name: str, *opts: str, args: list[str]) -> Path:
-    common.run([common.PY, "-m", "hpctrain", "submit", "--profile", "loopback", "--nodes", "2", "--gpus", "1",
-                "--set", f"storage.runs_dir={root}", "--name", name, *opts, "--", *args], timeout=120, cwd=root)
+    common.run(
+        [
+            common.PY,
+            "-m",
+            "hpctrain",
+            "submit",
+            "--profile",
+            "loopback",
+            "--nodes",
+            "2",
+            "--gpus",
+            "1",
+            "--set",
+            f"storage.runs_dir={root}",
+            "--name",
+            name,
+            *opts,
+            "--",
+            *args,
+        ],
+        timeout=120,
+        cwd=root,
+    )
     return root / name
 
 
 def _wait(run: Path, timeout: float) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        out = subprocess.run([common.PY, "-m", "hpctrain", "status", str(run), "--json"], capture_output=True,
-                             text=True, timeout=60, env=common.env())
+        out = subprocess.run(
+            [common.PY, "-m", "hpctrain", "status", str(run), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=common.env(),
+        )
         if out.returncode == 0:
             state = json.loads(out.stdout)["state"]
             if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
@@ -79,21 +111,36 @@ def gate_cost(root: Path, reps: int) -> dict:
     off, on, ratios, gate_s = [], [], [], []
     for i in range(reps):
         times = {}
-        for side in ("off", "on"):       # interleaved: one of each per repetition
-            run = _submit(root, f"gate-{side}-{i}", "--set", f"preflight.enabled={side == 'on'}",
-                          args=[*TRAIN, "--max-steps=3"])
+        for side in ("off", "on"):  # interleaved: one of each per repetition
+            run = _submit(
+                root,
+                f"gate-{side}-{i}",
+                "--set",
+                f"preflight.enabled={side == 'on'}",
+                args=[*TRAIN, "--max-steps=3"],
+            )
             if _wait(run, 400) != "COMPLETED":
                 raise common.NotMeasured(f"{run} did not complete (see its logs)")
             times[side] = _alloc_to_first_step(run)
             if side == "on":
-                gate_s += [e["seconds"] for e in common.read_jsonl(run / "events.jsonl")
-                           if e.get("event") == "preflight"]
+                gate_s += [
+                    e["seconds"]
+                    for e in common.read_jsonl(run / "events.jsonl")
+                    if e.get("event") == "preflight"
+                ]
         off.append(times["off"])
         on.append(times["on"])
         ratios.append(times["on"] / times["off"])
-    return common.settle(name, ratios, target, off_s=[round(x, 2) for x in off], on_s=[round(x, 2) for x in on],
-                         gate_s=gate_s, nodes=2,
-                         how="allocation (batch script start, 1 s resolution) to the first step's metrics row")
+    return common.settle(
+        name,
+        ratios,
+        target,
+        off_s=[round(x, 2) for x in off],
+        on_s=[round(x, 2) for x in on],
+        gate_s=gate_s,
+        nodes=2,
+        how="allocation (batch script start, 1 s resolution) to the first step's metrics row",
+    )
 
 
 def stall_to_requeue(root: Path) -> dict:
@@ -101,32 +148,62 @@ def stall_to_requeue(root: Path) -> dict:
     mods = root / "mods"
     mods.mkdir()
     (mods / "stall_entry.py").write_text(STALL_MODULE)
-    run = _submit(root, "stall", "--module", "stall_entry", "--set", f"watchdog.stall_s={STALL_S}",
-                  "--set", f"environment.env.PYTHONPATH={mods}", args=[*TRAIN, "--max-steps=8", "--checkpoint-every=2"])
+    run = _submit(
+        root,
+        "stall",
+        "--module",
+        "stall_entry",
+        "--set",
+        f"watchdog.stall_s={STALL_S}",
+        "--set",
+        f"environment.env.PYTHONPATH={mods}",
+        args=[*TRAIN, "--max-steps=8", "--checkpoint-every=2"],
+    )
     if _wait(run, 400) != "COMPLETED":
         raise common.NotMeasured(f"{run} did not complete after the stall (see its logs)")
     events = common.read_jsonl(run / "events.jsonl")
     stall = next((e for e in events if e.get("event") == "stall"), None)
-    requeue = next((e for e in events if e.get("event") == "requeue" and e.get("reason") == "stall"), None)
+    requeue = next(
+        (e for e in events if e.get("event") == "requeue" and e.get("reason") == "stall"), None
+    )
     if not (stall and requeue):
-        raise common.NotMeasured(f"{run}: no stall + requeue events: {[e.get('event') for e in events]}")
+        raise common.NotMeasured(
+            f"{run}: no stall + requeue events: {[e.get('event') for e in events]}"
+        )
     elapsed = _t(requeue["time"]) - _t(stall["last_step_time"])
     starts = [int(s) for s in re.findall(r"step (\d+)/8\n", (run / "train.log").read_text())]
-    return common.measured(name, elapsed / (STALL_S + 30), target, stall_to_requeue_s=elapsed, stall_s=STALL_S,
-                           detected_after_s=_t(stall["time"]) - _t(stall["last_step_time"]),
-                           resumed_from_step=starts[1] if len(starts) > 1 else None, stalled_after_step=4)
+    return common.measured(
+        name,
+        elapsed / (STALL_S + 30),
+        target,
+        stall_to_requeue_s=elapsed,
+        stall_s=STALL_S,
+        detected_after_s=_t(stall["time"]) - _t(stall["last_step_time"]),
+        resumed_from_step=starts[1] if len(starts) > 1 else None,
+        stalled_after_step=4,
+    )
 
 
 def run(quick: bool) -> list[dict]:
     names = ("preflight_gate_alloc_to_first_step_vs_off", "stall_to_requeue_vs_stall_s_plus_30")
-    if not shutil.which("sinfo") or subprocess.run(["sinfo"], capture_output=True, timeout=30).returncode:
-        return [common.not_measured(n, t, "no live Slurm cluster (make cluster-up)")
-                for n, t in zip(names, ("<= 1.3", "<= 1.0"), strict=True)]
+    if (
+        not shutil.which("sinfo")
+        or subprocess.run(["sinfo"], capture_output=True, timeout=30).returncode
+    ):
+        return [
+            common.not_measured(n, t, "no live Slurm cluster (make cluster-up)")
+            for n, t in zip(names, ("<= 1.3", "<= 1.0"), strict=True)
+        ]
     root = common.scratch("preflight-")
     rows = []
-    for fn in (lambda: gate_cost(root, common.reps(2 if quick else 3)), lambda: stall_to_requeue(root)):
+    for fn in (
+        lambda: gate_cost(root, common.reps(2 if quick else 3)),
+        lambda: stall_to_requeue(root),
+    ):
         try:
             rows.append(fn())
         except common.NotMeasured as e:
-            rows.append(common.not_measured(names[len(rows)], ("<= 1.3", "<= 1.0")[len(rows)], str(e)))
+            rows.append(
+                common.not_measured(names[len(rows)], ("<= 1.3", "<= 1.0")[len(rows)], str(e))
+            )
     return rows

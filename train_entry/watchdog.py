@@ -1,4 +1,4 @@
-"""The stall heartbeat: a rank that completes no optimizer step for `watchdog.stall_s` seconds is stalled.
+"""The stall heartbeat: a rank that completes no optimizer step for `watchdog.stall_s` s is stalled.
 
 The trainer calls `beat(step)` after every step (and its checkpoint save). A daemon thread in every
 rank watches its own beat: a rank hung in a collective, in I/O or in a sleeping peer's all-reduce
@@ -8,8 +8,8 @@ stall_s, the thread dumps this rank's stack (py-spy when installed, else faultha
 event, and after a short grace (so the other ranks' dumps are written too) the rank exits with
 STALL_EXIT. The batch shell sees STALLED and requeues; the run resumes from its newest checkpoint.
 
-`heartbeat/rank-<R>.json` (step, time, pid, host) is rewritten at most every few seconds: what a
-person (or a test) reads to find a rank's process.
+With the watchdog on, `heartbeat/rank-<R>.json` (step, time, pid, host) is rewritten every
+5-30 s (stall_s / 3): what a person reads to find a rank's process.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class Watchdog:
         self.stall_s = stall_s if stall_s is not None else (float(env) if env else None)
         self.run_dir, self.rank = Path(run_dir), rank
         self.step = -1
-        self.last = 0.0          # monotonic time of the last beat; 0: not armed yet
+        self.last = 0.0  # monotonic time of the last beat; 0: not armed yet
         self.last_wall = 0.0
         self._written = 0.0
         self._stop = threading.Event()
@@ -64,7 +64,9 @@ class Watchdog:
 
     def start(self) -> Watchdog:
         if self.stall_s:
-            self._thread = threading.Thread(target=self._watch, name="hpctrain-stall-watchdog", daemon=True)
+            self._thread = threading.Thread(
+                target=self._watch, name="hpctrain-stall-watchdog", daemon=True
+            )
             self._thread.start()
         return self
 
@@ -74,12 +76,22 @@ class Watchdog:
     def beat(self, step: int) -> None:
         now = time.monotonic()
         self.step, self.last, self.last_wall = step, now, time.time()
-        if now - self._written >= min(5.0, (self.stall_s or 50) / 10):
+        # the file is for people (which process is rank R): rare writes, only with the watchdog on
+        if self.stall_s and now - self._written >= min(30.0, max(5.0, self.stall_s / 3)):
             self._written = now
             self.heartbeat.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.heartbeat.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps({"rank": self.rank, "step": step, "time": _utc(self.last_wall),
-                                       "pid": os.getpid(), "host": socket.gethostname()}))
+            tmp.write_text(
+                json.dumps(
+                    {
+                        "rank": self.rank,
+                        "step": step,
+                        "time": _utc(self.last_wall),
+                        "pid": os.getpid(),
+                        "host": socket.gethostname(),
+                    }
+                )
+            )
             os.replace(tmp, self.heartbeat)
 
     def _watch(self) -> None:
@@ -94,14 +106,20 @@ class Watchdog:
         self.stacks.mkdir(parents=True, exist_ok=True)
         dump = self.stacks / f"rank-{self.rank}.txt"
         with dump.open("w") as f:
-            f.write(f"rank {self.rank} pid {os.getpid()} on {socket.gethostname()}: no step for "
-                    f"{quiet:.0f} s (watchdog.stall_s {self.stall_s:g}); last step {self.step}\n")
+            f.write(
+                f"rank {self.rank} pid {os.getpid()} on {socket.gethostname()}: no step for "
+                f"{quiet:.0f} s (watchdog.stall_s {self.stall_s:g}); last step {self.step}\n"
+            )
             spy = shutil.which("py-spy")
             if spy:
                 f.flush()
                 try:
-                    out = subprocess.run([spy, "dump", "--nonblocking", "--pid", str(os.getpid())],
-                                         capture_output=True, text=True, timeout=30)
+                    out = subprocess.run(
+                        [spy, "dump", "--nonblocking", "--pid", str(os.getpid())],
+                        capture_output=True,
+                        text=True,
+                        timeout=30,
+                    )
                     f.write(out.stdout + out.stderr)
                 except (OSError, subprocess.TimeoutExpired) as e:
                     f.write(f"py-spy failed: {e}\n")
@@ -113,15 +131,25 @@ class Watchdog:
         except FileExistsError:
             fd = None
         if fd is not None:
-            record = {"rank": self.rank, "host": socket.gethostname(), "last_step": self.step,
-                      "last_step_time": _utc(self.last_wall), "stall_s": self.stall_s,
-                      "stacks": str(self.stacks)}
+            record = {
+                "rank": self.rank,
+                "host": socket.gethostname(),
+                "last_step": self.step,
+                "last_step_time": _utc(self.last_wall),
+                "stall_s": self.stall_s,
+                "stacks": str(self.stacks),
+            }
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(record) + "\n")
-            event = {"time": _utc(time.time()), "event": "stall", "job_id": os.environ.get(ENV_JOB_ID),
-                     "restart_count": int(os.environ.get(ENV_RESTART_COUNT, "0") or 0), **record,
-                     "source": "train_entry"}
+            event = {
+                "time": _utc(time.time()),
+                "event": "stall",
+                "job_id": os.environ.get(ENV_JOB_ID),
+                "restart_count": int(os.environ.get(ENV_RESTART_COUNT, "0") or 0),
+                **record,
+                "source": "train_entry",
+            }
             with (self.run_dir / "events.jsonl").open("a") as f:
                 f.write(json.dumps(event) + "\n")
-        time.sleep(GRACE_S)   # the other ranks' dumps, before torchrun and srun stop everything
+        time.sleep(GRACE_S)  # the other ranks' dumps, before torchrun and srun stop everything
         os._exit(STALL_EXIT)

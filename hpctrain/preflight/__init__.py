@@ -20,10 +20,10 @@ ENV_SCHEDULER = jobenv.SCHEDULER
 ENV_RUN_DIR = jobenv.RUN_DIR
 
 # files in a gate's folder
-NODE_REPORT = "node-{node}.json"       # node.py: local checks of node index {node}
-NODE_FAILURE = "fail-{node}.txt"       # the node command: node.py could not run (exit code, stderr tail)
-NET_REPORT = "net.json"                # node.py, group rank 0: the all-reduce between the nodes
-NET_ERROR = "net-error-{node}.json"    # node.py: the all-reduce failed on this node
-VERDICT = "verdict.json"               # gate.py: the decision
-LATEST = "preflight.json"              # gate.py, in the run folder: the newest verdict (for `status`)
-FOLDER = "preflight"                   # under the run folder
+NODE_REPORT = "node-{node}.json"  # node.py: local checks of node index {node}
+NODE_FAILURE = "fail-{node}.txt"  # the node command: node.py could not run (exit code, stderr tail)
+NET_REPORT = "net.json"  # node.py, group rank 0: the all-reduce between the nodes
+NET_ERROR = "net-error-{node}.json"  # node.py: the all-reduce failed on this node
+VERDICT = "verdict.json"  # gate.py: the decision
+LATEST = "preflight.json"  # gate.py, in the run folder: the newest verdict (for `status`)
+FOLDER = "preflight"  # under the run folder

@@ -41,7 +41,7 @@ class Probe:
 @dataclass
 class Bisection:
     nodes: list[str]
-    bad: dict[str, str]              # node -> why
+    bad: dict[str, str]  # node -> why
     probes: list[Probe]
     note: str = ""
 
@@ -50,8 +50,13 @@ class Bisection:
         return ",".join(sorted(self.bad))
 
     def to_dict(self) -> dict[str, Any]:
-        return {"nodes": self.nodes, "bad": self.bad, "exclude": self.exclude, "note": self.note,
-                "probes": [p.__dict__ for p in self.probes]}
+        return {
+            "nodes": self.nodes,
+            "bad": self.bad,
+            "exclude": self.exclude,
+            "note": self.note,
+            "probes": [p.__dict__ for p in self.probes],
+        }
 
 
 def bisect(nodes: list[str], probe: Callable[[list[str]], Probe]) -> Bisection:
@@ -67,7 +72,7 @@ def bisect(nodes: list[str], probe: Callable[[list[str]], Probe]) -> Bisection:
     first = run(nodes)
     if first.ok:
         return Bisection(nodes, {}, probes, "every probe passed: no bad node among these")
-    if first.bad:   # the gate already names nodes: confirm them alone, no halving needed
+    if first.bad:  # the gate already names nodes: confirm them alone, no halving needed
         return Bisection(nodes, dict(first.bad), probes)
     suspects, why = nodes, "; ".join(first.warnings) or "the probe failed"
     while len(suspects) > 1:
@@ -81,8 +86,12 @@ def bisect(nodes: list[str], probe: Callable[[list[str]], Probe]) -> Bisection:
         if not pb.ok:
             suspects, why = b, _why(pb, why)
             continue
-        return Bisection(nodes, {n: f"each half passes alone, together they fail: {why}" for n in suspects},
-                         probes, "a fault between the halves (network path): exclude these and rerun")
+        return Bisection(
+            nodes,
+            {n: f"each half passes alone, together they fail: {why}" for n in suspects},
+            probes,
+            "a fault between the halves (network path): exclude these and rerun",
+        )
     return Bisection(nodes, {suspects[0]: why}, probes)
 
 
@@ -90,17 +99,28 @@ def _why(p: Probe, previous: str) -> str:
     return "; ".join([*p.bad.values(), *p.warnings]) or previous
 
 
-def srun_probe(profile: Any, *, gpus: int | None, budget_s: float, workdir: Path,
-               progress: Callable[[str], None] | None = None) -> Callable[[list[str]], Probe]:
+def srun_probe(
+    profile: Any,
+    *,
+    gpus: int | None,
+    budget_s: float,
+    workdir: Path,
+    progress: Callable[[str], None] | None = None,
+) -> Callable[[list[str]], Probe]:
     """A probe that runs the preflight checks with `srun` on exactly the given nodes (or on any N,
     given as ["*"] * N for the first probe of `--nodes N`)."""
     from hpctrain.render import environment_vars
 
     pf, s = profile.preflight, profile.slurm
     gpus = gpus if gpus is not None else s.gpus_per_node
-    env = {**os.environ, **dict(environment_vars(profile)), ENV_SCHEDULER: "slurm",
-           ENV_WANT_GPU: "1" if s.gpus_per_node else "0", ENV_GPUS_PER_NODE: str(gpus or 1),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        **dict(environment_vars(profile)),
+        ENV_SCHEDULER: "slurm",
+        ENV_WANT_GPU: "1" if s.gpus_per_node else "0",
+        ENV_GPUS_PER_NODE: str(gpus or 1),
+        "OMP_NUM_THREADS": "1",
+    }
     count = 0
 
     def probe(nodes: list[str]) -> Probe:
@@ -109,35 +129,56 @@ def srun_probe(profile: Any, *, gpus: int | None, budget_s: float, workdir: Path
         out = workdir / f"probe-{count}"
         out.mkdir(parents=True)
         anyn = nodes[0] == "*"
-        cmd = ["srun", f"--nodes={len(nodes)}", "--ntasks-per-node=1", "--kill-on-bad-exit=0",
-               f"--time={max(1, int(budget_s // 60) + 2)}", f"--job-name=hpctrain-bisect-{count}"]
+        cmd = [
+            "srun",
+            f"--nodes={len(nodes)}",
+            "--ntasks-per-node=1",
+            "--kill-on-bad-exit=0",
+            f"--time={max(1, int(budget_s // 60) + 2)}",
+            f"--job-name=hpctrain-bisect-{count}",
+        ]
         if not anyn:
             cmd.append(f"--nodelist={','.join(nodes)}")
         for key in ("partition", "account", "qos", "reservation", "constraint"):
             if getattr(s, key):
                 cmd.append(f"--{key}={getattr(s, key)}")
         if s.gpus_per_node and gpus:
-            cmd.append(f"--gres=gpu:{gpus}" if s.gpu_request == "gres" else f"--gpus-per-node={gpus}")
-        names = "$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" | paste -sd, -)"
-        inner = (f"n={names}; echo \"$n\" >{_q(str(out))}/nodes.txt; "
-                 f"{_q(sys.executable)} -m hpctrain.preflight.node --out {_q(str(out))} --nodes \"$n\" "
-                 f"--budget-s {budget_s:g} --matmul-n {pf.matmul_n} --allreduce-mib {pf.allreduce_mib} "
-                 f"2>{_q(str(out))}/stderr-$SLURM_NODEID.txt || {{ echo $?; tail -n 5 {_q(str(out))}/stderr-"
-                 f"$SLURM_NODEID.txt; }} >{_q(str(out))}/fail-$SLURM_NODEID.txt")
+            cmd.append(
+                f"--gres=gpu:{gpus}" if s.gpu_request == "gres" else f"--gpus-per-node={gpus}"
+            )
+        names = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)'
+        inner = (
+            f'n={names}; echo "$n" >{_q(str(out))}/nodes.txt; '
+            f'{_q(sys.executable)} -m hpctrain.preflight.node --out {_q(str(out))} --nodes "$n" '
+            f"--budget-s {budget_s:g} --matmul-n {pf.matmul_n} --allreduce-mib {pf.allreduce_mib} "
+            f"2>{_q(str(out))}/stderr-$SLURM_NODEID.txt || "
+            f"{{ echo $?; tail -n 5 {_q(str(out))}/stderr-"
+            f"$SLURM_NODEID.txt; }} >{_q(str(out))}/fail-$SLURM_NODEID.txt"
+        )
         t0 = time.monotonic()
         if progress:
             progress(f"probe {count}: {'any ' + str(len(nodes)) if anyn else ','.join(nodes)}")
         try:
-            subprocess.run([*cmd, "bash", "-c", inner], env=env, capture_output=True, text=True,
-                           timeout=budget_s + 600)
+            subprocess.run(
+                [*cmd, "bash", "-c", inner],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=budget_s + 600,
+            )
         except subprocess.TimeoutExpired:
             pass
         got = nodes
         if anyn and (out / "nodes.txt").is_file():
             got = (out / "nodes.txt").read_text().strip().split(",")
-        good, bad, warnings, busbw = judge(out, got, budget_s=budget_s, slow_factor=pf.slow_factor,
-                                           expected_busbw=pf.expected_busbw_gbps,
-                                           min_fraction=pf.min_busbw_fraction)
+        good, bad, warnings, busbw = judge(
+            out,
+            got,
+            budget_s=budget_s,
+            slow_factor=pf.slow_factor,
+            expected_busbw=pf.expected_busbw_gbps,
+            min_fraction=pf.min_busbw_fraction,
+        )
         slow = [w for w in warnings if "below" in w or "failed" in w or "wrong sum" in w]
         return Probe(got, not bad and not slow, bad, slow, busbw, round(time.monotonic() - t0, 2))
 
@@ -155,36 +196,54 @@ def run_nodes(run_dir: Path) -> list[str]:
     latest = run_dir / LATEST
     if latest.is_file():
         return list(json.loads(latest.read_text())["nodes"])
-    jobs = [json.loads(x) for x in (run_dir / "jobs.jsonl").read_text().splitlines() if x.strip()] \
-        if (run_dir / "jobs.jsonl").is_file() else []
+    jobs = (
+        [json.loads(x) for x in (run_dir / "jobs.jsonl").read_text().splitlines() if x.strip()]
+        if (run_dir / "jobs.jsonl").is_file()
+        else []
+    )
     if not jobs:
         return []
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", str(jobs[-1]["job_id"]), "-o", "NodeList"],
-                         capture_output=True, text=True, timeout=30).stdout.split()
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", str(jobs[-1]["job_id"]), "-o", "NodeList"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout.split()
     lists = [x for x in out if x and x != "None" and "assigned" not in x]
     if not lists:
         return []
-    return subprocess.run(["scontrol", "show", "hostnames", lists[-1]], capture_output=True, text=True,
-                          timeout=30).stdout.split()
+    return subprocess.run(
+        ["scontrol", "show", "hostnames", lists[-1]], capture_output=True, text=True, timeout=30
+    ).stdout.split()
 
 
-def run_bisect(profile: Any, *, run_dir: Path | None, nodes: int | None, gpus: int | None,
-               progress: Callable[[str], None] | None = None) -> Bisection:
+def run_bisect(
+    profile: Any,
+    *,
+    run_dir: Path | None,
+    nodes: int | None,
+    gpus: int | None,
+    progress: Callable[[str], None] | None = None,
+) -> Bisection:
     from hpctrain.errors import UserError
 
     if run_dir is not None:
         names = run_nodes(run_dir)
         if not names:
-            raise UserError(f"{run_dir}: no node list (no preflight.json and sacct knows none); "
-                            "use --bisect --nodes N")
+            raise UserError(
+                f"{run_dir}: no node list (no preflight.json and sacct knows none); "
+                "use --bisect --nodes N"
+            )
     elif nodes:
         names = ["*"] * nodes
     else:
         raise UserError("--bisect needs a run (--bisect RUN) or a node count (--bisect --nodes N)")
     budget = float(profile.preflight.budget_s)
     with tempfile.TemporaryDirectory(prefix="hpctrain-bisect-") as tmp:
-        probe = srun_probe(profile, gpus=gpus, budget_s=budget, workdir=Path(tmp), progress=progress)
-        if names[0] == "*":   # the first probe says which nodes Slurm gave
+        probe = srun_probe(
+            profile, gpus=gpus, budget_s=budget, workdir=Path(tmp), progress=progress
+        )
+        if names[0] == "*":  # the first probe says which nodes Slurm gave
             first = probe(names)
             names = first.nodes
             result = bisect(names, lambda sub, first=first: first if sub == names else probe(sub))
@@ -196,8 +255,10 @@ def run_bisect(profile: Any, *, run_dir: Path | None, nodes: int | None, gpus: i
 def format_bisection(b: Bisection) -> str:
     lines = [f"hpctrain doctor --bisect: {len(b.nodes)} node(s): {','.join(b.nodes)}"]
     for p in b.probes:
-        lines.append(f"  probe {','.join(p.nodes):30} {'pass' if p.ok else 'FAIL'}  {p.seconds:.1f} s"
-                     + (f"  busbw {p.busbw_gbps:.2f} GB/s" if p.busbw_gbps is not None else ""))
+        lines.append(
+            f"  probe {','.join(p.nodes):30} {'pass' if p.ok else 'FAIL'}  {p.seconds:.1f} s"
+            + (f"  busbw {p.busbw_gbps:.2f} GB/s" if p.busbw_gbps is not None else "")
+        )
     for n, why in b.bad.items():
         lines.append(f"  bad node {n}: {why}")
     if b.note:

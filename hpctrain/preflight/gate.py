@@ -5,7 +5,8 @@
 A node fails when it left no report within the budget, its checks could not run (the node command
 wrote `fail-<id>.txt`: exit code and the last lines of stderr), one of its checks failed, its
 matmul is more than `slow_factor` times the median of the other nodes, or every ring pair it is in
-is more than `slow_factor` times slower than the median of the pairs without it. The all-reduce of all healthy nodes
+is more than `slow_factor` times slower than the median of the pairs without it. The
+all-reduce of all healthy nodes
 is compared with the profile's `expected_busbw_gbps`; with two nodes a slow link cannot be pinned
 on either, so it is reported, not excluded (`hpctrain doctor --bisect` narrows it down).
 
@@ -35,27 +36,34 @@ from hpctrain.preflight import LATEST, NET_ERROR, NET_REPORT, NODE_FAILURE, NODE
 
 @dataclass
 class Verdict:
-    action: str                                   # ok | shrink | requeue | fail
+    action: str  # ok | shrink | requeue | fail
     good: list[str]
-    bad: dict[str, str]                           # node name -> reason
+    bad: dict[str, str]  # node name -> reason
     warnings: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)
-    update: list[str] = field(default_factory=list)     # `scontrol update JobId=..` arguments for a requeue
+    update: list[str] = field(
+        default_factory=list
+    )  # `scontrol update JobId=..` arguments for a requeue
     reason: str = ""
     busbw_gbps: float | None = None
     seconds: float | None = None
 
     def shell(self) -> str:
-        values = {"hpctrain_gate": self.action, "hpctrain_good": ",".join(self.good),
-                  "hpctrain_bad": ",".join(self.bad), "hpctrain_exclude": ",".join(self.exclude),
-                  "hpctrain_gate_reason": self.reason}
+        values = {
+            "hpctrain_gate": self.action,
+            "hpctrain_good": ",".join(self.good),
+            "hpctrain_bad": ",".join(self.bad),
+            "hpctrain_exclude": ",".join(self.exclude),
+            "hpctrain_gate_reason": self.reason,
+        }
         lines = [f"{k}={shlex.quote(v)}" for k, v in values.items()]
         lines.append(f"hpctrain_update=({' '.join(shlex.quote(u) for u in self.update)})")
         return "\n".join(lines) + "\n"
 
 
-def read(folder: Path, names: list[str]) -> tuple[dict[int, dict[str, Any]], dict[int, str],
-                                                   dict[str, Any] | None, list[dict[str, Any]]]:
+def read(
+    folder: Path, names: list[str]
+) -> tuple[dict[int, dict[str, Any]], dict[int, str], dict[str, Any] | None, list[dict[str, Any]]]:
     reports, failures = {}, {}
     for n in range(len(names)):
         f = folder / NODE_REPORT.format(node=n)
@@ -78,9 +86,15 @@ def read(folder: Path, names: list[str]) -> tuple[dict[int, dict[str, Any]], dic
     return reports, failures, net, errors
 
 
-def judge(folder: Path, names: list[str], *, budget_s: float, slow_factor: float,
-          expected_busbw: float | None, min_fraction: float) -> tuple[list[str], dict[str, str],
-                                                                      list[str], float | None]:
+def judge(
+    folder: Path,
+    names: list[str],
+    *,
+    budget_s: float,
+    slow_factor: float,
+    expected_busbw: float | None,
+    min_fraction: float,
+) -> tuple[list[str], dict[str, str], list[str], float | None]:
     """(good, bad {name: reason}, warnings, busbw of all good nodes)."""
     reports, failures, net, errors = read(folder, names)
     bad: dict[str, str] = {}
@@ -89,19 +103,26 @@ def judge(folder: Path, names: list[str], *, budget_s: float, slow_factor: float
         if n in failures:
             bad[name] = failures[n]
         elif n not in reports:
-            bad[name] = f"no report within the {budget_s:g} s budget (the node hung, or its task never started)"
+            bad[name] = (
+                f"no report within the {budget_s:g} s budget "
+                "(the node hung, or its task never started)"
+            )
         else:
             failed = [c for c in reports[n]["checks"] if c["status"] == "fail"]
             if failed:
                 bad[name] = "; ".join(f"{c['name']}: {c['detail']}" for c in failed)
     # lagging compute: against the median of the OTHER nodes (with two nodes: the other one)
-    times = {n: r["matmul_s"] for n, r in reports.items() if names[n] not in bad and r.get("matmul_s")}
+    times = {
+        n: r["matmul_s"] for n, r in reports.items() if names[n] not in bad and r.get("matmul_s")
+    }
     for n, t in times.items():
         others = [v for m, v in times.items() if m != n]
         if others and t > slow_factor * statistics.median(others):
             ref = statistics.median(others)
-            bad[names[n]] = (f"lagging: matmul {t * 1e3:.1f} ms is {t / ref:.1f}x the median of the other "
-                             f"nodes ({ref * 1e3:.1f} ms; preflight.slow_factor {slow_factor:g})")
+            bad[names[n]] = (
+                f"lagging: matmul {t * 1e3:.1f} ms is {t / ref:.1f}x the median of the other "
+                f"nodes ({ref * 1e3:.1f} ms; preflight.slow_factor {slow_factor:g})"
+            )
     busbw = None
     if net:
         busbw = net["busbw_gbps"]
@@ -117,17 +138,25 @@ def judge(folder: Path, names: list[str], *, budget_s: float, slow_factor: float
                 med = statistics.median(rest)
                 if all(p["seconds"] > slow_factor * med for p in mine):
                     best = min(p["seconds"] for p in mine)
-                    bad[names[n]] = (f"slow network: every all-reduce pair with this node took >= "
-                                     f"{best / med:.1f}x the median of the other pairs ({med * 1e3:.1f} ms; "
-                                     f"preflight.slow_factor {slow_factor:g})")
+                    bad[names[n]] = (
+                        f"slow network: every all-reduce pair with this node took >= "
+                        f"{best / med:.1f}x the median of the other pairs ({med * 1e3:.1f} ms; "
+                        f"preflight.slow_factor {slow_factor:g})"
+                    )
                 for p in mine:
                     if not p.get("correct", True) and names[n] not in bad:
                         bad[names[n]] = "all-reduce with a neighbour gave a wrong sum"
         if expected_busbw and busbw < min_fraction * expected_busbw:
-            warnings.append(f"all-reduce bus bandwidth {busbw:.2f} GB/s over {len(net['members'])} nodes "
-                            f"is below {min_fraction:g} x the expected {expected_busbw:g} GB/s"
-                            + ("" if pairs else " (two nodes: the slow one cannot be named; run "
-                               "`hpctrain doctor --bisect`)"))
+            warnings.append(
+                f"all-reduce bus bandwidth {busbw:.2f} GB/s over {len(net['members'])} nodes "
+                f"is below {min_fraction:g} x the expected {expected_busbw:g} GB/s"
+                + (
+                    ""
+                    if pairs
+                    else " (two nodes: the slow one cannot be named; run "
+                    "`hpctrain doctor --bisect`)"
+                )
+            )
     for e in errors:
         warnings.append(f"all-reduce failed on {e['name']}: {e['error'][:300]}")
     good = [n for n in names if n not in bad]
@@ -140,23 +169,30 @@ def job_nodes(job_id: str | None) -> dict[str, list[str]]:
     if not job_id:
         return found
     try:
-        out = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True,
-                             timeout=30).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "job", job_id], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return found
     for word in out.split():
         key, _, value = word.partition("=")
         if key in found and value and value != "(null)":
             try:
-                found[key] = subprocess.run(["scontrol", "show", "hostnames", value], capture_output=True,
-                                            text=True, timeout=30).stdout.split()
+                found[key] = subprocess.run(
+                    ["scontrol", "show", "hostnames", value],
+                    capture_output=True,
+                    text=True,
+                    timeout=30,
+                ).stdout.split()
             except (OSError, subprocess.TimeoutExpired):
                 found[key] = value.split(",")
     return found
 
 
-def requeue_update(bad: list[str], current: dict[str, list[str]], min_nodes: int, max_nodes: int) -> list[str]:
-    """What the requeued job must change: the bad nodes excluded (with earlier exclusions), taken out
+def requeue_update(
+    bad: list[str], current: dict[str, list[str]], min_nodes: int, max_nodes: int
+) -> list[str]:
+    """What the requeued job must change: the bad nodes excluded (with earlier exclusions), out
     of a required node list, and the node count restated (Slurm narrows it to the allocation)."""
     exclude = sorted(set(current["ExcNodeList"]) | set(bad))
     update = [f"ExcNodeList={','.join(exclude)}"]
@@ -167,22 +203,45 @@ def requeue_update(bad: list[str], current: dict[str, list[str]], min_nodes: int
     return update
 
 
-def decide(good: list[str], bad: dict[str, str], *, min_nodes: int, on_fail: str, can_requeue: bool,
-           excluded: list[str]) -> tuple[str, str, list[str]]:
+def decide(
+    good: list[str],
+    bad: dict[str, str],
+    *,
+    min_nodes: int,
+    on_fail: str,
+    can_requeue: bool,
+    excluded: list[str],
+) -> tuple[str, str, list[str]]:
     """(action, reason, exclude list)."""
     if not bad:
         return "ok", "", []
     named = ", ".join(f"{n} ({r})" for n, r in bad.items())
     if not good:
-        return "fail", (f"every node failed its preflight checks, so the cause is the environment "
-                        f"or the profile, not a node: {named}"), []
+        return (
+            "fail",
+            (
+                f"every node failed its preflight checks, so the cause is the environment "
+                f"or the profile, not a node: {named}"
+            ),
+            [],
+        )
     exclude = sorted(set(excluded) | set(bad))
     if on_fail == "shrink" and len(good) >= min_nodes:
-        return "shrink", f"continuing on {len(good)} healthy node(s) without {', '.join(bad)}: {named}", exclude
+        return (
+            "shrink",
+            f"continuing on {len(good)} healthy node(s) without {', '.join(bad)}: {named}",
+            exclude,
+        )
     if can_requeue:
         return "requeue", f"excluding {', '.join(bad)} and requeueing: {named}", exclude
-    return "fail", (f"{', '.join(bad)} failed the preflight checks and the job may not requeue "
-                    f"(preemption.requeue off or max_restarts reached): {named}"), exclude
+    return (
+        "fail",
+        (
+            f"{', '.join(bad)} failed the preflight checks and the job may not requeue "
+            f"(preemption.requeue off or max_restarts reached): {named}"
+        ),
+        exclude,
+    )
 
 
 def health(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -193,14 +252,20 @@ def health(events: list[dict[str, Any]]) -> dict[str, Any]:
         if e.get("event") == "preflight":
             bad.update(e.get("bad") or {})
         elif e.get("event") == "stall":
-            stalls.append({k: e.get(k) for k in ("time", "job_id", "rank", "host", "last_step", "stacks")})
+            stalls.append(
+                {k: e.get(k) for k in ("time", "job_id", "rank", "host", "last_step", "stacks")}
+            )
     return {"bad_nodes": bad, "stalls": stalls}
 
 
 def health_lines(info: dict[str, Any]) -> list[str]:
     out = [f"  bad node {name}: {why}" for name, why in info.get("bad_nodes", {}).items()]
-    out += [f"  stall: rank {s['rank']} on {s['host']} after step {s['last_step']} (job {s['job_id']}); "
-            f"stacks in {s['stacks']}" for s in info.get("stalls", [])]
+    out += [
+        f"  stall: rank {s['rank']} on {s['host']} after step {s['last_step']} "
+        f"(job {s['job_id']}); "
+        f"stacks in {s['stacks']}"
+        for s in info.get("stalls", [])
+    ]
     return out
 
 
@@ -212,10 +277,15 @@ def event(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hpctrain.preflight.gate", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m hpctrain.preflight.gate",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("folder", type=Path)
-    ap.add_argument("--nodes", required=True, help="node names, comma-separated, SLURM_NODEID order")
+    ap.add_argument(
+        "--nodes", required=True, help="node names, comma-separated, SLURM_NODEID order"
+    )
     ap.add_argument("--run-dir", type=Path, required=True)
     ap.add_argument("--min-nodes", type=int, required=True)
     ap.add_argument("--max-nodes", type=int, default=None, help="the request's node count")
@@ -230,25 +300,62 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--started", type=float, default=None, help="epoch seconds the gate started")
     a = ap.parse_args(argv)
     names = [n for n in a.nodes.split(",") if n]
-    good, bad, warnings, busbw = judge(a.folder, names, budget_s=a.budget_s, slow_factor=a.slow_factor,
-                                       expected_busbw=a.expected_busbw, min_fraction=a.min_fraction)
+    good, bad, warnings, busbw = judge(
+        a.folder,
+        names,
+        budget_s=a.budget_s,
+        slow_factor=a.slow_factor,
+        expected_busbw=a.expected_busbw,
+        min_fraction=a.min_fraction,
+    )
     current = job_nodes(a.job_id) if bad else {"ExcNodeList": [], "ReqNodeList": []}
-    action, reason, exclude = decide(good, bad, min_nodes=a.min_nodes, on_fail=a.on_fail,
-                                     can_requeue=bool(a.can_requeue), excluded=current["ExcNodeList"])
-    update = requeue_update(list(bad), current, a.min_nodes, a.max_nodes or len(names)) \
-        if action == "requeue" else []
+    action, reason, exclude = decide(
+        good,
+        bad,
+        min_nodes=a.min_nodes,
+        on_fail=a.on_fail,
+        can_requeue=bool(a.can_requeue),
+        excluded=current["ExcNodeList"],
+    )
+    update = (
+        requeue_update(list(bad), current, a.min_nodes, a.max_nodes or len(names))
+        if action == "requeue"
+        else []
+    )
     seconds = round(time.time() - a.started, 2) if a.started else None
-    v = Verdict(action, good, bad, warnings, exclude=exclude, update=update, reason=reason, busbw_gbps=busbw,
-                seconds=seconds)
+    v = Verdict(
+        action,
+        good,
+        bad,
+        warnings,
+        exclude=exclude,
+        update=update,
+        reason=reason,
+        busbw_gbps=busbw,
+        seconds=seconds,
+    )
     record = {"job_id": a.job_id, "restart_count": a.restart_count, "nodes": names, **asdict(v)}
     (a.folder / VERDICT).write_text(json.dumps(record, indent=1) + "\n")
     tmp = a.run_dir / f".{LATEST}.tmp"
     tmp.write_text(json.dumps({**record, "folder": str(a.folder)}, indent=1) + "\n")
     os.replace(tmp, a.run_dir / LATEST)
-    if bad or warnings:   # a gate that passed is in verdict.json and preflight.json, not in the event log
-        event(a.run_dir, {"event": "preflight", "job_id": a.job_id, "restart_count": a.restart_count,
-                          "verdict": action, "good": good, "bad": bad, "warnings": warnings,
-                          "busbw_gbps": busbw, "seconds": seconds})
+    if (
+        bad or warnings
+    ):  # a gate that passed is in verdict.json and preflight.json, not in the event log
+        event(
+            a.run_dir,
+            {
+                "event": "preflight",
+                "job_id": a.job_id,
+                "restart_count": a.restart_count,
+                "verdict": action,
+                "good": good,
+                "bad": bad,
+                "warnings": warnings,
+                "busbw_gbps": busbw,
+                "seconds": seconds,
+            },
+        )
     for name, why in bad.items():
         print(f"hpctrain: preflight: node {name} failed: {why}", file=sys.stderr)
     for w in warnings:

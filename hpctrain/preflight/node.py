@@ -1,6 +1,6 @@
 """One node's part of the preflight gate (one process per node, all nodes at once, inside the job).
 
-    srun --ntasks-per-node=1 python -m hpctrain.preflight.node --out RUN/preflight/JOB-0 --nodes n1,n2
+    srun --ntasks-per-node=1 python -m hpctrain.preflight.node --out RUN/preflight/J-0 --nodes n1,n2
 
 1. Local checks, written to `node-<id>.json` before anything touches the network, so a node whose
    network is broken still leaves its diagnosis: the software stack imports (torch, the entry),
@@ -30,10 +30,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hpctrain.preflight import (ENV_GPUS_PER_NODE, ENV_SCHEDULER, ENV_WANT_GPU, NET_ERROR, NET_REPORT,
-                                NODE_FAILURE, NODE_REPORT)
+from hpctrain.preflight import (
+    ENV_GPUS_PER_NODE,
+    ENV_SCHEDULER,
+    ENV_WANT_GPU,
+    NET_ERROR,
+    NET_REPORT,
+    NODE_FAILURE,
+    NODE_REPORT,
+)
 
-MAX_PAIR_NODES = 64      # ring-pair all-reduces up to this many nodes (one process group per pair)
+MAX_PAIR_NODES = 64  # ring-pair all-reduces up to this many nodes (one process group per pair)
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
@@ -44,20 +51,30 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 
 def check(name: str, ok: bool | None, detail: str) -> dict[str, str]:
     """A check row like doctor's: status pass | fail | warn."""
-    return {"name": name, "status": "pass" if ok else ("warn" if ok is None else "fail"), "detail": detail}
+    return {
+        "name": name,
+        "status": "pass" if ok else ("warn" if ok is None else "fail"),
+        "detail": detail,
+    }
 
 
 # --- local checks ------------------------------------------------------------------------------
 
+
 def check_imports(entry_kind: str, entry_target: str) -> tuple[list[dict[str, str]], Any]:
-    """torch, then the entry (train_entry's trainer; a user module found; a user script compiled)."""
+    """torch, then the entry (train_entry's trainer; a user module found; a script compiled)."""
     t0 = time.perf_counter()
     try:
         import torch
     except Exception as e:  # noqa: BLE001 - any import failure is the finding
         return [check("imports", False, f"import torch failed: {type(e).__name__}: {e}")], None
-    rows = [check("imports", True, f"torch {torch.__version__} in {time.perf_counter() - t0:.1f} s "
-                  f"({sys.executable})")]
+    rows = [
+        check(
+            "imports",
+            True,
+            f"torch {torch.__version__} in {time.perf_counter() - t0:.1f} s ({sys.executable})",
+        )
+    ]
     try:
         if entry_kind == "train_entry":
             importlib.import_module("train_entry.trainer")
@@ -79,23 +96,33 @@ def _smi(fields: str) -> list[list[str]] | None:
     if not smi:
         return None
     try:
-        out = subprocess.run([smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20)
+        out = subprocess.run(
+            [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:
         return None
-    return [[c.strip() for c in row.split(",")] for row in out.stdout.strip().splitlines() if row.strip()]
+    return [
+        [c.strip() for c in row.split(",")]
+        for row in out.stdout.strip().splitlines()
+        if row.strip()
+    ]
 
 
 def check_gpu_health() -> dict[str, str]:
     """nvidia-smi's error counters: uncorrected volatile ECC errors, pages waiting for retirement,
     row remaps pending or failed (A100 and later). A field the GPU does not report is skipped."""
     problems, seen = [], []
-    queries = {"ecc.errors.uncorrected.volatile.total": lambda v: v.isdigit() and int(v) > 0,
-               "retired_pages.pending": lambda v: v.lower() == "yes",
-               "remapped_rows.pending": lambda v: v.lower() == "yes",
-               "remapped_rows.failure": lambda v: v.lower() == "yes"}
+    queries = {
+        "ecc.errors.uncorrected.volatile.total": lambda v: v.isdigit() and int(v) > 0,
+        "retired_pages.pending": lambda v: v.lower() == "yes",
+        "remapped_rows.pending": lambda v: v.lower() == "yes",
+        "remapped_rows.failure": lambda v: v.lower() == "yes",
+    }
     for field, bad in queries.items():
         rows = _smi(f"index,{field}")
         if rows is None:
@@ -106,8 +133,9 @@ def check_gpu_health() -> dict[str, str]:
                 problems.append(f"GPU {idx} {field}={value}")
     if shutil.which("rocm-smi") and not shutil.which("nvidia-smi"):
         try:
-            out = subprocess.run(["rocm-smi", "--showretiredpages"], capture_output=True, text=True,
-                                 timeout=20)
+            out = subprocess.run(
+                ["rocm-smi", "--showretiredpages"], capture_output=True, text=True, timeout=20
+            )
             pending = [ln for ln in out.stdout.splitlines() if "pending" in ln.lower()]
             seen.append("rocm-smi retired pages")
             problems += [f"rocm-smi: {ln.strip()}" for ln in pending]
@@ -115,10 +143,14 @@ def check_gpu_health() -> dict[str, str]:
             return check("gpu health", None, f"rocm-smi failed: {e}")
     if problems:
         return check("gpu health", False, "; ".join(problems))
-    return check("gpu health", True, "no error counters set (" + (", ".join(seen) or "none reported") + ")")
+    return check(
+        "gpu health", True, "no error counters set (" + (", ".join(seen) or "none reported") + ")"
+    )
 
 
-def check_compute(torch: Any, devices: list[Any], n: int) -> tuple[list[dict[str, str]], float | None]:
+def check_compute(
+    torch: Any, devices: list[Any], n: int
+) -> tuple[list[dict[str, str]], float | None]:
     """On each device: an exact integer-valued matmul checked by Freivalds' test (C v == A (B v) in
     float64), the best time of a few float32 matmuls on normal data, and that those are finite."""
     rows, worst = [], 0.0
@@ -131,14 +163,21 @@ def check_compute(torch: Any, devices: list[Any], n: int) -> tuple[list[dict[str
     want = a_int.double() @ (b_int.double() @ v)
     a_rand, b_rand = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
     for dev in devices:
+
         def sync(dev: Any = dev) -> None:
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
 
         c = (a_int.to(dev) @ b_int.to(dev)).double().cpu()
         if not torch.equal(c @ v, want):
-            rows.append(check("matmul", False, f"{dev}: {n}x{n} integer matmul is WRONG "
-                              f"(Freivalds' test, max error {(c @ v - want).abs().max().item():g})"))
+            rows.append(
+                check(
+                    "matmul",
+                    False,
+                    f"{dev}: {n}x{n} integer matmul is WRONG "
+                    f"(Freivalds' test, max error {(c @ v - want).abs().max().item():g})",
+                )
+            )
             continue
         a, b = a_rand.to(dev), b_rand.to(dev)
         out = a @ b
@@ -153,10 +192,21 @@ def check_compute(torch: Any, devices: list[Any], n: int) -> tuple[list[dict[str
             if time.perf_counter() > t_end:
                 break
         worst = max(worst, best)
-        rows.append(check("matmul", True, f"{dev}: {n}x{n} exact; best {best * 1e3:.1f} ms "
-                          f"({2 * n**3 / best / 1e9:.1f} GFLOP/s)"))
-        rows.append(check("nan", finite, f"{dev}: float32 matmul outputs "
-                          + ("finite" if finite else "contain NaN/Inf")))
+        rows.append(
+            check(
+                "matmul",
+                True,
+                f"{dev}: {n}x{n} exact; best {best * 1e3:.1f} ms "
+                f"({2 * n**3 / best / 1e9:.1f} GFLOP/s)",
+            )
+        )
+        rows.append(
+            check(
+                "nan",
+                finite,
+                f"{dev}: float32 matmul outputs " + ("finite" if finite else "contain NaN/Inf"),
+            )
+        )
     return rows, (worst if rows and all(r["status"] == "pass" for r in rows) else None)
 
 
@@ -168,9 +218,18 @@ def local_report(node: int, name: str, args: argparse.Namespace) -> dict[str, An
     gpus = int(os.environ.get(ENV_GPUS_PER_NODE, "0") or 0)
     rows, torch = check_imports(args.entry_kind, args.entry_target)
     cuda = bool(torch is not None and want_gpu and torch.cuda.is_available())
-    for c in node_checks(env=dict(os.environ), head=None, rdzv_addr=None, port=None, is_head=False,
-                         expect_gpus=gpus, want_gpu=want_gpu,
-                         slurm=os.environ.get(ENV_SCHEDULER) == "slurm", bind_port=False, uses_nccl=cuda):
+    for c in node_checks(
+        env=dict(os.environ),
+        head=None,
+        rdzv_addr=None,
+        port=None,
+        is_head=False,
+        expect_gpus=gpus,
+        want_gpu=want_gpu,
+        slurm=os.environ.get(ENV_SCHEDULER) == "slurm",
+        bind_port=False,
+        uses_nccl=cuda,
+    ):
         if c.status != "skip":
             rows.append({"name": c.name, "status": c.status, "detail": c.detail})
     matmul_s = None
@@ -178,7 +237,9 @@ def local_report(node: int, name: str, args: argparse.Namespace) -> dict[str, An
         if cuda:
             rows.append(check_gpu_health())
             count = torch.cuda.device_count()
-            rows.append(check("devices", count >= gpus, f"{count} CUDA device(s) visible, {gpus} requested"))
+            rows.append(
+                check("devices", count >= gpus, f"{count} CUDA device(s) visible, {gpus} requested")
+            )
             devices = [torch.device("cuda", i) for i in range(min(count, gpus))]
         else:
             devices = [torch.device("cpu")]
@@ -194,15 +255,26 @@ def local_report(node: int, name: str, args: argparse.Namespace) -> dict[str, An
         with socket.socket() as s:
             s.bind((addr, 0))
             port = s.getsockname()[1]
-    return {"node": node, "name": name, "host": socket.gethostname(), "pid": os.getpid(), "ok": ok,
-            "checks": rows, "matmul_s": matmul_s, "device": "cuda" if cuda else "cpu", "addr": addr,
-            "port": port, "seconds": round(time.perf_counter() - t0, 3)}
+    return {
+        "node": node,
+        "name": name,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "ok": ok,
+        "checks": rows,
+        "matmul_s": matmul_s,
+        "device": "cuda" if cuda else "cpu",
+        "addr": addr,
+        "port": port,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
 
 
 # --- the all-reduce between the nodes -------------------------------------------------------------
 
+
 def wait_reports(out: Path, nnodes: int, deadline: float) -> dict[int, dict[str, Any] | None]:
-    """Every node's local report (None: it failed to run); nodes missing at the deadline are absent."""
+    """Every node's local report (None: it failed to run); nodes missing at the deadline: absent."""
     got: dict[int, dict[str, Any] | None] = {}
     while True:
         for n in range(nnodes):
@@ -218,10 +290,11 @@ def wait_reports(out: Path, nnodes: int, deadline: float) -> dict[int, dict[str,
         time.sleep(0.2)
 
 
-def timed_allreduce(torch: Any, dist: Any, buf: Any, group: Any, world: int, sync: Any,
-                    device: Any) -> tuple[float, bool]:
+def timed_allreduce(
+    torch: Any, dist: Any, buf: Any, group: Any, world: int, sync: Any, device: Any
+) -> tuple[float, bool]:
     """Seconds per all-reduce of `buf` (the slowest member's), and whether the sum was right."""
-    dist.all_reduce(buf, group=group)   # warm-up: connections, buffers
+    dist.all_reduce(buf, group=group)  # warm-up: connections, buffers
     sync()
     t1 = time.perf_counter()
     dist.all_reduce(buf, group=group)
@@ -238,8 +311,9 @@ def timed_allreduce(torch: Any, dist: Any, buf: Any, group: Any, world: int, syn
     rank = dist.get_rank(group)
     buf.fill_(float(rank + 1))
     dist.all_reduce(buf, group=group)
-    ok = torch.tensor([int(bool(torch.all(buf == world * (world + 1) / 2)))], dtype=torch.int32,
-                      device=device)
+    ok = torch.tensor(
+        [int(bool(torch.all(buf == world * (world + 1) / 2)))], dtype=torch.int32, device=device
+    )
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=group)
     return float(elapsed.item()), bool(ok.item())
 
@@ -249,8 +323,9 @@ def busbw(nbytes: int, seconds: float, world: int) -> float:
     return nbytes / seconds / 1e9 * 2 * (world - 1) / world
 
 
-def network(out: Path, me: dict[str, Any], members: list[dict[str, Any]], nbytes: int,
-            deadline: float) -> None:
+def network(
+    out: Path, me: dict[str, Any], members: list[dict[str, Any]], nbytes: int, deadline: float
+) -> None:
     from datetime import timedelta
 
     import torch
@@ -268,14 +343,25 @@ def network(out: Path, me: dict[str, Any], members: list[dict[str, Any]], nbytes
     try:
         if cuda:
             torch.cuda.set_device(device)
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{head['addr']}:{head['port']}",
-                                rank=rank, world_size=world,
-                                timeout=timedelta(seconds=max(5.0, deadline - time.monotonic())))
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            init_method=f"tcp://{head['addr']}:{head['port']}",
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=max(5.0, deadline - time.monotonic())),
+        )
         buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
         t, ok = timed_allreduce(torch, dist, buf, None, world, sync, device)
-        result: dict[str, Any] = {"members": ids, "names": [m["name"] for m in members],
-                                  "bytes": nbytes, "seconds": t, "busbw_gbps": busbw(nbytes, t, world),
-                                  "correct": ok, "pairs": [], "backend": dist.get_backend()}
+        result: dict[str, Any] = {
+            "members": ids,
+            "names": [m["name"] for m in members],
+            "bytes": nbytes,
+            "seconds": t,
+            "busbw_gbps": busbw(nbytes, t, world),
+            "correct": ok,
+            "pairs": [],
+            "backend": dist.get_backend(),
+        }
         if 3 <= world <= MAX_PAIR_NODES:
             # ring pairs (i, i+1): two rounds of disjoint pairs (three when the count is odd)
             pairs = [(i, (i + 1) % world) for i in range(world)]
@@ -287,8 +373,15 @@ def network(out: Path, me: dict[str, Any], members: list[dict[str, Any]], nbytes
                         small = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
                         pt, pok = timed_allreduce(torch, dist, small, g, 2, sync, device)
                         if rank == a:
-                            result["pairs"].append({"a": ids[a], "b": ids[b], "seconds": pt,
-                                                    "busbw_gbps": busbw(nbytes, pt, 2), "correct": pok})
+                            result["pairs"].append(
+                                {
+                                    "a": ids[a],
+                                    "b": ids[b],
+                                    "seconds": pt,
+                                    "busbw_gbps": busbw(nbytes, pt, 2),
+                                    "correct": pok,
+                                }
+                            )
                 dist.barrier()
             gathered: list[Any] = [None] * world
             dist.all_gather_object(gathered, result["pairs"])
@@ -297,26 +390,42 @@ def network(out: Path, me: dict[str, Any], members: list[dict[str, Any]], nbytes
             write_json(out / NET_REPORT, result)
         dist.destroy_process_group()
     except Exception as e:  # noqa: BLE001 - the failure is the finding
-        write_json(out / NET_ERROR.format(node=me["node"]),
-                   {"node": me["node"], "name": me["name"], "error": f"{type(e).__name__}: {e}"[:800]})
+        write_json(
+            out / NET_ERROR.format(node=me["node"]),
+            {"node": me["node"], "name": me["name"], "error": f"{type(e).__name__}: {e}"[:800]},
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hpctrain.preflight.node", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, required=True, help="the gate's folder (shared by all nodes)")
-    ap.add_argument("--nodes", required=True, help="the allocation's node names, comma-separated, in "
-                    "SLURM_NODEID order")
+    ap = argparse.ArgumentParser(
+        prog="python -m hpctrain.preflight.node",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--out", type=Path, required=True, help="the gate's folder (shared by all nodes)"
+    )
+    ap.add_argument(
+        "--nodes",
+        required=True,
+        help="the allocation's node names, comma-separated, in SLURM_NODEID order",
+    )
     ap.add_argument("--budget-s", type=float, default=60.0)
     ap.add_argument("--matmul-n", type=int, default=1024)
     ap.add_argument("--allreduce-mib", type=int, default=16)
-    ap.add_argument("--entry-kind", default="train_entry", choices=("train_entry", "module", "script"))
+    ap.add_argument(
+        "--entry-kind", default="train_entry", choices=("train_entry", "module", "script")
+    )
     ap.add_argument("--entry-target", default="train_entry")
     a = ap.parse_args(argv)
     start = time.monotonic()
     names = a.nodes.split(",")
     node = int(os.environ.get("SLURM_NODEID", "0"))
-    name = names[node] if node < len(names) else os.environ.get("SLURMD_NODENAME", socket.gethostname())
+    name = (
+        names[node]
+        if node < len(names)
+        else os.environ.get("SLURMD_NODENAME", socket.gethostname())
+    )
     a.out.mkdir(parents=True, exist_ok=True)
     me = local_report(node, name, a)
     write_json(a.out / NODE_REPORT.format(node=node), me)
@@ -335,4 +444,6 @@ if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code)   # a finished gloo process may abort at interpreter exit (train_entry.dist.exit_now)
+    os._exit(
+        code
+    )  # a finished gloo process may abort at interpreter exit (train_entry.dist.exit_now)
