@@ -80,6 +80,13 @@ def check_train_entry(
             f"train_entry's config does not work {where}:\n  {_one(e)}\n"
             "nothing was queued (`python -m train_entry --help` lists every key)"
         ) from None
+    if cfg.train.tracker != "none":
+        from train_entry.trackers import check_installed
+
+        try:
+            check_installed(cfg.train.tracker)
+        except UserError as e:
+            raise UserError(f"train_entry's config does not work {where}:\n  {_one(e)}") from None
     if cfg.model.factory or cfg.data.factory or cfg.data.collate or cfg.strategy == "deepspeed":
         _probe(
             python or sys.executable,

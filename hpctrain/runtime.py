@@ -28,6 +28,7 @@ put in the state dict (e.g. {"epoch": 1, "offset": 4096}).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -52,6 +53,7 @@ ENV_RESTART_COUNT = jobenv.RESTART_COUNT
 PREEMPTED = exitcodes.PREEMPTED  # a verified checkpoint was saved because the stop flag was raised
 STOP_SIGNALS = ("SIGUSR2", "SIGUSR1", "SIGTERM")
 STATE_FILE = "state.pt"
+SAVES = "saves.jsonl"  # run-folder file: one line per save
 
 
 def _format() -> Any:
@@ -269,6 +271,10 @@ class Checkpoint:
         _barrier(dist)
         self.blocked_s.append(time.monotonic() - t0)
         _saved.append(step)
+        if me == 0:  # what `hpctrain report` sums as time lost to blocking saves
+            with contextlib.suppress(OSError, RuntimeError), open(run_dir() / SAVES, "a") as f:
+                f.write(json.dumps({"step": step, "blocked_s": self.blocked_s[-1],
+                                    "time": time.time()}) + "\n")
         return final
 
     def _commit(

@@ -106,6 +106,13 @@ def test_examples_preempt_requeue_resume_bit_identical(runs):
         logs = runs.hp("logs", name).stdout
         assert f"resuming from {run}/checkpoints/step-{stopped:08d}" in logs, (name, logs[-3000:])
         assert steps(run) == list(range(1, STEPS + 1)), (name, steps(run))
+    # what the preempted run cost, from sacct: every attempt's GPUs x elapsed
+    rep = json.loads(runs.hp("report", "ddp", "--json").stdout)
+    s = rep["runs"][0]
+    assert s["restarts"] == 1 and s["steps_redone"] == 0 and s["steps"] == STEPS, s
+    assert s["gpu_hours_source"] == "sacct" and s["gpu_hours"] > 0, s
+    assert s["saves"] >= 3 and s["newest_checkpoint"]["step"] == STEPS, s
+    assert (runs.run("ddp") / "report" / "loss.png").is_file()
 
 
 def _accelerate_world(folder: Path) -> list[dict]:

@@ -65,6 +65,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, int]:
     if args.print_config:
         return args, cfg, 0
     accum = check_sizes(cfg)
+    if cfg.train.tracker != "none":
+        from train_entry.trackers import check_installed
+
+        check_installed(cfg.train.tracker)
     specs = {"model.factory": cfg.model.factory, "data.factory": cfg.data.factory,
              "data.collate": cfg.data.collate}
     if any(specs.values()):

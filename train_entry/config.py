@@ -83,7 +83,12 @@ class TrainSection(_Section):
     log_every: int = _f(1, "Write metrics every N steps.", ge=1)
     timeout_min: float = _f(10.0, "Process group timeout in minutes.", gt=0)
     tensorboard: bool = _f(False, "Also write TensorBoard events to <run>/tensorboard (needs "
-                           "`pip install tensorboard`).")
+                           "`pip install tensorboard`); the same as tracker=tensorboard.")
+    tracker: Literal["none", "tensorboard", "mlflow", "wandb"] = _f(
+        "none", "Experiment tracker: one tracker run per hpctrain run, continued across requeues "
+        "and resumes (its id in <run>/tracker.json); pip install 'hpctrain[mlflow]' (or wandb, "
+        "tensorboard).")
+    tracker_project: str | None = _f(None, "Tracker project / experiment name (default hpctrain).")
 
 
 class DDPConfig(_Section):

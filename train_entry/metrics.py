@@ -42,7 +42,9 @@ class Metrics:
     """Call `step(...)` after every optimizer step on every rank (GPU memory is gathered from all)."""
 
     def __init__(self, run_dir: Path, *, rank: int, world_size: int, device: torch.device, max_steps: int,
-                 log_every: int, tensorboard: bool, tokens_per_sample: int | None = None) -> None:
+                 log_every: int, tensorboard: bool, tokens_per_sample: int | None = None,
+                 tracker: str = "none", tracker_project: str | None = None,
+                 config: dict | None = None) -> None:
         self.run_dir, self.rank, self.world, self.device = run_dir, rank, world_size, device
         self.max_steps, self.log_every = max_steps, log_every
         self.tokens_per_sample = tokens_per_sample
@@ -59,13 +61,9 @@ class Metrics:
                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn())
             self.task = self.bar.add_task("train", total=max_steps, completed=0, info="")
             self.bar.start()
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                self.line("tensorboard is not installed (pip install tensorboard): not writing events")
-            else:
-                self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+        # The tracker opens at the first logged step, once the resume step is known.
+        self.tracker_kind = "tensorboard" if tensorboard and tracker == "none" else tracker
+        self.tracker_project, self.config = tracker_project, config or {}
 
     def start(self, step: int) -> None:
         """The loop starts (again) at `step`: rates and ETA count from here."""
@@ -127,9 +125,14 @@ class Metrics:
             self.bar.update(self.task, completed=step, info=info)
         else:
             print(text, flush=True)
+        if self.tracker_kind != "none" and self.tb is None:
+            from train_entry.trackers import open_tracker
+
+            self.tb = open_tracker(self.tracker_kind, self.run_dir, config=self.config,
+                                   step=self.start_step, project=self.tracker_project)
         if self.tb is not None:
-            for k in ("loss", "lr", "samples_per_s", "grad_norm"):
-                self.tb.add_scalar(f"train/{k}", rec[k], step)
+            keys = ("loss", "lr", "samples_per_s", "grad_norm", "step_time_s", "tokens_per_s")
+            self.tb.log(step, {k: float(rec[k]) for k in keys if isinstance(rec.get(k), (int, float))})
 
     def close(self) -> None:
         if self.bar is not None:

@@ -128,7 +128,9 @@ class Trainer:
 
         # ---- resume from the newest verified checkpoint, if any (no flag: a restart just continues)
         metrics = Metrics(self.run_dir, rank=info.rank, world_size=info.world_size, device=device,
-                          max_steps=t.max_steps, log_every=t.log_every, tensorboard=t.tensorboard)
+                          max_steps=t.max_steps, log_every=t.log_every, tensorboard=t.tensorboard,
+                          tracker=t.tracker, tracker_project=t.tracker_project,
+                          config=state.config)
         ckpt = Checkpointer(self.run_dir, strategy=cfg.strategy, every_steps=cfg.checkpoint.every_steps,
                             every_minutes=cfg.checkpoint.every_minutes, keep=cfg.checkpoint.keep,
                             async_save=cfg.checkpoint.async_save, log=metrics.line)
@@ -174,6 +176,8 @@ class Trainer:
                     prof.step()
                 saved = self._try_save(lambda: ckpt.maybe_save(state), rank=info.rank,
                                        metrics=metrics, log=log)
+                if saved:
+                    self._record_saves(ckpt, info.rank)
                 beat.beat(state.step)
 
                 # preemption: every rank sees the same answer, so all save the same step
@@ -181,6 +185,7 @@ class Trainer:
                     if not saved:
                         ckpt.save(state, sync=True)
                     ckpt.wait()
+                    self._record_saves(ckpt, info.rank)
                     why = f"stopped at step {state.step} ({stop.reason}): checkpoint saved, exit 75"
                     metrics.line(why)
                     log.info(why)
@@ -191,6 +196,7 @@ class Trainer:
             # ---- the end: last checkpoint, wait for async saves, the final params hash
             ckpt.maybe_save(state, last=True)
             ckpt.wait()
+            self._record_saves(ckpt, info.rank)
             digest = params_sha256(w.model)   # a collective for FSDP2 / ZeRO-3
             if info.rank == 0:
                 (self.run_dir / "final_params.sha256").write_text(digest + "\n")
@@ -198,6 +204,15 @@ class Trainer:
             metrics.line(done)
             log.info(done)
             return 0
+
+    def _record_saves(self, ckpt: Any, rank: int) -> None:
+        """saves.jsonl: how long each save held the loop (`hpctrain report` sums it)."""
+        done = getattr(self, "_saves_recorded", 0)
+        if rank == 0 and len(ckpt.timings) > done:
+            with contextlib.suppress(OSError), (self.run_dir / "saves.jsonl").open("a") as f:
+                for rec in ckpt.timings[done:]:
+                    f.write(json.dumps({**rec, "time": time.time()}) + "\n")
+        self._saves_recorded = len(ckpt.timings)
 
     def _event(self, record: dict) -> None:
         record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **record, "source": "train_entry"}

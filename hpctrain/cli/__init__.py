@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "check-resume": "hpctrain.cli.resume:check_resume",
     "plan": "hpctrain.cli.plan:plan",
     "doctor": "hpctrain.cli.doctor:doctor",
+    "report": "hpctrain.cli.report:report",
 }
 
 SHORT_HELP: dict[str, str] = {
@@ -41,6 +42,7 @@ SHORT_HELP: dict[str, str] = {
     "check-resume": "Prove that interrupting and resuming your config is bit-exact.",
     "plan": "Estimate memory per GPU and pick a strategy before submitting.",
     "doctor": "Check the network, ports, GPUs and collectives on the allocated nodes.",
+    "report": "Plot a run (loss, throughput, restarts) and summarise what it cost.",
 }
 
 

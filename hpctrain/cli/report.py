@@ -1,0 +1,43 @@
+"""hpctrain report: plots and a cost summary of one run, or two overlaid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.argument("runs", nargs=-1, required=True)
+@click.option(
+    "--runs-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to look for runs by name (default ./runs, then the run index).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.option("--no-plots", is_flag=True, help="Only the summary; write no PNG.")
+def report(runs: tuple[str, ...], runs_dir: Path | None, as_json: bool, no_plots: bool) -> None:
+    """Plot a run (loss, throughput, step time, GPU; restarts and checkpoints marked) into
+    RUN/report/*.png and summarise what it cost: wall time, GPU-hours (sacct where available),
+    restarts, steps redone, time lost to restarts and to blocking checkpoint saves.
+    Two runs: their curves overlaid, in FIRST/report/vs-SECOND/.
+
+    \b
+    Examples:
+      hpctrain report demo
+      hpctrain report demo --json
+      hpctrain report demo demo.old-20261201-101500     # overlay two runs
+    """
+    from hpctrain.report.service import build
+
+    result = build(list(runs), runs_dir=runs_dir, with_plots=not no_plots)
+    if as_json:
+        click.echo(json.dumps(result, indent=2))
+        return
+    from hpctrain.report.summary import text
+
+    for s in result["runs"]:
+        click.echo(text(s))
+    for p in result["plots"]:
+        click.echo(f"  plot: {p}")

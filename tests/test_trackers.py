@@ -1,0 +1,77 @@
+"""train.tracker: one tracker run per hpctrain run, continued across a preemption and restart.
+
+Each tracker for real, offline: TensorBoard event files, MLflow's file store, W&B offline mode.
+train_entry runs 4 steps as one process, stopped after step 2 (exit 75) and started again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow]
+
+
+def train(run: Path, tracker: str, **env: str) -> None:
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train_entry",
+            "--run-dir",
+            str(run),
+            "--max-steps",
+            "4",
+            f"--train.tracker={tracker}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "WANDB_MODE": "offline",
+            "WANDB_SILENT": "true",
+            "MLFLOW_TRACKING_URI": "",
+            **env,
+        },
+    )
+    assert out.returncode == (75 if "HPCTRAIN_STOP_AT_STEP" in env else 0), out.stderr[-3000:]
+
+
+@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
+def test_one_tracker_run_across_a_restart(tmp_path, tracker):
+    run = tmp_path / "run"
+    train(run, tracker, HPCTRAIN_STOP_AT_STEP="2")
+    first = json.loads((run / "tracker.json").read_text())
+    train(run, tracker)
+    kept = json.loads((run / "tracker.json").read_text())
+    assert kept == first and kept["kind"] == tracker, (first, kept)
+
+    if tracker == "tensorboard":
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(kept["id"])
+        acc.Reload()
+        assert [e.step for e in acc.Scalars("train/loss")] == [1, 2, 3, 4]
+    elif tracker == "mlflow":
+        from mlflow.tracking import MlflowClient
+
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        client = MlflowClient(tracking_uri=(run / "mlruns").as_uri())
+        found = [
+            r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])
+        ]
+        assert [r.info.run_id for r in found] == [kept["id"]]  # one run, not two
+        assert [m.step for m in client.get_metric_history(kept["id"], "loss")] == [1, 2, 3, 4]
+        assert found[0].data.params["train.max_steps"] == "4"
+    else:
+        starts = sorted((run / "wandb").glob("offline-run-*"))
+        assert len(starts) == 2 and all(p.name.endswith("-" + kept["id"]) for p in starts), starts
+        for p in starts:
+            assert (p / f"run-{kept['id']}.wandb").stat().st_size > 0
