@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.kernel import exitcodes, jobenv
+from hpctrain.kernel import exitcodes, jobenv, layout
 
 # The job environment this module reads (set by the rendered batch script, docs/design.md).
 ENV_RUN_DIR = jobenv.RUN_DIR
@@ -53,7 +53,7 @@ ENV_RESTART_COUNT = jobenv.RESTART_COUNT
 PREEMPTED = exitcodes.PREEMPTED  # a verified checkpoint was saved because the stop flag was raised
 STOP_SIGNALS = ("SIGUSR2", "SIGUSR1", "SIGTERM")
 STATE_FILE = "state.pt"
-SAVES = "saves.jsonl"  # run-folder file: one line per save
+SAVES = layout.SAVES  # one line per save: what `hpctrain report` sums
 
 
 def _format() -> Any:

@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.kernel import jobenv
+
 pytestmark = [pytest.mark.slow]
 
 
-def train(run: Path, tracker: str, **env: str) -> None:
+def train(run: Path, tracker: str, env: dict[str, str] | None = None) -> None:
+    env = env or {}
     out = subprocess.run(
         [
             sys.executable,
@@ -41,13 +44,13 @@ def train(run: Path, tracker: str, **env: str) -> None:
             **env,
         },
     )
-    assert out.returncode == (75 if "HPCTRAIN_STOP_AT_STEP" in env else 0), out.stderr[-3000:]
+    assert out.returncode == (75 if jobenv.STOP_AT_STEP in env else 0), out.stderr[-3000:]
 
 
 @pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
 def test_one_tracker_run_across_a_restart(tmp_path, tracker):
     run = tmp_path / "run"
-    train(run, tracker, HPCTRAIN_STOP_AT_STEP="2")
+    train(run, tracker, {jobenv.STOP_AT_STEP: "2"})
     first = json.loads((run / "tracker.json").read_text())
     train(run, tracker)
     kept = json.loads((run / "tracker.json").read_text())

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hpctrain.kernel import layout
 from train_entry.checkpoint import LATEST, Checkpointer, SaveFailed
 from train_entry.config import TrainConfig
 from train_entry.data import build_batches
@@ -209,7 +210,7 @@ class Trainer:
         """saves.jsonl: how long each save held the loop (`hpctrain report` sums it)."""
         done = getattr(self, "_saves_recorded", 0)
         if rank == 0 and len(ckpt.timings) > done:
-            with contextlib.suppress(OSError), (self.run_dir / "saves.jsonl").open("a") as f:
+            with contextlib.suppress(OSError), (self.run_dir / layout.SAVES).open("a") as f:
                 for rec in ckpt.timings[done:]:
                     f.write(json.dumps({**rec, "time": time.time()}) + "\n")
         self._saves_recorded = len(ckpt.timings)

@@ -80,6 +80,17 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("train.log", "rank-0 plain progress lines", "train_entry"),
     Entry("final_params.sha256", "written by rank 0 at the end of training", "train_entry"),
     Entry("plan.json", "`submit --strategy auto`: the plan decision", "submit"),
+    Entry(
+        "saves.jsonl",
+        'one line per checkpoint save: {"step", "blocked_s" (time the loop waited), "time"}',
+        "train_entry, hpctrain.runtime",
+    ),
+    Entry(
+        "tracker.json",
+        'the experiment tracker run this run continues: {"kind", "id", "project"}',
+        "train_entry (train.tracker)",
+    ),
+    Entry("report/", "`hpctrain report`: PNG plots (loss, throughput, step time, GPU)", "report"),
 )
 
 RUN_YAML = "run.yaml"
@@ -97,6 +108,9 @@ METRICS = "metrics.jsonl"
 TRAIN_LOG = "train.log"
 FINAL_PARAMS = "final_params.sha256"
 PLAN = "plan.json"
+SAVES = "saves.jsonl"
+TRACKER = "tracker.json"
+REPORT = "report"
 
 
 def node_log(node: int | str) -> str:

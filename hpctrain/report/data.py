@@ -10,15 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Run-folder files read here (docs/design.md "Run folder").
+from hpctrain.kernel import layout
+
+# Run-folder files read here (hpctrain.kernel.layout).
 METRICS, RESTARTS, EVENTS, JOBS, SAVES = (
-    "metrics.jsonl",
-    "restarts.jsonl",
-    "events.jsonl",
-    "jobs.jsonl",
-    "saves.jsonl",
-)
-GPU_CSV, RUN_YAML, CHECKPOINTS = "gpu.csv", "run.yaml", "checkpoints"
+    layout.METRICS, layout.RESTARTS, layout.EVENTS, layout.JOBS, layout.SAVES)
+GPU_CSV, RUN_YAML, CHECKPOINTS = "gpu.csv", layout.RUN_YAML, layout.CHECKPOINTS
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 
 

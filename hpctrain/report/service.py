@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.kernel import layout
 from hpctrain.report import data, plots, summary
 
 
@@ -18,7 +19,7 @@ def build(
         raise UserError(f"{len(refs)} runs given: overlay at most 4 (e.g. hpctrain report A B)")
     found = [find_run(r, runs_dir) for r in refs]
     loaded = [data.load(r.path) for r in found]
-    out = loaded[0].path / "report"
+    out = loaded[0].path / layout.REPORT
     if len(loaded) > 1:
         out = out / ("vs-" + "-".join(r.name for r in loaded[1:]))
     written = [str(p) for p in plots.write(loaded, out)] if with_plots else []

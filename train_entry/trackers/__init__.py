@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from hpctrain.errors import UserError
+from hpctrain.kernel import layout
 
 # name -> (module:class, the extra that installs its package)
 TRACKERS: dict[str, tuple[str, str]] = {
@@ -22,7 +23,7 @@ TRACKERS: dict[str, tuple[str, str]] = {
     "mlflow": ("train_entry.trackers.mlflow:MLflow", "mlflow"),
     "wandb": ("train_entry.trackers.wandb:WandB", "wandb"),
 }
-ID_FILE = "tracker.json"
+ID_FILE = layout.TRACKER
 
 
 class Tracker(Protocol):
