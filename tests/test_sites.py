@@ -368,11 +368,11 @@ def test_a_user_script_runs_under_launcher_srun(tmp_path, standins, monkeypatch)
     user.write_text(USER_SCRIPT)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
-    monkeypatch.setenv("HPCTRAIN_PYTHON", sys.executable)
+    monkeypatch.setenv(jobenv.PYTHON, sys.executable)
     profile = resolve("loopback", {"launch.launcher": "srun"})
     req = JobRequest.build(profile, name="u", nodes=2, gpus=1, script=str(user), args=[str(out_dir)])
     text = render(profile, req, str(tmp_path / "runs" / "u"))
-    out = run_script(text, standins, env={**SLURM_ENV, "HPCTRAIN_PYTHON": sys.executable}, timeout=120)
+    out = run_script(text, standins, env={**SLURM_ENV, jobenv.PYTHON: sys.executable}, timeout=120)
     logs = "".join(p.read_text() for p in (tmp_path / "runs" / "u" / "logs").glob("*.log"))
     assert out.returncode == 0, out.stderr + logs
     assert "--ntasks-per-node=1" in (rec / "srun.args").read_text()
@@ -384,7 +384,7 @@ def test_activation_happens_inside_the_container_in_every_task(tmp_path, standin
     bin_, rec = standins
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
-    (venv / "bin" / "activate").write_text('export VENV_ACTIVE="inside-$HPCTRAIN_NODEID"\n')
+    (venv / "bin" / "activate").write_text(f'export VENV_ACTIVE="inside-${jobenv.NODEID}"\n')
     shutil.copy(STANDINS / "apptainer", bin_ / "apptainer")
     shutil.copy(STANDINS / "_record.sh", bin_ / "_record.sh")
     flags = {"environment.activate": str(venv),
