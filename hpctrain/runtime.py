@@ -68,8 +68,8 @@ _chosen: list[Path] = []  # the folder a first run_dir(default) call chose, outs
 
 
 def run_dir(default: str | os.PathLike | None = None) -> Path:
-    """The run folder: the job environment's RUN_DIR under hpctrain, else `default` (remembered for later calls,
-    e.g. from log_metrics), created if missing."""
+    """The run folder: the job environment's RUN_DIR under hpctrain, else `default`
+    (remembered for later calls, e.g. from log_metrics), created if missing."""
     raw = os.environ.get(ENV_RUN_DIR)
     if raw:
         path = Path(raw).absolute()

@@ -95,7 +95,8 @@ def test_report_summarises_a_restarted_run_and_writes_plots(tmp_path):
     assert "steps redone 2" in out and "restarts 1" in out
     for name in ("loss.png", "throughput.png", "step_time.png", "gpu.png"):
         png = run / "report" / name
-        assert f"plot: {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert str(png) in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert out.splitlines()[-1].strip() == f"loss curve: {run / 'report' / 'loss.png'}"
 
 
 def test_report_overlays_two_runs(tmp_path):

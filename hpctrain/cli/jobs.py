@@ -57,7 +57,9 @@ def _flags(partition: str | None, account: str | None, qos: str | None, sets: tu
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UserError(f"--set {item!r}: write KEY=VALUE, e.g. --set slurm.mem=0")
-        flags[key] = _scalar(value)
+        # An environment variable's value is text as typed (`--set environment.env.X=true`).
+        text_key = key.startswith(("environment.env.", "network.env."))
+        flags[key] = value if text_key else _scalar(value)
     for key, value in (("partition", partition), ("account", account), ("qos", qos)):
         if value is not None:
             flags[f"slurm.{key}"] = value

@@ -39,5 +39,9 @@ def report(runs: tuple[str, ...], runs_dir: Path | None, as_json: bool, no_plots
 
     for s in result["runs"]:
         click.echo(text(s))
+    loss = [p for p in result["plots"] if Path(p).name == "loss.png"]
     for p in result["plots"]:
-        click.echo(f"  plot: {p}")
+        if p not in loss:
+            click.echo(f"  plot: {p}")
+    for p in loss:  # last: the one a newcomer looks at first
+        click.echo(f"  loss curve: {p}")
