@@ -195,6 +195,9 @@ def test_launcher_srun_renders_one_task_per_gpu(tmp_path, standins):
     assert f'srun --nodes="${jobenv.NNODES}" --ntasks-per-node=2 --kill-on-bad-exit=1' in text
     assert "hpctrain_launch+=(--gpus-per-task=1)" in text and "torch.distributed.run" not in text
     assert "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS" in text
+    gres = script("loopback", {"launch.launcher": "srun", "launch.task_gpus": "gpu-bind",
+                               "slurm.gpu_request": "gres"}, tmp_path / "r" / "g", bin_, gpus=2)
+    assert "#SBATCH --gres=gpu:2\n" in gres and "hpctrain_launch+=(--gpu-bind=single:1)" in gres
     with pytest.raises(ValidationError, match="launch.launcher srun needs scheduler slurm"):
         resolve("local", {"launch.launcher": "srun"})
 

@@ -4,8 +4,8 @@ Inside each task the per-node command sets what torchrun's agent would have: RAN
 SLURM_PROCID, LOCAL_RANK from SLURM_LOCALID, WORLD_SIZE from SLURM_NTASKS, LOCAL_WORLD_SIZE,
 GROUP_RANK from SLURM_NODEID, MASTER_ADDR/MASTER_PORT from the rendezvous head; the entry then joins
 with torch's env:// init (train_entry and user scripts alike). With `launch.task_gpus:
-gpus-per-task` every task gets one GPU (`--gpus-per-task=1`): it sees one device, and train_entry
-takes LOCAL_RANK modulo the visible devices."""
+gpus-per-task` (or `gpu-bind`, for a `--gres` site: `--gpu-bind=single:1`) every task gets one
+GPU: it sees one device, and train_entry takes LOCAL_RANK modulo the visible devices."""
 
 from __future__ import annotations
 
@@ -16,10 +16,12 @@ def tasks_per_node(req: Any) -> int:
     return req.gpus
 
 
+TASK_GPUS = {"gpus-per-task": "--gpus-per-task=1", "gpu-bind": "--gpu-bind=single:1"}
+
+
 def step_options(profile: Any, req: Any) -> list[str]:
-    if profile.slurm.gpus_per_node and profile.launch.task_gpus == "gpus-per-task":
-        return ["--gpus-per-task=1"]
-    return []
+    option = TASK_GPUS.get(profile.launch.task_gpus)
+    return [option] if option and profile.slurm.gpus_per_node else []
 
 
 def context(profile: Any, req: Any) -> dict[str, Any]:

@@ -43,11 +43,12 @@ class Launch(Strict):
         f"a path with $VAR). Null: ${jobenv.PYTHON} when set, else `python` when a venv, "
         "conda env or container is activated, else the submitting interpreter.",
     )
-    task_gpus: Literal["gpus-per-task", "none"] = Field(
+    task_gpus: Literal["gpus-per-task", "gpu-bind", "none"] = Field(
         "gpus-per-task",
-        description="launcher srun: `gpus-per-task` binds one GPU to each task (`srun "
-        "--gpus-per-task=1`); `none` leaves every GPU of the node visible to each task "
-        "(a `--gres` site; LOCAL_RANK picks the device, or set environment.task_env).",
+        description="launcher srun: how each task gets its GPU. `gpus-per-task`: `srun "
+        "--gpus-per-task=1`; `gpu-bind`: `srun --gpu-bind=single:1`, one of the GPUs the job holds "
+        "(a `--gres` site); `none`: every GPU of the node stays visible to each task (LOCAL_RANK "
+        "picks one, or set environment.task_env).",
     )
 
     @field_validator("torchrun")
