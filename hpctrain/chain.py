@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.kernel.files import write_atomic
+from hpctrain.kernel.layout import CHAIN as CHAIN_FILE  # the template reads it too
 
-CHAIN_FILE = "chain.txt"  # one Slurm job id per line, in order (the template reads it)
 KIND = "chain"  # jobs.jsonl kind of a segment
 
 
@@ -89,9 +90,7 @@ def submit(run: Any, segments: list[Segment]) -> list[str]:
         if ids:
             subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
         raise UserError(f"sbatch refused a segment of the chain: {str(e).strip()}") from None
-    tmp = run.path / (CHAIN_FILE + ".tmp")
-    tmp.write_text("".join(f"{i}\n" for i in ids))
-    tmp.replace(run.path / CHAIN_FILE)
+    write_atomic(run.path / CHAIN_FILE, "".join(f"{i}\n" for i in ids))
     for job_id in ids:
         run.add_job(job_id, kind=KIND, scheduler="slurm")
     proc = subprocess.run(

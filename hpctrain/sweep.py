@@ -148,9 +148,9 @@ def read(sweep_dir: Path) -> dict[str, Any]:
 
 
 def write(sweep_dir: Path, data: dict[str, Any]) -> None:
-    tmp = sweep_dir / (SWEEP_FILE + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
-    tmp.replace(sweep_dir / SWEEP_FILE)
+    from hpctrain.kernel.files import write_atomic
+
+    write_atomic(sweep_dir / SWEEP_FILE, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def find(ref: str, runs_dir: Path | None = None) -> Path | None:

@@ -30,7 +30,8 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(
         "jobs.jsonl",
-        'one line per submission: {"job_id", "kind": "submit"|"resume", "time", "scheduler"}',
+        'one line per submission: {"job_id", "kind": "submit"|"resume"|"chain"|"sweep", "time", '
+        '"scheduler"}',
         "submit, resume",
     ),
     Entry("submitit/", "submitit's own files", "dispatch"),
@@ -52,7 +53,8 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(
         "events.jsonl",
-        '{"time", "event": "signal"|"requeue"|"preempted"|"done"|"failed"|"timeout"|"resume", ...}',
+        '{"time", "event": "signal"|"requeue"|"preempted"|"done"|"failed"|"timeout"|"resume"|'
+        '"segment_end"|"chain_cancel", ...}',
         "batch script, train_entry, resume",
     ),
     Entry(
@@ -91,6 +93,11 @@ ENTRIES: tuple[Entry, ...] = (
         "train_entry (train.tracker)",
     ),
     Entry("report/", "`hpctrain report`: PNG plots (loss, throughput, step time, GPU)", "report"),
+    Entry(
+        "chain.txt",
+        "`submit --chain`: the segments' Slurm job ids, one a line, in order (the script reads it)",
+        "submit --chain",
+    ),
 )
 
 RUN_YAML = "run.yaml"
@@ -111,6 +118,7 @@ PLAN = "plan.json"
 SAVES = "saves.jsonl"
 TRACKER = "tracker.json"
 REPORT = "report"
+CHAIN = "chain.txt"
 
 
 def node_log(node: int | str) -> str:
