@@ -49,8 +49,12 @@ def is_run_script(pid: object, *, job_sh: Path, start: object, token: object) ->
     if start_time(pid) != start:
         return False
     args = cmdline(pid)
-    return len(args) >= 3 and os.path.basename(args[0]) == "bash" and args[1] == str(job_sh) \
+    return (
+        len(args) >= 3
+        and os.path.basename(args[0]) == "bash"
+        and args[1] == str(job_sh)
         and args[2] == token
+    )
 
 
 def is_run_controller(pid: object, *, submitit_dir: Path) -> bool:

@@ -25,7 +25,7 @@ from typing import Any
 from hpctrain.errors import UserError
 
 MAX_RANGE = 10_000
-MAX_SEQ = 1_000_000        # characters or items a template may build with one operator
+MAX_SEQ = 1_000_000  # characters or items a template may build with one operator
 MAX_OUTPUT = 4 * 1024 * 1024
 PLAIN = (str, int, float, bool, type(None))
 
@@ -35,13 +35,15 @@ def plain(value: Any) -> Any:
     if isinstance(value, bool | int | float | type(None)):
         return value
     if isinstance(value, str):
-        return str(value)                    # a str subclass could carry methods: make it plain
+        return str(value)  # a str subclass could carry methods: make it plain
     if isinstance(value, dict):
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [plain(v) for v in value]
-    if hasattr(value, "model_dump"):         # a pydantic model
-        return plain(value.model_dump())        # python mode: a cached profile answers it without pydantic
+    if hasattr(value, "model_dump"):  # a pydantic model
+        return plain(
+            value.model_dump()
+        )  # python mode: a cached profile answers it without pydantic
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return plain({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
     return str(value)
@@ -51,10 +53,18 @@ def _sized(value: Any) -> int:
     return len(value) if isinstance(value, str | list | tuple) else 0
 
 
-def environment(search: list[Path], bundled_dir: Path, *, finalize: Any, filters: dict[str, Any]) -> Any:
+def environment(
+    search: list[Path], bundled_dir: Path, *, finalize: Any, filters: dict[str, Any]
+) -> Any:
     """The sandboxed environment: site folders first (trust-checked), the bundled folder last;
     the bundled template is also reachable as "hpctrain/<name>"."""
-    from jinja2 import ChoiceLoader, FileSystemLoader, PrefixLoader, StrictUndefined, TemplateNotFound
+    from jinja2 import (
+        ChoiceLoader,
+        FileSystemLoader,
+        PrefixLoader,
+        StrictUndefined,
+        TemplateNotFound,
+    )
     from jinja2.loaders import split_template_path
     from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
 
@@ -71,7 +81,9 @@ def environment(search: list[Path], bundled_dir: Path, *, finalize: Any, filters
             candidate = self.folder.joinpath(*split_template_path(template))
             if not os.path.lexists(candidate):
                 raise TemplateNotFound(template)
-            check_trust(candidate, what=f"template {candidate}", within=self.folder, bundled=self.bundled)
+            check_trust(
+                candidate, what=f"template {candidate}", within=self.folder, bundled=self.bundled
+            )
             return super().get_source(environment, template)
 
     class Sandbox(ImmutableSandboxedEnvironment):
@@ -81,9 +93,15 @@ def environment(search: list[Path], bundled_dir: Path, *, finalize: Any, filters
             if operator == "*":
                 for seq, n in ((left, right), (right, left)):
                     if _sized(seq) and isinstance(n, int) and _sized(seq) * n > MAX_SEQ:
-                        raise SecurityError(f"the template builds a text of {_sized(seq) * n} characters "
-                                            f"(limit {MAX_SEQ})")
-            if operator == "**" and isinstance(left, int | float) and isinstance(right, int | float):
+                        raise SecurityError(
+                            f"the template builds a text of {_sized(seq) * n} characters "
+                            f"(limit {MAX_SEQ})"
+                        )
+            if (
+                operator == "**"
+                and isinstance(left, int | float)
+                and isinstance(right, int | float)
+            ):
                 if abs(left) > 1 and right * math.log2(abs(left)) > 256:
                     raise SecurityError(f"{left} ** {right} is too large for a template")
             if operator == "%" and isinstance(left, str):
@@ -97,8 +115,11 @@ def environment(search: list[Path], bundled_dir: Path, *, finalize: Any, filters
                 return None
 
             def refused(*args: Any, **kwargs: Any) -> str:
-                raise SecurityError("str.format is not available in templates (\"{:999999999}\" would "
-                                    "fill the memory); use the `format` filter or ~")
+                raise SecurityError(
+                    'str.format is not available in templates ("{:999999999}" would '
+                    "fill the memory); use the `format` filter or ~"
+                )
+
             return refused
 
     def bounded_range(*args: int) -> range:
@@ -111,12 +132,18 @@ def environment(search: list[Path], bundled_dir: Path, *, finalize: Any, filters
     base = TrustedLoader(bundled_dir, bundled=True)
     env = Sandbox(
         loader=ChoiceLoader([PrefixLoader({"hpctrain": base}), *loaders, base]),
-        undefined=StrictUndefined, finalize=finalize, autoescape=False,
-        keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+        undefined=StrictUndefined,
+        finalize=finalize,
+        autoescape=False,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
         # bash's ${#array[@]} would open a default Jinja comment
-        comment_start_string="{##", comment_end_string="##}",
+        comment_start_string="{##",
+        comment_end_string="##}",
         bytecode_cache=_bytecode_cache(),
     )
+
     def bounded_format(value: Any, *args: Any, **kwargs: Any) -> str:
         _check_widths(str(value), SecurityError)
         return str(value) % (kwargs or args)
@@ -134,14 +161,18 @@ def _check_widths(fmt: str, error: type[Exception]) -> None:
 
 
 def _bytecode_cache() -> Any:
-    """Compiled templates in $XDG_CACHE_HOME/hpctrain/jinja, only if that folder is ours and 0700."""
+    """Compiled templates in $XDG_CACHE_HOME/hpctrain/jinja, only if that folder is ours, 0700."""
     from jinja2 import FileSystemBytecodeCache
 
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpctrain" / "jinja"
     try:
         base.mkdir(parents=True, exist_ok=True, mode=0o700)
         st = base.lstat()
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) != 0o700:
+        if (
+            not stat.S_ISDIR(st.st_mode)
+            or st.st_uid != os.getuid()
+            or stat.S_IMODE(st.st_mode) != 0o700
+        ):
             return None
         return FileSystemBytecodeCache(str(base))
     except OSError:
@@ -159,14 +190,25 @@ def render_template(env: Any, name: str, ctx: dict[str, Any]) -> str:
         raise
     except TemplateError as e:
         raise UserError(f"template {_where(e, name)}: {e}") from None
-    except (ArithmeticError, RecursionError, MemoryError, TypeError, ValueError, LookupError,
-            AttributeError) as e:
+    except (
+        ArithmeticError,
+        RecursionError,
+        MemoryError,
+        TypeError,
+        ValueError,
+        LookupError,
+        AttributeError,
+    ) as e:
         what = {RecursionError: "recursion too deep", MemoryError: "out of memory"}.get(type(e))
-        raise UserError(f"template {_where(e, name)}: {what or type(e).__name__ + ': ' + str(e)}; "
-                        "fix: correct the site template") from None
+        raise UserError(
+            f"template {_where(e, name)}: {what or type(e).__name__ + ': ' + str(e)}; "
+            "fix: correct the site template"
+        ) from None
     if len(text) > MAX_OUTPUT:
-        raise UserError(f"template {name}: the script is {len(text)} bytes (limit {MAX_OUTPUT}); "
-                        "fix: correct the site template")
+        raise UserError(
+            f"template {name}: the script is {len(text)} bytes (limit {MAX_OUTPUT}); "
+            "fix: correct the site template"
+        )
     return text
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -28,27 +27,44 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 def hp_env(home: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(jobenv.PREFIX)}
-    return env | {"XDG_STATE_HOME": str(home / "state"), "XDG_CONFIG_HOME": str(home / "config"),
-                  "XDG_CACHE_HOME": str(home / "cache"), "OMP_NUM_THREADS": "1"}
+    return env | {
+        "XDG_STATE_HOME": str(home / "state"),
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "XDG_CACHE_HOME": str(home / "cache"),
+        "OMP_NUM_THREADS": "1",
+    }
 
 
-def hpctrain(home: Path, *args: str, ok: bool | None = True, timeout: float = 300) -> subprocess.CompletedProcess:
-    out = subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
-                         env=hp_env(home), cwd=home, timeout=timeout)
+def hpctrain(
+    home: Path, *args: str, ok: bool | None = True, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    out = subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        capture_output=True,
+        text=True,
+        env=hp_env(home),
+        cwd=home,
+        timeout=timeout,
+    )
     assert "Traceback" not in out.stdout + out.stderr, out.stdout + out.stderr
     if ok is not None:
-        assert (out.returncode == 0) == ok, f"{args} -> {out.returncode}\n{out.stdout}\n{out.stderr}"
+        assert (out.returncode == 0) == ok, (
+            f"{args} -> {out.returncode}\n{out.stdout}\n{out.stderr}"
+        )
     return out
 
 
 # --- the checkpointer on a full disk, in one process ----------------------------------------------
+
 
 @pytest.fixture
 def tmpfs(tmp_path):
     """A 4 MiB tmpfs; umounted whatever happens."""
     mnt = tmp_path / "small"
     mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(mnt)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(mnt)], check=True
+    )
     try:
         yield mnt
     finally:
@@ -81,17 +97,19 @@ def test_a_failed_save_raises_on_every_rank_and_keeps_the_previous_checkpoint(tm
     ckpt = Checkpointer(tmpfs / "run", strategy="ddp", every_steps=1, log=lambda m: None)
     state.step = 1
     ckpt.maybe_save(state)
-    filler = fill(tmpfs, leave=64 * 1024)                     # room for a log line, not a checkpoint
+    filler = fill(tmpfs, leave=64 * 1024)  # room for a log line, not a checkpoint
     state.step = 2
     with pytest.raises(SaveFailed) as e:
         ckpt.maybe_save(state)
     assert e.value.no_space and e.value.step == 2
     ck = tmpfs / "run" / "checkpoints"
     assert (ck / "latest").read_text() == "step-00000001\n"
-    assert not list(ck.glob(".staging-*")) and not list(ck.glob(".latest.tmp*"))   # its space is back
+    assert not list(ck.glob(".staging-*")) and not list(
+        ck.glob(".latest.tmp*")
+    )  # its space is back
     assert newest_verified(ck)[0].name == "step-00000001"
     filler.unlink()
-    state.step = 3                                             # the next interval saves again
+    state.step = 3  # the next interval saves again
     assert ckpt.maybe_save(state)
     assert (ck / "latest").read_text() == "step-00000003\n"
 
@@ -103,21 +121,29 @@ def test_verification_reads_only_regular_files_inside_the_checkpoint(tmp_path) -
     folder.mkdir()
     (tmp_path / "outside").write_text("x")
     (folder / "link").symlink_to(tmp_path / "outside")
-    cases = {"/dev/zero": "outside", "../outside": "outside", "link": "outside",
-             "/etc/passwd": "outside"}
+    cases = {
+        "/dev/zero": "outside",
+        "../outside": "outside",
+        "link": "outside",
+        "/etc/passwd": "outside",
+    }
     for rel, why in cases.items():
-        (folder / "MANIFEST.json").write_text(json.dumps({"files": {rel: {"size": 1, "sha256": "0"}}}))
+        (folder / "MANIFEST.json").write_text(
+            json.dumps({"files": {rel: {"size": 1, "sha256": "0"}}})
+        )
         manifest, reason = verify(folder)
         assert manifest is None and why in reason, (rel, reason)
     os.mkfifo(folder / "fifo")
-    (folder / "MANIFEST.json").write_text(json.dumps({"files": {"fifo": {"size": 0, "sha256": "0"}}}))
+    (folder / "MANIFEST.json").write_text(
+        json.dumps({"files": {"fifo": {"size": 0, "sha256": "0"}}})
+    )
     assert "not a regular file" in verify(folder)[1]
     for bad in ("[1, 2]", '"x"', '{"files": {"a": 3}}'):
         (folder / "MANIFEST.json").write_text(bad)
         assert verify(folder)[0] is None
 
 
-# --- a full disk during a real run ------------------------------------------------------------------
+# --- a full disk during a real run ----------------------------------------------------------------
 
 TRAIN = ["--max-steps", "30", "--checkpoint-every", "10", "--model.d_model=128"]
 
@@ -125,10 +151,25 @@ TRAIN = ["--max-steps", "30", "--checkpoint-every", "10", "--model.d_model=128"]
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> str:
     home = tmp_path_factory.mktemp("reference")
-    hpctrain(home, "submit", "--profile", "local", "--nodes", "1", "--gpus", "2", "--name", "ref",
-             "--wait", "--", *TRAIN)
+    hpctrain(
+        home,
+        "submit",
+        "--profile",
+        "local",
+        "--nodes",
+        "1",
+        "--gpus",
+        "2",
+        "--name",
+        "ref",
+        "--wait",
+        "--",
+        *TRAIN,
+    )
     run = home / "runs" / "ref"
-    size = sum(p.stat().st_size for p in (run / "checkpoints" / "step-00000030").rglob("*") if p.is_file())
+    size = sum(
+        p.stat().st_size for p in (run / "checkpoints" / "step-00000030").rglob("*") if p.is_file()
+    )
     return (run / "final_params.sha256").read_text(), size
 
 
@@ -136,7 +177,9 @@ def reference(tmp_path_factory) -> str:
 def runs_tmpfs(tmp_path):
     runs = tmp_path / "runs"
     runs.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=32m,mode=0755", "tmpfs", str(runs)], check=True)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=32m,mode=0755", "tmpfs", str(runs)], check=True
+    )
     try:
         yield runs
     finally:
@@ -158,27 +201,47 @@ def latest(run: Path) -> str | None:
 
 
 @pytest.mark.parametrize("leave", ["room-for-logs", "nothing"])
-def test_full_disk_ends_failed_in_one_line_and_resumes_bit_identical(tmp_path, runs_tmpfs, reference,
-                                                                      leave) -> None:
+def test_full_disk_ends_failed_in_one_line_and_resumes_bit_identical(
+    tmp_path, runs_tmpfs, reference, leave
+) -> None:
     ref_hash, ckpt_size = reference
     run = runs_tmpfs / "full"
-    hpctrain(tmp_path, "submit", "--profile", "local", "--nodes", "1", "--gpus", "2", "--name", "full",
-             "--", *TRAIN)
+    hpctrain(
+        tmp_path,
+        "submit",
+        "--profile",
+        "local",
+        "--nodes",
+        "1",
+        "--gpus",
+        "2",
+        "--name",
+        "full",
+        "--",
+        *TRAIN,
+    )
     wait_for(lambda: latest(run) == "step-00000010")
     filler = fill(runs_tmpfs, leave=ckpt_size // 3 if leave == "room-for-logs" else 0)
     if leave == "nothing":
-        out = hpctrain(tmp_path, "submit", "--profile", "local", "--name", "other", "--dry-run", ok=False)
+        out = hpctrain(
+            tmp_path, "submit", "--profile", "local", "--name", "other", "--dry-run", ok=False
+        )
         assert "cannot write the run folder" in out.stderr and "no space left" in out.stderr
     wait_for(lambda: "FAILED" in hpctrain(tmp_path, "status", "full").stdout)
     status = hpctrain(tmp_path, "status", "full").stdout
     saved = latest(run)
-    assert saved in ("step-00000010", "step-00000020")               # the last verified step
-    assert f"no space left in {runs_tmpfs}" in status and f"newest verified checkpoint: {saved}" in status
+    assert saved in ("step-00000010", "step-00000020")  # the last verified step
+    assert (
+        f"no space left in {runs_tmpfs}" in status
+        and f"newest verified checkpoint: {saved}" in status
+    )
     assert "fix: free space there, then `hpctrain resume full`" in status
     logs = "".join(p.read_text(errors="replace") for p in (run / "logs").glob("*.log"))
     # no traceback of ours (torchrun prints its own ChildFailedError for any failed worker)
-    assert "OSError" not in logs and "RuntimeError" not in logs and 'train_entry/' not in logs, logs[-9000:]
-    if leave == "room-for-logs":       # the failed saves were reported and training went on to the end
+    assert "OSError" not in logs and "RuntimeError" not in logs and "train_entry/" not in logs, (
+        logs[-9000:]
+    )
+    if leave == "room-for-logs":  # the failed saves were reported and training went on to the end
         events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
         assert [e["step"] for e in events if e["event"] == "save_failed"][-1] == 30
         assert "training goes on" in (run / "train.log").read_text()
@@ -190,6 +253,7 @@ def test_full_disk_ends_failed_in_one_line_and_resumes_bit_identical(tmp_path, r
 
 # --- cancel and preempt signal only the run's own process -----------------------------------------
 
+
 @pytest.fixture
 def fake_run(tmp_path, monkeypatch):
     """A run folder whose state.json names an unrelated process (a reused pid)."""
@@ -198,9 +262,13 @@ def fake_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "runs" / "victim"
     (run / "logs").mkdir(parents=True)
-    (run / "run.yaml").write_text("profile: {name: local, scheduler: local}\nrequest: {nodes: 1, gpus: 1}\n")
+    (run / "run.yaml").write_text(
+        "profile: {name: local, scheduler: local}\nrequest: {nodes: 1, gpus: 1}\n"
+    )
     (run / "job.sh").write_text("#!/bin/bash\n")
-    (run / "jobs.jsonl").write_text(json.dumps({"job_id": "1", "kind": "submit", "scheduler": "local"}) + "\n")
+    (run / "jobs.jsonl").write_text(
+        json.dumps({"job_id": "1", "kind": "submit", "scheduler": "local"}) + "\n"
+    )
     other = subprocess.Popen(["setsid", "sleep", "60"])
     from hpctrain.procs import start_time
 
@@ -235,12 +303,16 @@ def test_cancel_and_preempt_never_signal_a_reused_pid(fake_run, recorded) -> Non
 @pytest.mark.parametrize("sig", ["KILL", "STOP", "SEGV", "9", "CHLD"])
 def test_preempt_accepts_only_documented_signals(fake_run, sig) -> None:
     out = CliRunner().invoke(main, ["preempt", "victim", "--signal", sig])
-    assert out.exit_code == 2 and "USR2, USR1, HUP, INT, URG or TERM" in out.output.replace(", TERM", " or TERM") \
-        or "use one of USR2" in out.output, out.output
+    assert (
+        out.exit_code == 2
+        and "USR2, USR1, HUP, INT, URG or TERM" in out.output.replace(", TERM", " or TERM")
+        or "use one of USR2" in out.output
+    ), out.output
     assert fake_run[1].poll() is None
 
 
-# --- run folders that are broken, and names that must not be reused -----------------------------
+# --- run folders that are broken, and names that must not be reused -------------------------------
+
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
@@ -253,7 +325,11 @@ def home(tmp_path, monkeypatch):
 
 def invoke(*args: str):
     out = CliRunner().invoke(main, list(args))
-    assert "Traceback" not in out.output and out.exit_code in (0, 2), (out.exit_code, out.output, out.exception)
+    assert "Traceback" not in out.output and out.exit_code in (0, 2), (
+        out.exit_code,
+        out.output,
+        out.exception,
+    )
     return out
 
 
@@ -268,9 +344,18 @@ def make_run(home: Path, name: str) -> Path:
     return run.path
 
 
-@pytest.mark.parametrize("content", [b"- a\n- b\n", b"just text\n", b"\x00\x01\xff\xfe binary", b"a: [\n",
-                                     b"profile: {scheduler: local}\n", b"request: 3\nprofile: {}\n",
-                                     b"x: " + b"9" * 5000 + b"\n"])
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"- a\n- b\n",
+        b"just text\n",
+        b"\x00\x01\xff\xfe binary",
+        b"a: [\n",
+        b"profile: {scheduler: local}\n",
+        b"request: 3\nprofile: {}\n",
+        b"x: " + b"9" * 5000 + b"\n",
+    ],
+)
 def test_a_broken_run_is_a_marked_row_not_a_crash(home, content) -> None:
     make_run(home, "good")
     bad = make_run(home, "bad")
@@ -286,7 +371,9 @@ def test_a_broken_run_is_a_marked_row_not_a_crash(home, content) -> None:
 
 def test_jobs_lines_without_job_id_and_manifests_that_are_lists(home) -> None:
     run = make_run(home, "j")
-    (run / "jobs.jsonl").write_text('{"job_id": "123", "kind": "submit"}\n{"kind": "resume"}\n[1]\n"x"\n')
+    (run / "jobs.jsonl").write_text(
+        '{"job_id": "123", "kind": "submit"}\n{"kind": "resume"}\n[1]\n"x"\n'
+    )
     info = json.loads(invoke("status", "j", "--json").output)
     assert info["job_id"] == "123"
     ck = run / "checkpoints" / "step-00000005"
@@ -296,24 +383,57 @@ def test_jobs_lines_without_job_id_and_manifests_that_are_lists(home) -> None:
     from hpctrain.cli.resume import _newest_checkpoint
     from hpctrain.runs import RunDir
 
-    assert _newest_checkpoint(RunDir(run)) is None         # what resume starts from: not the list
+    assert _newest_checkpoint(RunDir(run)) is None  # what resume starts from: not the list
     assert json.loads(invoke("status", "j", "--json").output)["state"] != "BROKEN"
 
 
 def test_runs_dir_that_is_a_file_a_loop_or_read_only(home) -> None:
     (home / "afile").write_text("x")
-    out = invoke("submit", "--profile", "local", "--name", "x", "--dry-run", "--set", f"storage.runs_dir={home}/afile")
-    assert out.exit_code == 2 and "cannot write the run folder" in out.output and "not a folder" in out.output
-    out = invoke("submit", "--profile", "local", "--name", "x", "--set", f"storage.runs_dir={home}/afile")
+    out = invoke(
+        "submit",
+        "--profile",
+        "local",
+        "--name",
+        "x",
+        "--dry-run",
+        "--set",
+        f"storage.runs_dir={home}/afile",
+    )
+    assert (
+        out.exit_code == 2
+        and "cannot write the run folder" in out.output
+        and "not a folder" in out.output
+    )
+    out = invoke(
+        "submit", "--profile", "local", "--name", "x", "--set", f"storage.runs_dir={home}/afile"
+    )
     assert out.exit_code == 2 and "not a folder" in out.output
     (home / "loop").symlink_to(home / "loop")
-    out = invoke("submit", "--profile", "local", "--name", "x", "--dry-run", "--set", f"storage.runs_dir={home}/loop")
+    out = invoke(
+        "submit",
+        "--profile",
+        "local",
+        "--name",
+        "x",
+        "--dry-run",
+        "--set",
+        f"storage.runs_dir={home}/loop",
+    )
     assert out.exit_code == 2 and "symlink loop" in out.output
     ro = home / "ro"
     ro.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,ro", "tmpfs", str(ro)], check=True)
     try:
-        out = invoke("submit", "--profile", "local", "--name", "x", "--dry-run", "--set", f"storage.runs_dir={ro}")
+        out = invoke(
+            "submit",
+            "--profile",
+            "local",
+            "--name",
+            "x",
+            "--dry-run",
+            "--set",
+            f"storage.runs_dir={ro}",
+        )
         assert out.exit_code == 2 and "not writable" in out.output
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=False)
@@ -328,9 +448,13 @@ def test_names_moved_aside_are_never_overwritten(home) -> None:
     from hpctrain.runs import copy_aside, move_aside
 
     run = make_run(home, "r")
-    (home / "runs" / "r.old-X").mkdir()                   # an empty folder: rename(2) would replace it
+    (home / "runs" / "r.old-X").mkdir()  # an empty folder: rename(2) would replace it
     aside = move_aside(run, "r.old-X")
-    assert aside.name == "r.old-X-2" and (aside / "run.yaml").is_file() and (home / "runs" / "r.old-X").is_dir()
+    assert (
+        aside.name == "r.old-X-2"
+        and (aside / "run.yaml").is_file()
+        and (home / "runs" / "r.old-X").is_dir()
+    )
     first = copy_aside(aside / "job.sh", "job.sh.before-resume-T")
     (aside / "job.sh").write_text("changed\n")
     second = copy_aside(aside / "job.sh", "job.sh.before-resume-T")
@@ -340,13 +464,20 @@ def test_names_moved_aside_are_never_overwritten(home) -> None:
 def test_local_submit_from_a_folder_with_a_space(tmp_path) -> None:
     home = tmp_path / "my runs"
     home.mkdir()
-    hpctrain(home, "submit", "--profile", "local", "--name", "sp", "--wait", "--", "--max-steps", "2")
+    hpctrain(
+        home, "submit", "--profile", "local", "--name", "sp", "--wait", "--", "--max-steps", "2"
+    )
     assert "COMPLETED" in hpctrain(home, "status", "sp").stdout
 
 
-@pytest.mark.parametrize("args, expect", [(["--nodes", str(10**24)], "not a realistic value"),
-                                          (["--nodes", "1000", "--gpus", "8"], "local workers, more than"),
-                                          (["--time", str(10**12)], "not a realistic value")])
+@pytest.mark.parametrize(
+    "args, expect",
+    [
+        (["--nodes", str(10**24)], "not a realistic value"),
+        (["--nodes", "1000", "--gpus", "8"], "local workers, more than"),
+        (["--time", str(10**12)], "not a realistic value"),
+    ],
+)
 def test_absurd_local_topology_is_capped_by_the_machine(home, args, expect) -> None:
     out = invoke("submit", "--profile", "local", "--name", "big", "--dry-run", *args)
     assert out.exit_code == 2 and expect in out.output

@@ -17,10 +17,10 @@ from click.testing import CliRunner
 
 from hpctrain.cli import main
 from hpctrain.errors import UserError, ValidationError
+from hpctrain.kernel import jobenv
 from hpctrain.profiles import resolve
 from hpctrain.render import render
 from hpctrain.request import JobRequest
-from hpctrain.kernel import jobenv
 
 
 @pytest.fixture(autouse=True)
@@ -50,8 +50,9 @@ def cli(*args: str):
     return result
 
 
-def site_template(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str,
-                  files: dict[str, str] | None = None) -> Path:
+def site_template(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, files: dict[str, str] | None = None
+) -> Path:
     site = tmp_path / "site"
     write(site / "templates" / "sbatch.sh.j2", '{% extends "hpctrain/sbatch.sh.j2" %}\n' + body)
     for name, text in (files or {}).items():
@@ -66,12 +67,16 @@ def render_local(**flags: object) -> str:
     return render(profile, req, "/tmp/runs/t")
 
 
-# --- templates: trust for every template loaded, plain data only ------------------------------------
+# --- templates: trust for every template loaded, plain data only ----------------------------------
+
 
 def test_template_gets_plain_data_and_cannot_touch_files(tmp_path, monkeypatch) -> None:
     victim = write(tmp_path / "victim.txt", "keep")
-    site_template(tmp_path, monkeypatch,
-                  '{% block setup %}{{ super() | safe }}# {{ profile.source.unlink() }}\n{% endblock %}\n')
+    site_template(
+        tmp_path,
+        monkeypatch,
+        "{% block setup %}{{ super() | safe }}# {{ profile.source.unlink() }}\n{% endblock %}\n",
+    )
     # the red team's file: profile.source was a Path; now it is text, so the call is undefined
     monkeypatch.setattr("hpctrain.profiles.schema.Profile.source", property(lambda self: victim))
     result = cli("submit", "--profile", "local", "--name", "t", "--dry-run")
@@ -90,22 +95,32 @@ def test_template_gets_plain_data_and_cannot_touch_files(tmp_path, monkeypatch) 
         if isinstance(v, list):
             return set().union(*[kinds(x) for x in v], {list})
         return {type(v)}
+
     assert kinds(ctx) <= {dict, list, str, int, float, bool, type(None)}
 
 
 def test_template_sees_source_and_chain_as_text(tmp_path, monkeypatch) -> None:
-    site_template(tmp_path, monkeypatch, '{% block setup %}{{ super() | safe }}'
-                  '# {{ profile.source.upper() | safe }} {{ profile.chain | length }}\n{% endblock %}\n')
+    site_template(
+        tmp_path,
+        monkeypatch,
+        "{% block setup %}{{ super() | safe }}"
+        "# {{ profile.source.upper() | safe }} {{ profile.chain | length }}\n{% endblock %}\n",
+    )
     assert "/SITE_CONFIGS/LOCAL.YAML 1\n" in render_local()
 
 
 @pytest.mark.parametrize("how", ["include", "extends-chain", "import"])
 def test_every_template_loaded_is_trust_checked(tmp_path, monkeypatch, how) -> None:
     if how == "include":
-        body, files = '{% block setup %}{% include "inc.sh" %}{% endblock %}\n', {"inc.sh": "echo inc\n"}
+        body, files = (
+            '{% block setup %}{% include "inc.sh" %}{% endblock %}\n',
+            {"inc.sh": "echo inc\n"},
+        )
     elif how == "import":
-        body, files = ('{% import "m.j2" as m %}{% block setup %}{{ m.x() | safe }}{% endblock %}\n',
-                       {"m.j2": "{% macro x() %}echo m{% endmacro %}"})
+        body, files = (
+            '{% import "m.j2" as m %}{% block setup %}{{ m.x() | safe }}{% endblock %}\n',
+            {"m.j2": "{% macro x() %}echo m{% endmacro %}"},
+        )
     else:
         body, files = "", {}
     site = site_template(tmp_path, monkeypatch, body, files)
@@ -113,14 +128,16 @@ def test_every_template_loaded_is_trust_checked(tmp_path, monkeypatch, how) -> N
         write(site / "templates" / "sbatch.sh.j2", '{% extends "mid.j2" %}\n')
         write(site / "templates" / "mid.j2", '{% extends "hpctrain/sbatch.sh.j2" %}\n')
     inner = {"include": "inc.sh", "import": "m.j2", "extends-chain": "mid.j2"}[how]
-    render_local()                                              # trusted: renders
+    render_local()  # trusted: renders
     os.chmod(site / "templates" / inner, 0o666)
     with pytest.raises(UserError, match=f"Refusing template .*{inner}"):
         render_local()
 
 
 def test_symlink_in_templates_to_etc_passwd_is_refused(tmp_path, monkeypatch) -> None:
-    site = site_template(tmp_path, monkeypatch, '{% block setup %}{% include "pw" %}{% endblock %}\n')
+    site = site_template(
+        tmp_path, monkeypatch, '{% block setup %}{% include "pw" %}{% endblock %}\n'
+    )
     (site / "templates" / "pw").symlink_to("/etc/passwd")
     with pytest.raises(UserError, match="resolves to /etc/passwd, outside"):
         render_local()
@@ -147,17 +164,20 @@ def test_template_of_another_owner_is_refused(tmp_path, monkeypatch) -> None:
         render_local()
 
 
-@pytest.mark.parametrize("expr, what", [
-    ("{% for i in range(10**9) %}{% endfor %}", "range of 1000000000"),
-    ("{{ 'x' * 10**10 }}", "characters"),
-    ("{{ 'x' * 999999 + 'y' * 999999 }}", "longer than"),
-    ("{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}", "recursion"),
-    ("{{ 1 // 0 }}", "ZeroDivisionError"),
-    ("{{ 10 ** 10 ** 10 }}", "too large"),
-    ("{{ '%999999999d' % 1 }}", "width"),
-    ("{{ '{:999999999}'.format(1) }}", "str.format"),
-    ("{{ '%999999999d' | format(1) }}", "width"),
-])
+@pytest.mark.parametrize(
+    "expr, what",
+    [
+        ("{% for i in range(10**9) %}{% endfor %}", "range of 1000000000"),
+        ("{{ 'x' * 10**10 }}", "characters"),
+        ("{{ 'x' * 999999 + 'y' * 999999 }}", "longer than"),
+        ("{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}", "recursion"),
+        ("{{ 1 // 0 }}", "ZeroDivisionError"),
+        ("{{ 10 ** 10 ** 10 }}", "too large"),
+        ("{{ '%999999999d' % 1 }}", "width"),
+        ("{{ '{:999999999}'.format(1) }}", "str.format"),
+        ("{{ '%999999999d' | format(1) }}", "width"),
+    ],
+)
 def test_runaway_templates_are_one_clear_error(tmp_path, monkeypatch, expr, what) -> None:
     site_template(tmp_path, monkeypatch, "{% block setup %}" + expr + "{% endblock %}\n")
     result = cli("render", "--profile", "local", "--name", "t")
@@ -172,26 +192,35 @@ def test_foreign_jinja_cache_folder_is_not_used(tmp_path, monkeypatch) -> None:
     os.chown(cache, 65534, 65534)
     os.chmod(cache, 0o777)
     assert "#!/bin/bash" in render_local()
-    assert list(cache.iterdir()) == []                      # nothing read from or written to it
+    assert list(cache.iterdir()) == []  # nothing read from or written to it
     os.chown(cache, 0, 0)
     os.chmod(cache, 0o700)
     render_local()
-    assert list(cache.iterdir())                            # ours and private: used
+    assert list(cache.iterdir())  # ours and private: used
 
 
-# --- locked: must be a list ------------------------------------------------------------------------
+# --- locked: must be a list -----------------------------------------------------------------------
 
-@pytest.mark.parametrize("value, kind", [("slurm.account", "text"), ("{slurm: account}", "mapping"),
-                                         ("3", "int"), ("[slurm.acount]", "not a profile key"),
-                                         ("[3]", "not a dotted key")])
+
+@pytest.mark.parametrize(
+    "value, kind",
+    [
+        ("slurm.account", "text"),
+        ("{slurm: account}", "mapping"),
+        ("3", "int"),
+        ("[slurm.acount]", "not a profile key"),
+        ("[3]", "not a dotted key"),
+    ],
+)
 def test_malformed_locked_is_an_error_with_its_line(tmp_path, value, kind) -> None:
     path = write(tmp_path / "p" / "x.yaml", f"name: x\nscheduler: local\nlocked: {value}\n")
     result = cli("profiles", "validate", str(path))
     assert result.exit_code == 2
-    assert f"x.yaml:3: locked" in result.output and kind in result.output
+    assert "x.yaml:3: locked" in result.output and kind in result.output
 
 
-# --- trust through symlinks and ancestors ----------------------------------------------------------
+# --- trust through symlinks and ancestors ---------------------------------------------------------
+
 
 def test_world_writable_ancestor_is_refused(tmp_path) -> None:
     a = tmp_path / "a"
@@ -200,7 +229,7 @@ def test_world_writable_ancestor_is_refused(tmp_path) -> None:
     os.chmod(a, 0o777)
     with pytest.raises(UserError, match=f"Bad permissions 0777 on folder {a}:"):
         resolve(str(path))
-    os.chmod(a, 0o1777)                           # sticky, like /tmp: entries cannot be swapped
+    os.chmod(a, 0o1777)  # sticky, like /tmp: entries cannot be swapped
     assert resolve(str(path)).name == "t"
 
 
@@ -215,7 +244,7 @@ def test_profile_through_a_symlink_in_a_world_writable_folder(tmp_path) -> None:
         resolve(str(open_dir / "t.yaml"))
     os.chmod(open_dir, 0o755)
     assert resolve(str(open_dir / "t.yaml")).name == "t"
-    os.chmod(real, 0o666)                                     # the target is checked too
+    os.chmod(real, 0o666)  # the target is checked too
     with pytest.raises(UserError, match=f"0666 on file {real}"):
         resolve(str(open_dir / "t.yaml"))
 
@@ -265,10 +294,13 @@ def test_publish_over_a_folder_or_into_a_read_only_mount(tmp_path) -> None:
         os.system(f"umount {ro}")
 
 
-# --- locks cover every path that sets the same thing -----------------------------------------------
+# --- locks cover every path that sets the same thing ----------------------------------------------
 
-LOCKED_NET = ("name: site\nscheduler: slurm\nnetwork:\n  socket_ifname: ib0\n  env:\n    NCCL_IB_TC: '106'\n"
-              "environment:\n  env:\n    NCCL_NET: IB\nslurm:\n  partition: gpu\nlocked: [network, slurm.partition]\n")
+LOCKED_NET = (
+    "name: site\nscheduler: slurm\nnetwork:\n  socket_ifname: ib0\n  env:\n    NCCL_IB_TC: '106'\n"
+    "environment:\n  env:\n    NCCL_NET: IB\nslurm:\n  partition: gpu\n"
+    "locked: [network, slurm.partition]\n"
+)
 
 
 @pytest.fixture
@@ -280,25 +312,41 @@ def locked_site(tmp_path, monkeypatch) -> Path:
     return site
 
 
-@pytest.mark.parametrize("key, value", [("environment.env.NCCL_IB_TC", "0"), ("environment.env.NCCL_NET", "Socket"),
-                                        ("network.env.NCCL_IB_TC", "1"), ("environment.env.FI_PROVIDER", "tcp"),
-                                        ("scheduler", "local")])
+@pytest.mark.parametrize(
+    "key, value",
+    [
+        ("environment.env.NCCL_IB_TC", "0"),
+        ("environment.env.NCCL_NET", "Socket"),
+        ("network.env.NCCL_IB_TC", "1"),
+        ("environment.env.FI_PROVIDER", "tcp"),
+        ("scheduler", "local"),
+    ],
+)
 def test_lock_covers_other_keys_from_a_flag(locked_site, key, value) -> None:
     with pytest.raises(ValidationError, match=r"is locked by profile .*site.yaml"):
         resolve("site", {key: value})
     assert resolve("site", {"environment.env.MY_VAR": "1"}).environment.env["MY_VAR"] == "1"
-    assert resolve("site", {"environment.env.NCCL_NET": "IB"}).name == "site"   # the same value is fine
+    assert (
+        resolve("site", {"environment.env.NCCL_NET": "IB"}).name == "site"
+    )  # the same value is fine
 
 
 def test_lock_covers_other_keys_from_user_config_and_child(locked_site, isolated, tmp_path) -> None:
-    write(isolated / "hpctrain" / "config.yaml", "overrides:\n  environment:\n    env:\n      NCCL_NET: Socket\n")
-    with pytest.raises(ValidationError, match=r"config.yaml:4: environment.env.NCCL_NET: network is locked"):
+    write(
+        isolated / "hpctrain" / "config.yaml",
+        "overrides:\n  environment:\n    env:\n      NCCL_NET: Socket\n",
+    )
+    with pytest.raises(
+        ValidationError, match=r"config.yaml:4: environment.env.NCCL_NET: network is locked"
+    ):
         resolve("site")
     (isolated / "hpctrain" / "config.yaml").unlink()
     child = write(tmp_path / "child" / "c.yaml", "name: c\nextends: site\nscheduler: local\n")
     os.chmod(tmp_path / "child", 0o755)
     result = cli("profiles", "validate", str(child))
-    assert result.exit_code == 2 and "c.yaml:3: scheduler: slurm.partition is locked" in result.output
+    assert (
+        result.exit_code == 2 and "c.yaml:3: scheduler: slurm.partition is locked" in result.output
+    )
 
 
 def test_user_profile_shadowing_a_locked_site_profile_is_refused(locked_site, isolated) -> None:
@@ -306,22 +354,40 @@ def test_user_profile_shadowing_a_locked_site_profile_is_refused(locked_site, is
     with pytest.raises(UserError, match="would silently drop those locks"):
         resolve("site")
     write(mine, "name: site\nextends: site\nenvironment: {env: {MY_VAR: '1'}}\n")
-    assert resolve("site").network.socket_ifname == "ib0"          # building on it keeps the locks
+    assert resolve("site").network.socket_ifname == "ib0"  # building on it keeps the locks
 
 
-# --- YAML values that used to be tracebacks ------------------------------------------------------
+# --- YAML values that used to be tracebacks -------------------------------------------------------
 
-@pytest.mark.parametrize("text, expect", [
-    ("name: x\nscheduler: local\nslurm:\n  <<: {partition: a}\n", "x.yaml:4: slurm: the YAML merge key <<"),
-    ("name: x\nscheduler: local\nslurm:\n  max_nodes: " + "9" * 5000 + "\n", "x.yaml:4: slurm.max_nodes: the number"),
-    ("name: x\nscheduler: local\nslurm:\n  max_nodes: " + "9" * 30 + "\n", "larger than"),
-    ("name: x\nscheduler: local\ndescription: \"a\\x01b\"\n", "x.yaml:3: description"),
-    ("name: x\nscheduler: local\ndescription: \"a\\ud800b\"\n", "x.yaml:3: description"),
-    ("name: x\nscheduler: local\nslurm:\n  gpu_mem_gib: .inf\n", "not a finite number"),
-    ("name: x\nscheduler: local\nslurm:\n  default_time_min: 1:30\n", "(got '1:30')"),
-    ("name: x\nscheduler: local\nslurm:\n  exclusive: 'true'\n", "x.yaml:4: slurm.exclusive: 'true' is quoted text; fix: write true or false without quotes"),
-    ("name: x\nscheduler: local\nslurm:\n  max_nodes: '4'\n", "x.yaml:4: slurm.max_nodes: '4' is quoted text; fix: write a whole number without quotes"),
-])
+
+@pytest.mark.parametrize(
+    "text, expect",
+    [
+        (
+            "name: x\nscheduler: local\nslurm:\n  <<: {partition: a}\n",
+            "x.yaml:4: slurm: the YAML merge key <<",
+        ),
+        (
+            "name: x\nscheduler: local\nslurm:\n  max_nodes: " + "9" * 5000 + "\n",
+            "x.yaml:4: slurm.max_nodes: the number",
+        ),
+        ("name: x\nscheduler: local\nslurm:\n  max_nodes: " + "9" * 30 + "\n", "larger than"),
+        ('name: x\nscheduler: local\ndescription: "a\\x01b"\n', "x.yaml:3: description"),
+        ('name: x\nscheduler: local\ndescription: "a\\ud800b"\n', "x.yaml:3: description"),
+        ("name: x\nscheduler: local\nslurm:\n  gpu_mem_gib: .inf\n", "not a finite number"),
+        ("name: x\nscheduler: local\nslurm:\n  default_time_min: 1:30\n", "(got '1:30')"),
+        (
+            "name: x\nscheduler: local\nslurm:\n  exclusive: 'true'\n",
+            "x.yaml:4: slurm.exclusive: 'true' is quoted text; "
+            "fix: write true or false without quotes",
+        ),
+        (
+            "name: x\nscheduler: local\nslurm:\n  max_nodes: '4'\n",
+            "x.yaml:4: slurm.max_nodes: '4' is quoted text; "
+            "fix: write a whole number without quotes",
+        ),
+    ],
+)
 def test_bad_yaml_values_are_located_errors(tmp_path, text, expect) -> None:
     path = write(tmp_path / "p" / "x.yaml", text)
     result = cli("profiles", "validate", str(path))
@@ -330,23 +396,28 @@ def test_bad_yaml_values_are_located_errors(tmp_path, text, expect) -> None:
 
 
 def test_sexagesimal_is_text_in_env_values(tmp_path) -> None:
-    path = write(tmp_path / "p" / "x.yaml", "name: x\nscheduler: local\nenvironment:\n  env:\n    T: 1:30\n")
+    path = write(
+        tmp_path / "p" / "x.yaml", "name: x\nscheduler: local\nenvironment:\n  env:\n    T: 1:30\n"
+    )
     assert resolve(str(path)).environment.env["T"] == "1:30"
 
 
-@pytest.mark.parametrize("value, expect", [
-    ("slurm.max_nodes=" + "9" * 5000, "far too large"),
-    ("environment.env.X=a\x01b", "control character"),
-    ("environment.env.X=a\udcffb", "not valid Unicode"),
-    ("environment.env.T=1:30", None),
-    ("slurm=3", None),
-])
+@pytest.mark.parametrize(
+    "value, expect",
+    [
+        ("slurm.max_nodes=" + "9" * 5000, "far too large"),
+        ("environment.env.X=a\x01b", "control character"),
+        ("environment.env.X=a\udcffb", "not valid Unicode"),
+        ("environment.env.T=1:30", None),
+        ("slurm=3", None),
+    ],
+)
 def test_bad_set_values_are_one_line(value, expect) -> None:
     result = cli("render", "--profile", "local", "--name", "t", "--set", value)
     if expect is None:
         assert result.exit_code in (0, 2)
         if value.endswith("1:30"):
-            assert "export T=\"1:30\"" in result.output
+            assert 'export T="1:30"' in result.output
         return
     assert result.exit_code == 2 and expect in result.output and "command line" in result.output
 
@@ -367,41 +438,66 @@ def test_one_bad_file_does_not_break_profiles_list(tmp_path, monkeypatch) -> Non
     assert "merge key" in rows["merge"]["error"] and "far too large" in rows["digits"]["error"]
 
 
-# --- options that undo the site's policy, wherever an option list appears --------------------------
+# --- options that undo the site's policy, wherever an option list appears -------------------------
 
-POLICY = ["--partition=debug", "--account=other", "--qos=high", "--export=NONE", "--mem-per-cpu=1",
-          "--clusters=other", "--uid=0", "--oversubscribe", "--exclusive", "--env=NCCL_NET=Socket"]
+POLICY = [
+    "--partition=debug",
+    "--account=other",
+    "--qos=high",
+    "--export=NONE",
+    "--mem-per-cpu=1",
+    "--clusters=other",
+    "--uid=0",
+    "--oversubscribe",
+    "--exclusive",
+    "--env=NCCL_NET=Socket",
+]
 
 
-@pytest.mark.parametrize("where", ["slurm.srun_args", "slurm.extra_sbatch", "environment.container.flags"])
+@pytest.mark.parametrize(
+    "where", ["slurm.srun_args", "slurm.extra_sbatch", "environment.container.flags"]
+)
 @pytest.mark.parametrize("option", POLICY)
 def test_policy_options_are_refused_in_every_option_list(tmp_path, where, option) -> None:
     if where == "slurm.extra_sbatch" and option.startswith("--env="):
         option = "--export-file=/tmp/x"
     container = "  container: {kind: pyxis, image: nvcr.io#nvidia/pytorch:24.05-py3, flags: [%s]}\n"
-    body = {"slurm.srun_args": f"slurm:\n  srun_args: ['{option}']\n",
-            "slurm.extra_sbatch": f"slurm:\n  extra_sbatch: ['{option}']\n",
-            "environment.container.flags": "environment:\n" + container % f"'{option}'"}[where]
+    body = {
+        "slurm.srun_args": f"slurm:\n  srun_args: ['{option}']\n",
+        "slurm.extra_sbatch": f"slurm:\n  extra_sbatch: ['{option}']\n",
+        "environment.container.flags": "environment:\n" + container % f"'{option}'",
+    }[where]
     path = write(tmp_path / "p" / "x.yaml", "name: x\nscheduler: slurm\n" + body)
     result = cli("profiles", "validate", str(path))
     assert result.exit_code == 2, result.output
     assert "hpctrain sets --" in result.output or "abbreviates" in result.output
 
 
-@pytest.mark.parametrize("body, expect", [
-    ("environment: {env: {IFS: x}}", "IFS would change how the job script itself runs"),
-    ("environment: {env: {BASH_ENV: /tmp/x}}", "BASH_ENV would change"),
-    ("environment: {env: {LD_PRELOAD: /tmp/x.so}}", "LD_PRELOAD would change"),
-    ("environment: {env: {ENV: /tmp/x}}", "ENV would change"),
-    ("environment: {modules: ['-q']}", "not a module name"),
-    ("environment: {container: {kind: apptainer, image: '-x'}}", "not starting with -"),
-    ("environment: {container: {kind: shifter, image: a, modules: ['-x']}}", "not a name"),
-])
-def test_env_that_subverts_the_script_and_option_like_values_are_refused(tmp_path, body, expect) -> None:
+@pytest.mark.parametrize(
+    "body, expect",
+    [
+        ("environment: {env: {IFS: x}}", "IFS would change how the job script itself runs"),
+        ("environment: {env: {BASH_ENV: /tmp/x}}", "BASH_ENV would change"),
+        ("environment: {env: {LD_PRELOAD: /tmp/x.so}}", "LD_PRELOAD would change"),
+        ("environment: {env: {ENV: /tmp/x}}", "ENV would change"),
+        ("environment: {modules: ['-q']}", "not a module name"),
+        ("environment: {container: {kind: apptainer, image: '-x'}}", "not starting with -"),
+        ("environment: {container: {kind: shifter, image: a, modules: ['-x']}}", "not a name"),
+    ],
+)
+def test_env_that_subverts_the_script_and_option_like_values_are_refused(
+    tmp_path, body, expect
+) -> None:
     path = write(tmp_path / "p" / "x.yaml", f"name: x\nscheduler: slurm\n{body}\n")
     result = cli("profiles", "validate", str(path))
-    assert result.exit_code == 2 and "x.yaml:3: environment." in result.output and expect in result.output
-    flag = cli("render", "--profile", "local", "--name", "t", "--set", "environment.env.BASH_ENV=/tmp/x")
+    assert (
+        result.exit_code == 2
+        and "x.yaml:3: environment." in result.output
+        and expect in result.output
+    )
+    flag = cli(
+        "render", "--profile", "local", "--name", "t", "--set", "environment.env.BASH_ENV=/tmp/x"
+    )
     assert flag.exit_code == 2 and "BASH_ENV would change" in flag.output
 
 
@@ -415,9 +511,13 @@ def test_unreadable_site_folder_is_a_row_not_a_crash(tmp_path, monkeypatch) -> N
         if self == site:
             raise PermissionError(13, "Permission denied", str(self))
         return real_iterdir(self)
+
     monkeypatch.setattr(Path, "iterdir", iterdir)
     monkeypatch.setenv(jobenv.SITE_PATH, str(site))
     rows = json.loads(cli("profiles", "list", "--json").output)
-    assert any("cannot read search folder" in (r["error"] or "") and "Permission denied" in r["error"] for r in rows)
+    assert any(
+        "cannot read search folder" in (r["error"] or "") and "Permission denied" in r["error"]
+        for r in rows
+    )
     assert any(r["name"] == "local" and r["error"] is None for r in rows)
     assert resolve("local").name == "local"

@@ -35,26 +35,39 @@ def _check_one(target: Path, what: str, uid: int) -> None:
     try:
         st = target.lstat()
     except OSError as e:
-        raise Untrusted(f"cannot check {target} ({e.strerror}), so {what} cannot be trusted; "
-                        "fix: check the path and its permissions") from None
-    kind = "symlink" if stat.S_ISLNK(st.st_mode) else "folder" if stat.S_ISDIR(st.st_mode) else "file"
+        raise Untrusted(
+            f"cannot check {target} ({e.strerror}), so {what} cannot be trusted; "
+            "fix: check the path and its permissions"
+        ) from None
+    kind = (
+        "symlink" if stat.S_ISLNK(st.st_mode) else "folder" if stat.S_ISDIR(st.st_mode) else "file"
+    )
     if st.st_uid not in (0, uid):
-        raise Untrusted(f"Bad owner (uid {st.st_uid}) of {kind} {target}: not you or root. Refusing "
-                        f"{what}.\n  fix: chown root {target} (or copy the file somewhere of yours)")
+        raise Untrusted(
+            f"Bad owner (uid {st.st_uid}) of {kind} {target}: not you or root. Refusing "
+            f"{what}.\n  fix: chown root {target} (or copy the file somewhere of yours)"
+        )
     if stat.S_ISLNK(st.st_mode):
         return  # a symlink's own mode means nothing; its folder and its target are checked
     writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     if writable and not (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
         who = "group" if st.st_mode & stat.S_IWGRP else "world"
-        raise Untrusted(f"Bad permissions {stat.S_IMODE(st.st_mode):04o} on {kind} {target}: it is "
-                        f"{who}-writable, so someone else could change what runs on the cluster. "
-                        f"Refusing {what}.\n"
-                        f"  fix: chmod go-w {target}")
+        raise Untrusted(
+            f"Bad permissions {stat.S_IMODE(st.st_mode):04o} on {kind} {target}: it is "
+            f"{who}-writable, so someone else could change what runs on the cluster. "
+            f"Refusing {what}.\n"
+            f"  fix: chmod go-w {target}"
+        )
 
 
-def check_trust(path: Path | str, *, what: str | None = None, within: Path | str | None = None,
-                bundled: bool = False) -> Path:
-    """Raise Untrusted unless `path` is trusted (see the module docstring); returns the resolved path."""
+def check_trust(
+    path: Path | str,
+    *,
+    what: str | None = None,
+    within: Path | str | None = None,
+    bundled: bool = False,
+) -> Path:
+    """Raise Untrusted unless `path` is trusted (module docstring); returns the resolved path."""
     path = Path(path)
     what = what or f"profile {path}"
     try:
@@ -67,8 +80,10 @@ def check_trust(path: Path | str, *, what: str | None = None, within: Path | str
     if within is not None:
         root = Path(within).resolve()
         if real != root and root not in real.parents:
-            raise Untrusted(f"{path} resolves to {real}, outside {root} where it was found, so {what} "
-                            "cannot be trusted; fix: copy the file into that folder instead of a symlink")
+            raise Untrusted(
+                f"{path} resolves to {real}, outside {root} where it was found, so {what} "
+                "cannot be trusted; fix: copy the file into that folder instead of a symlink"
+            )
     if bundled:
         _check_bundled(real, what)
         return real
@@ -87,8 +102,10 @@ def _check_bundled(real: Path, what: str) -> None:
     allowed = Path(__file__).resolve().parent.parent.joinpath("__init__.py").stat().st_mode
     mode = real.stat().st_mode
     if mode & (stat.S_IWGRP | stat.S_IWOTH) & ~allowed:
-        raise Untrusted(f"Bad permissions {stat.S_IMODE(mode):04o} on file {real}: more writable than "
-                        f"hpctrain's own code. Refusing {what}.\n  fix: chmod go-w {real}")
+        raise Untrusted(
+            f"Bad permissions {stat.S_IMODE(mode):04o} on file {real}: more writable than "
+            f"hpctrain's own code. Refusing {what}.\n  fix: chmod go-w {real}"
+        )
 
 
 def make_private_dirs(path: Path, mode: int = 0o755) -> None:

@@ -1,0 +1,106 @@
+"""pydantic's errors as located problems (`file:line: dotted.key: message; fix`), all at once."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from hpctrain.errors import Problem
+from hpctrain.profiles.yamlsafe import Path_, dotted
+
+NAME_MISSING = "required key is missing; fix: add `name: NAME` (every profile file names itself)"
+
+
+def _dedupe(problems: list[Problem]) -> list[Problem]:
+    seen, out = set(), []
+    for p in problems:
+        if str(p) not in seen:
+            seen.add(str(p))
+            out.append(p)
+    return sorted(out, key=lambda p: (p.file or "", p.line or 0))
+
+
+_FIX = {
+    "int_type": "write a whole number without quotes",
+    "int_parsing": "write a whole number without quotes",
+    "int_from_float": "write a whole number",
+    "float_type": "write a number",
+    "float_parsing": "write a number",
+    "bool_type": "write true or false",
+    "bool_parsing": "write true or false",
+    "string_type": "write text (quote it if it looks like a number, a date or true/false)",
+    "list_type": "write a YAML list: [a, b] or one `- item` per line",
+    "dict_type": "write a mapping of `key: value` lines",
+    "model_type": "write a mapping of `key: value` lines",
+    "model_attributes_type": "write a mapping of `key: value` lines",
+    "literal_error": "use one of the values listed",
+    "greater_than_equal": "use a larger value (counts cannot be negative)",
+    "greater_than": "use a larger value",
+    "less_than_equal": "use a smaller value",
+    "missing": "add it",
+}
+
+
+def _more_cross_field(merged: dict[str, Any], errors: list[Any]) -> list[Any]:
+    """Cross-field checks of sections whose other keys had errors (pydantic skips them), run
+    on the keys that were fine, so that every problem of a file is reported at once."""
+    from pydantic import ValidationError as PydanticError
+
+    from hpctrain.profiles.schema import SECTIONS
+
+    out = []
+    for name, model in SECTIONS.items():
+        bad = {e["loc"][1] for e in errors if e["loc"][:1] == (name,) and len(e["loc"]) > 1}
+        section = merged.get(name)
+        if not bad or not isinstance(section, dict):
+            continue
+        try:
+            model.model_validate({k: v for k, v in section.items() if k not in bad})
+        except PydanticError as e:
+            out += [
+                {**err, "loc": (name, *err["loc"])}
+                for err in e.errors()
+                if err["type"] == "cross_field"
+            ]
+    return out
+
+
+def _problems(
+    errors: list[Any], where: dict[Path_, tuple[str | None, int | None]], top: str
+) -> list[Problem]:
+    out = []
+    for err in errors:
+        loc = tuple(p for p in err["loc"] if p != "[key]")
+        items = [(loc, err["msg"])]
+        if err["type"] == "cross_field":
+            items = [((*loc, f), m) for f, m in err["ctx"]["items"]]
+        for path, msg in items:
+            file, line = top, None
+            for n in range(len(path), -1, -1):
+                if path[:n] in where:
+                    file, line = where[path[:n]]
+                    break
+            out.append(Problem(_message(err, path, msg), file=file, line=line, key=dotted(path)))
+    return out
+
+
+def _message(err: Any, path: Path_, msg: str) -> str:
+    from hpctrain.profiles.schema import model_at
+
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        model = model_at(path)
+        names = list(model.model_fields) if model else []
+        close = difflib.get_close_matches(str(path[-1]), names, n=1, cutoff=0.6)
+        if close:
+            return f"unknown key; did you mean {close[0]!r}?"
+        return f"unknown key; fix: remove it (valid keys here: {', '.join(names)})"
+    if kind == "value_error":
+        return msg.removeprefix("Value error, ")
+    if kind == "cross_field":
+        return msg
+    got = err.get("input")
+    shown = f" (got {got!r})" if isinstance(got, str | int | float | bool) else ""
+    if kind == "missing":
+        return NAME_MISSING if path == ("name",) else "required key is missing; fix: add it"
+    return f"{msg}{shown}; fix: {_FIX.get(kind, 'see docs/site-profiles.md')}"
