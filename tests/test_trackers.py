@@ -19,43 +19,55 @@ from hpctrain.kernel import jobenv
 pytestmark = [pytest.mark.slow]
 
 
-def train(run: Path, tracker: str, env: dict[str, str] | None = None) -> None:
+TRACKERS = ("tensorboard", "mlflow", "wandb")
+
+
+def train_all(root: Path, env: dict[str, str] | None = None) -> None:
+    """train_entry for every tracker at once (one process each: most of it is start-up)."""
     env = env or {}
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "train_entry",
-            "--run-dir",
-            str(run),
-            "--max-steps",
-            "4",
-            f"--train.tracker={tracker}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env={
-            **os.environ,
-            "OMP_NUM_THREADS": "1",
-            "WANDB_MODE": "offline",
-            "WANDB_SILENT": "true",
-            "MLFLOW_TRACKING_URI": "",
-            **env,
-        },
-    )
-    assert out.returncode == (75 if jobenv.STOP_AT_STEP in env else 0), out.stderr[-3000:]
+    procs = {
+        t: subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "train_entry",
+                "--run-dir",
+                str(root / t),
+                "--max-steps",
+                "4",
+                f"--train.tracker={t}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={
+                **os.environ,
+                "OMP_NUM_THREADS": "1",
+                "WANDB_MODE": "offline",
+                "WANDB_SILENT": "true",
+                "MLFLOW_TRACKING_URI": "",
+                **env,
+            },
+        )
+        for t in TRACKERS
+    }
+    for t, proc in procs.items():
+        err = proc.communicate(timeout=240)[1]
+        assert proc.returncode == (75 if jobenv.STOP_AT_STEP in env else 0), (t, err[-3000:])
 
 
-@pytest.mark.parametrize("tracker", ["tensorboard", "mlflow", "wandb"])
-def test_one_tracker_run_across_a_restart(tmp_path, tracker):
-    run = tmp_path / "run"
-    train(run, tracker, {jobenv.STOP_AT_STEP: "2"})
-    first = json.loads((run / "tracker.json").read_text())
-    train(run, tracker)
-    kept = json.loads((run / "tracker.json").read_text())
-    assert kept == first and kept["kind"] == tracker, (first, kept)
+def test_one_tracker_run_across_a_restart(tmp_path):
+    train_all(tmp_path, {jobenv.STOP_AT_STEP: "2"})
+    first = {t: json.loads((tmp_path / t / "tracker.json").read_text()) for t in TRACKERS}
+    train_all(tmp_path)
+    for tracker in TRACKERS:
+        run = tmp_path / tracker
+        kept = json.loads((run / "tracker.json").read_text())
+        assert kept == first[tracker] and kept["kind"] == tracker, (first, kept)
+        _check(tracker, run, kept)
 
+
+def _check(tracker: str, run: Path, kept: dict) -> None:
     if tracker == "tensorboard":
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
