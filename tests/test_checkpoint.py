@@ -96,7 +96,7 @@ def test_no_checkpoint_starts_fresh(tmp_path):
 def test_damaged_newest_is_reported_and_skipped_never_deleted(tmp_path, damage):
     run(tmp_path, 3)
     newest = tmp_path / "checkpoints" / "step-00000003"
-    shard = newest / "__0_0.distcp"
+    shard = newest / "__0_0.raw"
     if damage == "truncate":
         os.truncate(shard, shard.stat().st_size // 2)
     elif damage == "corrupt":
@@ -139,7 +139,7 @@ def test_half_written_staging_is_ignored_then_replaced(tmp_path):
     run(tmp_path, 2)
     staging = tmp_path / "checkpoints" / ".staging-step-00000003"
     staging.mkdir()
-    (staging / "__0_0.distcp").write_bytes(b"half")
+    (staging / "__0_0.raw").write_bytes(b"half")
     state = make_state()
     ckpt = Checkpointer(tmp_path, strategy="ddp", every_steps=1, log=lambda m: None)
     assert ckpt.load_latest(state) == 2

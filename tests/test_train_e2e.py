@@ -99,12 +99,9 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def final_params(run_dir: Path, step: int) -> dict:
     """The model parameters of a DCP checkpoint, read without a process group."""
-    import torch
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    from train_entry.ckpt_writer import load_plain
 
-    out = run_dir / f"params-{step}.pt"
-    dcp_to_torch_save(run_dir / "checkpoints" / f"step-{step:08d}", out)
-    return torch.load(out, weights_only=False)["app"]["model"]
+    return load_plain(run_dir / "checkpoints" / f"step-{step:08d}")["app"]["model"]
 
 
 def assert_close(a: dict, b: dict, rtol: float = 1e-4, atol: float = 1e-5) -> float:

@@ -93,13 +93,15 @@ def _stderr(msg: str) -> None:
 # ---------------------------------------------------------------- the checkpointer
 @dataclass
 class _Pending:
-    """An async save in flight: DCP's future, and rank 0's commit thread that follows it."""
-    future: Any
+    """An async save in flight: its writer thread (staging copy, DCP write, rank 0's commit) and
+    the event the optimizer's next step waits for (the staging copy is done)."""
     staging: Path
     step: int
     started: float
-    committer: threading.Thread | None = None
+    staged: threading.Event
+    thread: threading.Thread | None = None
     error: BaseException | None = None
+    phases: dict = None  # type: ignore[assignment]
 
 
 class _AppState:
@@ -152,7 +154,10 @@ class Checkpointer:
         self._pending: _Pending | None = None
         self._async_group: Any = None
         self._stager: Any = None        # async saves: CPU copies of the state, kept between saves
-        self.timings: list[dict] = []   # per save: step, blocked_s (training time lost), total_s
+        self._hooked: Any = None        # the optimizer whose step waits for an async staging copy
+        self.timings: list[dict] = []   # per save: step, blocked_s (training time lost), total_s,
+        #                                 phases (seconds: prepare, state_dict, staging, planning,
+        #                                 write, hash, fsync, side_files, gather, commit)
         if self.async_save:
             self._async_setup()         # here, not in the first save's blocked time
 
@@ -195,7 +200,9 @@ class Checkpointer:
             # The background write runs collectives; keep them off the training group.
             self._async_group = dist.new_group(backend="gloo")
         if self._stager is None:
-            self._stager = _cached_stager()
+            from train_entry.ckpt_writer import Stager
+
+            self._stager = Stager()
 
     def _warn(self, msg: str) -> None:
         if self._dist()[1] == 0:
@@ -226,7 +233,10 @@ class Checkpointer:
         else:
             import torch.distributed.checkpoint as dcp
 
-            dcp.load({"app": _AppState(state.model, state.optimizer)}, checkpoint_id=str(folder))
+            from train_entry.ckpt_writer import RawReader
+
+            dcp.load({"app": _AppState(state.model, state.optimizer)},
+                     storage_reader=RawReader(str(folder)))
         state.load_loop_state(st.loads((folder / "train_state.json").read_text()))
         rng_file = folder / "rng" / f"rank-{rank:05d}.json"
         if rng_file.exists():
@@ -295,48 +305,188 @@ class Checkpointer:
             raise SaveFailed(step, self.dir, error)
 
     def _save(self, state: Any, *, sync: bool) -> Path:
+        """One save: prepare (rank 0), side files, the weights (DCP through HashingWriter, or the
+        DeepSpeed engine), every rank's file checksums gathered to rank 0, rank 0's commit. The
+        ranks agree on failure after the prepare and at the end (three small collectives)."""
+        from train_entry.ckpt_writer import HashingWriter, SyncedFiles
+
         _, rank, world = self._dist()
-        t0 = time.monotonic()
+        t0 = time.perf_counter()
         name = step_name(state.step)
         final, staging = self.dir / name, self.dir / staging_name(state.step)
+        phases: dict[str, float] = {}
+        if not sync and self.strategy != "deepspeed":
+            texts = self._side_texts(state, rank, world)
+            t = time.perf_counter()
+            holder = _AppState(state.model, state.optimizer).state_dict()
+            phases["state_dict_s"] = time.perf_counter() - t
+            return self._save_async(state, holder, texts, final, staging, t0, phases)
         self._agree(_attempt(self._prepare, final, staging) if rank == 0 else None, state.step)
-        self._agree(_attempt(self._write_side_files, state, staging, rank, world), state.step)
+        phases["prepare_s"] = time.perf_counter() - t0
 
+        t = time.perf_counter()
+        texts = self._side_texts(state, rank, world)
+        if self.strategy != "deepspeed":
+            holder = _AppState(state.model, state.optimizer).state_dict()
+            phases["state_dict_s"] = time.perf_counter() - t
+        side = SyncedFiles(staging)
+        error = _attempt(self._write_texts, side, texts)
+        entries: dict[str, dict] | None = None
         if self.strategy == "deepspeed":
-            self._agree(_attempt(state.model.save_checkpoint, str(self.dir), tag=staging.name,
-                                 client_state={}, save_latest=False), state.step)
-            sync = True
+            error = _attempt(state.model.save_checkpoint, str(self.dir), tag=staging.name,
+                             client_state={}, save_latest=False) or error
         else:
             import torch.distributed.checkpoint as dcp
 
-            holder = {"app": _AppState(state.model, state.optimizer)}
-            if not sync:
-                self._async_setup()
-                future = dcp.async_save(holder, checkpoint_id=str(staging),
-                                        process_group=self._async_group, planner=_planner(),
-                                        async_stager=self._stager)
-                pending = _Pending(future, staging, state.step, t0)
-                if rank == 0:
-                    pending.committer = threading.Thread(
-                        target=self._commit_after, args=(pending, world), daemon=True,
-                        name=f"hpctrain-commit-{name}")
-                    pending.committer.start()
-                self._pending = pending
-                self._last_step, self._last_time = state.step, time.monotonic()
-                self.timings.append({"step": state.step, "async": True,
-                                     "blocked_s": time.monotonic() - t0})
-                return final
-            # every rank's files are written (DCP/DeepSpeed fsync their own) once all agree
-            self._agree(_attempt(dcp.save, holder, checkpoint_id=str(staging), planner=_planner()),
-                        state.step)
-
-        # nobody goes on (or exits 75) before the checkpoint is committed
-        self._agree(_attempt(self._commit, staging, final, state.step, world) if rank == 0 else None,
-                    state.step)
+            writer = HashingWriter(staging)
+            t = time.perf_counter()
+            # every rank enters the collective save even when its side files failed
+            error = _attempt(dcp.save, {"app": holder}, storage_writer=writer,
+                             planner=_planner()) or error
+            dcp_s = time.perf_counter() - t
+            phases.update({k: v for k, v in writer.phases.items()
+                           if k in ("write_s", "hash_s", "fsync_s")})
+            phases["planning_s"] = max(0.0, dcp_s - writer.phases.get("write_data_s", 0.0))
+            entries = writer.entries
+        t = time.perf_counter()
+        error = _attempt(side.wait) or error
+        phases["side_files_s"] = time.perf_counter() - t
+        if entries is not None:
+            entries = {**side.entries, **entries}
+        self._finish(staging, final, state.step, world, rank, entries, error, phases)
         self._last_step, self._last_time = state.step, time.monotonic()
-        took = time.monotonic() - t0
-        self.timings.append({"step": state.step, "async": False, "blocked_s": took, "total_s": took})
+        took = time.perf_counter() - t0
+        self.timings.append({"step": state.step, "async": False, "blocked_s": took, "total_s": took,
+                             "phases": phases})
         return final
+
+    def _finish(self, staging: Path, final: Path, step: int, world: int, rank: int,
+                entries: dict | None, error: BaseException | None, phases: dict,
+                group: Any = None) -> None:
+        """Every rank's checksums and failure to rank 0; rank 0 commits unless a rank failed;
+        then all agree (on `group` for an async save, whose agreement comes in wait())."""
+        t = time.perf_counter()
+        gathered = self._gather((entries, error is not None), group)
+        phases["gather_s"] = time.perf_counter() - t
+        if rank == 0:
+            t = time.perf_counter()
+            if any(failed for _, failed in gathered):
+                error = error or RuntimeError("another rank failed")
+            else:
+                files: dict[str, dict] | None = {}
+                for e, _ in gathered:
+                    files = None if e is None or files is None else {**files, **e}
+                error = _attempt(self._commit, staging, final, step, world, files)
+            phases["commit_s"] = time.perf_counter() - t
+        if group is None:
+            self._agree(error, step)   # nobody goes on (or exits 75) before the commit
+        elif error is not None:
+            raise error
+
+    def _gather(self, obj: Any, group: Any = None) -> list[Any]:
+        dist, rank, world = self._dist()
+        if dist is None:
+            return [obj]
+        out: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=group)
+        return out or []
+
+    def _save_async(self, state: Any, holder: dict, texts: dict[str, str], final: Path,
+                    staging: Path, t0: float, phases: dict) -> Path:
+        """Return as soon as the model buffers are copied; parameters and optimizer state are
+        copied by the writer thread before the optimizer's next step (which waits for it)."""
+        _, rank, world = self._dist()
+        self._async_setup()
+        t = time.perf_counter()
+        self._stager.begin(holder, _deferrable(state.model, state.optimizer))
+        phases["staging_now_s"] = time.perf_counter() - t
+        pending = _Pending(staging, state.step, time.monotonic(), threading.Event(), phases=phases)
+        self._hook(state.optimizer)
+        pending.thread = threading.Thread(target=self._write_async, daemon=True,
+                                          args=(pending, texts, final, rank, world),
+                                          name=f"hpctrain-save-{final.name}")
+        self._pending = pending
+        pending.thread.start()
+        self._last_step, self._last_time = state.step, time.monotonic()
+        self.timings.append({"step": state.step, "async": True,
+                             "blocked_s": time.perf_counter() - t0, "phases": phases})
+        return final
+
+    def _write_async(self, p: _Pending, texts: dict[str, str], final: Path, rank: int,
+                     world: int) -> None:
+        """The writer thread of an async save (collectives on the save's own gloo group)."""
+        from train_entry.ckpt_writer import HashingWriter, SyncedFiles
+
+        import torch.distributed.checkpoint as dcp
+
+        error: BaseException | None = None
+        staged = None
+        t = time.perf_counter()
+        try:
+            staged = self._stager.finish()
+        except BaseException as exc:  # noqa: BLE001 - reported by wait()
+            error = exc
+        finally:
+            p.phases["staging_s"] = time.perf_counter() - t
+            p.staged.set()
+        try:
+            t = time.perf_counter()
+            prepared = _attempt(self._prepare, final, p.staging) if rank == 0 else None
+            if self._any_rank_on(self._async_group, prepared is not None):
+                raise prepared or RuntimeError("rank 0 could not prepare the staging folder")
+            p.phases["prepare_s"] = time.perf_counter() - t
+            side = SyncedFiles(p.staging)
+            error = _attempt(self._write_texts, side, texts) or error
+            if self._any_rank_on(self._async_group, staged is None):
+                error = error or RuntimeError("another rank could not stage its state")
+                entries = None
+            else:
+                writer = HashingWriter(p.staging)
+                t = time.perf_counter()
+                error = _attempt(dcp.save, {"app": staged}, storage_writer=writer,
+                                 planner=_planner(), process_group=self._async_group) or error
+                p.phases["planning_s"] = max(0.0, time.perf_counter() - t
+                                             - writer.phases.get("write_data_s", 0.0))
+                p.phases.update({k: v for k, v in writer.phases.items()
+                                 if k in ("write_s", "hash_s", "fsync_s")})
+                entries = writer.entries
+            error = _attempt(side.wait) or error
+            if entries is not None:
+                entries = {**side.entries, **entries}
+            self._finish(p.staging, final, p.step, world, rank, entries, error, p.phases,
+                         group=self._async_group)
+        except BaseException as exc:  # noqa: BLE001 - reported by wait() on the main thread
+            p.error = exc
+
+    def _any_rank_on(self, group: Any, flag: bool) -> bool:
+        dist, _, _ = self._dist()
+        if dist is None:
+            return flag
+        import torch
+
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return bool(t.item())
+
+    def _hook(self, optimizer: Any) -> None:
+        """The optimizer's step waits until an async save has copied what the step changes."""
+        if optimizer is None or self._hooked is optimizer:
+            return
+
+        def wait_for_staging(*_: Any) -> None:
+            p = self._pending
+            if p is not None and not p.staged.is_set():
+                t = time.perf_counter()
+                p.staged.wait()
+                waited = time.perf_counter() - t
+                for row in reversed(self.timings):
+                    if row["step"] == p.step:
+                        row["hook_wait_s"] = row.get("hook_wait_s", 0.0) + waited
+                        row["blocked_s"] += waited
+                        break
+
+        optimizer.register_step_pre_hook(wait_for_staging)
+        self._hooked = optimizer
 
     def wait(self) -> None:
         """Block until the pending async save is written and committed (on every rank); SaveFailed
@@ -345,13 +495,16 @@ class Checkpointer:
         if pending is None:
             return
         t0 = time.monotonic()
-        error = _attempt(pending.future.result)
-        if pending.committer is not None:
-            pending.committer.join()
-        error = error or pending.error
-        if self.timings and self.timings[-1]["step"] == pending.step:
-            self.timings[-1]["total_s"] = time.monotonic() - pending.started
-            self.timings[-1]["wait_blocked_s"] = time.monotonic() - t0
+        pending.staged.wait()
+        if pending.thread is not None:
+            pending.thread.join()
+        error = pending.error
+        for row in reversed(self.timings):
+            if row["step"] == pending.step:
+                row["total_s"] = time.monotonic() - pending.started
+                row["wait_blocked_s"] = time.monotonic() - t0
+                row["blocked_s"] += row["wait_blocked_s"]
+                break
         try:
             self._agree(error, pending.step)
         except SaveFailed:
@@ -372,50 +525,73 @@ class Checkpointer:
             aside = final.with_name(f"{final.name}.unverified-{time.time_ns()}")
             self._warn(f"{final} exists but was not resumed from; moved to {aside.name}")
             os.rename(final, aside)
+        # no fsync here: a staging folder lost in a crash is never a checkpoint anyway; the
+        # commit's fsyncs make the finished one durable
         (staging / "rng").mkdir(parents=True)
-        fsync_path(self.dir)
 
-    def _write_side_files(self, state: Any, staging: Path, rank: int, world: int) -> None:
+    def _side_texts(self, state: Any, rank: int, world: int) -> dict[str, str]:
+        """This rank's generators, and on rank 0 the loop state and config, as of now."""
         from train_entry import state as st
 
-        _write_synced(staging / "rng" / f"rank-{rank:05d}.json", st.dumps(st.capture_rng()))
+        texts = {f"rng/rank-{rank:05d}.json": st.dumps(st.capture_rng())}
         if rank == 0:
             loop = state.loop_state() | {"world_size": world, "strategy": self.strategy}
-            _write_synced(staging / "train_state.json", st.dumps(loop))
-            _write_synced(staging / "config.json",
-                          json.dumps(state.config, indent=1, sort_keys=True, default=str))
+            texts["train_state.json"] = st.dumps(loop)
+            texts["config.json"] = json.dumps(state.config, indent=1, sort_keys=True, default=str)
+        return texts
 
-    def _commit_after(self, pending: _Pending, world: int) -> None:
-        try:
-            pending.future.result()
-            self._commit(pending.staging, self.dir / pending.staging.name.removeprefix(STAGING_PREFIX),
-                         pending.step, world)
-        except BaseException as exc:  # reported by wait() on the main thread
-            pending.error = exc
+    @staticmethod
+    def _write_texts(side: Any, texts: dict[str, str]) -> None:
+        for rel, text in texts.items():
+            side.write(rel, text)
 
-    def _commit(self, staging: Path, final: Path, step: int, world: int) -> None:
-        """Rank 0: checksum and fsync every file, manifest last, rename, move `latest`, prune."""
+    def _commit(self, staging: Path, final: Path, step: int, world: int,
+                files: dict[str, dict] | None = None) -> None:
+        """Rank 0: the manifest from every rank's checksums (taken while writing; files nobody
+        hashed, e.g. DeepSpeed's, are read, hashed and fsynced here), the manifest and the folders
+        fsynced in parallel, rename, fsync the checkpoints folder, move `latest`, prune."""
         import torch
+
+        from train_entry.ckpt_writer import fsync_path as sync_one
+        from train_entry.ckpt_writer import write_bytes_synced
+
+        files = dict(files or {})
+        unsynced = [r for r, e in files.items() if e.pop("unsynced", False)]
+        rels = list_files(staging)
+        extra = [r for r in rels if r not in files]
+        missing = sorted(set(files) - set(rels))
+        if missing:
+            raise OSError(f"{staging}: {missing[0]} was written but is not there")
 
         def synced_entry(rel: str) -> dict:
             path = staging / rel
-            fsync_path(path)
+            sync_one(path)
             return {"size": path.stat().st_size, "sha256": sha256_file(path)}
 
-        # One file per thread: hashlib releases the GIL, so the shards hash on several cores.
-        rels = list_files(staging)
-        with ThreadPoolExecutor(max_workers=max(1, min(len(rels), os.cpu_count() or 1))) as pool:
-            files = dict(zip(rels, pool.map(synced_entry, rels)))
-        for root, _, _ in os.walk(staging):
-            fsync_path(Path(root))
-        manifest = {"format": FORMAT, "step": step, "strategy": self.strategy, "world_size": world,
-                    "torch": torch.__version__, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "files": files}
-        _write_synced(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
-        fsync_path(staging)
+        workers = max(2, min(8, len(extra) + len(unsynced) + 3))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            files.update(zip(extra, pool.map(synced_entry, extra)))
+            manifest = {"format": FORMAT, "step": step, "strategy": self.strategy,
+                        "world_size": world, "torch": torch.__version__,
+                        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                        "files": dict(sorted(files.items()))}
+            blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
+            fd = os.open(staging / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.write(fd, blob)
+                dirs = {staging / Path(r).parent for r in rels} | {staging}
+                latest_tmp = self.dir / f".{LATEST}.tmp-{os.getpid()}"
+                jobs = [pool.submit(os.fsync, fd), *(pool.submit(sync_one, d) for d in dirs),
+                        *(pool.submit(sync_one, staging / r) for r in unsynced),
+                        pool.submit(write_bytes_synced, latest_tmp, (final.name + "\n").encode())]
+                for j in jobs:
+                    j.result()
+            finally:
+                os.close(fd)
         os.rename(staging, final)
-        fsync_path(self.dir)
-        write_atomic(self.dir / LATEST, final.name + "\n")
+        sync_one(self.dir)              # the checkpoint is durable from here
+        os.replace(latest_tmp, self.dir / LATEST)
+        sync_one(self.dir)
         self._prune(step)
 
     def _prune(self, newest: int) -> None:
@@ -436,47 +612,19 @@ class Checkpointer:
                 shutil.rmtree(folder)
 
 
-def _layout(obj: Any) -> Any:
-    """The structure of a state dict: keys, and each tensor's type, dtype, shape and device."""
+def _deferrable(model: Any, optimizer: Any) -> set[int]:
+    """Storage addresses of what only the optimizer's step changes: parameters (a DTensor's local
+    shard) and optimizer state. An async save copies these on its writer thread."""
     import torch
 
-    if isinstance(obj, dict):
-        return tuple((k, _layout(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return (type(obj), tuple(_layout(v) for v in obj))
-    if isinstance(obj, torch.Tensor):
-        local = getattr(obj, "_local_tensor", obj)     # a DTensor's shard
-        return (type(obj), obj.dtype, tuple(obj.shape), tuple(local.shape), str(obj.device))
-    return type(obj)
+    def ptr(t: Any) -> int:
+        return getattr(t, "_local_tensor", t).data_ptr()
 
-
-def _cached_stager() -> Any:
-    """An async-save stager that copies the state into CPU tensors allocated at the first save and
-    reused while the layout stays the same (DCP's default allocates, and deep-copies, every time).
-    Safe because a save always finishes before the next one starts (`Checkpointer.wait`)."""
-    from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-    from torch.distributed.checkpoint.staging import AsyncStager
-
-    class Stager(AsyncStager):
-        _synchronize_after_execute = False
-
-        def __init__(self) -> None:
-            self.layout: Any = None
-            self.cache: Any = None
-
-        def stage(self, state_dict: dict) -> dict:
-            layout = _layout(state_dict)
-            if layout != self.layout:
-                self.layout, self.cache = layout, _create_cpu_state_dict(state_dict)
-            return _copy_state_dict(state_dict, self.cache, type_check=False)
-
-        def synchronize_staging(self) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
-
-    return Stager()
+    out = {ptr(p) for p in model.parameters()}
+    if optimizer is not None:
+        for st in optimizer.state.values():
+            out.update(ptr(v) for v in st.values() if isinstance(v, torch.Tensor))
+    return out
 
 
 def _planner() -> Any:
@@ -487,26 +635,15 @@ def _planner() -> Any:
     return DefaultSavePlanner(enable_plan_caching=True)
 
 
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 # ---------------------------------------------------------------- comparing two checkpoints
 def _load_weights(folder: Path) -> dict[str, Any]:
     """{"model": ..., "optimizer": ...} of a DCP or DeepSpeed checkpoint, on CPU, no process group."""
-    import tempfile
-
     import torch
 
     if (folder / ".metadata").exists():
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+        from train_entry.ckpt_writer import load_plain
 
-        with tempfile.TemporaryDirectory() as tmp:
-            dcp_to_torch_save(folder, Path(tmp) / "all.pt")
-            app = torch.load(Path(tmp) / "all.pt", weights_only=False)["app"]
+        app = load_plain(folder)["app"]
         return {"model": app.get("model"), "optimizer": app.get("optim")}
     out: dict[str, Any] = {"model": {}, "optimizer": {}}
     for path in sorted(folder.glob("*.pt")):

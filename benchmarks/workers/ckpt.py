@@ -51,13 +51,18 @@ rows = []
 for _ in range(args.reps):
     plain = timed(lambda: j.train(args.steps))
 
+    box = {}
+
     def async_then_train():
         ckpt.save(j.state, sync=False)
+        box["call"] = ckpt.timings[-1]["blocked_s"]   # before the optimizer step's wait, if any
         j.train(args.steps)
 
     async_section = timed(async_then_train)
-    call_blocked = ckpt.timings[-1]["blocked_s"]
+    call_blocked = box["call"]
+    hook_wait = ckpt.timings[-1].get("hook_wait_s", 0.0)
     wait_s = timed(ckpt.wait)
+    async_phases = ckpt.timings[-1].get("phases", {})
     j.train(1)
     box = {}
     sync_s = timed(lambda: box.setdefault("path", ckpt.save(j.state, sync=True)))
@@ -67,7 +72,9 @@ for _ in range(args.reps):
     load_s = timed(lambda: Checkpointer(args.run_dir, strategy=j.cfg.strategy,
                                         log=lambda m: None).load_latest(j.state))
     rows.append({"plain_steps_s": plain, "async_save_plus_steps_s": async_section,
-                 "async_call_blocked_s": call_blocked, "async_wait_after_steps_s": wait_s,
+                 "async_call_blocked_s": call_blocked, "async_hook_wait_s": hook_wait,
+                 "async_wait_after_steps_s": wait_s, "async_phases": async_phases,
+                 "sync_phases": ckpt.timings[-1].get("phases", {}),
                  "sync_save_s": sync_s, "bytes": nbytes, "load_s": load_s,
                  "raw_write_s": raw and raw["write_s"], "raw_read_s": raw and raw["read_s"]})
 if rank == 0:

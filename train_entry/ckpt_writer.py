@@ -1,0 +1,383 @@
+"""The checkpoint storage layer: one file per rank, hashed while written, one fsync per file.
+
+DCP's FileSystemWriter serialises every tensor with torch.save (a small zip archive per tensor) and
+the checkpointer then read every file back to checksum it. This writer puts each rank's tensors'
+raw bytes, one after the other (64-byte aligned), into a single `__<rank>_0.raw` file, hashing each
+buffer with sha256 on a second thread as it is written (hashlib and file writes release the GIL),
+fsyncs the file once, and remembers (size, sha256) for the manifest, so nothing is read back. The
+`.metadata` file (DCP's plan and where each tensor lies) is still DCP's own pickle, written the
+same way. `RawReader` loads such files (and DCP's own `.distcp` files, so older checkpoints still
+load); the shape and dtype of each stored chunk come from DCP's metadata.
+
+Also here: `SyncedFiles`, small side files (RNG, loop state, config, the manifest) written with
+their checksum taken from memory and their fsyncs run in parallel threads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import os
+import pickle
+import queue
+import threading
+import time
+from concurrent.futures import Future as _CFuture
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import _FileSystemWriter, _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import (
+    LoadItemType,
+    LoadPlan,
+    LoadPlanner,
+    SavePlan,
+    SavePlanner,
+    WriteItemType,
+)
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+RAW_SUFFIX = ".raw"
+ALIGN = 64
+METADATA = ".metadata"
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The bytes of a CPU tensor, without a copy when it is contiguous (any dtype)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    flat = t.contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+class _Hasher:
+    """sha256 of a stream of buffers on its own thread, so hashing overlaps the writes."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+        self.busy_s = 0.0
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._t = threading.Thread(target=self._run, name="hpctrain-hash", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while (buf := self._q.get()) is not None:
+            t0 = time.perf_counter()
+            self.sha.update(buf)
+            self.busy_s += time.perf_counter() - t0
+
+    def update(self, buf: Any) -> None:
+        self._q.put(buf)
+
+    def hexdigest(self) -> str:
+        self._q.put(None)
+        self._t.join()
+        return self.sha.hexdigest()
+
+
+class HashingWriter(_FileSystemWriter):
+    """A DCP StorageWriter: one raw file per rank; `entries` holds {relative path: {"size",
+    "sha256"}} of what this rank wrote, `phases` the seconds spent writing, hashing, syncing."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
+        self.entries: dict[str, dict[str, Any]] = {}
+        self.phases: dict[str, float] = {}
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        Path(self.path).mkdir(parents=True, exist_ok=True)   # no existing-checkpoint probe
+        return plan
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        t_start = time.perf_counter()
+        name = f"{plan.storage_data.prefix}0{RAW_SUFFIX}"
+        hasher = _Hasher()
+        results: list[WriteResult] = []
+        offset = 0
+        write_s = 0.0
+        # bytes first (small, pickled by the planner), then tensors in plan order
+        items = sorted(plan.items, key=lambda i: i.type != WriteItemType.BYTE_IO)
+        fd = os.open(Path(self.path) / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            with os.fdopen(fd, "wb", buffering=0, closefd=False) as f:
+                for item in items:
+                    data = planner.resolve_data(item)
+                    buf = (data.getbuffer() if isinstance(data, io.BytesIO)
+                           else tensor_bytes(data))
+                    pad = -offset % ALIGN
+                    t0 = time.perf_counter()
+                    if pad:
+                        zeros = bytes(pad)
+                        f.write(zeros)
+                        hasher.update(zeros)
+                        offset += pad
+                    f.write(buf)
+                    write_s += time.perf_counter() - t0
+                    hasher.update(buf)
+                    results.append(WriteResult(index=item.index, size_in_bytes=len(buf),
+                                               storage_data=_StorageInfo(name, offset, len(buf))))
+                    offset += len(buf)
+            t0 = time.perf_counter()
+            os.fsync(fd)
+            fsync_s = time.perf_counter() - t0
+        finally:
+            os.close(fd)
+        t0 = time.perf_counter()
+        digest = hasher.hexdigest()
+        self.entries[name] = {"size": offset, "sha256": digest}
+        self.phases.update(write_s=write_s, fsync_s=fsync_s, hash_s=hasher.busy_s,
+                           hash_wait_s=time.perf_counter() - t0,
+                           write_data_s=time.perf_counter() - t_start)
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """The coordinator: DCP's .metadata, written straight into the (staging) folder."""
+        from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+
+        metadata.version = CURRENT_DCP_VERSION
+        metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
+        metadata.storage_meta = StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
+        blob = pickle.dumps(metadata)
+        # not fsynced here: the commit fsyncs every file it did not write itself, in parallel
+        with open(Path(self.path) / METADATA, "wb") as f:
+            f.write(blob)
+        self.entries[METADATA] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
+                                  "unsynced": True}
+
+
+class RawReader(FileSystemReader):
+    """Loads HashingWriter's raw files; DCP's own files through DCP's reader."""
+
+    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
+                              **kwargs: Any) -> None:
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+        self._md = metadata
+
+    def _chunk(self, index: Any) -> tuple[torch.dtype, torch.Size]:
+        meta = self._md.state_dict_metadata[index.fqn]
+        for chunk in meta.chunks:
+            if tuple(chunk.offsets) == tuple(index.offset):
+                return meta.properties.dtype, chunk.sizes
+        raise KeyError(f"no stored chunk of {index.fqn} at offset {tuple(index.offset)}")
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        raw = [r for r in plan.items
+               if self.storage_data[r.storage_index].relative_path.endswith(RAW_SUFFIX)]
+        other = [r for r in plan.items
+                 if not self.storage_data[r.storage_index].relative_path.endswith(RAW_SUFFIX)]
+        if other:
+            super().read_data(dataclasses.replace(plan, items=other), planner).wait()
+        per_file: dict[str, list[Any]] = {}
+        for r in raw:
+            per_file.setdefault(self.storage_data[r.storage_index].relative_path, []).append(r)
+        for rel, reqs in per_file.items():
+            path = Path(self.path) / rel
+            whole = torch.from_file(str(path), shared=False, size=path.stat().st_size,
+                                    dtype=torch.uint8)
+            for req in reqs:
+                info = self.storage_data[req.storage_index]
+                piece = whole[info.offset: info.offset + info.length]
+                if req.type == LoadItemType.BYTE_IO:
+                    planner.load_bytes(req, io.BytesIO(piece.numpy().tobytes()))
+                    continue
+                dtype, sizes = self._chunk(req.storage_index)
+                tensor = piece.view(dtype).reshape(sizes)
+                tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+                target = planner.resolve_tensor(req).detach()
+                if target.size() != tensor.size():
+                    raise AssertionError(f"{req.storage_index}: stored {tuple(tensor.size())}, "
+                                         f"wanted {tuple(target.size())}")
+                target.copy_(tensor)
+                planner.commit_tensor(req, target)
+        fut: Future[None] = Future()
+        fut.set_result(None)
+        return fut
+
+
+def load_plain(folder: str | os.PathLike) -> dict[str, Any]:
+    """The whole state dict of a DCP checkpoint (raw or DCP's own files) on CPU, without a
+    process group: what torch's dcp_to_torch_save loads, for our raw files too."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    sd: dict[str, Any] = {}
+    _load_state_dict(sd, storage_reader=RawReader(str(folder)),
+                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    return sd
+
+
+def write_bytes_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class SyncedFiles:
+    """Small files written now, checksummed from memory, fsynced on a thread pool; `wait()`
+    returns their {relative path: {"size", "sha256"}} once every fsync is done."""
+
+    def __init__(self, root: Path, workers: int = 4) -> None:
+        self.root = root
+        self.entries: dict[str, dict[str, Any]] = {}
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hpctrain-fsync")
+        self._futures: list[_CFuture] = []
+
+    def write(self, rel: str, data: bytes | str) -> None:
+        blob = data.encode() if isinstance(data, str) else data
+        self.entries[rel] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+        self._futures.append(self._pool.submit(write_bytes_synced, self.root / rel, blob))
+
+    def sync_dir(self, rel: str = "") -> None:
+        self._futures.append(self._pool.submit(fsync_path, self.root / rel if rel else self.root))
+
+    def wait(self) -> dict[str, dict[str, Any]]:
+        try:
+            for f in self._futures:
+                f.result()
+        finally:
+            self._pool.shutdown(wait=True)
+            self._futures = []
+        return self.entries
+
+
+# ---------------------------------------------------------------- staging for async saves
+def _layout(obj: Any) -> Any:
+    """The structure of a state dict: keys, and each tensor's type, dtype, shape and device."""
+    if isinstance(obj, dict):
+        return tuple((k, _layout(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return (type(obj), tuple(_layout(v) for v in obj))
+    if isinstance(obj, torch.Tensor):
+        local = getattr(obj, "_local_tensor", obj)     # a DTensor's shard
+        return (type(obj), obj.dtype, tuple(obj.shape), tuple(local.shape), str(obj.device))
+    return type(obj)
+
+
+def _select(obj: Any, keep: Any) -> Any:
+    """The same nested structure holding only the tensors `keep(tensor)` accepts (others None)."""
+    if isinstance(obj, dict):
+        return {k: _select(v, keep) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_select(v, keep) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return obj if keep(obj) else None
+    return None
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return getattr(t, "_local_tensor", t)
+
+
+class Stager:
+    """Copies a state dict into CPU buffers allocated at the first save and reused while its
+    layout stays the same (pinned when the state is on a GPU, copied on a side stream).
+
+    `begin(sd, movable)` copies now the tensors `movable` does not name (model buffers, which a
+    forward pass may change in place) and returns; `finish()` (on the writer thread) copies the
+    rest: parameters and optimizer state, which only the optimizer's step changes, so the copy
+    overlaps the next step's forward and backward and the step waits for it (`Checkpointer`
+    installs an optimizer pre-step hook). Safe because one save finishes before the next starts."""
+
+    def __init__(self) -> None:
+        self.layout: Any = None
+        self.cache: Any = None
+        self._stream: Any = None
+        self._ready: Any = None
+        self._sd: Any = None
+        self._movable: Any = None
+
+    def begin(self, sd: dict, movable: set[int]) -> None:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        layout = _layout(sd)
+        cuda = any(str(d).startswith("cuda") for d in _devices(sd))
+        if layout != self.layout:
+            self.layout, self.cache = layout, _create_cpu_state_dict(sd, pin_memory=cuda)
+        if cuda:
+            self._stream = self._stream or torch.cuda.Stream()
+            self._ready = torch.cuda.Event()
+            self._ready.record()                      # the step's kernels before the copy
+        now = _select(sd, lambda t: _local(t).data_ptr() not in movable)
+        _copy_state_dict(_prune_none(now), _prune_none(_select_like(self.cache, now)),
+                         type_check=False)
+        self._sd, self._movable = sd, movable
+
+    def finish(self) -> dict:
+        from torch.distributed._state_dict_utils import _copy_state_dict
+
+        sd, movable = self._sd, self._movable
+        later = _select(sd, lambda t: _local(t).data_ptr() in movable)
+        if self._stream is not None:
+            self._stream.wait_event(self._ready)
+            with torch.cuda.stream(self._stream):
+                _copy_state_dict(_prune_none(later), _prune_none(_select_like(self.cache, later)),
+                                 non_blocking=True, type_check=False)
+            self._stream.synchronize()
+        else:
+            _copy_state_dict(_prune_none(later), _prune_none(_select_like(self.cache, later)),
+                             type_check=False)
+        # the full structure: staged tensors, the scalars as they were at begin()
+        out = _merge_staged(sd, self.cache)
+        self._sd = self._movable = None
+        return out
+
+
+def _devices(obj: Any) -> set[str]:
+    if isinstance(obj, dict):
+        return set().union(*(_devices(v) for v in obj.values())) if obj else set()
+    if isinstance(obj, (list, tuple)):
+        return set().union(*(_devices(v) for v in obj)) if obj else set()
+    if isinstance(obj, torch.Tensor):
+        return {str(_local(obj).device)}
+    return set()
+
+
+def _select_like(cache: Any, pattern: Any) -> Any:
+    """The cache's tensors at the places `pattern` holds one."""
+    if isinstance(pattern, dict):
+        return {k: _select_like(cache[k], v) for k, v in pattern.items()}
+    if isinstance(pattern, list):
+        return [_select_like(c, v) for c, v in zip(cache, pattern, strict=True)]
+    return cache if pattern is not None else None
+
+
+def _prune_none(obj: Any) -> Any:
+    """Drop the None leaves (and empty containers) so _copy_state_dict sees tensors only."""
+    if isinstance(obj, dict):
+        out = {k: _prune_none(v) for k, v in obj.items()}
+        return {k: v for k, v in out.items()
+                if v is not None and not (isinstance(v, (dict, list)) and not v)}
+    if isinstance(obj, list):
+        return [_prune_none(v) for v in obj]
+    return obj
+
+
+def _merge_staged(sd: Any, cache: Any) -> Any:
+    if isinstance(sd, dict):
+        return {k: _merge_staged(v, cache[k]) for k, v in sd.items()}
+    if isinstance(sd, (list, tuple)):
+        return type(sd)(_merge_staged(v, c) for v, c in zip(sd, cache, strict=True))
+    if isinstance(sd, torch.Tensor):
+        return cache
+    return sd
