@@ -64,7 +64,46 @@ def check_train_entry(
     *, nodes: int, gpus: int, args: tuple[str, ...], strategy: str | None, python: str | None = None
 ) -> dict[str, Any]:
     """Validate train_entry's config at world = nodes x gpus; return what it resolved to
-    ({"strategy", "global_batch", "micro_batch", "grad_accum", "max_steps", "world_size"})."""
+    ({"strategy", "global_batch", "micro_batch", "grad_accum", "max_steps", "world_size"}).
+
+    A config that validated before with the same arguments, config file, topology and train_entry
+    sources is answered from the profile cache (hpctrain/profiles/cache.py): the check imports
+    pydantic and train_entry's config, which would double `submit`'s start-up. A config that needs
+    the probe (factories, DeepSpeed) is probed every time."""
+    from pathlib import Path
+
+    from hpctrain.profiles import cache
+
+    key: dict[str, Any] | None = {
+        "nodes": nodes, "gpus": gpus, "args": list(args), "strategy": strategy,
+        "env": [os.environ.get(ENV_NNODES), os.environ.get(ENV_GPUS)], "config": None}
+    config = entry_flag(args, "config")
+    if config is not None:
+        try:
+            key["config"] = Path(config).read_text()  # type: ignore[index]
+        except (OSError, UnicodeDecodeError):
+            key = None
+    root = Path(__file__).resolve().parent.parent / "train_entry"
+    sources = (Path(__file__).resolve(), root / "config.py", root / "cli.py")
+    hit = cache.recall("entry_check", key, sources) if key is not None else None
+    if isinstance(hit, dict) and "resolved" in hit and hit["probe"] is not None:
+        if hit["probe"]:
+            _probe(python or sys.executable, [*(["--strategy", strategy] if strategy else []), *args],
+                   nodes=nodes, gpus=gpus, where=f"at {nodes} node(s) x {gpus} = world size "
+                                                  f"{nodes * gpus}")
+        return dict(hit["resolved"])
+    resolved, probed = _check_train_entry(nodes=nodes, gpus=gpus, args=args, strategy=strategy,
+                                          python=python)
+    if key is not None and probed is not None:
+        cache.remember("entry_check", key, {"resolved": resolved, "probe": probed}, sources)
+    return resolved
+
+
+def _check_train_entry(
+    *, nodes: int, gpus: int, args: tuple[str, ...], strategy: str | None, python: str | None
+) -> tuple[dict[str, Any], bool | None]:
+    """The check itself; with whether it needed the probe (None: not to be cached, it also
+    asked whether the tracker's package is installed)."""
     from train_entry.cli import NAMED, parser
     from train_entry.config import check_sizes, load_config
 
@@ -87,7 +126,9 @@ def check_train_entry(
             check_installed(cfg.train.tracker)
         except UserError as e:
             raise UserError(f"train_entry's config does not work {where}:\n  {_one(e)}") from None
-    if cfg.model.factory or cfg.data.factory or cfg.data.collate or cfg.strategy == "deepspeed":
+    probe: bool | None = bool(cfg.model.factory or cfg.data.factory or cfg.data.collate
+                              or cfg.strategy == "deepspeed")
+    if probe:
         _probe(
             python or sys.executable,
             [*(["--strategy", strategy] if strategy else []), *args],
@@ -103,7 +144,7 @@ def check_train_entry(
         "grad_accum": accum,
         "max_steps": t.max_steps,
         "world_size": world,
-    }
+    }, (None if cfg.train.tracker != "none" else probe)   # None: check again every time
 
 
 def _probe(python: str, args: list[str], *, nodes: int, gpus: int, where: str) -> None:

@@ -14,9 +14,9 @@ from click.testing import CliRunner
 
 from hpctrain.cli import main
 from hpctrain.errors import ValidationError
+from hpctrain.kernel import jobenv
 from hpctrain.profiles import Profile, cache, resolve
 from hpctrain.profiles.cache import ProfileView
-from hpctrain.kernel import jobenv
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = sorted(p.stem for p in (REPO / "site_configs").glob("*.yaml"))
@@ -146,3 +146,17 @@ def test_submit_dry_run_from_the_cache_imports_no_pydantic(isolated: Path) -> No
     assert "PYDANTIC True" in outs[0].stdout  # first run: validated, then cached
     assert "PYDANTIC False" in outs[1].stdout  # second: from the cache
     assert "nothing was written" in outs[1].stdout
+
+
+def test_a_bad_entry_config_is_refused_every_time(isolated: Path) -> None:
+    """The submit-time check of train_entry's config is cached only when it passes."""
+    args = ["submit", "--profile", "local", "--nodes", "2", "--gpus", "2", "--name", "b",
+            "--dry-run", "--", "--train.global_batch=12"]
+    for _ in range(2):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2 and "global_batch(12) is not divisible" in result.output
+    ok = [*args[:-1], "--train.global_batch=32"]
+    for _ in range(2):
+        result = CliRunner().invoke(main, ok)
+        assert result.exit_code == 0 and "global batch 32 = world 4 x micro 8 x accum 1" in \
+            result.output, result.output

@@ -74,11 +74,42 @@ def _plain(obj: Any) -> bool:
     return False
 
 
-def key_of(merged: dict[str, Any]) -> str | None:
+def key_of(merged: dict[str, Any], sources: tuple[Path, ...] = ()) -> str | None:
     if not ENABLED or not _plain(merged):
         return None
     text = json.dumps(merged, sort_keys=True, separators=(",", ":"), allow_nan=True)
-    return hashlib.sha256(f"{_fingerprint()}\n{text}".encode()).hexdigest()
+    extra = "".join(_source_digest(p) for p in sources)
+    return hashlib.sha256(f"{_fingerprint()}{extra}\n{text}".encode()).hexdigest()
+
+
+_SOURCES: dict[Path, str] = {}
+
+
+def _source_digest(path: Path) -> str:
+    if path not in _SOURCES:
+        _SOURCES[path] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return _SOURCES[path]
+
+
+def recall(kind: str, data: dict[str, Any], sources: tuple[Path, ...] = ()) -> Any:
+    """A value `remember`ed for the same kind, data and source files, else None."""
+    try:
+        key = key_of({"memo": kind, "data": data}, sources)
+    except OSError:
+        return None
+    entry = _read(key) if key is not None else None
+    return entry.get("value") if entry is not None else None
+
+
+def remember(kind: str, data: dict[str, Any], value: Any, sources: tuple[Path, ...] = ()) -> None:
+    """Remember a pure function's plain result: only for inputs that are the whole input (the
+    data and the listed source files, plus the schema's fingerprint)."""
+    try:
+        key = key_of({"memo": kind, "data": data}, sources)
+    except OSError:
+        return
+    if key is not None:
+        _write(key, {"value": value})
 
 
 def memo(kind: str, data: dict[str, Any], fn: Any) -> Any:
