@@ -159,6 +159,8 @@ def test_local_sweep_runs_points_one_after_another_each_its_own_run(hp):
     table = hp("runs").stdout
     assert re.search(r"sweep loc .*\n.*\n.*\n0\s+0-optim\.lr=1e-3\s+COMPLETED", table), table
     assert "done: 3 steps" in hp("logs", "loc/1", "--rank", "0").stdout
+    report = json.loads(hp("report", "loc", "--json").stdout)
+    assert [p["final_loss"] for p in report["points"]] == [r["final_loss"] for r in points]
 
 
 @pytest.mark.slurm

@@ -28,7 +28,19 @@ def report(runs: tuple[str, ...], runs_dir: Path | None, as_json: bool, no_plots
       hpctrain report demo
       hpctrain report demo --json
       hpctrain report demo demo.old-20261201-101500     # overlay two runs
+      hpctrain report lr                                # a sweep: its points as a table
     """
+    from hpctrain import sweep as sweeps
+    from hpctrain.remote.forward import maybe_forward
+
+    if len(runs) == 1:
+        maybe_forward("report", runs[0], runs_dir)  # a run on a remote site: its report there
+        found = sweeps.find(runs[0], runs_dir)
+        if found is not None:
+            from hpctrain.cli.sweep import show
+
+            show(found, as_json)
+            return
     from hpctrain.report.service import build
 
     result = build(list(runs), runs_dir=runs_dir, with_plots=not no_plots)
