@@ -481,3 +481,38 @@ def test_local_submit_from_a_folder_with_a_space(tmp_path) -> None:
 def test_absurd_local_topology_is_capped_by_the_machine(home, args, expect) -> None:
     out = invoke("submit", "--profile", "local", "--name", "big", "--dry-run", *args)
     assert out.exit_code == 2 and expect in out.output
+
+
+def test_a_failed_async_save_is_reported_at_wait_and_retried(tmpfs) -> None:
+    import torch
+
+    from train_entry.checkpoint import Checkpointer, SaveFailed
+    from train_entry.state import TrainState
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(256, 256)
+    state = TrainState(
+        model=model,
+        optimizer=torch.optim.AdamW(model.parameters()),
+        scheduler=None,
+        data={},
+        config={},
+    )
+    ckpt = Checkpointer(
+        tmpfs / "run", strategy="ddp", every_steps=1, async_save=True, log=lambda m: None
+    )
+    state.step = 1
+    ckpt.maybe_save(state)
+    ckpt.wait()
+    filler = fill(tmpfs, leave=64 * 1024)
+    state.step = 2
+    ckpt.maybe_save(state)  # staged; the write fails in the background
+    with pytest.raises(SaveFailed) as e:
+        ckpt.wait()
+    assert e.value.step == 2 and e.value.no_space
+    ck = tmpfs / "run" / "checkpoints"
+    assert (ck / "latest").read_text() == "step-00000001\n" and not list(ck.glob(".staging-*"))
+    filler.unlink()
+    assert ckpt.maybe_save(state)  # the same step is tried again once there is room
+    ckpt.wait()
+    assert (ck / "latest").read_text() == "step-00000002\n"

@@ -26,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hpctrain.cli import main
+from hpctrain.kernel import jobenv
 
 COUNT, RAN = [0], [0]
 CASES = int(os.environ.get("TRUST_CASES", "2000"))
@@ -195,7 +196,7 @@ LOCATED = re.compile(
 
 STANDINS = {
     "python": '#!/bin/bash\nif [ "$1" = -c ]; then exit 0; fi\n'
-    'printf "%s\\0" "$@" >"$RECORD/argv-${HPCTRAIN_NODEID:-x}"\n',
+    'printf "%s\\0" "$@" >"$RECORD/argv-${' + jobenv.NODEID + ':-x}"\n',
     "srun": '#!/bin/bash\nwhile [ "${1#-}" != "$1" ]; do shift; done\n'
     'for ((i = 0; i < ${SLURM_NNODES:-1}; i++)); do SLURM_NODEID=$i "$@" & done; wait\n',
     "scontrol": '#!/bin/bash\nif [ "$1 $2" = "show hostnames" ]; then echo localhost; fi\n',
@@ -268,7 +269,7 @@ def test_hostile_input_is_rendered_safely_or_refused_with_its_location(world, c)
         "XDG_CONFIG_HOME": str(world / "config"),
         "XDG_CACHE_HOME": str(world / "cache"),
         "XDG_STATE_HOME": str(world / "state"),
-        "HPCTRAIN_PYTHON": str(world / "bin" / "python"),
+        jobenv.PYTHON: str(world / "bin" / "python"),
     }
     out = CliRunner().invoke(main, args, env=env)
     assert "Traceback" not in out.output

@@ -521,3 +521,8 @@ def test_unreadable_site_folder_is_a_row_not_a_crash(tmp_path, monkeypatch) -> N
     )
     assert any(r["name"] == "local" and r["error"] is None for r in rows)
     assert resolve("local").name == "local"
+
+
+def test_lock_covers_per_task_environment_too(locked_site) -> None:
+    with pytest.raises(ValidationError, match="network is locked"):
+        resolve("site", {"environment.task_env.NCCL_NET": "Socket"})

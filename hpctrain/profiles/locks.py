@@ -4,7 +4,9 @@ A profile's `locked: [network]` promises that no child profile, user config or f
 ranks talk to each other. Several keys can set the same thing, so a lock on one covers the others
 (docs/security.md). The aliases come from the schema's own tables, so a new key with a dedicated
 environment variable, or a new network variable prefix, is covered without touching this file:
-- `environment.env.NAME` and `network.env.NAME` both export NAME (a network variable);
+- every environment mapping (`environment.env`, `network.env`, `environment.task_env`, a new one
+  named `env` or `*_env`) exporting NAME sets `environment.env.NAME` (and `network.env.NAME` for a
+  network variable);
 - a variable with a dedicated key (schema.DEDICATED_ENV, e.g. NCCL_SOCKET_IFNAME) is that key;
 - a network variable (schema.NETWORK_ENV_PREFIXES: NCCL_, FI_, UCX_, ...) is part of `network`;
 - `scheduler` decides whether any `slurm.*` key applies at all (local drops every #SBATCH line),
@@ -31,8 +33,19 @@ def sets(path: Path_) -> list[str]:
     """The dotted keys whose meaning the value at `path` decides (itself first)."""
     key = dotted(path)
     out = [key]
-    if len(path) >= 3 and path[1] == "env" and path[0] in ("environment", "network"):
-        name = str(path[2])
+    # any environment mapping (environment.env, network.env, environment.task_env, ...): NAME
+    at = next(
+        (
+            i
+            for i, p in enumerate(path[:-1])
+            if isinstance(p, str)
+            and (p == "env" or p.endswith("_env"))
+            and isinstance(path[i + 1], str)
+        ),
+        None,
+    )
+    if at is not None:
+        name = str(path[at + 1])
         dedicated, prefixes = _tables()
         out.append(f"environment.env.{name}")
         if name in dedicated:
