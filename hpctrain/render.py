@@ -213,8 +213,8 @@ def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = No
         "want_gpu": 1 if slurm and profile.slurm.gpus_per_node else 0,
         "python": python or node_python(profile),
         # launch.python may use $VAR (expanded on the node); any other source is a literal path
-        "python_word": (shvalue if profile.launch.python and not python else shlex.quote)(
-            python or node_python(profile)),
+        "python_word": (shvalue if profile.launch.python and python in (None, profile.launch.python)
+                        else shlex.quote)(python or node_python(profile)),
         "entry_argv": req.entry.argv(run_dir=run_dir, strategy=req.strategy, args=req.args),
         "preemption": profile.preemption,
         "preflight": profile.preflight,

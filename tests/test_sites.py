@@ -211,6 +211,11 @@ def test_torchrun_command_arguments_and_python_keys(tmp_path, standins):
     }
     text = script("loopback", flags, tmp_path / "r" / "s", bin_)
     assert f'export {jobenv.PYTHON}="$CONDA_PREFIX/bin/python"\n' in text  # expands on the node
+    # a resume renders with run.yaml's node_python: the same script
+    profile = resolve("loopback", {"preflight.enabled": False, **flags})
+    again = render(profile, JobRequest.build(profile, name="s", nodes=2, gpus=1, args=[]),
+                   str(tmp_path / "r" / "s"), python="$CONDA_PREFIX/bin/python")
+    assert again == text
     assert ('exec "python" "-m" "torch.distributed.run" --nnodes=') in text
     assert (
         '--max-restarts=0 --numa-binding="exclusive" --local-addr="${HOSTNAME}i" "${tee[@]}"'
