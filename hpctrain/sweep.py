@@ -40,6 +40,7 @@ RESUMABLE = {
     "LOST",
     "BOOT_FAIL",
     "DEADLINE",
+    "WAITING",
 }
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}\Z")
 _VALUE = re.compile(r"[A-Za-z0-9_.+:-]{1,64}\Z")
@@ -273,6 +274,16 @@ def start_local(sweep_dir: Path) -> int:
     )
     log.close()
     return proc.pid
+
+
+def resume_local(sweep_dir: Path) -> int:
+    """Local profile: a new runner for the points that did not finish (the same job.sh each:
+    train_entry resumes from the newest checkpoint); returns how many it will run."""
+    left = [r for r in table(sweep_dir) if r["state"] in RESUMABLE]
+    if left:
+        data = read(sweep_dir)
+        write(sweep_dir, {**data, "runner_pid": start_local(sweep_dir)})
+    return len(left)
 
 
 def cancel(sweep_dir: Path) -> list[tuple[str, str]]:

@@ -23,7 +23,11 @@ def main(sweep_dir: Path) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     data = sweep.read(sweep_dir)
     limit = max(1, int(data.get("max_parallel") or 1))
-    waiting = [RunDir(sweep_dir / str(p["folder"])) for p in data.get("points", [])]
+    waiting = [
+        RunDir(sweep_dir / str(r["point"]))
+        for r in sweep.table(sweep_dir)
+        if r["state"] in sweep.RESUMABLE
+    ]  # first start: every point WAITING
     running: list[RunDir] = []
     while (waiting or running) and not stop:
         running = [r for r in running if dispatch.state(r) not in TERMINAL]

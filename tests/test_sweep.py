@@ -115,7 +115,7 @@ def test_dry_run_prints_the_grid_and_the_array_script_and_bad_grids_say_how(hp):
             assert out.returncode == 2 and msg in out.stderr and "Traceback" not in out.stderr
 
 
-def test_local_sweep_runs_points_one_after_another_each_its_own_run(hp):
+def test_local_sweep_one_point_at_a_time_cancel_and_resume_by_sweep_name(hp):
     out = hp(
         "sweep",
         "--profile",
@@ -130,37 +130,51 @@ def test_local_sweep_runs_points_one_after_another_each_its_own_run(hp):
         "optim.lr=1e-3,3e-3",
         "--",
         *TINY,
-        "--max-steps=3",
+        "--max-steps=40",
+        "--checkpoint-every=5",
     )
     assert "2 points on this machine, 1 at a time" in out.stdout, out.stdout
     sweep = hp.root / "runs" / "loc"
+    first, second = sweep / "0-optim.lr=1e-3", sweep / "1-optim.lr=3e-3"
+
+    def status() -> dict:
+        return json.loads(hp("status", "loc", "--json").stdout)
+
     try:
+        until("point 0 trains", lambda: len(lines(first / "metrics.jsonl")) >= 2, 120)
+        out = hp("cancel", "loc")  # the runner stops; the running point saves and stops
+        assert "sweep loc: 1 point(s) cancelled" in out.stdout, out.stdout
         rows = until(
-            "both points end",
-            lambda: (
-                (t := json.loads(hp("status", "loc", "--json").stdout))
-                and all(r["state"] in ("COMPLETED", "FAILED") for r in t["points"])
-                and t
-            ),
-            180,
-        )
+            "point 0 ends", lambda: (t := status())["points"][0]["state"] != "RUNNING" and t, 90
+        )["points"]
+        assert [r["state"] for r in rows] == ["CANCELLED", "WAITING"], rows
+        assert not (second / "jobs.jsonl").exists()  # never started
+
+        out = hp("resume", "loc")
+        assert "sweep loc: 2 point(s) to run again, 1 at a time" in out.stdout, out.stdout
+
+        def ended() -> dict | None:
+            t = status()
+            return t if all(r["state"] in ("COMPLETED", "FAILED") for r in t["points"]) else None
+
+        rows = until("both points end", ended, 180)["points"]
     except AssertionError:
-        print((sweep / "logs" / "runner.log").read_text())
+        print((sweep / "logs" / "runner.log").read_text(), dump(first), dump(second))
         raise
-    points = rows["points"]
-    assert [r["state"] for r in points] == ["COMPLETED", "COMPLETED"], points
-    assert all(isinstance(r["final_loss"], float) for r in points)
-    assert points[0]["final_loss"] != points[1]["final_loss"]  # the grid reached the entry
-    first, second = (sweep / r["point"] for r in points)
-    assert (first / "run.yaml").is_file() and (second / "job.sh").is_file()  # frozen, each its own
-    # one after another: the second point started after the first was done
+    assert [r["state"] for r in rows] == ["COMPLETED", "COMPLETED"], rows
+    assert all(isinstance(r["final_loss"], float) for r in rows)
+    assert rows[0]["final_loss"] != rows[1]["final_loss"]  # the grid reached the entry
+    assert (first / "run.yaml").is_file() and (second / "job.sh").is_file()  # each its own
+    # point 0 resumed from the checkpoint its cancel saved; point 1 started after it was done
+    starts = re.findall(r"step (\d+)/40\n", (first / "train.log").read_text())
+    assert len(starts) == 2 and starts[0] == "0" and int(starts[1]) > 0, starts
     done = [e["time"] for e in lines(first / "events.jsonl") if e["event"] == "done"]
-    assert done and lines(second / "restarts.jsonl")[0]["time"] >= done[0]
+    assert done and lines(second / "restarts.jsonl")[0]["time"] >= done[-1]
     table = hp("runs").stdout
     assert re.search(r"sweep loc .*\n.*\n.*\n0\s+0-optim\.lr=1e-3\s+COMPLETED", table), table
-    assert "done: 3 steps" in hp("logs", "loc/1", "--rank", "0").stdout
+    assert "done: 40 steps" in hp("logs", "loc/1", "--rank", "0").stdout
     report = json.loads(hp("report", "loc", "--json").stdout)
-    assert [p["final_loss"] for p in report["points"]] == [r["final_loss"] for r in points]
+    assert [p["final_loss"] for p in report["points"]] == [r["final_loss"] for r in rows]
 
 
 @pytest.mark.slurm

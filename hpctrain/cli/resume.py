@@ -78,6 +78,11 @@ def resume(run: str, wait: bool, time_min: int | None, max_steps: int | None, no
     from hpctrain import sweep as sweeps
 
     found = sweeps.find(run, runs_dir)
+    if found is not None and sweeps.read(found).get("scheduler") == "local":
+        n = sweeps.resume_local(found)
+        click.echo(f"sweep {found.name}: {n} point(s) to run again, "
+                   f"{sweeps.read(found).get('max_parallel') or 1} at a time (local runner)")
+        return
     if found is not None:  # every point that stopped before finishing
         rows = [r for r in sweeps.table(found) if r["state"] in sweeps.RESUMABLE]
         for row in rows:

@@ -106,3 +106,39 @@ def test_doctor_checks_the_way_to_the_site_then_runs_the_sites_doctor(laptop):
     assert not list(Path(laptop.site.dir, "work", "incoming").glob("*")), (
         "upload folder left behind"
     )
+
+
+def test_a_script_travels_as_the_committed_tree_and_runs_from_the_run_folder(laptop):
+    repo = laptop.root / "repo"
+    repo.mkdir()
+    (repo / "train.py").write_text(
+        "import pathlib\nhere = pathlib.Path(__file__).resolve().parent\n"
+        "print('ran from', here, 'data', (here / 'data.txt').read_text().strip(), flush=True)\n"
+    )
+    (repo / "data.txt").write_text("committed\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "code"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    (repo / "data.txt").write_text("uncommitted\n")  # not sent: only the commit travels
+    prof = laptop.write_profile("codesite", extends="local")
+    out = laptop.hp(
+        "submit",
+        "--profile",
+        str(prof),
+        "--script",
+        str(repo / "train.py"),
+        "--name",
+        "mine",
+        "--nodes",
+        "1",
+        "--gpus",
+        "1",
+        "--wait",
+        timeout=180,
+    )
+    assert "has uncommitted changes; they are not sent" in out.stdout, out.stdout
+    assert re.search(r"code git .*repo [0-9a-f]{12} sent with rsync", out.stdout), out.stdout
+    run = Path(laptop.site.scratch) / "runs" / "mine"
+    assert (run / "code" / "data.txt").read_text() == "committed\n"
+    logs = laptop.hp("logs", "mine", "--rank", "0").stdout
+    assert f"ran from {run}/code data committed" in logs, logs
