@@ -99,7 +99,7 @@ def metrics(run_dir: Path) -> list[dict]:
 
 def final_params(run_dir: Path, step: int) -> dict:
     """The model parameters of a DCP checkpoint, read without a process group."""
-    from train_entry.ckpt_writer import load_plain
+    from train_entry.checkpoint.writer import load_plain
 
     return load_plain(run_dir / "checkpoints" / f"step-{step:08d}")["app"]["model"]
 

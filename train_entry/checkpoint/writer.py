@@ -95,7 +95,7 @@ class HashingWriter(_FileSystemWriter):
         self.phases: dict[str, float] = {}
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        Path(self.path).mkdir(parents=True, exist_ok=True)   # no existing-checkpoint probe
+        Path(self.path).mkdir(parents=True, exist_ok=True)  # no existing-checkpoint probe
         return plan
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -112,8 +112,7 @@ class HashingWriter(_FileSystemWriter):
             with os.fdopen(fd, "wb", buffering=0, closefd=False) as f:
                 for item in items:
                     data = planner.resolve_data(item)
-                    buf = (data.getbuffer() if isinstance(data, io.BytesIO)
-                           else tensor_bytes(data))
+                    buf = data.getbuffer() if isinstance(data, io.BytesIO) else tensor_bytes(data)
                     pad = -offset % ALIGN
                     t0 = time.perf_counter()
                     if pad:
@@ -124,8 +123,13 @@ class HashingWriter(_FileSystemWriter):
                     f.write(buf)
                     write_s += time.perf_counter() - t0
                     hasher.update(buf)
-                    results.append(WriteResult(index=item.index, size_in_bytes=len(buf),
-                                               storage_data=_StorageInfo(name, offset, len(buf))))
+                    results.append(
+                        WriteResult(
+                            index=item.index,
+                            size_in_bytes=len(buf),
+                            storage_data=_StorageInfo(name, offset, len(buf)),
+                        )
+                    )
                     offset += len(buf)
             t0 = time.perf_counter()
             os.fsync(fd)
@@ -135,9 +139,13 @@ class HashingWriter(_FileSystemWriter):
         t0 = time.perf_counter()
         digest = hasher.hexdigest()
         self.entries[name] = {"size": offset, "sha256": digest}
-        self.phases.update(write_s=write_s, fsync_s=fsync_s, hash_s=hasher.busy_s,
-                           hash_wait_s=time.perf_counter() - t0,
-                           write_data_s=time.perf_counter() - t_start)
+        self.phases.update(
+            write_s=write_s,
+            fsync_s=fsync_s,
+            hash_s=hasher.busy_s,
+            hash_wait_s=time.perf_counter() - t0,
+            write_data_s=time.perf_counter() - t_start,
+        )
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
@@ -153,15 +161,19 @@ class HashingWriter(_FileSystemWriter):
         # not fsynced here: the commit fsyncs every file it did not write itself, in parallel
         with open(Path(self.path) / METADATA, "wb") as f:
             f.write(blob)
-        self.entries[METADATA] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
-                                  "unsynced": True}
+        self.entries[METADATA] = {
+            "size": len(blob),
+            "sha256": hashlib.sha256(blob).hexdigest(),
+            "unsynced": True,
+        }
 
 
 class RawReader(FileSystemReader):
     """Loads HashingWriter's raw files; DCP's own files through DCP's reader."""
 
-    def set_up_storage_reader(self, metadata: Metadata, is_coordinator: bool, *args: Any,
-                              **kwargs: Any) -> None:
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._md = metadata
 
@@ -173,10 +185,16 @@ class RawReader(FileSystemReader):
         raise KeyError(f"no stored chunk of {index.fqn} at offset {tuple(index.offset)}")
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        raw = [r for r in plan.items
-               if self.storage_data[r.storage_index].relative_path.endswith(RAW_SUFFIX)]
-        other = [r for r in plan.items
-                 if not self.storage_data[r.storage_index].relative_path.endswith(RAW_SUFFIX)]
+        raw = [
+            r
+            for r in plan.items
+            if self.storage_data[r.storage_index].relative_path.endswith(RAW_SUFFIX)
+        ]
+        other = [
+            r
+            for r in plan.items
+            if not self.storage_data[r.storage_index].relative_path.endswith(RAW_SUFFIX)
+        ]
         if other:
             super().read_data(dataclasses.replace(plan, items=other), planner).wait()
         per_file: dict[str, list[Any]] = {}
@@ -184,11 +202,12 @@ class RawReader(FileSystemReader):
             per_file.setdefault(self.storage_data[r.storage_index].relative_path, []).append(r)
         for rel, reqs in per_file.items():
             path = Path(self.path) / rel
-            whole = torch.from_file(str(path), shared=False, size=path.stat().st_size,
-                                    dtype=torch.uint8)
+            whole = torch.from_file(
+                str(path), shared=False, size=path.stat().st_size, dtype=torch.uint8
+            )
             for req in reqs:
                 info = self.storage_data[req.storage_index]
-                piece = whole[info.offset: info.offset + info.length]
+                piece = whole[info.offset : info.offset + info.length]
                 if req.type == LoadItemType.BYTE_IO:
                     planner.load_bytes(req, io.BytesIO(piece.numpy().tobytes()))
                     continue
@@ -197,8 +216,10 @@ class RawReader(FileSystemReader):
                 tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
                 target = planner.resolve_tensor(req).detach()
                 if target.size() != tensor.size():
-                    raise AssertionError(f"{req.storage_index}: stored {tuple(tensor.size())}, "
-                                         f"wanted {tuple(target.size())}")
+                    raise AssertionError(
+                        f"{req.storage_index}: stored {tuple(tensor.size())}, "
+                        f"wanted {tuple(target.size())}"
+                    )
                 target.copy_(tensor)
                 planner.commit_tensor(req, target)
         fut: Future[None] = Future()
@@ -213,8 +234,12 @@ def load_plain(folder: str | os.PathLike) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     sd: dict[str, Any] = {}
-    _load_state_dict(sd, storage_reader=RawReader(str(folder)),
-                     planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    _load_state_dict(
+        sd,
+        storage_reader=RawReader(str(folder)),
+        planner=_EmptyStateDictLoadPlanner(),
+        no_dist=True,
+    )
     return sd
 
 
@@ -259,125 +284,3 @@ class SyncedFiles:
             self._pool.shutdown(wait=True)
             self._futures = []
         return self.entries
-
-
-# ---------------------------------------------------------------- staging for async saves
-def _layout(obj: Any) -> Any:
-    """The structure of a state dict: keys, and each tensor's type, dtype, shape and device."""
-    if isinstance(obj, dict):
-        return tuple((k, _layout(v)) for k, v in obj.items())
-    if isinstance(obj, (list, tuple)):
-        return (type(obj), tuple(_layout(v) for v in obj))
-    if isinstance(obj, torch.Tensor):
-        local = getattr(obj, "_local_tensor", obj)     # a DTensor's shard
-        return (type(obj), obj.dtype, tuple(obj.shape), tuple(local.shape), str(obj.device))
-    return type(obj)
-
-
-def _select(obj: Any, keep: Any) -> Any:
-    """The same nested structure holding only the tensors `keep(tensor)` accepts (others None)."""
-    if isinstance(obj, dict):
-        return {k: _select(v, keep) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_select(v, keep) for v in obj]
-    if isinstance(obj, torch.Tensor):
-        return obj if keep(obj) else None
-    return None
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return getattr(t, "_local_tensor", t)
-
-
-class Stager:
-    """Copies a state dict into CPU buffers allocated at the first save and reused while its
-    layout stays the same (pinned when the state is on a GPU, copied on a side stream).
-
-    `begin(sd, movable)` copies now the tensors `movable` does not name (model buffers, which a
-    forward pass may change in place) and returns; `finish()` (on the writer thread) copies the
-    rest: parameters and optimizer state, which only the optimizer's step changes, so the copy
-    overlaps the next step's forward and backward and the step waits for it (`Checkpointer`
-    installs an optimizer pre-step hook). Safe because one save finishes before the next starts."""
-
-    def __init__(self) -> None:
-        self.layout: Any = None
-        self.cache: Any = None
-        self._stream: Any = None
-        self._ready: Any = None
-        self._sd: Any = None
-        self._movable: Any = None
-
-    def begin(self, sd: dict, movable: set[int]) -> None:
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
-        layout = _layout(sd)
-        cuda = any(str(d).startswith("cuda") for d in _devices(sd))
-        if layout != self.layout:
-            self.layout, self.cache = layout, _create_cpu_state_dict(sd, pin_memory=cuda)
-        if cuda:
-            self._stream = self._stream or torch.cuda.Stream()
-            self._ready = torch.cuda.Event()
-            self._ready.record()                      # the step's kernels before the copy
-        now = _select(sd, lambda t: _local(t).data_ptr() not in movable)
-        _copy_state_dict(_prune_none(now), _prune_none(_select_like(self.cache, now)),
-                         type_check=False)
-        self._sd, self._movable = sd, movable
-
-    def finish(self) -> dict:
-        from torch.distributed._state_dict_utils import _copy_state_dict
-
-        sd, movable = self._sd, self._movable
-        later = _select(sd, lambda t: _local(t).data_ptr() in movable)
-        if self._stream is not None:
-            self._stream.wait_event(self._ready)
-            with torch.cuda.stream(self._stream):
-                _copy_state_dict(_prune_none(later), _prune_none(_select_like(self.cache, later)),
-                                 non_blocking=True, type_check=False)
-            self._stream.synchronize()
-        else:
-            _copy_state_dict(_prune_none(later), _prune_none(_select_like(self.cache, later)),
-                             type_check=False)
-        # the full structure: staged tensors, the scalars as they were at begin()
-        out = _merge_staged(sd, self.cache)
-        self._sd = self._movable = None
-        return out
-
-
-def _devices(obj: Any) -> set[str]:
-    if isinstance(obj, dict):
-        return set().union(*(_devices(v) for v in obj.values())) if obj else set()
-    if isinstance(obj, (list, tuple)):
-        return set().union(*(_devices(v) for v in obj)) if obj else set()
-    if isinstance(obj, torch.Tensor):
-        return {str(_local(obj).device)}
-    return set()
-
-
-def _select_like(cache: Any, pattern: Any) -> Any:
-    """The cache's tensors at the places `pattern` holds one."""
-    if isinstance(pattern, dict):
-        return {k: _select_like(cache[k], v) for k, v in pattern.items()}
-    if isinstance(pattern, list):
-        return [_select_like(c, v) for c, v in zip(cache, pattern, strict=True)]
-    return cache if pattern is not None else None
-
-
-def _prune_none(obj: Any) -> Any:
-    """Drop the None leaves (and empty containers) so _copy_state_dict sees tensors only."""
-    if isinstance(obj, dict):
-        out = {k: _prune_none(v) for k, v in obj.items()}
-        return {k: v for k, v in out.items()
-                if v is not None and not (isinstance(v, (dict, list)) and not v)}
-    if isinstance(obj, list):
-        return [_prune_none(v) for v in obj]
-    return obj
-
-
-def _merge_staged(sd: Any, cache: Any) -> Any:
-    if isinstance(sd, dict):
-        return {k: _merge_staged(v, cache[k]) for k, v in sd.items()}
-    if isinstance(sd, (list, tuple)):
-        return type(sd)(_merge_staged(v, c) for v, c in zip(sd, cache, strict=True))
-    if isinstance(sd, torch.Tensor):
-        return cache
-    return sd

@@ -1,0 +1,221 @@
+"""Async saves: the loop is blocked only for the state dict and the copy of model buffers; the
+parameters and optimizer state (which only the optimizer's step changes) are copied into reusable
+CPU buffers (pinned, on a side stream, on GPU) on the save's writer thread, and the optimizer's next
+step waits for that copy (a pre-step hook); the write, the checksums and rank 0's commit follow on
+the same thread, their collectives on a gloo group of their own. `wait()` joins it and makes every
+rank agree on the outcome (SaveFailed on all of them when any failed)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from train_entry.checkpoint.common import SaveFailed, attempt, planner
+
+
+@dataclass
+class _Pending:
+    """An async save in flight: its writer thread (staging copy, DCP write, rank 0's commit) and
+    the event the optimizer's next step waits for (the staging copy is done)."""
+
+    staging: Path
+    step: int
+    started: float
+    staged: threading.Event
+    thread: threading.Thread | None = None
+    error: BaseException | None = None
+    phases: dict = None  # type: ignore[assignment]
+
+
+class AsyncSaves:
+    """The async half of Checkpointer (a mixin: it uses the checkpointer's helpers)."""
+
+    def _async_setup(self) -> None:
+        dist, _, _ = self._dist()
+        if dist is not None and self._async_group is None:
+            # The background write runs collectives; keep them off the training group.
+            self._async_group = dist.new_group(backend="gloo")
+        if self._stager is None:
+            from train_entry.checkpoint.staging import Stager
+
+            self._stager = Stager()
+
+    def _save_async(
+        self,
+        state: Any,
+        holder: dict,
+        texts: dict[str, str],
+        final: Path,
+        staging: Path,
+        t0: float,
+        phases: dict,
+    ) -> Path:
+        """Return as soon as the model buffers are copied; parameters and optimizer state are
+        copied by the writer thread before the optimizer's next step (which waits for it)."""
+        _, rank, world = self._dist()
+        self._async_setup()
+        t = time.perf_counter()
+        self._stager.begin(holder, deferrable(state.model, state.optimizer))
+        phases["staging_now_s"] = time.perf_counter() - t
+        pending = _Pending(staging, state.step, time.monotonic(), threading.Event(), phases=phases)
+        self._hook(state.optimizer)
+        pending.thread = threading.Thread(
+            target=self._write_async,
+            daemon=True,
+            args=(pending, texts, final, rank, world),
+            name=f"hpctrain-save-{final.name}",
+        )
+        self._pending = pending
+        pending.thread.start()
+        self._last_step, self._last_time = state.step, time.monotonic()
+        self.timings.append(
+            {
+                "step": state.step,
+                "async": True,
+                "blocked_s": time.perf_counter() - t0,
+                "phases": phases,
+            }
+        )
+        return final
+
+    def _write_async(
+        self, p: _Pending, texts: dict[str, str], final: Path, rank: int, world: int
+    ) -> None:
+        """The writer thread of an async save (collectives on the save's own gloo group)."""
+        import torch.distributed.checkpoint as dcp
+
+        from train_entry.checkpoint.writer import HashingWriter, SyncedFiles
+
+        error: BaseException | None = None
+        staged = None
+        t = time.perf_counter()
+        try:
+            staged = self._stager.finish()
+        except BaseException as exc:  # noqa: BLE001 - reported by wait()
+            error = exc
+        finally:
+            p.phases["staging_s"] = time.perf_counter() - t
+            p.staged.set()
+        try:
+            t = time.perf_counter()
+            prepared = attempt(self._prepare, final, p.staging) if rank == 0 else None
+            if self._any_rank_on(self._async_group, prepared is not None):
+                raise prepared or RuntimeError("rank 0 could not prepare the staging folder")
+            p.phases["prepare_s"] = time.perf_counter() - t
+            side = SyncedFiles(p.staging)
+            error = attempt(self._write_texts, side, texts) or error
+            if self._any_rank_on(self._async_group, staged is None):
+                error = error or RuntimeError("another rank could not stage its state")
+                entries = None
+            else:
+                writer = HashingWriter(p.staging)
+                t = time.perf_counter()
+                error = (
+                    attempt(
+                        dcp.save,
+                        {"app": staged},
+                        storage_writer=writer,
+                        planner=planner(),
+                        process_group=self._async_group,
+                    )
+                    or error
+                )
+                p.phases["planning_s"] = max(
+                    0.0, time.perf_counter() - t - writer.phases.get("write_data_s", 0.0)
+                )
+                p.phases.update(
+                    {
+                        k: v
+                        for k, v in writer.phases.items()
+                        if k in ("write_s", "hash_s", "fsync_s")
+                    }
+                )
+                entries = writer.entries
+            error = attempt(side.wait) or error
+            if entries is not None:
+                entries = {**side.entries, **entries}
+            self._finish(
+                p.staging,
+                final,
+                p.step,
+                world,
+                rank,
+                entries,
+                error,
+                p.phases,
+                group=self._async_group,
+            )
+        except BaseException as exc:  # noqa: BLE001 - reported by wait() on the main thread
+            p.error = exc
+
+    def _any_rank_on(self, group: Any, flag: bool) -> bool:
+        dist, _, _ = self._dist()
+        if dist is None:
+            return flag
+        import torch
+
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        return bool(t.item())
+
+    def _hook(self, optimizer: Any) -> None:
+        """The optimizer's step waits until an async save has copied what the step changes."""
+        if optimizer is None or self._hooked is optimizer:
+            return
+
+        def wait_for_staging(*_: Any) -> None:
+            p = self._pending
+            if p is not None and not p.staged.is_set():
+                t = time.perf_counter()
+                p.staged.wait()
+                waited = time.perf_counter() - t
+                for row in reversed(self.timings):
+                    if row["step"] == p.step:
+                        row["hook_wait_s"] = row.get("hook_wait_s", 0.0) + waited
+                        row["blocked_s"] += waited
+                        break
+
+        optimizer.register_step_pre_hook(wait_for_staging)
+        self._hooked = optimizer
+
+    def wait(self) -> None:
+        """Block until the pending async save is written and committed (on every rank); SaveFailed
+        on every rank when it could not be."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        t0 = time.monotonic()
+        pending.staged.wait()
+        if pending.thread is not None:
+            pending.thread.join()
+        error = pending.error
+        for row in reversed(self.timings):
+            if row["step"] == pending.step:
+                row["total_s"] = time.monotonic() - pending.started
+                row["wait_blocked_s"] = time.monotonic() - t0
+                row["blocked_s"] += row["wait_blocked_s"]
+                break
+        try:
+            self._agree(error, pending.step)
+        except SaveFailed:
+            self._failed(pending.staging, self._dist()[1])
+            self._last_step = None
+            raise
+
+
+def deferrable(model: Any, optimizer: Any) -> set[int]:
+    """Storage addresses of what only the optimizer's step changes: parameters (a DTensor's local
+    shard) and optimizer state. An async save copies these on its writer thread."""
+    import torch
+
+    def ptr(t: Any) -> int:
+        return getattr(t, "_local_tensor", t).data_ptr()
+
+    out = {ptr(p) for p in model.parameters()}
+    if optimizer is not None:
+        for st in optimizer.state.values():
+            out.update(ptr(v) for v in st.values() if isinstance(v, torch.Tensor))
+    return out

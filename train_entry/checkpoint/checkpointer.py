@@ -1,0 +1,394 @@
+"""The Checkpointer: saves and loads TrainState atomically (the package docstring has the order of
+a save; docs/checkpoint-resume.md the whole story). Every method is called by every rank at the
+same point of the loop (they are collectives)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpctrain.kernel import strategies as strategy_names
+from hpctrain.kernel.checkpoint import (  # noqa: F401  (the format lives in the kernel; re-exported)
+    FORMAT,
+    LATEST,
+    MANIFEST,
+    STAGING_PREFIX,
+    STEP_RE,
+    fsync_path,
+    list_files,
+    newest_verified,
+    sha256_file,
+    staging_name,
+    step_folders,
+    step_name,
+    step_of,
+    verify,
+    write_atomic,
+)
+from hpctrain.kernel.errors import UserError
+from train_entry.checkpoint.asyncsave import AsyncSaves, _Pending
+from train_entry.checkpoint.commit import commit
+from train_entry.checkpoint.common import AppState, SaveFailed, attempt, planner, stderr
+
+STRATEGIES = strategy_names.NAMES
+
+
+class Checkpointer(AsyncSaves):
+    """Saves and loads TrainState atomically; see the module docstring and docs/checkpoint-resume.md.
+
+    Every method is called by every rank at the same point of the loop (they are collectives).
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        *,
+        strategy: str,
+        every_steps: int | None = None,
+        every_minutes: float | None = None,
+        keep: int = 2,
+        async_save: bool = False,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        if strategy not in STRATEGIES:
+            raise UserError(
+                f"checkpoint: unknown strategy {strategy!r}; use one of {', '.join(STRATEGIES)}"
+            )
+        if keep < 2:
+            raise UserError(
+                f"checkpoint.keep is {keep}: keep at least 2 (the newest may be half "
+                "written when the job is killed); set checkpoint.keep: 2"
+            )
+        self.dir = Path(run_dir).resolve() / "checkpoints"
+        self.strategy = strategy
+        self.every_steps = every_steps or None
+        self.every_minutes = every_minutes or None
+        self.keep = keep
+        self.async_save = bool(async_save) and strategy_names.info(strategy).async_save
+        self._log = log or stderr
+        self._last_time = time.monotonic()
+        self._last_step: int | None = None
+        self._pending: _Pending | None = None
+        self._async_group: Any = None
+        self._stager: Any = None  # async saves: CPU copies of the state, kept between saves
+        self._hooked: Any = None  # the optimizer whose step waits for an async staging copy
+        self.timings: list[dict] = []  # per save: step, blocked_s (training time lost), total_s,
+        #                                 phases (seconds: prepare, state_dict, staging, planning,
+        #                                 write, hash, fsync, side_files, gather, commit)
+        if self.async_save:
+            self._async_setup()  # here, not in the first save's blocked time
+
+    # ------------------------------------------------------------ helpers
+    @staticmethod
+    def _dist() -> tuple[Any, int, int]:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist, dist.get_rank(), dist.get_world_size()
+        return None, 0, 1
+
+    def _barrier(self) -> None:
+        dist, _, _ = self._dist()
+        if dist is not None:
+            dist.barrier()
+
+    def _broadcast(self, obj: Any) -> Any:
+        dist, _, _ = self._dist()
+        if dist is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def _any_rank(self, flag: bool) -> bool:
+        dist, _, _ = self._dist()
+        if dist is None:
+            return flag
+        import torch
+
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def _warn(self, msg: str) -> None:
+        if self._dist()[1] == 0:
+            self._log(f"WARNING: {msg}")
+
+    # ------------------------------------------------------------ load
+    def load_latest(self, state: Any) -> int | None:
+        """Restore `state` in place from the newest verified checkpoint; the step, or None if none."""
+        from train_entry import state as st
+
+        _, rank, world = self._dist()
+        choice = None
+        if rank == 0:
+            found = newest_verified(self.dir, warn=self._warn)
+            choice = (str(found[0]), found[1]) if found else None
+        choice = self._broadcast(choice)
+        if choice is None:
+            return None
+        folder, manifest = Path(choice[0]), choice[1]
+        self._check_compatible(folder, manifest, world)
+        started = time.monotonic()
+        if self.strategy == "deepspeed":
+            load_path, _ = state.model.load_checkpoint(
+                str(self.dir),
+                tag=folder.name,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+            )
+            if load_path is None:
+                raise UserError(f"DeepSpeed could not load {folder}")
+        else:
+            import torch.distributed.checkpoint as dcp
+
+            from train_entry.checkpoint.writer import RawReader
+
+            dcp.load(
+                {"app": AppState(state.model, state.optimizer)},
+                storage_reader=RawReader(str(folder)),
+            )
+        state.load_loop_state(st.loads((folder / "train_state.json").read_text()))
+        rng_file = folder / "rng" / f"rank-{rank:05d}.json"
+        if rng_file.exists():
+            st.restore_rng(st.loads(rng_file.read_text()))
+        else:
+            self._log(
+                f"rank {rank}: {folder} has no RNG state for this rank (saved with "
+                f"{manifest['world_size']} ranks); its generators keep their seeded state"
+            )
+        self._last_step, self._last_time = state.step, time.monotonic()
+        if rank == 0:
+            self._log(
+                f"resumed from {folder} (step {state.step}, saved by {manifest['world_size']} "
+                f"ranks, loaded by {world}) in {time.monotonic() - started:.2f}s"
+            )
+        return state.step
+
+    def _check_compatible(self, folder: Path, manifest: dict, world: int) -> None:
+        saved = manifest.get("strategy")
+        if (saved == "deepspeed") != (self.strategy == "deepspeed"):
+            raise UserError(
+                f"{folder} was saved by strategy {saved!r} and this run uses {self.strategy!r}: "
+                "DDP and FSDP checkpoints load into each other, DeepSpeed ones only into DeepSpeed. "
+                f"Resume with --strategy {saved}, or start a new run (another --name)."
+            )
+        if saved == "deepspeed" and manifest.get("world_size") != world:
+            raise UserError(
+                f"{folder} was saved by DeepSpeed with {manifest.get('world_size')} ranks and this run "
+                f"has {world}: DeepSpeed checkpoints load only at the same world size. Resume with the "
+                "same nodes x GPUs; or convert: ZeRO stage 3 via deepspeed.checkpoint.ds_to_universal "
+                'and "checkpoint": {"load_universal": true}; any stage to plain weights via '
+                "zero_to_fp32.py (weights only, the optimizer restarts). See docs/checkpoint-resume.md."
+            )
+
+    # ------------------------------------------------------------ save
+    def maybe_save(self, state: Any, *, last: bool = False) -> bool:
+        """Save if a trigger fires (every N steps, every T minutes agreed across ranks, or `last`)."""
+        due = last or bool(self.every_steps and state.step % self.every_steps == 0)
+        if not due and self.every_minutes:
+            # Clocks differ per rank: any rank past the interval makes every rank save this step.
+            due = self._any_rank(time.monotonic() - self._last_time >= self.every_minutes * 60)
+        if not due or state.step == self._last_step:
+            return False
+        self.save(state, sync=not self.async_save)
+        return True
+
+    def save(self, state: Any, *, sync: bool = True) -> Path:
+        """Write a checkpoint of `state`. sync=False (DCP only) returns once the tensors are staged;
+        the write and the commit finish in the background and `wait()` waits for them.
+
+        A save that cannot be written (a full disk) raises SaveFailed on every rank together: the
+        half-written staging folder is removed, `latest` and the older checkpoints are untouched,
+        and the next interval tries again (docs/checkpoint-resume.md, "A full disk")."""
+        self.wait()  # one save at a time: the previous one is committed before this starts
+        _, rank, _ = self._dist()
+        staging = self.dir / staging_name(state.step)
+        try:
+            return self._save(state, sync=sync)
+        except SaveFailed:
+            self._failed(staging, rank)
+            raise
+
+    def _failed(self, staging: Path, rank: int) -> None:
+        if rank == 0:
+            shutil.rmtree(
+                staging, ignore_errors=True
+            )  # frees the space it took; never a checkpoint
+        self._last_time = time.monotonic()  # retry after another interval, not every step
+
+    def _agree(self, error: BaseException | None, step: int) -> None:
+        """A barrier that also agrees on failure: when any rank failed, every rank raises SaveFailed
+        (a rank that raised alone would leave the others waiting in the next collective)."""
+        if self._any_rank(error is not None):
+            raise SaveFailed(step, self.dir, error)
+
+    def _save(self, state: Any, *, sync: bool) -> Path:
+        """One save: prepare (rank 0), side files, the weights (DCP through HashingWriter, or the
+        DeepSpeed engine), every rank's file checksums gathered to rank 0, rank 0's commit. The
+        ranks agree on failure after the prepare and at the end (three small collectives)."""
+        from train_entry.checkpoint.writer import HashingWriter, SyncedFiles
+
+        _, rank, world = self._dist()
+        t0 = time.perf_counter()
+        name = step_name(state.step)
+        final, staging = self.dir / name, self.dir / staging_name(state.step)
+        phases: dict[str, float] = {}
+        if not sync and self.strategy != "deepspeed":
+            texts = self._side_texts(state, rank, world)
+            t = time.perf_counter()
+            holder = AppState(state.model, state.optimizer).state_dict()
+            phases["state_dict_s"] = time.perf_counter() - t
+            return self._save_async(state, holder, texts, final, staging, t0, phases)
+        self._agree(attempt(self._prepare, final, staging) if rank == 0 else None, state.step)
+        phases["prepare_s"] = time.perf_counter() - t0
+
+        t = time.perf_counter()
+        texts = self._side_texts(state, rank, world)
+        if self.strategy != "deepspeed":
+            holder = AppState(state.model, state.optimizer).state_dict()
+            phases["state_dict_s"] = time.perf_counter() - t
+        side = SyncedFiles(staging)
+        error = attempt(self._write_texts, side, texts)
+        entries: dict[str, dict] | None = None
+        if self.strategy == "deepspeed":
+            error = (
+                attempt(
+                    state.model.save_checkpoint,
+                    str(self.dir),
+                    tag=staging.name,
+                    client_state={},
+                    save_latest=False,
+                )
+                or error
+            )
+        else:
+            import torch.distributed.checkpoint as dcp
+
+            writer = HashingWriter(staging)
+            t = time.perf_counter()
+            # every rank enters the collective save even when its side files failed
+            error = (
+                attempt(dcp.save, {"app": holder}, storage_writer=writer, planner=planner())
+                or error
+            )
+            dcp_s = time.perf_counter() - t
+            phases.update(
+                {k: v for k, v in writer.phases.items() if k in ("write_s", "hash_s", "fsync_s")}
+            )
+            phases["planning_s"] = max(0.0, dcp_s - writer.phases.get("write_data_s", 0.0))
+            entries = writer.entries
+        t = time.perf_counter()
+        error = attempt(side.wait) or error
+        phases["side_files_s"] = time.perf_counter() - t
+        if entries is not None:
+            entries = {**side.entries, **entries}
+        self._finish(staging, final, state.step, world, rank, entries, error, phases)
+        self._last_step, self._last_time = state.step, time.monotonic()
+        took = time.perf_counter() - t0
+        self.timings.append(
+            {
+                "step": state.step,
+                "async": False,
+                "blocked_s": took,
+                "total_s": took,
+                "phases": phases,
+            }
+        )
+        return final
+
+    def _finish(
+        self,
+        staging: Path,
+        final: Path,
+        step: int,
+        world: int,
+        rank: int,
+        entries: dict | None,
+        error: BaseException | None,
+        phases: dict,
+        group: Any = None,
+    ) -> None:
+        """Every rank's checksums and failure to rank 0; rank 0 commits unless a rank failed;
+        then all agree (on `group` for an async save, whose agreement comes in wait())."""
+        t = time.perf_counter()
+        gathered = self._gather((entries, error is not None), group)
+        phases["gather_s"] = time.perf_counter() - t
+        if rank == 0:
+            t = time.perf_counter()
+            if any(failed for _, failed in gathered):
+                error = error or RuntimeError("another rank failed")
+            else:
+                files: dict[str, dict] | None = {}
+                for e, _ in gathered:
+                    files = None if e is None or files is None else {**files, **e}
+                error = attempt(commit, self, staging, final, step, world, files)
+            phases["commit_s"] = time.perf_counter() - t
+        if group is None:
+            self._agree(error, step)  # nobody goes on (or exits 75) before the commit
+        elif error is not None:
+            raise error
+
+    def _gather(self, obj: Any, group: Any = None) -> list[Any]:
+        dist, rank, world = self._dist()
+        if dist is None:
+            return [obj]
+        out: list[Any] | None = [None] * world if rank == 0 else None
+        dist.gather_object(obj, out, dst=0, group=group)
+        return out or []
+
+    # ------------------------------------------------------------ the steps of a save
+    def _prepare(self, final: Path, staging: Path) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if staging.exists():
+            # A save killed half way: never a checkpoint (no manifest, never renamed). Reuse the name.
+            self._log(f"removing {staging}: an earlier save of this step did not finish")
+            shutil.rmtree(staging)
+        if final.exists():
+            # Only reachable when that folder did not verify at load (else we would have resumed
+            # from it): keep it for inspection under another name, never delete it.
+            aside = final.with_name(f"{final.name}.unverified-{time.time_ns()}")
+            self._warn(f"{final} exists but was not resumed from; moved to {aside.name}")
+            os.rename(final, aside)
+        # no fsync here: a staging folder lost in a crash is never a checkpoint anyway; the
+        # commit's fsyncs make the finished one durable
+        (staging / "rng").mkdir(parents=True)
+
+    def _side_texts(self, state: Any, rank: int, world: int) -> dict[str, str]:
+        """This rank's generators, and on rank 0 the loop state and config, as of now."""
+        from train_entry import state as st
+
+        texts = {f"rng/rank-{rank:05d}.json": st.dumps(st.capture_rng())}
+        if rank == 0:
+            loop = state.loop_state() | {"world_size": world, "strategy": self.strategy}
+            texts["train_state.json"] = st.dumps(loop)
+            texts["config.json"] = json.dumps(state.config, indent=1, sort_keys=True, default=str)
+        return texts
+
+    @staticmethod
+    def _write_texts(side: Any, texts: dict[str, str]) -> None:
+        for rel, text in texts.items():
+            side.write(rel, text)
+
+    def _prune(self, newest: int) -> None:
+        """Drop the oldest step folders beyond `keep`, only after a newer one was committed."""
+        for staging in self.dir.glob(STAGING_PREFIX + "step-*"):
+            # Left by a save that was killed; older than a committed checkpoint, it can never be
+            # completed (only the process that wrote it renames it). Not a checkpoint: no manifest.
+            old = step_of(staging.name)
+            if old is not None and old < newest and not (staging / MANIFEST).exists():
+                self._log(f"removing {staging.name}: an older save that never finished")
+                shutil.rmtree(staging, ignore_errors=True)
+        kept = 0
+        for step, folder in step_folders(self.dir):
+            if step > newest or not (folder / MANIFEST).exists():
+                continue
+            kept += 1
+            if kept > self.keep:
+                shutil.rmtree(folder)

@@ -1,0 +1,78 @@
+"""Comparing two checkpoints part by part (`hpctrain check-resume`, `python -m
+train_entry.checkpoint compare A B`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+
+def _load_weights(folder: Path) -> dict[str, Any]:
+    """{"model": ..., "optimizer": ...} of a DCP or DeepSpeed checkpoint, on CPU, no process group."""
+    import torch
+
+    if (folder / ".metadata").exists():
+        from train_entry.checkpoint.writer import load_plain
+
+        app = load_plain(folder)["app"]
+        return {"model": app.get("model"), "optimizer": app.get("optim")}
+    out: dict[str, Any] = {"model": {}, "optimizer": {}}
+    for path in sorted(folder.glob("*.pt")):
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+        if "optim" in path.name:
+            out["optimizer"][path.name] = obj.get("optimizer_state_dict", obj)
+        else:
+            out["model"][path.name] = obj.get("module", obj)
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Bit-exact equality of nested containers of tensors and plain values."""
+    import torch
+
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(
+                a.detach().cpu().contiguous().reshape(-1).view(torch.uint8),
+                b.detach().cpu().contiguous().reshape(-1).view(torch.uint8),
+            )
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=False))
+    if isinstance(a, float) and a != a:
+        return isinstance(b, float) and b != b
+    if type(a) is type(b) and hasattr(a, "__dict__") and type(a).__eq__ is object.__eq__:
+        return _same(vars(a), vars(b))  # e.g. DeepSpeed's loss scaler object
+    return bool(a == b)
+
+
+def compare(a: Path, b: Path) -> dict[str, Any]:
+    """Which parts of two checkpoints of the same step differ: model, optimizer, rng (rank R),
+    data, loop, scheduler, scaler. Used by `hpctrain check-resume`."""
+    from train_entry import state as st
+
+    differs: list[str] = []
+    wa, wb = _load_weights(a), _load_weights(b)
+    for part in ("model", "optimizer"):
+        if not _same(wa[part], wb[part]):
+            differs.append(part)
+    ranks = sorted(
+        {p.name for p in (a / "rng").glob("*.json")} | {p.name for p in (b / "rng").glob("*.json")}
+    )
+    for name in ranks:
+        pa, pb = a / "rng" / name, b / "rng" / name
+        if not (pa.exists() and pb.exists()) or pa.read_text() != pb.read_text():
+            differs.append(f"rng ({name.removesuffix('.json')})")
+    la, lb = (st.loads((x / "train_state.json").read_text()) for x in (a, b))
+    for key, label in (("data", "data"), ("scheduler", "scheduler"), ("scaler", "scaler")):
+        if not _same(la.get(key), lb.get(key)):
+            differs.append(label)
+    if any(la.get(k) != lb.get(k) for k in ("step", "epoch", "micro_step")):
+        differs.append("loop (step/epoch/micro_step)")
+    return {"differs": differs}

@@ -1,0 +1,137 @@
+"""Reusable staging buffers for async saves (see Stager)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _layout(obj: Any) -> Any:
+    """The structure of a state dict: keys, and each tensor's type, dtype, shape and device."""
+    if isinstance(obj, dict):
+        return tuple((k, _layout(v)) for k, v in obj.items())
+    if isinstance(obj, (list, tuple)):
+        return (type(obj), tuple(_layout(v) for v in obj))
+    if isinstance(obj, torch.Tensor):
+        local = getattr(obj, "_local_tensor", obj)  # a DTensor's shard
+        return (type(obj), obj.dtype, tuple(obj.shape), tuple(local.shape), str(obj.device))
+    return type(obj)
+
+
+def _select(obj: Any, keep: Any) -> Any:
+    """The same nested structure holding only the tensors `keep(tensor)` accepts (others None)."""
+    if isinstance(obj, dict):
+        return {k: _select(v, keep) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_select(v, keep) for v in obj]
+    if isinstance(obj, torch.Tensor):
+        return obj if keep(obj) else None
+    return None
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return getattr(t, "_local_tensor", t)
+
+
+class Stager:
+    """Copies a state dict into CPU buffers allocated at the first save and reused while its
+    layout stays the same (pinned when the state is on a GPU, copied on a side stream).
+
+    `begin(sd, movable)` copies now the tensors `movable` does not name (model buffers, which a
+    forward pass may change in place) and returns; `finish()` (on the writer thread) copies the
+    rest: parameters and optimizer state, which only the optimizer's step changes, so the copy
+    overlaps the next step's forward and backward and the step waits for it (`Checkpointer`
+    installs an optimizer pre-step hook). Safe because one save finishes before the next starts."""
+
+    def __init__(self) -> None:
+        self.layout: Any = None
+        self.cache: Any = None
+        self._stream: Any = None
+        self._ready: Any = None
+        self._sd: Any = None
+        self._movable: Any = None
+
+    def begin(self, sd: dict, movable: set[int]) -> None:
+        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+
+        layout = _layout(sd)
+        cuda = any(str(d).startswith("cuda") for d in _devices(sd))
+        if layout != self.layout:
+            self.layout, self.cache = layout, _create_cpu_state_dict(sd, pin_memory=cuda)
+        if cuda:
+            self._stream = self._stream or torch.cuda.Stream()
+            self._ready = torch.cuda.Event()
+            self._ready.record()  # the step's kernels before the copy
+        now = _select(sd, lambda t: _local(t).data_ptr() not in movable)
+        _copy_state_dict(
+            _prune_none(now), _prune_none(_select_like(self.cache, now)), type_check=False
+        )
+        self._sd, self._movable = sd, movable
+
+    def finish(self) -> dict:
+        from torch.distributed._state_dict_utils import _copy_state_dict
+
+        sd, movable = self._sd, self._movable
+        later = _select(sd, lambda t: _local(t).data_ptr() in movable)
+        if self._stream is not None:
+            self._stream.wait_event(self._ready)
+            with torch.cuda.stream(self._stream):
+                _copy_state_dict(
+                    _prune_none(later),
+                    _prune_none(_select_like(self.cache, later)),
+                    non_blocking=True,
+                    type_check=False,
+                )
+            self._stream.synchronize()
+        else:
+            _copy_state_dict(
+                _prune_none(later), _prune_none(_select_like(self.cache, later)), type_check=False
+            )
+        # the full structure: staged tensors, the scalars as they were at begin()
+        out = _merge_staged(sd, self.cache)
+        self._sd = self._movable = None
+        return out
+
+
+def _devices(obj: Any) -> set[str]:
+    if isinstance(obj, dict):
+        return set().union(*(_devices(v) for v in obj.values())) if obj else set()
+    if isinstance(obj, (list, tuple)):
+        return set().union(*(_devices(v) for v in obj)) if obj else set()
+    if isinstance(obj, torch.Tensor):
+        return {str(_local(obj).device)}
+    return set()
+
+
+def _select_like(cache: Any, pattern: Any) -> Any:
+    """The cache's tensors at the places `pattern` holds one."""
+    if isinstance(pattern, dict):
+        return {k: _select_like(cache[k], v) for k, v in pattern.items()}
+    if isinstance(pattern, list):
+        return [_select_like(c, v) for c, v in zip(cache, pattern, strict=True)]
+    return cache if pattern is not None else None
+
+
+def _prune_none(obj: Any) -> Any:
+    """Drop the None leaves (and empty containers) so _copy_state_dict sees tensors only."""
+    if isinstance(obj, dict):
+        out = {k: _prune_none(v) for k, v in obj.items()}
+        return {
+            k: v
+            for k, v in out.items()
+            if v is not None and not (isinstance(v, (dict, list)) and not v)
+        }
+    if isinstance(obj, list):
+        return [_prune_none(v) for v in obj]
+    return obj
+
+
+def _merge_staged(sd: Any, cache: Any) -> Any:
+    if isinstance(sd, dict):
+        return {k: _merge_staged(v, cache[k]) for k, v in sd.items()}
+    if isinstance(sd, (list, tuple)):
+        return type(sd)(_merge_staged(v, c) for v, c in zip(sd, cache, strict=True))
+    if isinstance(sd, torch.Tensor):
+        return cache
+    return sd
