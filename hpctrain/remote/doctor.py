@@ -22,18 +22,24 @@ def doctor(profile: Any, args: list[str], echo: Callable[[str], None]) -> int:
     info = site.probe()  # raises RemoteError (one line with the fix) when SSH itself fails
     echo(f"ok   ssh {where} (control connection, strict host key checking)")
     if info.get("python", "missing") == "missing":
-        raise RemoteError(f"{where}: no Python at login.remote_python "
-                          f"{site.login.remote_python!r}; fix: set login.remote_python to the "
-                          "site's Python that has hpctrain installed")
+        raise RemoteError(
+            f"{where}: no Python at login.remote_python "
+            f"{site.login.remote_python!r}; fix: set login.remote_python to the "
+            "site's Python that has hpctrain installed"
+        )
     echo(f"ok   python {info['python']} ({info.get('python_version', '?')})")
     if info.get("hpctrain", "missing") == "missing":
-        raise RemoteError(f"{where}: hpctrain is not installed for {site.login.remote_python}; "
-                          f"fix: `{site.login.remote_python} -m pip install hpctrain` on the site")
+        raise RemoteError(
+            f"{where}: hpctrain is not installed for {site.login.remote_python}; "
+            f"fix: `{site.login.remote_python} -m pip install hpctrain` on the site"
+        )
     echo(f"ok   hpctrain {info['hpctrain']} on the site")
     missing = [c for c in SLURM if info.get(c, "missing") == "missing"]
     if profile.scheduler == "slurm" and missing:
-        echo(f"FAIL slurm commands missing on {where}: {', '.join(missing)}; fix: load the site's "
-             "Slurm module in your shell start-up (~/.bashrc), or check the login host")
+        echo(
+            f"FAIL slurm commands missing on {where}: {', '.join(missing)}; fix: load the site's "
+            "Slurm module in your shell start-up (~/.bashrc), or check the login host"
+        )
         return 1
     workdir, runs_dir = site_folders(site, profile)
     echo(f"ok   run folders on the site: {runs_dir}")

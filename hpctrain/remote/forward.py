@@ -9,7 +9,7 @@ from pathlib import Path
 from hpctrain.errors import UserError
 from hpctrain.remote import index
 from hpctrain.remote.site import Site
-from hpctrain.remote.ssh import Login
+from hpctrain.remote.ssh import Login, RemoteError
 
 
 def is_local(ref: str, runs_dir: Path | None) -> bool:
@@ -72,20 +72,30 @@ def maybe_forward(command: str, ref: str | None, runs_dir: Path | None = None) -
 
 
 def each_site(args: list[str]) -> list[tuple[str, int]]:
-    """`hpctrain ARGS` on every site this machine has submitted to: [(host, exit code)]."""
+    """`hpctrain ARGS` on every site this machine has submitted to: [(host, exit code)]. A site
+    that cannot be reached is named on stderr and skipped (exit code 255)."""
     out = []
     for login in index.sites():
         site = Site(Login.of(login))
         print(f"== {site.login.where} ==", flush=True)
-        out.append((site.login.where, site.hpctrain(args)))
+        try:
+            out.append((site.login.where, site.hpctrain(args)))
+        except RemoteError as e:
+            print(f"warning: {e.message}", file=sys.stderr, flush=True)
+            out.append((site.login.where, 255))
     return out
 
 
 def each_json(args: list[str]) -> list[dict]:
-    """`hpctrain ARGS` (a --json listing) on every known site, each item marked with its site."""
+    """`hpctrain ARGS` (a --json listing) on every known site, each item marked with its site; an
+    unreachable site gives one item {"site", "error"}."""
     out: list[dict] = []
     for login in index.sites():
         site = Site(Login.of(login))
-        for item in site.hpctrain_json(args):
-            out.append({**item, "site": site.login.where})
+        try:
+            items = site.hpctrain_json(args)
+        except RemoteError as e:
+            out.append({"site": site.login.where, "error": e.message})
+            continue
+        out += [{**item, "site": site.login.where} for item in items]
     return out

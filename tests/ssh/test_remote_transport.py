@@ -3,6 +3,7 @@ each way of failing gives one line that names the host and the fix. No Slurm job
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -142,3 +143,26 @@ def test_a_script_travels_as_the_committed_tree_and_runs_from_the_run_folder(lap
     assert (run / "code" / "data.txt").read_text() == "committed\n"
     logs = laptop.hp("logs", "mine", "--rank", "0").stdout
     assert f"ran from {run}/code data committed" in logs, logs
+
+
+def test_runs_names_a_site_it_cannot_reach_and_goes_on(laptop):
+    index = laptop.root / "state" / "hpctrain" / "remote-runs.jsonl"
+    index.parent.mkdir(parents=True, exist_ok=True)
+    gone = {
+        "host": "root@127.0.0.1",
+        "port": 1,
+        "remote_python": "python3",
+        "workdir": "~/.hpctrain",
+    }
+    index.write_text(
+        json.dumps({"name": "old", "path": "/x/old", "login": gone, "profile": "p"}) + "\n"
+    )
+    out = laptop.hp("runs")
+    assert "== root@127.0.0.1:1 ==" in out.stdout, out.stdout
+    assert "warning: root@127.0.0.1:1: host unreachable" in out.stderr, out.stderr
+    listed = json.loads(laptop.hp("runs", "--json").stdout)
+    assert {"site": "root@127.0.0.1:1", "error": listed[-1]["error"]} == listed[-1]
+    out = laptop.hp("status", "old", check=False)
+    assert (
+        out.returncode == 2 and "host unreachable" in out.stderr and "Traceback" not in out.stderr
+    )
