@@ -70,7 +70,8 @@ def up(folder: Path, *, env: dict[str, str] | None = None, timeout: float = 20.0
     folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
     os.chmod(folder, 0o700)
-    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation folder
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation folder
     for name in ("host_key", "user_key"):
         if not (folder / name).exists():
             _keygen(folder / name)
