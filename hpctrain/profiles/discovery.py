@@ -1,5 +1,5 @@
 """Discovery: which profile file a name means (bundled < each site path folder, jobenv SITE_PATH <
-the user's own), and the refusal of a user profile that would silently drop a site profile's locks."""
+the user's own), and the refusal of a user profile that would silently drop a site's locks."""
 
 from __future__ import annotations
 
