@@ -336,6 +336,7 @@ def prepare(
     import dataclasses
     import time as _time
 
+    from hpctrain import entry_check
     from hpctrain.render import node_python, render, sbatch_directives
     from hpctrain.request import NAME_RE, NAME_RULE, JobRequest
     from hpctrain.runs import runs_dir_of
@@ -357,18 +358,40 @@ def prepare(
         raise UserError(f"{sweep_dir} already exists; choose another --name, or {hint}")
     python = node_python(profile)
     requests, scripts = [], []
+    ours = not (o.get("script") or o.get("module"))  # the bundled train_entry
+    strategy = o.get("strategy")
+    if strategy == "auto":
+        raise UserError(
+            "sweep --strategy auto is not supported: choose ddp, fsdp or deepspeed "
+            "(`hpctrain plan` says which)"
+        )
+    if ours:
+        entry_check.refuse_owned(tuple(o.get("args", ())))
+        strategy = entry_check.one_source(strategy, tuple(o.get("args", ())))
     for p in pts:
+        args = (*o.get("args", ()), *p.args())
         req = JobRequest.build(
             profile,
             name=f"{name}-{p.index}",
             nodes=o.get("nodes"),
             gpus=o.get("gpus"),
             time_min=o.get("time_min"),
-            strategy=o.get("strategy"),
+            strategy=strategy,
             script=o.get("script"),
             module=o.get("module"),
-            args=(*o.get("args", ()), *p.args()),
+            args=args,
+            min_nodes=o.get("min_nodes"),
+            exclude=tuple(o.get("exclude") or ()),
         )
+        if ours:  # every point's config, at the requested world size, before anything is queued
+            try:
+                resolved = entry_check.check_train_entry(
+                    nodes=req.nodes, gpus=req.gpus, args=args, strategy=strategy
+                )
+            except UserError as e:
+                raise UserError(f"point {p.folder}: {e.message}") from None
+            if resolved["strategy"] != req.strategy:
+                req = dataclasses.replace(req, strategy=resolved["strategy"])
         if code_dir is not None and req.entry.kind == "script":
             rel = Path(req.entry.target).resolve().relative_to(code_dir.resolve())
             entry = dataclasses.replace(req.entry, target=str(sweep_dir / "code" / rel))

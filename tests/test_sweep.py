@@ -95,10 +95,16 @@ def test_dry_run_prints_the_grid_and_the_array_script_and_bad_grids_say_how(hp):
             ["shellcheck", "-S", "warning", "-"], input=script, text=True, capture_output=True
         )
         assert check.returncode == 0, check.stdout
+    # every point's train_entry config is checked before anything is written
+    out = hp(
+        "sweep", "--profile", "loopback", "--name", "g", "--grid", "optim.lrr=1,2", check=False
+    )
+    assert out.returncode == 2 and "point 0-optim.lrr=1:" in out.stderr, out.stderr
+    assert "did you mean 'optim.lr'" in out.stderr and not (hp.root / "runs").exists()
     for grid, msg in (
         ("lr", "write KEY=V1,V2"),
         ("lr=a/b", "characters a folder name cannot"),
-        ("--lr=1,2", None),
+        ("--optim.lr=1,2", None),
     ):
         out = hp(
             "sweep",

@@ -43,8 +43,7 @@ def sweep(grid: tuple[str, ...], max_parallel: int | None, dry_run: bool, **o: A
     \b
     Examples:
       hpctrain sweep --profile mycluster --name lr --grid optim.lr=1e-3,3e-4,1e-4 -- --max-steps 500
-      hpctrain sweep --name bs --grid train.micro_batch=4,8 --grid optim.lr=1e-3,1e-4 \
-        --max-parallel 2
+      hpctrain sweep --name bs --grid train.seed=1,2 --grid optim.lr=1e-3,1e-4 --max-parallel 2
       hpctrain sweep --name lr --grid optim.lr=1e-3,1e-4 --dry-run   # grid and array script
       hpctrain status lr; hpctrain logs lr/1; hpctrain preempt lr/0; hpctrain resume lr
     """

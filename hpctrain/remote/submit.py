@@ -110,6 +110,8 @@ def submit(
         script=o.get("script"),
         module=o.get("module"),
         args=o.get("args", ()),
+        min_nodes=o.get("min_nodes"),
+        exclude=tuple(o.get("exclude") or ()),
     )
     workdir, runs_dir = site_folders(site, profile)
     incoming = f"{workdir}/incoming/{req.name}-{secrets.token_hex(4)}"
@@ -137,6 +139,8 @@ def submit(
             value = o.get("time_min")  # the whole time: the site plans the segments
         if value is not None:
             args += [flag, str(value)]
+    for node in o.get("exclude") or ():
+        args += ["--exclude", node]
     if code:
         args += ["--code", f"{incoming}/code"]
         if code.script:
