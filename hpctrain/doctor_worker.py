@@ -19,12 +19,11 @@ from datetime import timedelta
 from pathlib import Path
 
 from hpctrain.kernel import jobenv
+from hpctrain.kernel.files import write_atomic
 
 
 def _write(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2), durable=False)
 
 
 def _head_name() -> str | None:

@@ -16,7 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain import __version__
+from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
+from hpctrain.kernel.files import append_jsonl, utc_now
+from hpctrain.kernel.rundir import RunFolder
 
 FINISHED = "COMPLETED"
 # Scheduler states after which nothing runs any more (Slurm's and the local script's names).
@@ -28,8 +31,7 @@ TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "PREEMPTED", "TIMEOUT", "NODE_FA
 FAILED_EARLY_STATES = {"FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"}
 
 
-def now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+now = utc_now  # the one clock (hpctrain/kernel/files.py)
 
 
 def runs_dir_of(profile: Any, cwd: Path | None = None) -> Path:
@@ -76,13 +78,11 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 def _append_jsonl(path: Path, item: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write(json.dumps(item, sort_keys=True) + "\n")
+    append_jsonl(path, item)
 
 
-class RunDir:
-    def __init__(self, path: Path | str) -> None:
-        self.path = Path(path).absolute()
+class RunDir(RunFolder):
+    """A run folder: reading it, and (through RunFolder) every write into it."""
 
     # -- paths ------------------------------------------------------------------------------------
     @property
@@ -91,19 +91,19 @@ class RunDir:
 
     @property
     def run_yaml(self) -> Path:
-        return self.path / "run.yaml"
+        return self.path / layout.RUN_YAML
 
     @property
     def job_sh(self) -> Path:
-        return self.path / "job.sh"
+        return self.path / layout.JOB_SH
 
     @property
     def logs(self) -> Path:
-        return self.path / "logs"
+        return self.path / layout.LOGS
 
     @property
     def submitit(self) -> Path:
-        return self.path / "submitit"
+        return self.path / layout.SUBMITIT
 
     def exists(self) -> bool:
         return self.run_yaml.is_file()
@@ -145,7 +145,7 @@ class RunDir:
             return  # nothing of value in it: create() moves it aside, logs and all
         hint = (f"use `hpctrain resume {self.name}` to continue it, or another --name"
                 if state != FINISHED else
-                f"use another --name, or --replace-finished to move it aside and start again")
+                "use another --name, or --replace-finished to move it aside and start again")
         raise UserError(f"run {self.name!r} already exists in {self.path.parent} (state {state or 'UNKNOWN'}); "
                         f"{hint}")
 
@@ -175,15 +175,18 @@ class RunDir:
             "request": request.to_dict(),
             "node_python": node_python,  # what job.sh runs on the nodes (render(..., python=))
         }
-        self.run_yaml.write_text(yaml.safe_dump(frozen, sort_keys=True))
+        self.write(layout.RUN_YAML, yaml.safe_dump(frozen, sort_keys=True))
         self.write_script(script)
         _append_jsonl(_index_file(), {"name": self.name, "path": str(self.path), "time": now()})
 
+    def freeze(self, frozen: dict[str, Any]) -> None:
+        """Replace run.yaml (resume: a new request, the same run)."""
+        import yaml
+
+        self.write(layout.RUN_YAML, yaml.safe_dump(frozen, sort_keys=True))
+
     def write_script(self, script: str) -> None:
-        tmp = self.job_sh.with_suffix(".sh.tmp")
-        tmp.write_text(script)
-        tmp.chmod(0o755)
-        tmp.replace(self.job_sh)
+        self.write(layout.JOB_SH, script, mode=0o755)
 
     def failed_before_first_step(self, state: str | None) -> bool:
         """A run that failed before any training step (no step in metrics.jsonl, no checkpoint):
@@ -226,8 +229,7 @@ class RunDir:
         return _read_jsonl(self.path / "jobs.jsonl")
 
     def add_job(self, job_id: str, *, kind: str, scheduler: str) -> None:
-        _append_jsonl(self.path / "jobs.jsonl",
-                      {"job_id": str(job_id), "kind": kind, "time": now(), "scheduler": scheduler})
+        self.append(layout.JOBS, {"job_id": str(job_id), "kind": kind, "time": now(), "scheduler": scheduler})
 
     def last_job_id(self) -> str | None:
         """The job to ask about: the newest submission's (a chain's current segment). A line

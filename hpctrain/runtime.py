@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.kernel import exitcodes, jobenv, layout
+from hpctrain.kernel.files import utc_now
+from hpctrain.kernel.rundir import RunFolder
 
 # The job environment this module reads (set by the rendered batch script, docs/design.md).
 ENV_RUN_DIR = jobenv.RUN_DIR
@@ -122,9 +124,8 @@ def _event(record: dict) -> None:
         folder = run_dir()
     except RuntimeError:
         return
-    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    with open(folder / "events.jsonl", "a") as f:
-        f.write(json.dumps({"time": stamp, **record, "source": "runtime"}) + "\n")
+    fields = dict(record)
+    RunFolder(folder).event(fields.pop("event"), **fields, source="runtime")
 
 
 _saved: list[int] = []  # steps this process saved (the last one goes into the preempted event)
@@ -293,7 +294,7 @@ class Checkpoint:
             "strategy": self.strategy,
             "world_size": world,
             "torch": torch_version,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "time": utc_now(),
             "files": files,
         }
         _write(staging / fmt.MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.kernel import layout
+from hpctrain.kernel.rundir import RunFolder
 from train_entry.checkpoint import LATEST, Checkpointer, SaveFailed
 from train_entry.config import TrainConfig
 from train_entry.data import build_batches
@@ -200,7 +201,7 @@ class Trainer:
             self._record_saves(ckpt, info.rank)
             digest = params_sha256(w.model)   # a collective for FSDP2 / ZeRO-3
             if info.rank == 0:
-                (self.run_dir / "final_params.sha256").write_text(digest + "\n")
+                RunFolder(self.run_dir).write(layout.FINAL_PARAMS, digest + "\n")
             done = f"done: {state.step} steps, final params sha256 {digest[:16]}..."
             metrics.line(done)
             log.info(done)
@@ -216,6 +217,5 @@ class Trainer:
         self._saves_recorded = len(ckpt.timings)
 
     def _event(self, record: dict) -> None:
-        record = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **record, "source": "train_entry"}
-        with (self.run_dir / "events.jsonl").open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        fields = dict(record)
+        RunFolder(self.run_dir).event(fields.pop("event"), **fields, source="train_entry")

@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 from hpctrain.kernel import jobenv
+from hpctrain.kernel.files import write_atomic
+from hpctrain.kernel.rundir import RunFolder
 
 STALL_EXIT = 76
 ENV_STALL_S = jobenv.STALL_S
@@ -80,8 +82,8 @@ class Watchdog:
         if self.stall_s and now - self._written >= min(30.0, max(5.0, self.stall_s / 3)):
             self._written = now
             self.heartbeat.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.heartbeat.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(
+            write_atomic(
+                self.heartbeat,
                 json.dumps(
                     {
                         "rank": self.rank,
@@ -90,9 +92,9 @@ class Watchdog:
                         "pid": os.getpid(),
                         "host": socket.gethostname(),
                     }
-                )
+                ),
+                durable=False,
             )
-            os.replace(tmp, self.heartbeat)
 
     def _watch(self) -> None:
         assert self.stall_s
@@ -141,15 +143,12 @@ class Watchdog:
             }
             with os.fdopen(fd, "w") as f:
                 f.write(json.dumps(record) + "\n")
-            event = {
-                "time": _utc(time.time()),
-                "event": "stall",
-                "job_id": os.environ.get(ENV_JOB_ID),
-                "restart_count": int(os.environ.get(ENV_RESTART_COUNT, "0") or 0),
+            RunFolder(self.run_dir).event(
+                "stall",
+                job_id=os.environ.get(ENV_JOB_ID),
+                restart_count=int(os.environ.get(ENV_RESTART_COUNT, "0") or 0),
                 **record,
-                "source": "train_entry",
-            }
-            with (self.run_dir / "events.jsonl").open("a") as f:
-                f.write(json.dumps(event) + "\n")
+                source="train_entry",
+            )
         time.sleep(GRACE_S)  # the other ranks' dumps, before torchrun and srun stop everything
         os._exit(STALL_EXIT)

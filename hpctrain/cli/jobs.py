@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from hpctrain.kernel import layout
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.errors import UserError
 
@@ -240,7 +241,7 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
 
         install(run.path, Path(o["code"]))
     if p.plan is not None:
-        (run.path / "plan.json").write_text(p.plan.to_json() + "\n")
+        run.write(layout.PLAN, p.plan.to_json() + "\n")
     if len(segments) > 1:
         ids = chain.submit(run, segments)
         job_id = " -> ".join(ids)

@@ -151,8 +151,6 @@ def resume(run: str, wait: bool, time_min: int | None, max_steps: int | None, no
 
         raise ValidationError(problems)
     if changes:   # the script changes with the request; both are re-frozen, the old script kept
-        import yaml
-
         stamp = time.strftime("%Y%m%d-%H%M%S")
         from hpctrain.runs import copy_aside
 
@@ -160,15 +158,10 @@ def resume(run: str, wait: bool, time_min: int | None, max_steps: int | None, no
         r.write_script(render(profile, new, r.path))
         frozen["request"] = new.to_dict()
         frozen.setdefault("resumes", []).append({"time": stamp, "changes": changes})
-        tmp = r.run_yaml.with_suffix(".yaml.tmp")
-        tmp.write_text(yaml.safe_dump(frozen, sort_keys=True))
-        tmp.replace(r.run_yaml)
+        r.freeze(frozen)
     job_id = dispatch.submit(r, profile, time_min=new.time_min, kind="resume")
-    record = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": "resume",
-              "job_id": job_id, "previous_state": current, "from_checkpoint": ckpt[0] if ckpt else None,
-              "changes": changes}
-    with (r.path / "events.jsonl").open("a") as f:
-        f.write(json.dumps(record) + "\n")
+    record = r.event("resume", job_id=job_id, previous_state=current,
+                     from_checkpoint=ckpt[0] if ckpt else None, changes=changes)
     if as_json:
         click.echo(json.dumps(record | {"name": r.name, "path": str(r.path)}, indent=2))
     else:
@@ -201,7 +194,7 @@ def _check_batch(config_json: Path, world: int, nodes: int) -> None:
                     f"{world} ranks x train.micro_batch({micro})"
                     + (f" x train.grad_accum({accum})" if accum is not None else "")
                     + "; choose a node count that divides it, or pass e.g. "
-                    f"-- --train.micro_batch=N (the global batch stays the same)")
+                    "-- --train.micro_batch=N (the global batch stays the same)")
 
 
 @click.command()

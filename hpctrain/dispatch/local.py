@@ -20,6 +20,7 @@ from pathlib import Path
 from submitit.local.local import LocalExecutor, LocalJob
 
 from hpctrain import procs
+from hpctrain.kernel import layout
 from hpctrain.runs import RunDir
 
 # Keep the controllers' Popen objects alive: their __del__ would warn about a still-running child.
@@ -73,9 +74,7 @@ def script_pid(run: RunDir) -> int | None:
 
 
 def _write_state(run: RunDir, state: dict) -> None:
-    tmp = run.path / "state.json.tmp"
-    tmp.write_text(json.dumps(state) + "\n")
-    tmp.replace(run.path / "state.json")
+    run.write(layout.STATE, json.dumps(state) + "\n", durable=False)
 
 
 def alive(pid: int | None) -> bool:

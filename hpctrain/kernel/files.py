@@ -57,10 +57,10 @@ def write_atomic(
         fsync_path(path.parent)
 
 
-def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+def append_jsonl(path: Path, record: dict[str, Any], *, sort_keys: bool = True) -> None:
     """Append one JSON object as one line, in one write (O_APPEND: lines of concurrent writers
     never interleave below the pipe-buffer size)."""
-    line = (json.dumps(record, sort_keys=True) + "\n").encode()
+    line = (json.dumps(record, sort_keys=sort_keys, default=str) + "\n").encode()
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)

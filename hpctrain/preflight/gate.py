@@ -31,6 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpctrain.kernel.files import write_atomic
+from hpctrain.kernel.rundir import RunFolder
 from hpctrain.preflight import LATEST, NET_ERROR, NET_REPORT, NODE_FAILURE, NODE_REPORT, VERDICT
 
 
@@ -271,9 +273,8 @@ def health_lines(info: dict[str, Any]) -> list[str]:
 
 def event(run_dir: Path, record: dict[str, Any]) -> None:
     """One line in events.jsonl, the template's format (UTC time, job id, restart count)."""
-    line = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **record}
-    with (run_dir / "events.jsonl").open("a") as f:
-        f.write(json.dumps(line) + "\n")
+    fields = dict(record)
+    RunFolder(run_dir).event(fields.pop("event"), **fields)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,10 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         seconds=seconds,
     )
     record = {"job_id": a.job_id, "restart_count": a.restart_count, "nodes": names, **asdict(v)}
-    (a.folder / VERDICT).write_text(json.dumps(record, indent=1) + "\n")
-    tmp = a.run_dir / f".{LATEST}.tmp"
-    tmp.write_text(json.dumps({**record, "folder": str(a.folder)}, indent=1) + "\n")
-    os.replace(tmp, a.run_dir / LATEST)
+    write_atomic(a.folder / VERDICT, json.dumps(record, indent=1) + "\n")
+    RunFolder(a.run_dir).write(LATEST, json.dumps({**record, "folder": str(a.folder)}, indent=1) + "\n")
     if (
         bad or warnings
     ):  # a gate that passed is in verdict.json and preflight.json, not in the event log

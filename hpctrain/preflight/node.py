@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpctrain.kernel.files import write_atomic
 from hpctrain.preflight import (
     ENV_GPUS_PER_NODE,
     ENV_SCHEDULER,
@@ -44,9 +45,7 @@ MAX_PAIR_NODES = 64  # ring-pair all-reduces up to this many nodes (one process 
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=1))
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=1), durable=False)
 
 
 def check(name: str, ok: bool | None, detail: str) -> dict[str, str]:

@@ -34,18 +34,46 @@ mkdir -p "$HPCTRAIN_RUN_DIR/logs"
 export HPCTRAIN_JOB_ID="$SLURM_JOB_ID"
 export HPCTRAIN_RESTART_COUNT="${SLURM_RESTART_COUNT:-0}"
 
-hpctrain_now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
-hpctrain_event() {  # EVENT [EXTRA_JSON_FIELDS]
-  printf '{"time": "%s", "event": "%s", "job_id": "%s", "restart_count": %s%s}\n' \
-    "$(hpctrain_now)" "$1" "$HPCTRAIN_JOB_ID" "$HPCTRAIN_RESTART_COUNT" "${2:+, $2}" \
-    >>"$HPCTRAIN_RUN_DIR/events.jsonl"
+# JSON lines without a fork: the UTC clock of every file hpctrain writes (printf's own strftime)
+# and a string escaper, so any message (quotes, backslashes, newlines, control characters) is valid.
+hpctrain_now() { TZ=UTC0 printf -v hpctrain_t '%(%Y-%m-%dT%H:%M:%SZ)T' -1; }
+hpctrain_json() {  # TEXT: hpctrain_j = TEXT as a JSON string literal
+  local s=$1 c i out=''
+  s=${s//\\/\\\\}; s=${s//\"/\\\"}; s=${s//$'\t'/\\t}; s=${s//$'\n'/\\n}; s=${s//$'\r'/\\r}
+  if [[ $s == *[$'\x01'-$'\x1f'$'\x7f']* ]]; then
+    for ((i = 0; i < ${#s}; i++)); do
+      c=${s:i:1}
+      if [[ $c == [$'\x01'-$'\x1f'$'\x7f'] ]]; then printf -v c '\\u%04x' "'$c"; fi
+      out+=$c
+    done
+    s=$out
+  fi
+  hpctrain_j="\"$s\""
+}
+hpctrain_jsonl() {  # FILE [KEY VALUE]...: append one object; VALUE is text, or a number for KEY:=
+  local file=$1 line='' key
+  shift
+  while [ "$#" -ge 2 ]; do
+    key=$1
+    if [[ $key == *:= ]] && [[ $2 =~ ^-?[0-9]+$ ]]; then
+      hpctrain_j=$2
+    else
+      hpctrain_json "$2"
+    fi
+    key=${key%:=}
+    line+="${line:+, }\"$key\": $hpctrain_j"
+    shift 2
+  done
+  printf '%s\n' "{$line}" >>"$file"
+}
+hpctrain_event() {  # EVENT [KEY VALUE]...: one line of events.jsonl (KEY:= for a number)
+  hpctrain_now
+  hpctrain_jsonl "$HPCTRAIN_RUN_DIR/events.jsonl" time "$hpctrain_t" event "$1" job_id "$HPCTRAIN_JOB_ID" \
+    restart_count:= "$HPCTRAIN_RESTART_COUNT" "${@:2}"
 }
 hpctrain_fail() {  # MESSAGE: a setup failure, before any training started
   echo "hpctrain: error: $*" >&2
-  local msg="$*"
-  msg=${msg//\"/}
-  msg=${msg//\\/}
-  hpctrain_event failed "\"reason\": \"$msg\""
+  hpctrain_event failed reason "$*"
   hpctrain_finish FAILED 1
 }
 hpctrain_finish() {  # STATE EXIT_CODE
@@ -151,7 +179,7 @@ timed_out=0
 hpctrain_node_pids=()
 # shellcheck disable=SC2317  # invoked by the traps below
 hpctrain_on_signal() {  # SIGNAL
-  hpctrain_event signal "\"signal\": \"$1\""
+  hpctrain_event signal signal "$1"
   touch "$HPCTRAIN_STOP_FILE"
   if [ "$1" = TERM ]; then
     cancelled=1
@@ -178,8 +206,9 @@ hpctrain_entry=(-m train_entry --run-dir /scratch/runs/golden --strategy ddp --m
 
 while :; do
   rm -f "$HPCTRAIN_STOP_FILE"
-  printf '{"time": "%s", "job_id": "%s", "restart_count": %s, "host": "%s"}\n' \
-    "$(hpctrain_now)" "$HPCTRAIN_JOB_ID" "$HPCTRAIN_RESTART_COUNT" "$(hostname)" >>"$HPCTRAIN_RUN_DIR/restarts.jsonl"
+  hpctrain_now
+  hpctrain_jsonl "$HPCTRAIN_RUN_DIR/restarts.jsonl" time "$hpctrain_t" job_id "$HPCTRAIN_JOB_ID" \
+    restart_count:= "$HPCTRAIN_RESTART_COUNT" host "$HOSTNAME"
 
   # Rendezvous: the head is the first node; its address from getent (never `hostname -i`, which may
   # say 127.0.1.1), from its name with the site's suffix, or from one of its interfaces (this batch
@@ -226,7 +255,7 @@ while :; do
   if hpctrain_stalled; then preempted=1; hpctrain_why=stall; fi
   if [ "$preempted" = 1 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
     if true && [ "$HPCTRAIN_RESTART_COUNT" -lt 20 ]; then
-      hpctrain_event requeue "\"reason\": \"$hpctrain_why\""
+      hpctrain_event requeue reason "$hpctrain_why"
       # From the batch shell, outside any container (scontrol is often missing inside one).
       scontrol requeue "$SLURM_JOB_ID" || hpctrain_fail "scontrol requeue $SLURM_JOB_ID failed"
       exit 0
@@ -246,5 +275,5 @@ elif [ "$preempted" = 1 ]; then
   hpctrain_finish PREEMPTED "$(( hpctrain_rc ? hpctrain_rc : 75 ))"
 fi
 echo "hpctrain: the run failed (exit code $hpctrain_rc); the node logs say why: $HPCTRAIN_RUN_DIR/logs/node-*.log" >&2
-hpctrain_event failed "\"exit_code\": $hpctrain_rc"
+hpctrain_event failed exit_code:= "$hpctrain_rc"
 hpctrain_finish FAILED "$hpctrain_rc"

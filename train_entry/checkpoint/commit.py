@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from hpctrain.kernel.checkpoint import FORMAT, LATEST, MANIFEST, list_files, sha256_file
+from hpctrain.kernel.files import utc_now
 
 
 def commit(
@@ -46,7 +46,7 @@ def commit(
             "strategy": ck.strategy,
             "world_size": world,
             "torch": torch.__version__,
-            "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "time": utc_now(),
             "files": dict(sorted(files.items())),
         }
         blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
