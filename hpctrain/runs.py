@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import shlex
 import shutil
 from pathlib import Path
@@ -52,6 +53,7 @@ class BrokenRun(UserError):
     """A run folder whose files cannot be read as a run (shown as a BROKEN row, not a crash)."""
 
 
+JOB_ID_RE = re.compile(r"[0-9]{1,18}([_+][0-9]{1,9})?\Z")
 LOW_SPACE = 1 << 20      # a run folder needs at least this much room to start
 
 
@@ -226,7 +228,11 @@ class RunDir(RunFolder):
         return str(self.frozen()["profile"].get("scheduler", "local"))
 
     def jobs(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.path / "jobs.jsonl")
+        """One entry per submission. A line whose job_id is missing or not a job id (digits, an
+        array's 12_3 or a het job's 12+0) is skipped: it would reach scancel's argv as an option
+        (`--user=me` cancels every job of yours)."""
+        return [j for j in _read_jsonl(self.path / "jobs.jsonl")
+                if JOB_ID_RE.match(str(j.get("job_id", ""))) and not isinstance(j.get("job_id"), bool)]
 
     def add_job(self, job_id: str, *, kind: str, scheduler: str) -> None:
         self.append(layout.JOBS, {"job_id": str(job_id), "kind": kind, "time": now(), "scheduler": scheduler})
@@ -234,8 +240,7 @@ class RunDir(RunFolder):
     def last_job_id(self) -> str | None:
         """The job to ask about: the newest submission's (a chain's current segment). A line
         without a job_id (hand-edited, cut short) is skipped."""
-        jobs = [j for j in self.jobs() if isinstance(j.get("job_id"), str | int)
-                and not isinstance(j.get("job_id"), bool)]
+        jobs = self.jobs()
         if jobs and jobs[-1].get("kind") == "chain":
             from hpctrain import chain
 

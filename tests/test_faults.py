@@ -373,6 +373,7 @@ def test_jobs_lines_without_job_id_and_manifests_that_are_lists(home) -> None:
     run = make_run(home, "j")
     (run / "jobs.jsonl").write_text(
         '{"job_id": "123", "kind": "submit"}\n{"kind": "resume"}\n[1]\n"x"\n'
+        '{"job_id": "--user=me", "kind": "resume"}\n{"job_id": true}\n'
     )
     info = json.loads(invoke("status", "j", "--json").output)
     assert info["job_id"] == "123"
