@@ -27,7 +27,6 @@ from pathlib import Path
 import pytest
 
 from hpctrain.kernel import jobenv
-
 from hpctrain.preflight import gate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -397,6 +396,28 @@ def test_gate_names_a_broken_node_and_the_run_routes_around_it(live):
             )
         want = reference(live.root, 1, args)
         infos = {name: live.wait(name, 300) for name in ("requeue", "shrink")}
+        # doctor --bisect over the shrink run's nodes (n1, n2) names n2 and prints the exclude list
+        bis = subprocess.run(
+            [
+                str(live.python),
+                "-m",
+                "hpctrain",
+                "doctor",
+                "--profile",
+                str(profile),
+                "--bisect",
+                "shrink",
+                "--gpus",
+                "1",
+            ],
+            cwd=live.root,
+            env=live.env,
+            capture_output=True,
+            text=True,
+            timeout=240,
+        )
+    assert bis.returncode == 1 and "\nexclude: n2\n" in bis.stdout + "\n", bis.stdout + bis.stderr
+    assert "bad node n2: the preflight checks could not run" in bis.stdout
     for name, info in infos.items():
         run = live.root / "runs" / name
         assert info["state"] == "COMPLETED", (name, info)
@@ -538,3 +559,22 @@ stuck_in_here()
     assert "no step for" in dump and "stuck_in_here" in dump
     ev = [json.loads(x) for x in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert ev[0]["event"] == "stall" and ev[0]["rank"] == 3
+
+
+def test_min_nodes_renders_a_range_and_deepspeed_cannot_shrink(tmp_path):
+    from hpctrain.errors import ValidationError
+    from hpctrain.kernel import jobenv
+    from hpctrain.profiles import resolve
+    from hpctrain.render import render
+    from hpctrain.request import JobRequest
+
+    profile = resolve("loopback", {})
+    req = JobRequest.build(profile, name="r", nodes=2, gpus=1, min_nodes=1, exclude=["n7,n9"])
+    text = render(profile, req, str(tmp_path / "r"))
+    assert "#SBATCH --nodes=1-2\n" in text and "--ntasks-per-node=1\n#" not in text
+    assert "#SBATCH --exclude=n7,n9\n" in text
+    assert f"{jobenv.NNODES}=$SLURM_NNODES" in text and "  hpctrain_preflight\n" in text
+    with pytest.raises(ValidationError, match="DeepSpeed checkpoints load only at the world size"):
+        JobRequest.build(profile, name="r", nodes=2, gpus=1, min_nodes=1, strategy="deepspeed")
+    with pytest.raises(ValidationError, match="--min-nodes 3: between 1 and --nodes"):
+        JobRequest.build(profile, name="r", nodes=2, gpus=1, min_nodes=3)
