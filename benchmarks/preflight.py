@@ -122,12 +122,8 @@ def gate_cost(root: Path, reps: int) -> dict:
             if _wait(run, 400) != "COMPLETED":
                 raise common.NotMeasured(f"{run} did not complete (see its logs)")
             times[side] = _alloc_to_first_step(run)
-            if side == "on":
-                gate_s += [
-                    e["seconds"]
-                    for e in common.read_jsonl(run / "events.jsonl")
-                    if e.get("event") == "preflight"
-                ]
+            if side == "on":  # the gate's own figure (preflight.json: the newest verdict)
+                gate_s.append(json.loads((run / "preflight.json").read_text())["seconds"])
         off.append(times["off"])
         on.append(times["on"])
         ratios.append(times["on"] / times["off"])

@@ -203,7 +203,8 @@ hpctrain_preflight() {  # every node's checks at once, then the verdict: go on, 
     --allreduce-mib 4 --entry-kind train_entry \
     --entry-target train_entry &
   hpctrain_node_pids=("$!")
-  hpctrain_wait "${hpctrain_node_pids[@]}"
+  # wait returns at the step's end or at a trapped signal (then the trap has run: wait again)
+  while kill -0 "${hpctrain_node_pids[0]}" 2>/dev/null; do wait "${hpctrain_node_pids[0]}"; done
   hpctrain_node_pids=()
   if [ "$cancelled" = 1 ]; then return 0; fi
   if true && [ "$HPCTRAIN_RESTART_COUNT" -lt 10 ]; then
