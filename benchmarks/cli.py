@@ -54,7 +54,7 @@ def slowest_imports(cmd: list[str], cwd: Path, **env: str) -> list[str]:
 
 
 def run(quick: bool) -> list[dict]:
-    reps = common.reps(7 if quick else 15)
+    reps = common.reps(7 if quick else 11)
     cwd = common.scratch("cli-")
     env = {"XDG_CONFIG_HOME": str(cwd / "xdg"), "XDG_CACHE_HOME": str(cwd / "cache"),
            jobenv.SITE_PATH: ""}
@@ -92,7 +92,7 @@ def run(quick: bool) -> list[dict]:
         rows.append(common.not_measured(name, "<= 1.5", "valgrind is not installed"))
     else:
         try:
-            n = min(reps, 3 if quick else 5)
+            n = min(reps, 3)   # instruction counts barely vary: 3 pairs show it
             ir = {"imports": [], "dry": []}
             for _ in range(n):
                 ir["imports"].append(instructions(base, cwd, **env))

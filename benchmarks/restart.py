@@ -37,7 +37,7 @@ def first_step_s(run_dir, steps: int, every: int, skip_rows: int) -> tuple[float
 
 def run(quick: bool) -> list[dict]:
     name, target = "restart_first_step_vs_fresh_plus_load", "<= 1.2"
-    reps, n = (3, 6) if quick else (5, 6)
+    reps, n = (3, 4) if quick else (5, 4)
     reps = common.reps(reps)
     fresh, resumed, load, ratios = [], [], [], []
     try:

@@ -42,6 +42,7 @@ BENCHMARKS = {
     "preemption": "benchmarks.preemption",    # 4 steps redone after a signal / SIGKILL
     "cli": "benchmarks.cli",                  # 5 submit --dry-run vs bare imports; 4,096-node render
     "collective": "benchmarks.collective",    # 6 doctor's all-reduce bus bandwidth vs bare gloo
+    "scale": "benchmarks.scale",              # 7 4,096-rank commit/verify; runs/status over 1,000
     "preflight": "benchmarks.preflight",      # 7 preflight gate cost; stall to requeue (live Slurm)
     "remote": "benchmarks.remote",            # 8 status/logs over SSH vs on the login node; connections
 }

@@ -1,0 +1,100 @@
+"""The checkpoint storage layer (train_entry/checkpoint/writer.py, staging.py) in one process: raw
+per-rank files round-trip every dtype bit for bit, their checksums are the files' own, DCP's own
+files still load, and an async save snapshots model buffers at the call."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from train_entry.checkpoint import Checkpointer, verify
+from train_entry.checkpoint.writer import HashingWriter, RawReader, load_plain
+from train_entry.state import TrainState
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+
+
+def sample() -> dict:
+    g = torch.Generator().manual_seed(1)
+    return {
+        "f32": torch.randn(33, 7, generator=g),
+        "bf16": torch.randn(5, 3, generator=g).to(torch.bfloat16),
+        "i64": torch.arange(11),
+        "step": torch.tensor(3.0),                       # 0-dim, as AdamW's step
+        "empty": torch.zeros(0, 4),
+        "strided": torch.randn(6, 8, generator=g).t(),   # not contiguous
+        "u8": torch.tensor([1, 2, 3], dtype=torch.uint8),
+        "meta": {"lr": 0.1, "names": ["a", "b"], "n": 7},  # bytes items (pickled by DCP)
+    }
+
+
+def same(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    return a == b
+
+
+def test_raw_files_round_trip_every_dtype_and_carry_their_checksums(tmp_path) -> None:
+    sd = sample()
+    writer = HashingWriter(tmp_path)
+    dcp.save({"app": sd}, storage_writer=writer)
+    assert sorted(writer.entries) == [".metadata", "__0_0.raw"]
+    for rel, entry in writer.entries.items():
+        data = (tmp_path / rel).read_bytes()
+        assert entry["size"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
+    into = {"app": {k: torch.empty_like(v) for k, v in sd.items() if isinstance(v, torch.Tensor)}}
+    dcp.load(into, storage_reader=RawReader(str(tmp_path)))
+    assert same({k: v for k, v in into["app"].items() if k != "meta"},
+                {k: v for k, v in sd.items() if k != "meta"})
+    assert same(load_plain(tmp_path)["app"], sd)
+
+
+def test_checkpoints_in_dcp_own_format_still_load(tmp_path) -> None:
+    sd = sample()
+    dcp.save({"app": sd}, checkpoint_id=str(tmp_path))          # stock FileSystemWriter
+    assert list(tmp_path.glob("*.distcp")) and not list(tmp_path.glob("*.raw"))
+    assert same(load_plain(tmp_path)["app"], sd)
+
+
+class WithBuffer(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("seen", torch.zeros(4))
+
+    def forward(self, x):
+        self.seen += 1                    # a forward pass changes a buffer in place
+        return self.lin(x)
+
+
+def test_async_save_copies_buffers_at_the_call_and_params_before_the_next_step(tmp_path) -> None:
+    torch.manual_seed(0)
+    model = WithBuffer()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    state = TrainState(model=model, optimizer=opt, scheduler=None, data={}, config={})
+
+    def step() -> None:
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        state.step += 1
+
+    step()
+    ckpt = Checkpointer(tmp_path, strategy="ddp", async_save=True, log=lambda m: None)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    ckpt.save(state, sync=False)
+    step()                                # the buffer changes at once, the params after the hook
+    step()
+    ckpt.wait()
+    folder = tmp_path / "checkpoints" / "step-00000001"
+    assert verify(folder)[1] is None and list(folder.glob("__*_0.raw"))
+    saved = load_plain(folder)["app"]["model"]
+    assert set(saved) == set(want) and all(torch.equal(saved[k], want[k]) for k in want)
+    assert not torch.equal(model.seen, want["seen"])
+    assert ckpt.timings[0]["async"] and "staging_s" in ckpt.timings[0]["phases"]
