@@ -254,7 +254,7 @@ class Checkpoint:
         dist = _dist()
         me, world = (dist.get_rank(), dist.get_world_size()) if dist else (0, 1)
         name = fmt.step_name(step)
-        final, staging = self.dir / name, self.dir / f".staging-{name}"
+        final, staging = self.dir / name, self.dir / fmt.staging_name(step)
         if me == 0:
             self.dir.mkdir(parents=True, exist_ok=True)
             if staging.exists():
