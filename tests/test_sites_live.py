@@ -56,7 +56,8 @@ class Site(Runs):
 
     def profile(self, name: str, text: str) -> str:
         path = self.root / "profiles" / f"{name}.yaml"
-        path.write_text(f"name: {name}\nextends: loopback\n{text}")
+        # the preflight gate has its own live tests (tests/test_bad_nodes.py): off here, for time
+        path.write_text(f"name: {name}\nextends: loopback\npreflight:\n  enabled: false\n{text}")
         path.chmod(0o644)
         return str(path)
 

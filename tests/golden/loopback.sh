@@ -261,8 +261,10 @@ while :; do
   hpctrain_probe=$HPCTRAIN_PYTHON
   command -v "$hpctrain_probe" >/dev/null 2>&1 || hpctrain_probe=python3
   hpctrain_port=
+  # A busy port is skipped by a stride, not by one: the next job id's port is not the next try.
+  hpctrain_stride=$(( hpctrain_span / 64 + 1 ))
   for ((i = 0; i < hpctrain_span && i < 64; i++)); do
-    p=$(( hpctrain_port_min + (HPCTRAIN_JOB_ID + i) % hpctrain_span ))
+    p=$(( hpctrain_port_min + (HPCTRAIN_JOB_ID + i * hpctrain_stride) % hpctrain_span ))
     if [ "$p" -eq 29500 ] || { [ "$p" -ge "$hpctrain_eph_lo" ] && [ "$p" -le "$hpctrain_eph_hi" ]; }; then
       continue
     fi
