@@ -211,7 +211,8 @@ while :; do
   read -r hpctrain_eph_lo hpctrain_eph_hi </proc/sys/net/ipv4/ip_local_port_range
   hpctrain_port_min=20000
   hpctrain_span=$(( 32000 - hpctrain_port_min ))
-  # The free-port probe runs here, outside any container: the node Python, else the system's.
+  # The free-port probe runs here, outside any container: the node Python, else the system's. Like
+  # torch's store it sets SO_REUSEADDR: a port held only by TIME_WAIT connections is free.
   hpctrain_probe=$HPCTRAIN_PYTHON
   command -v "$hpctrain_probe" >/dev/null 2>&1 || hpctrain_probe=python3
   hpctrain_port=
@@ -222,7 +223,7 @@ while :; do
     if [ "$p" -eq 29500 ] || { [ "$p" -ge "$hpctrain_eph_lo" ] && [ "$p" -le "$hpctrain_eph_hi" ]; }; then
       continue
     fi
-    if ! command -v "$hpctrain_probe" >/dev/null 2>&1 || "$hpctrain_probe" -c 'import socket, sys; socket.socket().bind(("", int(sys.argv[1])))' "$p" 2>/dev/null; then
+    if ! command -v "$hpctrain_probe" >/dev/null 2>&1 || "$hpctrain_probe" -c 'import socket as s, sys; k = s.socket(); k.setsockopt(s.SOL_SOCKET, s.SO_REUSEADDR, 1); k.bind(("", int(sys.argv[1])))' "$p" 2>/dev/null; then
       hpctrain_port=$p
       break
     fi
