@@ -29,7 +29,7 @@ TRAIN = [
     "--model.d_model=128",
     "--model.n_layers=4",
     "--model.seq_len=64",
-    "--max-steps=40",
+    "--max-steps=30",
     "--checkpoint-every=10",
 ]
 
@@ -157,7 +157,7 @@ def test_three_segment_chain_hands_over_and_cancels_the_rest(slurm_cluster, hp):
         assert "requeue" not in [e for e, _ in events], events
         if k == 1:
             assert ("chain_cancel", second) in events, events
-        starts = re.findall(r"step (\d+)/40\n", (run / "train.log").read_text())
+        starts = re.findall(r"step (\d+)/30\n", (run / "train.log").read_text())
         saved = next(e["step"] for e in lines(run / "events.jsonl") if e["event"] == "preempted")
         assert starts[:2] == ["0", str(saved)] and len(starts) == k + 1, starts
         assert "chain: 3 jobs, one after another" in hp("status", "long").stdout

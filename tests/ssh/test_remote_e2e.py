@@ -20,7 +20,7 @@ TRAIN = [
     "--model.d_model=128",
     "--model.n_layers=4",
     "--model.seq_len=64",
-    "--max-steps=40",
+    "--max-steps=30",
     "--checkpoint-every=10",
 ]
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}
@@ -97,7 +97,7 @@ def test_laptop_submits_follows_preempts_and_resumes_bit_identical(slurm_cluster
             followed[-2000:]
         )
         stopped = status(laptop, "pre")["checkpoint_step"]
-        assert stopped is not None and 3 <= stopped < 40
+        assert stopped is not None and 3 <= stopped < 30
 
         laptop.hp("resume", "pre")
         info = wait(laptop, "pre", 240)
@@ -107,11 +107,11 @@ def test_laptop_submits_follows_preempts_and_resumes_bit_identical(slurm_cluster
         assert (runs / "pre" / "final_params.sha256").read_text() == (
             runs / "ref" / "final_params.sha256"
         ).read_text()
-        starts = re.findall(r"step (\d+)/40\n", (runs / "pre" / "train.log").read_text())
+        starts = re.findall(r"step (\d+)/30\n", (runs / "pre" / "train.log").read_text())
         assert starts[0] == "0" and int(starts[1]) == stopped, starts
 
         # the laptop's view: logs of one rank, and the site's runs listed with their site
-        assert "done: 40 steps" in laptop.hp("logs", "pre", "--rank", "1").stdout
+        assert "done: 30 steps" in laptop.hp("logs", "pre", "--rank", "1").stdout
         listed = {r["name"]: r for r in json.loads(laptop.hp("runs", "--json").stdout)}
         assert (
             listed["pre"]["state"] == "COMPLETED"
