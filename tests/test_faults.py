@@ -517,3 +517,51 @@ def test_a_failed_async_save_is_reported_at_wait_and_retried(tmpfs) -> None:
     assert ckpt.maybe_save(state)  # the same step is tried again once there is room
     ckpt.wait()
     assert (ck / "latest").read_text() == "step-00000002\n"
+
+
+def test_a_prune_killed_half_way_never_leaves_a_damaged_step_folder(tmp_path, monkeypatch) -> None:
+    """SIGKILL during the pruning rmtree left step-N with its MANIFEST but not all its files (seen
+    by the 10-SIGKILL resume test); the stand-in rmtree deletes one file, then 'dies'."""
+    import shutil as real_shutil
+
+    import torch
+
+    from train_entry.checkpoint import Checkpointer, verify
+    from train_entry.state import TrainState
+
+    class Killed(BaseException):
+        pass
+
+    model = torch.nn.Linear(8, 8)
+    state = TrainState(
+        model=model,
+        optimizer=torch.optim.AdamW(model.parameters()),
+        scheduler=None,
+        data={},
+        config={},
+    )
+    ckpt = Checkpointer(tmp_path / "run", strategy="ddp", every_steps=1, keep=2, log=lambda m: None)
+    for step in (1, 2):
+        state.step = step
+        ckpt.maybe_save(state)
+    rmtree = real_shutil.rmtree
+
+    def dies_half_way(path, *a, **k):
+        victim = next(
+            p for p in sorted(Path(path).rglob("*")) if p.is_file() and p.name != "MANIFEST.json"
+        )
+        victim.unlink()
+        raise Killed
+
+    monkeypatch.setattr(real_shutil, "rmtree", dies_half_way)
+    state.step = 3
+    with pytest.raises(Killed):
+        ckpt.maybe_save(state)  # commits step 3, then prunes step 1 and "dies"
+    monkeypatch.setattr(real_shutil, "rmtree", rmtree)
+    ck = tmp_path / "run" / "checkpoints"
+    for folder in ck.glob("step-*"):
+        assert verify(folder)[1] is None, folder
+    state.step = 4
+    ckpt.maybe_save(state)  # the next prune finishes the half-deleted one
+    assert not list(ck.glob(".pruning-*"))
+    assert sorted(p.name for p in ck.glob("step-*")) == ["step-00000003", "step-00000004"]

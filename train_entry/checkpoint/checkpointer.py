@@ -385,10 +385,16 @@ class Checkpointer(AsyncSaves):
             if old is not None and old < newest and not (staging / MANIFEST).exists():
                 self._log(f"removing {staging.name}: an older save that never finished")
                 shutil.rmtree(staging, ignore_errors=True)
+        for doomed in self.dir.glob(".pruning-step-*"):   # a prune killed half way: finish it
+            shutil.rmtree(doomed, ignore_errors=True)
         kept = 0
         for step, folder in step_folders(self.dir):
             if step > newest or not (folder / MANIFEST).exists():
                 continue
             kept += 1
             if kept > self.keep:
-                shutil.rmtree(folder)
+                # out of the step-N namespace first (one atomic rename), then delete: a kill in
+                # the middle of rmtree never leaves a half-deleted folder named like a checkpoint
+                doomed = folder.with_name(f".pruning-{folder.name}")
+                os.rename(folder, doomed)
+                shutil.rmtree(doomed, ignore_errors=True)
