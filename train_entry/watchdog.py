@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from hpctrain.kernel import jobenv
+from hpctrain.kernel import jobenv, layout
 from hpctrain.kernel.files import write_atomic
 from hpctrain.kernel.rundir import RunFolder
 
@@ -34,7 +34,7 @@ ENV_PG_TIMEOUT_S = jobenv.PG_TIMEOUT_S
 ENV_JOB_ID = jobenv.JOB_ID
 ENV_RESTART_COUNT = jobenv.RESTART_COUNT
 GRACE_S = 5.0
-MARKER = "STALLED"
+MARKER = layout.STALLED
 
 
 def pg_timeout_min(default_min: float) -> float:
@@ -61,8 +61,8 @@ class Watchdog:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         tag = f"{os.environ.get(ENV_JOB_ID, 'local')}-{os.environ.get(ENV_RESTART_COUNT, '0')}"
-        self.stacks = self.run_dir / "stacks" / tag
-        self.heartbeat = self.run_dir / "heartbeat" / f"rank-{rank}.json"
+        self.stacks = self.run_dir / layout.STACKS / tag
+        self.heartbeat = self.run_dir / layout.HEARTBEAT / f"rank-{rank}.json"
 
     def start(self) -> Watchdog:
         if self.stall_s:

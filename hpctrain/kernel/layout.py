@@ -98,6 +98,29 @@ ENTRIES: tuple[Entry, ...] = (
         "`submit --chain`: the segments' Slurm job ids, one a line, in order (the script reads it)",
         "submit --chain",
     ),
+    Entry(
+        "preflight/<job>-<restart>/",
+        "the preflight gate of one start: node-<id>.json, fail-<id>.txt, net.json, verdict.json "
+        "(docs/bad-nodes.md)",
+        "preflight node checks, gate",
+    ),
+    Entry("preflight.json", "the newest preflight verdict (what `status` shows)", "preflight gate"),
+    Entry(
+        "STALLED",
+        "a rank's stall watchdog fired: {rank, host, last_step, last_step_time, stacks}; the batch "
+        "shell moves it into stacks/ and requeues",
+        "train_entry (watchdog)",
+    ),
+    Entry(
+        "stacks/<job>-<restart>/",
+        "rank-<R>.txt: every rank's stack at a stall (py-spy or faulthandler)",
+        "train_entry (watchdog)",
+    ),
+    Entry(
+        "heartbeat/rank-<R>.json",
+        "with watchdog.stall_s: {rank, step, time, pid, host}, every 5-30 s",
+        "train_entry (watchdog)",
+    ),
 )
 
 RUN_YAML = "run.yaml"
@@ -119,6 +142,11 @@ SAVES = "saves.jsonl"
 TRACKER = "tracker.json"
 REPORT = "report"
 CHAIN = "chain.txt"
+PREFLIGHT = "preflight"
+PREFLIGHT_LATEST = "preflight.json"
+STALLED = "STALLED"
+STACKS = "stacks"
+HEARTBEAT = "heartbeat"
 
 
 def node_log(node: int | str) -> str:

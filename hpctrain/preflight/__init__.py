@@ -11,7 +11,7 @@ names used here are defined once, below. What is checked and how to tune it: doc
 
 from __future__ import annotations
 
-from hpctrain.kernel import jobenv
+from hpctrain.kernel import jobenv, layout
 
 # environment names read by the gate (set by the rendered script / Slurm)
 ENV_WANT_GPU = jobenv.WANT_GPU
@@ -25,5 +25,5 @@ NODE_FAILURE = "fail-{node}.txt"  # the node command: node.py could not run (exi
 NET_REPORT = "net.json"  # node.py, group rank 0: the all-reduce between the nodes
 NET_ERROR = "net-error-{node}.json"  # node.py: the all-reduce failed on this node
 VERDICT = "verdict.json"  # gate.py: the decision
-LATEST = "preflight.json"  # gate.py, in the run folder: the newest verdict (for `status`)
-FOLDER = "preflight"  # under the run folder
+LATEST = layout.PREFLIGHT_LATEST  # gate.py, in the run folder: the newest verdict (`status`)
+FOLDER = layout.PREFLIGHT  # under the run folder

@@ -337,7 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     record = {"job_id": a.job_id, "restart_count": a.restart_count, "nodes": names, **asdict(v)}
     write_atomic(a.folder / VERDICT, json.dumps(record, indent=1) + "\n")
-    RunFolder(a.run_dir).write(LATEST, json.dumps({**record, "folder": str(a.folder)}, indent=1) + "\n")
+    RunFolder(a.run_dir).write(
+        LATEST, json.dumps({**record, "folder": str(a.folder)}, indent=1) + "\n"
+    )
     if (
         bad or warnings
     ):  # a gate that passed is in verdict.json and preflight.json, not in the event log
