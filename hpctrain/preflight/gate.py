@@ -35,6 +35,8 @@ from hpctrain.kernel.files import write_atomic
 from hpctrain.kernel.rundir import RunFolder
 from hpctrain.preflight import LATEST, NET_ERROR, NET_REPORT, NODE_FAILURE, NODE_REPORT, VERDICT
 
+NO_REPORT = "no report within"
+
 
 @dataclass
 class Verdict:
@@ -106,8 +108,7 @@ def judge(
             bad[name] = failures[n]
         elif n not in reports:
             bad[name] = (
-                f"no report within the {budget_s:g} s budget "
-                "(the node hung, or its task never started)"
+                f"{NO_REPORT} the {budget_s:g} s budget (the node hung, or its task never started)"
             )
         else:
             failed = [c for c in reports[n]["checks"] if c["status"] == "fail"]
@@ -203,6 +204,24 @@ def requeue_update(
         update.append(f"ReqNodeList={','.join(keep)}" if keep else "ReqNodeList=")
     update.append(f"NumNodes={min_nodes}-{max_nodes}")
     return update
+
+
+def all_silent(
+    names: list[str], good: list[str], bad: dict[str, str], warnings: list[str]
+) -> tuple[list[str], dict[str, str], list[str]]:
+    """No node reported in time: the gate could not judge (a slow shared filesystem, an overloaded
+    machine), which names no node. Warn and go on with every node rather than fail the job."""
+    if bad and not good and all(r.startswith(NO_REPORT) for r in bad.values()):
+        return (
+            list(names),
+            {},
+            [
+                *warnings,
+                "no node reported within the budget, so none is "
+                "named; going on with all of them (raise preflight.budget_s)",
+            ],
+        )
+    return good, bad, warnings
 
 
 def decide(
@@ -309,6 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         expected_busbw=a.expected_busbw,
         min_fraction=a.min_fraction,
     )
+    good, bad, warnings = all_silent(names, good, bad, warnings)
     current = job_nodes(a.job_id) if bad else {"ExcNodeList": [], "ReqNodeList": []}
     action, reason, exclude = decide(
         good,

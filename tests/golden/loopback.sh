@@ -198,8 +198,8 @@ hpctrain_preflight() {  # every node's checks at once, then the verdict: go on, 
   mkdir -p "$dir"
   check=(srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0)
   check+=(--cpus-per-task=1)
-  timeout -k 5 40 "${check[@]}" bash -c "$hpctrain_preflight_cmd" hpctrain-preflight \
-    "$dir" --nodes "$all" --budget-s 40 --matmul-n 512 \
+  timeout -k 5 60 "${check[@]}" bash -c "$hpctrain_preflight_cmd" hpctrain-preflight \
+    "$dir" --nodes "$all" --budget-s 60 --matmul-n 512 \
     --allreduce-mib 4 --entry-kind train_entry \
     --entry-target train_entry &
   hpctrain_node_pids=("$!")
@@ -212,7 +212,7 @@ hpctrain_preflight() {  # every node's checks at once, then the verdict: go on, 
   fi
   if ! gate=$("$HPCTRAIN_PYTHON" -m hpctrain.preflight.gate "$dir" --nodes "$all" \
       --run-dir "$HPCTRAIN_RUN_DIR" --min-nodes 2 --max-nodes 2 \
-      --on-fail shrink --budget-s 40 \
+      --on-fail shrink --budget-s 60 \
       --slow-factor 4.0 --min-fraction 0.5 \
       --can-requeue "$can_requeue" --restart-count "$HPCTRAIN_RESTART_COUNT" --started "$started"); then
     hpctrain_fail "the preflight verdict could not be computed on $(hostname): its Python environment fails"
