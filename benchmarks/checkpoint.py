@@ -23,7 +23,7 @@ from benchmarks.training import TRAIN_ARGS
 
 
 def run(quick: bool) -> list[dict]:
-    reps, steps = (4, 5) if quick else (8, 5)
+    reps, steps = (4, 5) if quick else (6, 5)
     reps = max(2, common.reps(reps))  # the first one is a warm-up
     names = ("checkpoint_save_vs_raw_write", "checkpoint_async_blocked_vs_sync",
              "checkpoint_steps_per_s_during_async_save_vs_none", "checkpoint_load_vs_raw_read")

@@ -193,7 +193,7 @@ def run(quick: bool) -> list[dict]:
     root = common.scratch("preflight-")
     rows = []
     for fn in (
-        lambda: gate_cost(root, common.reps(2 if quick else 3)),
+        lambda: gate_cost(root, common.reps(2)  # live Slurm jobs queue behind others: make bench <= 15 min),
         lambda: stall_to_requeue(root),
     ):
         try:

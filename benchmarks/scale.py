@@ -79,8 +79,8 @@ def checkpoint_rows(quick: bool) -> list[dict]:
         os.rename(final, staging)
     shutil.rmtree(root)
     n_files = 2 * ranks + 3
-    paper = (f"at 4,096 ranks x 1 GiB shards verification reads 4 TiB: at 2 GB/s per reader that "
-             f"is ~35 min on one node, ~0.5 s if each of the 4,096 ranks verifies its own shard")
+    paper = ("at 4,096 ranks x 1 GiB shards verification reads 4 TiB: at 2 GB/s per reader that "
+             "is ~35 min on one node, ~0.5 s if each of the 4,096 ranks verifies its own shard")
     setup = {"ranks": ranks, "files": n_files, "shard_bytes": SHARD,
              "manifest_bytes": manifest_bytes, "reps": reps, "on_paper": paper}
     return [

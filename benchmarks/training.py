@@ -55,7 +55,7 @@ def row(name: str, target: str, label: str, rates: dict[str, list[float]], a: st
 
 
 def run(quick: bool) -> list[dict]:
-    reps, segment, warmup = (3, 8, 5) if quick else (5, 10, 6)
+    reps, segment, warmup = (3, 8, 5) if quick else (5, 8, 6)
     reps = max(3, common.reps(reps))
     setup = {"train_args": TRAIN_ARGS, "processes": 2, "backend": "gloo", "reps": reps,
              "segment_steps": segment, "warmup_steps_skipped": warmup,
