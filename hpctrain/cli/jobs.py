@@ -193,6 +193,7 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
       hpctrain submit --nodes 2 --gpus 1 --name demo --wait -- --max-steps 60   # local, no Slurm
       hpctrain submit --nodes 1 --gpus 2 --script train.py --name mine -- --lr 3e-4
       hpctrain submit --profile mysite-remote --script train.py --name exp1   # over SSH (docs/remote.md)
+      hpctrain submit --profile mycluster --time 2880 --chain --name long   # past max_time_min
     """
     from hpctrain import dispatch
 
