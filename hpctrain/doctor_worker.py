@@ -67,7 +67,7 @@ def sweep(out: Path, max_bytes: int, timeout_s: float) -> int:
     rank = int(os.environ.get("RANK", "0"))
     try:
         if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count()))
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     except Exception as e:  # noqa: BLE001 - reported with its likely cause, not re-raised
         _write(out / f"sweep-error-{rank}.json", {"error": f"{type(e).__name__}: {e}", "backend": backend})

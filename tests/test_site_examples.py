@@ -89,7 +89,6 @@ EXPECT = {
         'export NCCL_CROSS_NIC="1"',
         'export FI_CXI_DISABLE_HOST_REGISTER="1"',
         'export FI_MR_CACHE_MONITOR="userfaultfd"',
-        "hpctrain_launch+=(--gpus-per-task=1)",
         'hpctrain_launch+=(--environment="pytorch")  # environment.container (edf)',
         *SRUN_TASK,
     ],

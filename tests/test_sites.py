@@ -187,7 +187,8 @@ def test_what_validates_renders_and_single_node_directives(tmp_path, standins):
 
 def test_launcher_srun_renders_one_task_per_gpu(tmp_path, standins):
     bin_, _ = standins
-    text = script("loopback", {"launch.launcher": "srun"}, tmp_path / "r" / "s", bin_, gpus=2)
+    text = script("loopback", {"launch.launcher": "srun", "launch.task_gpus": "gpus-per-task"},
+                  tmp_path / "r" / "s", bin_, gpus=2)
     assert (
         "#SBATCH --ntasks-per-node=2\n#SBATCH --gpus-per-node=2\n#SBATCH --cpus-per-task=1\n"
         in text

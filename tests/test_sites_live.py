@@ -102,6 +102,7 @@ def site(slurm_cluster, tmp_path, request):
 SRUN_PROFILE = f"""
 launch:
   launcher: srun
+  task_gpus: gpus-per-task
   python: {sys.executable}
 rendezvous:
   host_suffix: i

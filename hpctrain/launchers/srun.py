@@ -5,7 +5,8 @@ SLURM_PROCID, LOCAL_RANK from SLURM_LOCALID, WORLD_SIZE from SLURM_NTASKS, LOCAL
 GROUP_RANK from SLURM_NODEID, MASTER_ADDR/MASTER_PORT from the rendezvous head; the entry then joins
 with torch's env:// init (train_entry and user scripts alike). With `launch.task_gpus:
 gpus-per-task` (or `gpu-bind`, for a `--gres` site: `--gpu-bind=single:1`) every task gets one
-GPU: it sees one device, and train_entry takes LOCAL_RANK modulo the visible devices."""
+GPU: it sees one device, and train_entry takes LOCAL_RANK modulo the visible devices (a user script
+that uses `cuda:$LOCAL_RANK` needs the default, `none`: every GPU of the node visible)."""
 
 from __future__ import annotations
 

@@ -44,11 +44,12 @@ class Launch(Strict):
         "conda env or container is activated, else the submitting interpreter.",
     )
     task_gpus: Literal["gpus-per-task", "gpu-bind", "none"] = Field(
-        "gpus-per-task",
+        "none",
         description="launcher srun: how each task gets its GPU. `gpus-per-task`: `srun "
         "--gpus-per-task=1`; `gpu-bind`: `srun --gpu-bind=single:1`, one of the GPUs the job holds "
-        "(a `--gres` site); `none`: every GPU of the node stays visible to each task (LOCAL_RANK "
-        "picks one, or set environment.task_env).",
+        "(a `--gres` site); `none` (default, as under torchrun): every GPU of the node stays "
+        "visible to each task and LOCAL_RANK picks one, which unchanged scripts expect "
+        "(`cuda:$LOCAL_RANK`); or choose with environment.task_env.",
     )
 
     @field_validator("torchrun")
