@@ -43,7 +43,7 @@ def bare(sizes: list[int], cwd: Path) -> dict[int, float]:
 
 def run(quick: bool) -> list[dict]:
     name, target = "collective_doctor_busbw_vs_bare_gloo", ">= 0.95"
-    reps, max_mib = (3, 4) if quick else (5, 16)
+    reps, max_mib = (3, 4) if quick else (5, 8)
     reps = common.reps(reps)
     cwd = common.scratch("coll-")
     try:

@@ -19,6 +19,7 @@ import datetime as dt
 import importlib
 import json
 import os
+import resource
 import shutil
 import sys
 import time
@@ -80,7 +81,9 @@ def markdown(rows: list[dict], info: dict) -> str:
         f"Machine: {m['cpu']}, {m['cores']} cores, torch {m['torch']}, Python {m['python']}. "
         f"Load average (1 min) {load[0]:.1f} at the start, {min(load):.1f}-{max(load):.1f} "
         "between benchmarks: the machine is shared, which is what the spreads show.",
-        f"Wall time of the whole run: {info['wall_s']:.0f} s.",
+        f"Wall time of the whole run: {info['wall_s']:.0f} s; CPU time of the run and the processes "
+        f"it started (not the Slurm and sshd jobs): {info['cpu_s']:.0f} s, i.e. "
+        f"{info['cpu_s'] / 2:.0f} s of 2 dedicated cores.",
         "",
         "Each ratio is the median over repetitions of A/B within one interleaved pair; the spread is "
         "their interquartile range (the whole range below 4 repetitions). A verdict is \"met\" or "
@@ -139,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  ({time.perf_counter() - t:.0f} s, load average {info['load_avg_1min'][-1]:.1f})",
               flush=True)
     info["wall_s"] = time.perf_counter() - t0
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
+    info["cpu_s"] = sum(r.ru_utime + r.ru_stime for r in ru)
     for row in rows:
         row["details"].setdefault("machine", info["machine"])
 

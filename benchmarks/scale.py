@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
+from hpctrain.kernel import jobenv
 
 RANKS, SHARD = 4096, 16 << 10
 RUNS = 1000
@@ -108,7 +109,7 @@ def runs_rows(quick: bool) -> list[dict]:
     reps = 3
     cwd = common.scratch("scale-runs-")
     env = {"XDG_CONFIG_HOME": str(cwd / "xdg"), "XDG_CACHE_HOME": str(cwd / "cache"),
-           "XDG_STATE_HOME": str(cwd / "state"), "HPCTRAIN_SITE_PATH": ""}
+           "XDG_STATE_HOME": str(cwd / "state"), jobenv.SITE_PATH: ""}
     common.run([HPCTRAIN, "submit", "--profile", "local", "--nodes", "1", "--gpus", "1", "--name",
                 "r0000", "--wait", "--", "--max-steps", "2", "--model.d_model=16",
                 "--model.n_layers=1", "--model.n_heads=2"], timeout=300, cwd=cwd, **env)
