@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import subprocess
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
@@ -66,17 +65,8 @@ def describe(segments: list[Segment]) -> list[str]:
 
 def submit(run: Any, segments: list[Segment]) -> list[str]:
     """Submit every segment of run.job_sh; returns the job ids in order."""
-    from hpctrain.dispatch.slurm import ScriptSlurmExecutor
+    from hpctrain.dispatch.submitit_api import submit_sbatch
 
-    class _Executor(ScriptSlurmExecutor):
-        def __init__(self, folder: Path, script: str, extra: list[str]) -> None:
-            super().__init__(folder, script)
-            self._extra = extra
-
-        def _make_submission_command(self, submission_file_path: Any) -> list[str]:
-            return ["sbatch", *self._extra, str(submission_file_path)]
-
-    run.submitit.mkdir(parents=True, exist_ok=True)
     script = run.job_sh.read_text()
     ids: list[str] = []
     try:
@@ -85,7 +75,7 @@ def submit(run: Any, segments: list[Segment]) -> list[str]:
                 f"--time={s.time_min}",
                 "--hold" if s.after is None else f"--dependency=afterany:{ids[-1]}",
             ]
-            ids.append(str(_Executor(run.submitit, script, extra)._submit_command("").job_id))
+            ids.append(submit_sbatch(run.submitit, script, extra))
     except Exception as e:  # submitit raises several kinds; none may leave half a chain queued
         if ids:
             subprocess.run(["scancel", *ids], capture_output=True, timeout=60)

@@ -28,7 +28,7 @@ from typing import Any
 from hpctrain.kernel.errors import UserError
 
 GIB = 1024**3
-HEADROOM = 0.12              # allocator fragmentation, communication buckets, temporaries
+HEADROOM = 0.12  # allocator fragmentation, communication buckets, temporaries
 CUDA_CONTEXT_BYTES = 1 * GIB  # CUDA context + NCCL buffers, held before the first tensor
 PRECISIONS = ("fp32", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd", "sgd-momentum")
@@ -36,7 +36,9 @@ OPT_BYTES = {"adamw": 8, "sgd": 0, "sgd-momentum": 4}
 # Korthikanti et al. 2022, "Reducing Activation Recomputation": a transformer layer stores about
 # 34*s*b*h bytes of 16-bit activations with fused (flash) attention, i.e. 17 elements per s*b*h.
 ACT_ELEMS_PER_LAYER = 17
-DEFAULT_UNITS = 24  # wrapped units (layers) assumed for the gathered-parameter estimate without --layers
+DEFAULT_UNITS = (
+    24  # wrapped units (layers) assumed for the gathered-parameter estimate without --layers
+)
 
 
 @dataclass(frozen=True)
@@ -44,9 +46,9 @@ class Layout:
     """One way to train: where the model state lives."""
 
     name: str
-    strategy: str            # what train_entry runs: ddp | fsdp | deepspeed
+    strategy: str  # what train_entry runs: ddp | fsdp | deepspeed
     zero_stage: int | None
-    offload: str             # none | optimizer | optimizer+params | nvme
+    offload: str  # none | optimizer | optimizer+params | nvme
     about: str
 
 
@@ -55,12 +57,38 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout("ddp", "ddp", None, "none", "full replica on every GPU"),
     Layout("zero1", "deepspeed", 1, "none", "optimizer state sharded"),
     Layout("zero2", "deepspeed", 2, "none", "optimizer state and gradients sharded"),
-    Layout("zero2_offload", "deepspeed", 2, "optimizer", "ZeRO-2, optimizer and fp32 grads in host memory"),
-    Layout("fsdp", "fsdp", None, "none", "FSDP2 fully_shard: parameters, gradients, optimizer sharded"),
+    Layout(
+        "zero2_offload",
+        "deepspeed",
+        2,
+        "optimizer",
+        "ZeRO-2, optimizer and fp32 grads in host memory",
+    ),
+    Layout(
+        "fsdp", "fsdp", None, "none", "FSDP2 fully_shard: parameters, gradients, optimizer sharded"
+    ),
     Layout("zero3", "deepspeed", 3, "none", "everything sharded (DeepSpeed)"),
-    Layout("zero3_offload", "deepspeed", 3, "optimizer", "ZeRO-3, optimizer and fp32 grads in host memory"),
-    Layout("fsdp_offload", "fsdp", None, "optimizer+params", "FSDP2 CPUOffloadPolicy: all state in host memory"),
-    Layout("zero3_offload_params", "deepspeed", 3, "optimizer+params", "ZeRO-3, all state in host memory"),
+    Layout(
+        "zero3_offload",
+        "deepspeed",
+        3,
+        "optimizer",
+        "ZeRO-3, optimizer and fp32 grads in host memory",
+    ),
+    Layout(
+        "fsdp_offload",
+        "fsdp",
+        None,
+        "optimizer+params",
+        "FSDP2 CPUOffloadPolicy: all state in host memory",
+    ),
+    Layout(
+        "zero3_offload_params",
+        "deepspeed",
+        3,
+        "optimizer+params",
+        "ZeRO-3, all state in host memory",
+    ),
     Layout("zero3_nvme", "deepspeed", 3, "nvme", "ZeRO-3, optimizer and parameters on NVMe"),
 )
 BY_NAME = {lay.name: lay for lay in LAYOUTS}
@@ -76,14 +104,14 @@ class Workload:
     precision: str = "bf16"
     optimizer: str = "adamw"
     nodes: int = 1
-    gpus: int = 1                       # per node
+    gpus: int = 1  # per node
     gpu_mem_bytes: int = 80 * GIB
     micro_batch: int | None = None
     seq_len: int | None = None
     hidden: int | None = None
     layers: int | None = None
-    host_mem_bytes: int | None = None   # per node; None: not checked
-    largest_param: int | None = None    # elements of the biggest parameter tensor (from --model)
+    host_mem_bytes: int | None = None  # per node; None: not checked
+    largest_param: int | None = None  # elements of the biggest parameter tensor (from --model)
 
     @property
     def world(self) -> int:
@@ -109,7 +137,7 @@ class Estimate:
     params_bytes: int
     grads_bytes: int
     optimizer_bytes: int
-    transient_bytes: int          # gathered parameters of the units in flight (sharded layouts)
+    transient_bytes: int  # gathered parameters of the units in flight (sharded layouts)
     activation_bytes_per_gpu: int | None
     activation_bytes_per_gpu_checkpointed: int | None
     host_bytes_per_node: int
@@ -126,8 +154,15 @@ class Estimate:
         return d
 
 
-def model_state(layout: Layout, *, params: int, world: int, precision: str, optimizer: str,
-                largest: int | None = None) -> tuple[int, int, int, int]:
+def model_state(
+    layout: Layout,
+    *,
+    params: int,
+    world: int,
+    precision: str,
+    optimizer: str,
+    largest: int | None = None,
+) -> tuple[int, int, int, int]:
     """(params, grads, optimizer, host) bytes per rank; host = what offload moves to host memory.
     `largest`: the biggest single parameter tensor's element count (ZeRO-1/2 offload stages each
     gradient through one fp32 buffer of that size on each side); default P/24."""
@@ -162,10 +197,12 @@ def model_state(layout: Layout, *, params: int, world: int, precision: str, opti
         return p, 0, 0, host_opt
     if layout.offload == "optimizer+params":
         return 0, 0, 0, host_opt + p
-    return 0, 0, 0, 0                  # nvme: staging buffers only
+    return 0, 0, 0, 0  # nvme: staging buffers only
 
 
-def activation_bytes(wl: Workload, *, precision: str, micro_batch: int, checkpointed: bool) -> int | None:
+def activation_bytes(
+    wl: Workload, *, precision: str, micro_batch: int, checkpointed: bool
+) -> int | None:
     """Activations of one micro-batch on one GPU (transformer layers, flash attention)."""
     if not wl.has_activations:
         return None
@@ -187,21 +224,39 @@ def _transient(layout: Layout, wl: Workload, precision: str) -> int:
     return int(2 * unit * w)
 
 
-def estimate(layout: Layout, wl: Workload, *, precision: str | None = None,
-             micro_batch: int | None = None) -> Estimate:
+def estimate(
+    layout: Layout, wl: Workload, *, precision: str | None = None, micro_batch: int | None = None
+) -> Estimate:
     precision = precision or wl.precision
     mb = micro_batch or wl.micro_batch or 1
-    p, g, o, host = model_state(layout, params=wl.params, world=wl.world, precision=precision,
-                                optimizer=wl.optimizer, largest=wl.largest_param)
+    p, g, o, host = model_state(
+        layout,
+        params=wl.params,
+        world=wl.world,
+        precision=precision,
+        optimizer=wl.optimizer,
+        largest=wl.largest_param,
+    )
     tr = _transient(layout, wl, precision)
     act = activation_bytes(wl, precision=precision, micro_batch=mb, checkpointed=False)
     act_ck = activation_bytes(wl, precision=precision, micro_batch=mb, checkpointed=True)
     host_ok = wl.host_mem_bytes is None or host * wl.gpus <= wl.host_mem_bytes * (1 - HEADROOM)
     base = p + g + o + tr
     return Estimate(
-        layout.name, layout.strategy, layout.zero_stage, layout.offload, p, g, o, tr, act, act_ck,
-        host * wl.gpus, host_ok and base + (act or 0) <= wl.usable_bytes,
-        host_ok and base + (act_ck or 0) <= wl.usable_bytes)
+        layout.name,
+        layout.strategy,
+        layout.zero_stage,
+        layout.offload,
+        p,
+        g,
+        o,
+        tr,
+        act,
+        act_ck,
+        host * wl.gpus,
+        host_ok and base + (act or 0) <= wl.usable_bytes,
+        host_ok and base + (act_ck or 0) <= wl.usable_bytes,
+    )
 
 
 @dataclass
@@ -209,12 +264,12 @@ class Recommendation:
     """What `hpctrain plan` and `submit --strategy auto` choose."""
 
     name: str
-    strategy: str                     # ddp | fsdp | deepspeed
+    strategy: str  # ddp | fsdp | deepspeed
     zero_stage: int | None
-    offload: str                      # none | optimizer | optimizer+params | nvme
+    offload: str  # none | optimizer | optimizer+params | nvme
     precision: str
     micro_batch: int | None
-    grad_accumulation: int            # keeps the asked global batch when micro_batch was reduced
+    grad_accumulation: int  # keeps the asked global batch when micro_batch was reduced
     activation_checkpointing: bool
     reason: str
     total_bytes_per_gpu: int
@@ -276,8 +331,10 @@ def make_plan(wl: Workload) -> Plan:
     if wl.nodes < 1 or wl.gpus < 1:
         raise UserError(f"--nodes {wl.nodes} --gpus {wl.gpus}: both must be at least 1")
     if wl.usable_bytes <= 0:
-        raise UserError(f"{gib(wl.gpu_mem_bytes)} per GPU leaves nothing after the "
-                        f"{gib(CUDA_CONTEXT_BYTES)} CUDA context and {HEADROOM:.0%} headroom")
+        raise UserError(
+            f"{gib(wl.gpu_mem_bytes)} per GPU leaves nothing after the "
+            f"{gib(CUDA_CONTEXT_BYTES)} CUDA context and {HEADROOM:.0%} headroom"
+        )
     plan = Plan(wl, [estimate(lay, wl) for lay in LAYOUTS])
     usable = wl.usable_bytes
     ddp = estimate(BY_NAME["ddp"], wl)
@@ -285,27 +342,53 @@ def make_plan(wl: Workload) -> Plan:
         lay = BY_NAME[name]
         e = estimate(lay, wl)
         state = e.model_state_bytes_per_gpu + e.transient_bytes
-        if state > usable:   # no activation rung can help: go straight to the next strategy
-            plan.ladder.append({"name": name, "rung": "model state alone", "fits": False,
-                                "total_bytes_per_gpu": state,
-                                "why": f"{gib(state)} model state + gathered vs {gib(usable)} usable"})
+        if state > usable:  # no activation rung can help: go straight to the next strategy
+            plan.ladder.append(
+                {
+                    "name": name,
+                    "rung": "model state alone",
+                    "fits": False,
+                    "total_bytes_per_gpu": state,
+                    "why": f"{gib(state)} model state + gathered vs {gib(usable)} usable",
+                }
+            )
             continue
         for label, prec, mb, ck in _levers(wl):
             e = estimate(lay, wl, precision=prec, micro_batch=mb)
-            act = (e.activation_bytes_per_gpu_checkpointed if ck else e.activation_bytes_per_gpu) or 0
+            act = (
+                e.activation_bytes_per_gpu_checkpointed if ck else e.activation_bytes_per_gpu
+            ) or 0
             total = e.model_state_bytes_per_gpu + e.transient_bytes + act
             fits = e.fits_with_checkpointing if ck else e.fits
-            why = (f"{gib(e.model_state_bytes_per_gpu)} model state + {gib(e.transient_bytes)} gathered "
-                   f"+ {gib(act)} activations = {gib(total)} vs {gib(usable)} usable")
+            why = (
+                f"{gib(e.model_state_bytes_per_gpu)} model state + {gib(e.transient_bytes)} gathered "
+                f"+ {gib(act)} activations = {gib(total)} vs {gib(usable)} usable"
+            )
             if wl.host_mem_bytes is not None and e.host_bytes_per_node:
                 why += f"; host {gib(e.host_bytes_per_node)} per node of {gib(wl.host_mem_bytes)}"
-            plan.ladder.append({"name": name, "rung": label, "fits": fits, "total_bytes_per_gpu": total,
-                                "why": why})
+            plan.ladder.append(
+                {
+                    "name": name,
+                    "rung": label,
+                    "fits": fits,
+                    "total_bytes_per_gpu": total,
+                    "why": why,
+                }
+            )
             if fits:
                 accum = max(1, (wl.micro_batch or 1) // (mb or 1))
                 plan.recommendation = Recommendation(
-                    name, lay.strategy, lay.zero_stage, lay.offload, prec, mb, accum, ck,
-                    _reason(name, label, why, ddp, wl, accum), total)
+                    name,
+                    lay.strategy,
+                    lay.zero_stage,
+                    lay.offload,
+                    prec,
+                    mb,
+                    accum,
+                    ck,
+                    _reason(name, label, why, ddp, wl, accum),
+                    total,
+                )
                 return plan
     return plan
 
@@ -315,14 +398,14 @@ def _reason(name: str, rung: str, why: str, ddp: Estimate, wl: Workload, accum: 
     tree = {
         "ddp": f"the model fits on one GPU, so DDP (fastest and simplest) across all {n} GPUs",
         "zero2": f"DDP's replica does not fit ({gib(ddp.model_state_bytes_per_gpu)} model state); "
-                 f"ZeRO-2 shards gradients and optimizer state over {n} GPUs",
+        f"ZeRO-2 shards gradients and optimizer state over {n} GPUs",
         "fsdp": f"the model does not fit on one GPU but fits sharded over all {n} GPUs: "
-                "FSDP (PyTorch-native ZeRO-3)",
+        "FSDP (PyTorch-native ZeRO-3)",
         "zero3_offload": f"even fully sharded over {n} GPUs it does not fit: ZeRO-3 with the "
-                         "optimizer offloaded to host memory",
+        "optimizer offloaded to host memory",
         "zero3_offload_params": "ZeRO-3 with optimizer and parameters offloaded to host memory",
         "zero3_nvme": "host memory is not enough either: ZeRO-3 with NVMe offload (slow; consider "
-                      "more GPUs or pipeline/tensor parallelism)",
+        "more GPUs or pipeline/tensor parallelism)",
     }[name]
     extra = "" if rung == "as asked" else f" after the ladder's earlier rungs ({rung})"
     if accum > 1:
@@ -330,11 +413,21 @@ def _reason(name: str, rung: str, why: str, ddp: Estimate, wl: Workload, accum: 
     return f"{tree}{extra}: {why}"
 
 
-def recommend(*, params: int | None = None, model: str | None = None, precision: str = "bf16",
-              optimizer: str = "adamw", nodes: int = 1, gpus: int = 1,
-              gpu_mem_gib: float | None = None, profile: str | None = None,
-              micro_batch: int | None = None, seq_len: int | None = None,
-              hidden: int | None = None, layers: int | None = None) -> Recommendation:
+def recommend(
+    *,
+    params: int | None = None,
+    model: str | None = None,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    nodes: int = 1,
+    gpus: int = 1,
+    gpu_mem_gib: float | None = None,
+    profile: str | None = None,
+    micro_batch: int | None = None,
+    seq_len: int | None = None,
+    hidden: int | None = None,
+    layers: int | None = None,
+) -> Recommendation:
     """The strategy for `hpctrain submit --strategy auto`.
 
     Give the model as `params` (a count) or `model` ("pkg.mod:factory", built on the meta device),
@@ -347,9 +440,22 @@ def recommend(*, params: int | None = None, model: str | None = None, precision:
         rec = recommend(params=124_000_000, nodes=2, gpus=8, profile="mycluster")
         rec.strategy, rec.zero_stage  # ("ddp", None)
     """
-    plan = make_plan(workload(params=params, model=model, precision=precision, optimizer=optimizer,
-                              nodes=nodes, gpus=gpus, gpu_mem_gib=gpu_mem_gib, profile=profile,
-                              micro_batch=micro_batch, seq_len=seq_len, hidden=hidden, layers=layers))
+    plan = make_plan(
+        workload(
+            params=params,
+            model=model,
+            precision=precision,
+            optimizer=optimizer,
+            nodes=nodes,
+            gpus=gpus,
+            gpu_mem_gib=gpu_mem_gib,
+            profile=profile,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            hidden=hidden,
+            layers=layers,
+        )
+    )
     if plan.recommendation is None:
         raise UserError(no_fit_message(plan))
     return plan.recommendation
@@ -357,109 +463,12 @@ def recommend(*, params: int | None = None, model: str | None = None, precision:
 
 def no_fit_message(plan: Plan) -> str:
     wl = plan.workload
-    return (f"no strategy fits {wl.params:,} parameters on {wl.nodes} node(s) x {wl.gpus} GPU(s) of "
-            f"{gib(wl.gpu_mem_bytes)}: use more GPUs or nodes, a smaller model, or pipeline/tensor "
-            "parallelism (not provided by hpctrain)")
+    return (
+        f"no strategy fits {wl.params:,} parameters on {wl.nodes} node(s) x {wl.gpus} GPU(s) of "
+        f"{gib(wl.gpu_mem_bytes)}: use more GPUs or nodes, a smaller model, or pipeline/tensor "
+        "parallelism (not provided by hpctrain)"
+    )
 
 
-def workload(*, params: int | None, model: str | None, precision: str, optimizer: str, nodes: int,
-             gpus: int, gpu_mem_gib: float | None, profile: str | None,
-             micro_batch: int | None = None, seq_len: int | None = None, hidden: int | None = None,
-             layers: int | None = None, host_mem_gib: float | None = None) -> Workload:
-    """Resolve the inputs (model size, GPU memory from the flag or the profile) into a Workload."""
-    if (params is None) == (model is None):
-        raise UserError("give exactly one of --params N or --model pkg.mod:factory")
-    largest = None
-    if model is not None:
-        params, largest = count_params(model)
-    mem = gpu_mem_gib
-    if mem is None and profile is not None:
-        mem, host = _profile_memory(profile, nodes=nodes, gpus=gpus)
-        host_mem_gib = host_mem_gib if host_mem_gib is not None else host
-    if mem is None:
-        where = f"profile {profile!r} has no slurm.gpu_mem_gib" if profile else "no --profile given"
-        raise UserError(f"GPU memory unknown ({where}): set slurm.gpu_mem_gib in the site profile, or "
-                        "pass --gpu-mem-gib M to hpctrain plan")
-    if mem <= 0:
-        raise UserError(f"--gpu-mem-gib {mem}: must be positive")
-    return Workload(int(params), precision, optimizer, nodes, gpus, int(mem * GIB), micro_batch,  # type: ignore[arg-type]
-                    seq_len, hidden, layers,
-                    None if host_mem_gib is None else int(host_mem_gib * GIB), largest)
-
-
-def _profile_memory(name: str, *, nodes: int, gpus: int) -> tuple[float | None, float | None]:
-    """(GPU memory GiB, host memory GiB per node) from a profile. A profile without GPUs (local,
-    CPU workers) shares this machine's RAM between all its workers."""
-    from hpctrain.profiles import resolve
-
-    prof = resolve(name)
-    slurm = _get(prof, "slurm")
-    gpu_mem = _get(slurm, "gpu_mem_gib")
-    host = _parse_mem(_get(slurm, "mem"))
-    if gpu_mem is None and not (_get(slurm, "gpus_per_node") or 0):
-        ram = _meminfo_gib()
-        if ram:
-            return ram / max(1, nodes * gpus), ram
-    return gpu_mem, host
-
-
-def _get(obj: Any, key: str) -> Any:
-    """Attribute or mapping access: the resolved profile may be a model or a dict."""
-    for o in (obj, getattr(obj, "profile", None), getattr(obj, "values", None)):
-        if o is None:
-            continue
-        if isinstance(o, dict) and key in o:
-            return o[key]
-        if not isinstance(o, dict) and hasattr(o, key):
-            return getattr(o, key)
-    return None
-
-
-def _parse_mem(text: Any) -> float | None:
-    """Slurm --mem ("480G", "500000M", "0" = all) in GiB; None when unknown or "all"."""
-    if text in (None, "", "0", 0):
-        return None
-    s = str(text).strip().upper()
-    units = {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
-    try:
-        if s[-1] in units:
-            return float(s[:-1]) * units[s[-1]]
-        return float(s) / 1024  # Slurm's default unit is MiB
-    except ValueError:
-        return None
-
-
-def _meminfo_gib() -> float | None:
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) / 1024**2
-    except OSError:
-        pass
-    return None
-
-
-def count_params(spec: str) -> tuple[int, int]:
-    """(parameters, largest parameter's elements) of `pkg.mod:factory()`, built on the meta
-    device: no memory, no weights."""
-    import importlib
-
-    mod_name, _, attr = spec.partition(":")
-    if not mod_name or not attr:
-        raise UserError(f"--model {spec!r}: expected pkg.module:factory (a callable returning an "
-                        "nn.Module)")
-    try:
-        factory = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise UserError(f"--model {spec!r}: cannot import: {e}") from None
-    import torch
-
-    with torch.device("meta"):
-        model = factory()
-    if not isinstance(model, torch.nn.Module):
-        raise UserError(f"--model {spec!r}: the factory returned {type(model).__name__}, "
-                        "not a torch.nn.Module")
-    sizes = [p.numel() for p in model.parameters()]  # parameters() skips tied duplicates
-    if not sizes:
-        raise UserError(f"--model {spec!r}: the model has no parameters")
-    return sum(sizes), max(sizes)
+# The inputs (model size from a factory, GPU memory from a flag, the profile or this machine):
+from hpctrain.plan_inputs import count_params, workload  # noqa: E402, F401  (after Workload: it needs it)

@@ -246,16 +246,9 @@ def table(sweep_dir: Path) -> list[dict[str, Any]]:
 # -- submitting -----------------------------------------------------------------------------------
 def submit_array(sweep_dir: Path, script: str, runs: list[Any], pts: list[Point]) -> str:
     """Slurm: one sbatch of the array script; every point records `<array>_<i>`."""
-    from submitit.core.utils import FailedJobError
+    from hpctrain.dispatch.slurm import sbatch
 
-    from hpctrain.dispatch.slurm import ScriptSlurmExecutor
-
-    (sweep_dir / "submitit").mkdir(exist_ok=True)
-    try:
-        job = ScriptSlurmExecutor(sweep_dir / "submitit", script)._submit_command("")
-    except (FailedJobError, subprocess.CalledProcessError, OSError) as e:
-        raise UserError(f"sbatch refused the job array: {str(e).strip()}") from None
-    array_id = str(job.job_id).split("_")[0]
+    array_id = sbatch(sweep_dir / "submitit", script, what="the job array").split("_")[0]
     for run, p in zip(runs, pts, strict=True):
         run.add_job(f"{array_id}_{p.index}", kind=KIND, scheduler="slurm")
     return array_id

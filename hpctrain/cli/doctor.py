@@ -8,24 +8,64 @@ MIB = 1024**2
 
 
 @click.command()
-@click.option("--profile", help="Site profile (default: the usual default profile; local without Slurm).")
-@click.option("--nodes", type=click.IntRange(min=1), default=None,
-              help="Nodes to check (Slurm default: 2 if the profile allows it, else 1; local: 1).")
-@click.option("--gpus", type=click.IntRange(min=1), default=None,
-              help="Workers per node (default: the profile's GPUs per node; local: 2).")
-@click.option("--quick", is_flag=True, help="Cap the all-reduce sweep at 16 MiB instead of 256 MiB.")
-@click.option("--max-mib", type=click.IntRange(min=1), default=None,
-              help="Largest all-reduce in MiB (overrides --quick).")
-@click.option("--timeout-s", type=click.FloatRange(min=1), default=120.0, show_default=True,
-              help="Process-group timeout of the sweep.")
-@click.option("--wait-s", type=click.FloatRange(min=1), default=600.0, show_default=True,
-              help="Slurm: how long to wait for the job before cancelling it.")
-@click.option("--bisect", "bisect", is_flag=False, flag_value="", default=None, metavar="[RUN]",
-              help="Find the failing or slow node by halving: among RUN's nodes, or (--bisect --nodes N) "
-                   "among N nodes Slurm gives; prints the list for `submit --exclude` (docs/bad-nodes.md).")
-@click.option("--runs-dir", type=click.Path(file_okay=False), default=None, help="--bisect RUN: where runs are.")
+@click.option(
+    "--profile", help="Site profile (default: the usual default profile; local without Slurm)."
+)
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Nodes to check (Slurm default: 2 if the profile allows it, else 1; local: 1).",
+)
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Workers per node (default: the profile's GPUs per node; local: 2).",
+)
+@click.option(
+    "--quick", is_flag=True, help="Cap the all-reduce sweep at 16 MiB instead of 256 MiB."
+)
+@click.option(
+    "--max-mib",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Largest all-reduce in MiB (overrides --quick).",
+)
+@click.option(
+    "--timeout-s",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Process-group timeout of the sweep.",
+)
+@click.option(
+    "--wait-s",
+    type=click.FloatRange(min=1),
+    default=600.0,
+    show_default=True,
+    help="Slurm: how long to wait for the job before cancelling it.",
+)
+@click.option(
+    "--bisect",
+    "bisect",
+    is_flag=False,
+    flag_value="",
+    default=None,
+    metavar="[RUN]",
+    help="Find the failing or slow node by halving: among RUN's nodes, or (--bisect --nodes N) "
+    "among N nodes Slurm gives; prints the list for `submit --exclude` (docs/bad-nodes.md).",
+)
+@click.option(
+    "--runs-dir",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="--bisect RUN: where runs are.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def doctor(profile, nodes, gpus, quick, max_mib, timeout_s, wait_s, bisect, runs_dir, as_json) -> None:
+def doctor(
+    profile, nodes, gpus, quick, max_mib, timeout_s, wait_s, bisect, runs_dir, as_json
+) -> None:
     """Check the profile's interface, name resolution, rendezvous port, InfiniBand, GPUs, scontrol
     and /dev/shm on every node, then sweep all-reduce from 1 KiB to 256 MiB over the real backend.
 
@@ -41,30 +81,52 @@ def doctor(profile, nodes, gpus, quick, max_mib, timeout_s, wait_s, bisect, runs
       hpctrain doctor --profile mycluster --bisect --nodes 8
       hpctrain doctor --profile mysite-remote --quick   # over SSH (docs/remote.md)
     """
-    from hpctrain.doctor import format_report, run_local, run_slurm
+    from hpctrain.doctor.report import format_report
     from hpctrain.profiles import resolve
+    from hpctrain.service.doctor import run_local, run_slurm
 
     prof = resolve(profile)
     if bisect is not None:
         _bisect(prof, bisect, nodes, gpus, runs_dir, as_json)
         return
-    if getattr(prof, "login", None) is not None:  # a remote site: check the way there, then its doctor
+    if (
+        getattr(prof, "login", None) is not None
+    ):  # a remote site: check the way there, then its doctor
         from hpctrain.remote.doctor import doctor as remote_doctor
 
-        rest = [*(["--nodes", str(nodes)] if nodes else []), *(["--gpus", str(gpus)] if gpus else []),
-                *(["--quick"] if quick else []), *(["--max-mib", str(max_mib)] if max_mib else []),
-                "--timeout-s", str(timeout_s), "--wait-s", str(wait_s), *(["--json"] if as_json else [])]
+        rest = [
+            *(["--nodes", str(nodes)] if nodes else []),
+            *(["--gpus", str(gpus)] if gpus else []),
+            *(["--quick"] if quick else []),
+            *(["--max-mib", str(max_mib)] if max_mib else []),
+            "--timeout-s",
+            str(timeout_s),
+            "--wait-s",
+            str(wait_s),
+            *(["--json"] if as_json else []),
+        ]
         raise SystemExit(remote_doctor(prof, rest, click.echo))
     max_bytes = (max_mib * MIB) if max_mib else (16 * MIB if quick else 256 * MIB)
     if prof.scheduler == "slurm":
         if nodes is None:
             nodes = 2 if (prof.slurm.max_nodes or 2) >= 2 else 1
         if not as_json:
-            click.echo(f"submitting a doctor job on {nodes} node(s) with profile {prof.name}...", err=True)
-        rep = run_slurm(prof, nodes=nodes, gpus=gpus, max_bytes=max_bytes, timeout_s=timeout_s,
-                        wait_s=wait_s, progress=None if as_json else lambda s: click.echo(f"  {s}", err=True))
+            click.echo(
+                f"submitting a doctor job on {nodes} node(s) with profile {prof.name}...", err=True
+            )
+        rep = run_slurm(
+            prof,
+            nodes=nodes,
+            gpus=gpus,
+            max_bytes=max_bytes,
+            timeout_s=timeout_s,
+            wait_s=wait_s,
+            progress=None if as_json else lambda s: click.echo(f"  {s}", err=True),
+        )
     else:
-        rep = run_local(prof, nodes=nodes or 1, gpus=gpus or 2, max_bytes=max_bytes, timeout_s=timeout_s)
+        rep = run_local(
+            prof, nodes=nodes or 1, gpus=gpus or 2, max_bytes=max_bytes, timeout_s=timeout_s
+        )
     click.echo(rep.to_json() if as_json else format_report(rep))
     if not rep.ok:
         raise SystemExit(1)
@@ -79,10 +141,17 @@ def _bisect(prof, run, nodes, gpus, runs_dir, as_json) -> None:
     from hpctrain.runs import find_run
 
     if prof.scheduler != "slurm":
-        raise UserError(f"--bisect needs a Slurm profile (profile {prof.name} is local: one machine)")
+        raise UserError(
+            f"--bisect needs a Slurm profile (profile {prof.name} is local: one machine)"
+        )
     run_dir = find_run(run, Path(runs_dir) if runs_dir else None).path if run else None
-    result = run_bisect(prof, run_dir=run_dir, nodes=nodes, gpus=gpus,
-                        progress=None if as_json else lambda s: click.echo(f"  {s}", err=True))
+    result = run_bisect(
+        prof,
+        run_dir=run_dir,
+        nodes=nodes,
+        gpus=gpus,
+        progress=None if as_json else lambda s: click.echo(f"  {s}", err=True),
+    )
     click.echo(json.dumps(result.to_dict(), indent=2) if as_json else format_bisection(result))
     if result.bad:
         raise SystemExit(1)

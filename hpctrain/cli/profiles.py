@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +14,9 @@ from hpctrain.profiles.load import discover, read_yaml, resolve, resolve_file, s
 
 
 def _console() -> Any:
-    from rich.console import Console
-
     import shutil
+
+    from rich.console import Console
 
     return Console(width=max(shutil.get_terminal_size((140, 24)).columns, 100))
 
@@ -51,10 +49,16 @@ def list_(as_json: bool) -> None:
     """
     rows = []
     for e in discover():
-        row: dict[str, Any] = {"name": e.name, "scheduler": None, "description": None,
-                               "path": str(e.path), "kind": e.kind, "wins": e.wins,
-                               "shadowed_by": str(e.shadowed_by) if e.shadowed_by else None,
-                               "error": None}
+        row: dict[str, Any] = {
+            "name": e.name,
+            "scheduler": None,
+            "description": None,
+            "path": str(e.path),
+            "kind": e.kind,
+            "wins": e.wins,
+            "shadowed_by": str(e.shadowed_by) if e.shadowed_by else None,
+            "error": None,
+        }
         if e.error is not None:
             rows.append({**row, "name": e.name or "?", "wins": False, "error": e.error})
             continue
@@ -76,21 +80,32 @@ def list_(as_json: bool) -> None:
 
     lines = []
     for r in rows:
-        status = ("invalid: " + r["error"] if r["error"] else
-                  "wins" if r["wins"] else f"shadowed by {r['shadowed_by']}")
-        lines.append([r["name"], r["scheduler"] or "-", r["description"] or "", r["kind"], status,
-                      r["path"]])
+        status = (
+            "invalid: " + r["error"]
+            if r["error"]
+            else "wins"
+            if r["wins"]
+            else f"shadowed by {r['shadowed_by']}"
+        )
+        lines.append(
+            [r["name"], r["scheduler"] or "-", r["description"] or "", r["kind"], status, r["path"]]
+        )
     if rows:
-        click.echo(plain_table(["name", "scheduler", "description", "from", "status", "source"],
-                               lines), nl=False)
+        click.echo(
+            plain_table(["name", "scheduler", "description", "from", "status", "source"], lines),
+            nl=False,
+        )
     if not rows:
         click.echo("no profiles found in: " + ", ".join(str(d) for d, _ in search_dirs()))
 
 
 @profiles.command()
 @click.argument("name")
-@click.option("--resolved", is_flag=True,
-              help="Merge the extends chain, your config and defaults; show each value's origin.")
+@click.option(
+    "--resolved",
+    is_flag=True,
+    help="Merge the extends chain, your config and defaults; show each value's origin.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def show(name: str, resolved: bool, as_json: bool) -> None:
     """Show profile NAME (a name or a file path): the file as written, or --resolved.
@@ -100,13 +115,22 @@ def show(name: str, resolved: bool, as_json: bool) -> None:
       hpctrain profiles show roce
       hpctrain profiles show roce --resolved --json
     """
-    profile = resolve(name)               # validates the whole chain either way
+    profile = resolve(name)  # validates the whole chain either way
     if resolved:
         values = profile.model_dump(mode="json")
         if as_json:
-            click.echo(json.dumps({"name": profile.name, "source": str(profile.source),
-                                   "chain": [str(p) for p in profile.chain],
-                                   "values": values, "origins": profile.origins}, indent=2))
+            click.echo(
+                json.dumps(
+                    {
+                        "name": profile.name,
+                        "source": str(profile.source),
+                        "chain": [str(p) for p in profile.chain],
+                        "values": values,
+                        "origins": profile.origins,
+                    },
+                    indent=2,
+                )
+            )
             return
         from rich.table import Table
 
@@ -123,8 +147,16 @@ def show(name: str, resolved: bool, as_json: bool) -> None:
     if as_json:
         problems: list[Problem] = []
         doc = read_yaml(profile.source, problems)
-        click.echo(json.dumps({"name": profile.name, "source": str(profile.source),
-                               "data": doc.data if doc else None}, indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "name": profile.name,
+                    "source": str(profile.source),
+                    "data": doc.data if doc else None,
+                },
+                indent=2,
+            )
+        )
         return
     click.echo(f"# {profile.source}")
     click.echo(profile.source.read_text(encoding="utf-8"), nl=False)
@@ -157,8 +189,13 @@ def validate(files: tuple[Path, ...]) -> None:
 
 @profiles.command()
 @click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--to", "to", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help=f"Directory to install into (created 0755), e.g. one listed in {jobenv.SITE_PATH}.")
+@click.option(
+    "--to",
+    "to",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help=f"Directory to install into (created 0755), e.g. one listed in {jobenv.SITE_PATH}.",
+)
 @click.option("--force", is_flag=True, help="Replace a different profile of the same name.")
 @jobenv.documented
 def publish(file: Path, to: Path, force: bool) -> None:
@@ -169,49 +206,13 @@ def publish(file: Path, to: Path, force: bool) -> None:
       hpctrain profiles publish mycluster.yaml --to /etc/hpctrain/profiles
       export {var.SITE_PATH}=/etc/hpctrain/profiles   # users then see it
     """
-    profile = resolve_file(file, user_config=False)
-    if profile.extends is not None and ("/" in profile.extends or profile.extends.endswith((".yaml", ".yml"))):
-        raise UserError(f"{file}: extends {profile.extends!r} is a path, which would not resolve "
-                        "from the published copy; fix: extend by profile name")
-    from hpctrain.profiles.trust import make_private_dirs
+    from hpctrain.service.profiles import publish as install
 
-    text = file.read_bytes()
-    target = to / f"{profile.name}.yaml"
-    try:
-        make_private_dirs(to, 0o755)           # new parents 0755 whatever the umask
-        mode = to.stat().st_mode
-        if mode & 0o022:
-            raise UserError(f"{to} is group- or world-writable ({mode & 0o777:04o}), so profiles in it "
-                            f"would be refused; fix: chmod go-w {to}")
-        if target.is_dir() and not target.is_symlink():
-            raise UserError(f"{target} is a folder; fix: move it away, then publish again")
-        if target.exists():
-            if target.read_bytes() == text:
-                click.echo(f"{target}: unchanged")
-                return
-            if not force:
-                raise UserError(f"{target} already holds a different profile {profile.name!r}; fix: "
-                                "pass --force to replace it, or rename the profile")
-        fd, tmp = tempfile.mkstemp(dir=to, prefix=f".{profile.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(text)
-                out.flush()
-                os.fchmod(out.fileno(), 0o644)
-                os.fsync(out.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dfd = os.open(to, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError as e:
-        raise UserError(f"cannot publish into {to}: {e.strerror or e} ({e.filename or to}); fix: choose "
-                        "a folder you can write (and that is not a file)") from None
-    click.echo(f"published {profile.name} -> {target}")
+    name, target, changed = install(file, to, force=force)
+    if not changed:
+        click.echo(f"{target}: unchanged")
+        return
+    click.echo(f"published {name} -> {target}")
     if to.resolve() not in [d.resolve() for d, _ in search_dirs()]:
         click.echo(f"note: {to} is not searched yet; add it to {jobenv.SITE_PATH}")
 
@@ -219,10 +220,19 @@ def publish(file: Path, to: Path, force: bool) -> None:
 @profiles.command()
 @click.argument("old")
 @click.argument("new")
-@click.option("--nodes", type=click.IntRange(min=1), default=2, show_default=True,
-              help="Nodes of the request both scripts are rendered for.")
-@click.option("--gpus", type=click.IntRange(min=0), default=None,
-              help="GPUs (workers) per node; default: each profile's own.")
+@click.option(
+    "--nodes",
+    type=click.IntRange(min=1),
+    default=2,
+    show_default=True,
+    help="Nodes of the request both scripts are rendered for.",
+)
+@click.option(
+    "--gpus",
+    type=click.IntRange(min=0),
+    default=None,
+    help="GPUs (workers) per node; default: each profile's own.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def diff(old: str, new: str, nodes: int, gpus: int | None, as_json: bool) -> None:
     """Compare profiles OLD and NEW (names or files): resolved keys, then the rendered scripts.
@@ -241,4 +251,3 @@ def diff(old: str, new: str, nodes: int, gpus: int | None, as_json: bool) -> Non
     click.echo(json.dumps(result.as_json(), indent=2) if as_json else result.text(), nl=as_json)
     if not result.same_script:
         raise SystemExit(1)
-

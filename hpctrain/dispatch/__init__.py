@@ -1,59 +1,71 @@
-"""Hand a run's job.sh to its scheduler and ask about it: one entry point per action, whatever the
-scheduler (slurm: dispatch/slurm.py, local: dispatch/local.py). submitit is imported only here."""
+"""Hand a run's job.sh to its scheduler and ask about it, whatever the scheduler.
+
+A scheduler is one module with a `SCHEDULER` object that has the four methods of `Scheduler`;
+SCHEDULERS below is the registry (a new scheduler: one module plus one line here, and the
+`scheduler:` value in hpctrain/profiles/schema). submitit is imported only in dispatch/, its private
+parts only in dispatch/submitit_api.py.
+"""
 
 from __future__ import annotations
 
+import importlib
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from hpctrain.runs import TERMINAL, RunDir
 
 
+class Scheduler(Protocol):
+    def submit(self, run: RunDir, profile: Any, *, time_min: int) -> str:
+        """Queue run.job_sh (already written); the job id."""
+
+    def state(self, run: RunDir) -> str:
+        """PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, PREEMPTED, TIMEOUT, LOST, UNKNOWN, ..."""
+
+    def cancel(self, run: RunDir) -> str:
+        """Stop the run's job (the run folder stays); the state after."""
+
+    def signal(self, run: RunDir, name: str) -> str:
+        """Send signal `name` (USR2, TERM, ...) to the run's batch script; says what was signalled."""
+
+
+SCHEDULERS: dict[str, str] = {  # profile `scheduler:` -> module holding SCHEDULER
+    "slurm": "hpctrain.dispatch.slurm",
+    "local": "hpctrain.dispatch.local",
+}
+
+
+def scheduler(name: str) -> Scheduler:
+    return importlib.import_module(SCHEDULERS[name]).SCHEDULER  # type: ignore[no-any-return]
+
+
 def submit(run: RunDir, profile: Any, *, time_min: int, kind: str = "submit") -> str:
     """Submit run.job_sh (already written) and record it in jobs.jsonl; returns the job id."""
-    if profile.scheduler == "slurm":
-        from hpctrain.dispatch import slurm
-
-        job_id = slurm.submit(run)
-    else:
-        from hpctrain.dispatch import local
-
-        pre = profile.preemption
-        job_id = local.submit(run, time_min=time_min, signal_name=pre.signal, warning_s=pre.warning_s)
+    job_id = scheduler(profile.scheduler).submit(run, profile, time_min=time_min)
     run.add_job(job_id, kind=kind, scheduler=profile.scheduler)
     return job_id
 
 
 def state(run: RunDir) -> str:
-    """PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, PREEMPTED, TIMEOUT, LOST, UNKNOWN, ..."""
-    if run.scheduler() == "slurm":
-        from hpctrain.dispatch import slurm
-
-        job_id = run.last_job_id()
-        return slurm.state(job_id) if job_id else "UNKNOWN"
-    from hpctrain.dispatch import local
-
-    return local.state(run)
+    return scheduler(run.scheduler()).state(run)
 
 
 def cancel(run: RunDir) -> str:
-    if run.scheduler() == "slurm":
-        from hpctrain.dispatch import slurm
-
-        from hpctrain import chain
-
-        for job_id in chain.cancel_ids(run) or [run.last_job_id()]:  # a chain: every segment left
-            if job_id:
-                slurm.cancel(job_id)
-        return state(run)
-    from hpctrain.dispatch import local
-
-    return local.cancel(run)
+    return scheduler(run.scheduler()).cancel(run)
 
 
-def wait(run: RunDir, *, poll_s: float | None = None,
-         on_change: Callable[[str], None] | None = None,
-         on_poll: Callable[[str], None] | None = None) -> str:
+def signal(run: RunDir, name: str) -> str:
+    return scheduler(run.scheduler()).signal(run, name)
+
+
+def wait(
+    run: RunDir,
+    *,
+    poll_s: float | None = None,
+    on_change: Callable[[str], None] | None = None,
+    on_poll: Callable[[str], None] | None = None,
+) -> str:
     """Block until the run's job ends; returns the final state. on_change: at each new state;
     on_poll: at every poll (progress display)."""
     poll = poll_s or (5.0 if run.scheduler() == "slurm" else 1.0)

@@ -13,54 +13,57 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
-
-from submitit.local.local import LocalExecutor, LocalJob
+from typing import Any
 
 from hpctrain import procs
+from hpctrain.dispatch.submitit_api import start_local
 from hpctrain.kernel import layout
+from hpctrain.kernel.errors import UserError
 from hpctrain.runs import RunDir
 
 # Keep the controllers' Popen objects alive: their __del__ would warn about a still-running child.
 _CONTROLLERS: list[subprocess.Popen[bytes]] = []
 
 
-class ScriptLocalExecutor(LocalExecutor):
-    """A LocalExecutor whose one task is `bash job.sh`, detached from the submitting process."""
-
-    def __init__(self, folder: Path, *, time_min: int, signal_name: str, warning_s: int) -> None:
-        super().__init__(folder)
-        self._time_min, self._signal, self._warning_s = time_min, signal_name, warning_s
-
-    def _submit_command(self, command: str) -> LocalJob:
-        self.folder.mkdir(parents=True, exist_ok=True)
-        env = dict(os.environ)
-        env.update(
-            SUBMITIT_LOCAL_NTASKS="1", SUBMITIT_LOCAL_COMMAND=command,
-            SUBMITIT_LOCAL_TIMEOUT_S=str(60 * self._time_min),
-            SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(self._warning_s), SUBMITIT_LOCAL_NODEID="0",
-            SUBMITIT_LOCAL_JOB_NUM_NODES="1", SUBMITIT_STDERR_TO_STDOUT="1", SUBMITIT_EXECUTOR="local",
-            SUBMITIT_LOCAL_WITH_SHELL="", SUBMITIT_PREEMPT_SIGNAL=self._signal,
-        )
-        with (self.folder / "controller.log").open("ab") as log:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "submitit.local._local", str(self.folder)],
-                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        _CONTROLLERS.append(process)
-        return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=[0])
+def _start(run: RunDir, command: str, *, time_min: int, signal_name: str, warning_s: int) -> str:
+    """submitit's local controller runs `command` (one task), enforcing the time limit and sending
+    `signal_name` warning_s before it, as Slurm would; detached from this process. The job id is
+    the controller's pid."""
+    env = dict(os.environ)
+    env.update(
+        SUBMITIT_LOCAL_NTASKS="1",
+        SUBMITIT_LOCAL_COMMAND=command,
+        SUBMITIT_LOCAL_TIMEOUT_S=str(60 * time_min),
+        SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(warning_s),
+        SUBMITIT_LOCAL_NODEID="0",
+        SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+        SUBMITIT_STDERR_TO_STDOUT="1",
+        SUBMITIT_EXECUTOR="local",
+        SUBMITIT_LOCAL_WITH_SHELL="",
+        SUBMITIT_PREEMPT_SIGNAL=signal_name,
+    )
+    process = start_local(run.submitit, env)
+    _CONTROLLERS.append(process)
+    return str(process.pid)
 
 
 def submit(run: RunDir, *, time_min: int, signal_name: str, warning_s: int) -> str:
     """Start job.sh; returns the controller's pid as the job id."""
-    token = procs.new_token()   # on the script's command line: cancel/preempt check it before a signal
-    _write_state(run, {"state": "PENDING", "pid": None, "pgid": None, "exit_code": None, "token": token})
-    ex = ScriptLocalExecutor(run.submitit, time_min=time_min, signal_name=signal_name, warning_s=warning_s)
-    job = ex._submit_command(f"bash {shlex.quote(str(run.job_sh))} {token}")
-    return str(job.job_id)
+    token = (
+        procs.new_token()
+    )  # on the script's command line: cancel/preempt check it before a signal
+    _write_state(
+        run, {"state": "PENDING", "pid": None, "pgid": None, "exit_code": None, "token": token}
+    )
+    return _start(
+        run,
+        f"bash {shlex.quote(str(run.job_sh))} {token}",
+        time_min=time_min,
+        signal_name=signal_name,
+        warning_s=warning_s,
+    )
 
 
 def script_pid(run: RunDir) -> int | None:
@@ -104,7 +107,7 @@ def state(run: RunDir) -> str:
 
 
 def _still_running(run: RunDir, st: dict) -> bool:
-    if "start" in st:          # a script that records its start time: the pid must still be it
+    if "start" in st:  # a script that records its start time: the pid must still be it
         return script_pid(run) is not None
     return alive(st.get("pid"))
 
@@ -114,13 +117,15 @@ def cancel(run: RunDir, *, grace_s: float = 60.0) -> str:
     st = run.local_state() or {}
     job_id = run.last_job_id()
     controller = int(job_id) if job_id and job_id.isdigit() else None
-    if st.get("state") == "PENDING" and procs.is_run_controller(controller, submitit_dir=run.submitit):
+    if st.get("state") == "PENDING" and procs.is_run_controller(
+        controller, submitit_dir=run.submitit
+    ):
         os.killpg(controller, signal.SIGKILL)  # the controller leads its own session
         _write_state(run, {**st, "state": "CANCELLED", "exit_code": 143})
         return "CANCELLED"
     pid = script_pid(run)
     if pid is None:
-        return state(run)      # not running, or the pid now belongs to another process: no signal
+        return state(run)  # not running, or the pid now belongs to another process: no signal
     try:
         pgid = os.getpgid(pid)
         os.kill(pid, signal.SIGTERM)
@@ -133,3 +138,31 @@ def cancel(run: RunDir, *, grace_s: float = 60.0) -> str:
         os.killpg(pgid, signal.SIGKILL)
         _write_state(run, {**st, "state": "CANCELLED", "exit_code": 137})
     return state(run)
+
+
+class Local:
+    def submit(self, run: RunDir, profile: Any, *, time_min: int) -> str:
+        pre = profile.preemption
+        return submit(run, time_min=time_min, signal_name=pre.signal, warning_s=pre.warning_s)
+
+    def state(self, run: RunDir) -> str:
+        return state(run)
+
+    def cancel(self, run: RunDir) -> str:
+        return cancel(run)
+
+    def signal(self, run: RunDir, name: str) -> str:
+        pid = script_pid(run)
+        if not pid:
+            raise UserError(
+                f"{run.name}: no running batch script of this run (state.json names none, or "
+                "its pid now belongs to another process); nothing was signalled"
+            )
+        try:
+            os.kill(int(pid), getattr(signal, f"SIG{name}"))
+        except ProcessLookupError:
+            raise UserError(f"{run.name}: the script (pid {pid}) is gone") from None
+        return f"the batch script (pid {pid}, kill -{name})"
+
+
+SCHEDULER = Local()

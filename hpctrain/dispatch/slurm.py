@@ -1,4 +1,5 @@
-"""The Slurm scheduler: submitit's SlurmExecutor submits our rendered job.sh as it is.
+"""The Slurm scheduler: sbatch our rendered job.sh as it is (through submitit), sacct/scontrol for
+the state, scancel to cancel and to signal the batch shell.
 
 The submission file is exactly the run's job.sh (no submitit pickles: torchrun is launched by the
 script itself). The job id is parsed by submitit; state comes from submitit's watcher (sacct), with
@@ -9,66 +10,43 @@ from __future__ import annotations
 
 import logging
 import subprocess
-from pathlib import Path
+from typing import Any
 
-from submitit.core.utils import FailedJobError
-from submitit.slurm.slurm import SlurmExecutor, SlurmJob
-
+from hpctrain.dispatch.submitit_api import sacct_state, submit_sbatch
 from hpctrain.kernel.errors import UserError
 from hpctrain.runs import RunDir
 
 logging.getLogger("submitit").setLevel(logging.ERROR)  # we report sacct trouble ourselves
 
 
-class ScriptSlurmExecutor(SlurmExecutor):
-    """A SlurmExecutor whose sbatch file is our rendered script, byte for byte."""
+def sbatch(
+    folder: Any, script: str, extra_args: list[str] | None = None, *, what: str = "the job"
+) -> str:
+    """sbatch `script` (a run's job.sh, a sweep's array script); the job id, or one clear error."""
+    from submitit.core.utils import FailedJobError
 
-    def __init__(self, folder: Path, script: str) -> None:
-        super().__init__(folder)
-        self._script = script
-
-    def _make_submission_file_text(self, command: str, uid: str) -> str:
-        return self._script
+    try:
+        return submit_sbatch(folder, script, extra_args)
+    except (FailedJobError, subprocess.CalledProcessError, OSError) as e:
+        raise UserError(f"sbatch refused {what}: {str(e).strip()}") from None
 
 
 def submit(run: RunDir) -> str:
-    run.submitit.mkdir(parents=True, exist_ok=True)  # submitit writes its submission file there
-    ex = ScriptSlurmExecutor(run.submitit, run.job_sh.read_text())
-    try:
-        job = ex._submit_command("")
-    except (FailedJobError, subprocess.CalledProcessError, OSError) as e:
-        raise UserError(f"sbatch refused the job: {str(e).strip()}") from None
-    return str(job.job_id)
+    return sbatch(run.submitit, run.job_sh.read_text())
 
 
 def state(job_id: str) -> str:
-    value = _sacct_state(job_id)
+    value = sacct_state(job_id)
     if value in ("", "UNKNOWN", "PREEMPTED"):  # PREEMPTED: the controller knows if it was requeued
         value = _scontrol_state(job_id) or value or "UNKNOWN"
     return value.split()[0].upper()  # "CANCELLED by 0" -> CANCELLED
 
 
-def _sacct_state(job_id: str) -> str:
-    """sacct through submitit's own command and parser, but with its stderr captured: a cluster
-    that is down or has accounting off must not spray sacct errors over `hpctrain runs`."""
-    watcher = SlurmJob.watcher
-    watcher.register_job(job_id)
-    command = watcher._make_command()
-    if not command:
-        return ""
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    if proc.returncode != 0:
-        return ""
-    return watcher.read_info(proc.stdout).get(job_id, {}).get("State", "")
-
-
 def _scontrol_state(job_id: str) -> str | None:
     try:
-        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
-                             timeout=30).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     for field in out.split():
@@ -81,3 +59,34 @@ def cancel(job_id: str) -> None:
     proc = subprocess.run(["scancel", job_id], capture_output=True, text=True)
     if proc.returncode != 0:
         raise UserError(f"scancel {job_id} failed: {proc.stderr.strip()}")
+
+
+class Slurm:
+    def submit(self, run: RunDir, profile: Any, *, time_min: int) -> str:
+        return submit(run)
+
+    def state(self, run: RunDir) -> str:
+        job_id = run.last_job_id()
+        return state(job_id) if job_id else "UNKNOWN"
+
+    def cancel(self, run: RunDir) -> str:
+        from hpctrain import chain
+
+        for job_id in chain.cancel_ids(run) or [run.last_job_id()]:  # a chain: every segment left
+            if job_id:
+                cancel(job_id)
+        return self.state(run)
+
+    def signal(self, run: RunDir, name: str) -> str:
+        job_id = run.last_job_id()
+        proc = subprocess.run(
+            ["scancel", "--batch", f"--signal={name}", str(job_id)], capture_output=True, text=True
+        )
+        if proc.returncode != 0:
+            raise UserError(
+                f"scancel --batch --signal={name} {job_id} failed: {proc.stderr.strip()}"
+            )
+        return f"job {job_id} (scancel --batch --signal={name})"
+
+
+SCHEDULER = Slurm()

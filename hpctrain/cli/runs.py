@@ -1,0 +1,242 @@
+"""status, runs, logs, cancel: thin commands over hpctrain.service (status, logs). They parse and
+print; reading and cancelling happen in the service layer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from hpctrain.kernel.errors import UserError
+from hpctrain.service import status as status_service
+
+_runs_dir_option = click.option(
+    "--runs-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to look for runs by name (default ./runs, then the run index).",
+)
+
+
+@click.command()
+@click.argument("run", required=False)
+@_runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
+    """Show a run's state, job id, nodes, restarts and newest checkpoint step (or every run's).
+
+    \b
+    Example:
+      hpctrain status demo
+      hpctrain status demo --json
+    """
+    from hpctrain.remote.forward import maybe_forward
+
+    maybe_forward("status", run, runs_dir)
+    from hpctrain import sweep as sweeps
+
+    found = sweeps.find(run, runs_dir) if run else None
+    if found is not None:
+        from hpctrain.cli.sweep import show
+
+        show(found, as_json)
+        return
+    from hpctrain.runs import all_runs, find_run
+
+    if run is None:
+        items = [status_service.summary(r) for r in all_runs(runs_dir)]
+        if as_json:
+            click.echo(json.dumps(items, indent=2))
+        else:
+            _table(items)
+        return
+    from hpctrain.preflight.gate import health_lines
+    from hpctrain.progress import describe
+
+    info = status_service.detail(find_run(run, runs_dir))
+    segments = info.get("chain")
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    step = info["checkpoint_step"]
+    click.echo(
+        f"{info['name']}: {info['state']}  (job {info['job_id']}, {info['scheduler']}, "
+        f"profile {info['profile']})\n"
+        f"  topology: {info['nodes']} node(s) x {info['gpus_per_node']}, strategy {info['strategy']}\n"
+        f"  restarts: {info['restarts']} ({info['starts']} start(s) of the script)\n"
+        f"  training: {describe(info['progress'])}\n"
+        f"  newest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}\n"
+        f"  folder: {info['path']}"
+    )
+    if segments:
+        click.echo(
+            f"  chain: {len(segments)} jobs, one after another: "
+            + " -> ".join(f"{x['job_id']} {x['state']}" for x in segments)
+        )
+    if info.get("reason"):
+        click.echo(f"  reason: {info['reason']}")
+    if info["root_cause"]:
+        click.echo(
+            f"  why it failed: {info['root_cause']['line']}\n"
+            f"  full log: {info['root_cause']['log']}"
+        )
+    for line in health_lines(info):
+        click.echo(line)
+    for start in info["history"]:
+        click.echo(
+            f"    start {start.get('time')} job {start.get('job_id')} restart "
+            f"{start.get('restart_count')} on {start.get('host')}"
+        )
+
+
+@click.command()
+@_runs_dir_option
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def runs(runs_dir: Path | None, as_json: bool) -> None:
+    """List runs (./runs and every run created from this account) in a table.
+
+    \b
+    Example:
+      hpctrain runs
+      hpctrain runs --json
+    """
+    from hpctrain.remote.index import sites
+    from hpctrain.runs import all_runs
+
+    items = [status_service.summary(r) for r in all_runs(runs_dir)]
+    remote = sites()
+    if as_json:
+        if remote:
+            from hpctrain.remote.forward import each_json
+
+            items += each_json(["runs", "--json"])
+        click.echo(json.dumps(items, indent=2))
+        return
+    _table(items)
+    from hpctrain import sweep as sweeps
+
+    for found in sweeps.all_sweeps(runs_dir):
+        from hpctrain.cli.sweep import show
+
+        click.echo("")
+        show(found, False)
+    if remote:
+        from hpctrain.remote.forward import each_site
+
+        each_site(["runs"])
+
+
+def _table(items: list[dict[str, Any]]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        "name", "state", "job", "nodes x gpus", "strategy", "restarts", "ckpt step", "created"
+    )
+    for i in items:
+        table.add_row(
+            i["name"],
+            i["state"],
+            str(i["job_id"]),
+            f"{i['nodes']} x {i['gpus_per_node']}",
+            str(i["strategy"]),
+            str(i["restarts"]),
+            "-" if i["checkpoint_step"] is None else str(i["checkpoint_step"]),
+            str(i["created"]),
+        )
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=200)  # piped: no truncation
+    console.print(table)
+    for i in items:
+        if i["state"] == "BROKEN":
+            click.echo(f"{i['name']}: broken: {i['reason']}")
+
+
+@click.command()
+@click.argument("run")
+@click.option(
+    "--rank",
+    "-r",
+    type=int,
+    help="One rank's output: logs/rank-R.log (train_entry), or torchrun's "
+    "per-rank files under logs/torchrun/ (your own --script/--module).",
+)
+@click.option(
+    "--node", type=int, help="Show logs/node-N.log (one per node: torchrun and the workers)."
+)
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Keep printing new lines until the job ends (Ctrl-C stops).",
+)
+@_runs_dir_option
+def logs(run: str, rank: int | None, node: int | None, follow: bool, runs_dir: Path | None) -> None:
+    """Show a run's logs: the batch script's log, or one node's or one rank's.
+
+    \b
+    Examples:
+      hpctrain logs demo            # logs/batch.log, then every node log
+      hpctrain logs demo --rank 1
+      hpctrain logs demo --node 0 --follow
+    """
+    from hpctrain.remote.forward import maybe_forward
+
+    maybe_forward("logs", run, runs_dir)
+    from hpctrain import sweep as sweeps
+
+    if sweeps.find(run, runs_dir) is not None:
+        raise UserError(
+            f"{run} is a sweep: give one point, e.g. `hpctrain logs {run}/0` "
+            f"(`hpctrain status {run}` lists them)"
+        )
+    from hpctrain.runs import find_run
+    from hpctrain.service.logs import follow as follow_logs
+    from hpctrain.service.logs import log_files
+
+    r = find_run(run, runs_dir)
+    files = log_files(r, rank=rank, node=node, follow=follow)
+    if not follow:
+        for f in files:
+            if f.is_file():
+                if len(files) > 1:
+                    click.echo(f"==> {f} <==")
+                click.echo(f.read_text(errors="replace"), nl=False)
+        return
+    follow_logs(
+        r, files, lambda text: click.echo(text, nl=False), new_nodes=rank is None and node is None
+    )
+
+
+@click.command()
+@click.argument("run")
+@_runs_dir_option
+def cancel(run: str, runs_dir: Path | None) -> None:
+    """Cancel a run's current job (Slurm: scancel; local: TERM, then KILL after 60 s).
+    The run folder and its checkpoints stay; `hpctrain resume RUN` continues it.
+
+    \b
+    Example:
+      hpctrain cancel demo
+    """
+    from hpctrain.remote.forward import maybe_forward
+
+    maybe_forward("cancel", run, runs_dir)
+    res = status_service.cancel(run, runs_dir)
+    if "sweep" in res:
+        for point, state in res["points"]:
+            click.echo(f"{res['sweep']}/{point}: cancel sent (now {state})")
+        click.echo(
+            f"sweep {res['sweep']}: {len(res['points'])} point(s) cancelled; resume with "
+            f"`hpctrain resume {res['sweep']}`"
+        )
+        return
+    name = res["name"]
+    if res["after"] is None:
+        click.echo(f"{name} is not running ({res['before']}); nothing to cancel")
+        return
+    click.echo(
+        f"{name}: cancel sent (was {res['before']}, now {res['after']}); resume with `hpctrain resume {name}`"
+    )

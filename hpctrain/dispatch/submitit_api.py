@@ -1,0 +1,106 @@
+"""The one place hpctrain touches submitit, including the parts of it that are not public.
+
+submitit is the mission's dispatcher, but its public API submits pickled Python functions; we hand
+the scheduler our own rendered script. So three private pieces are used, each in ONE function here:
+
+  SlurmExecutor._make_submission_file_text  overridden: the sbatch file is our job.sh, byte for byte
+  SlurmExecutor._make_submission_command     overridden: sbatch [extra options] FILE
+  SlurmExecutor._submit_command             runs sbatch on it and parses the job id (submit_sbatch)
+  SlurmJob.watcher._make_command/read_info   the sacct command and its parser (sacct_state)
+  LocalExecutor (its controller module)      started the way LocalExecutor._submit_command does
+                                             (start_local), with our command
+
+The supported range is pinned in pyproject.toml (SUPPORTED below says the same) and
+tests/test_dispatch.py fails with a clear message when an upgrade changes any of these.
+"""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+SUPPORTED = (">=1.5.1", "<1.6")  # keep in step with pyproject.toml's dependency on submitit
+PRIVATE = {  # attribute path -> the parameters we rely on
+    "submitit.slurm.slurm.SlurmExecutor._make_submission_file_text": ["self", "command", "uid"],
+    "submitit.slurm.slurm.SlurmExecutor._make_submission_command": ["self", "submission_file_path"],
+    "submitit.slurm.slurm.SlurmExecutor._submit_command": ["self", "command"],
+    "submitit.slurm.slurm.SlurmJob.watcher._make_command": [],
+    "submitit.slurm.slurm.SlurmJob.watcher.read_info": ["string"],
+    "submitit.local._local": None,  # a module run as `python -m submitit.local._local FOLDER`
+}
+
+
+def check_private_api() -> list[str]:
+    """What no longer matches in the installed submitit (empty: all good)."""
+    import importlib
+
+    problems = []
+    for path, params in PRIVATE.items():
+        if params is None:
+            if importlib.util.find_spec(path) is None:
+                problems.append(f"{path}: module is gone")
+            continue
+        module, _, rest = path.partition(".slurm.slurm.")
+        obj: Any = importlib.import_module(module + ".slurm.slurm")
+        try:
+            for part in rest.split("."):
+                obj = getattr(obj, part)
+        except AttributeError:
+            problems.append(f"{path}: no such attribute")
+            continue
+        got = list(inspect.signature(obj).parameters)
+        if got != params:
+            problems.append(f"{path}: parameters {got}, expected {params}")
+    return problems
+
+
+def submit_sbatch(folder: Path, script: str, extra_args: list[str] | None = None) -> str:
+    """sbatch `script` as it is (plus `extra_args` on the sbatch command line); the job id."""
+    from submitit.slurm.slurm import SlurmExecutor
+
+    class _ScriptExecutor(SlurmExecutor):
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            return script
+
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            return ["sbatch", *(extra_args or []), str(submission_file_path)]
+
+    folder.mkdir(parents=True, exist_ok=True)  # submitit writes its submission file there
+    return str(_ScriptExecutor(folder)._submit_command("").job_id)
+
+
+def sacct_state(job_id: str) -> str:
+    """The job's State from sacct, through submitit's own command and parser, with stderr captured
+    (a cluster that is down or has accounting off must not spray errors); "" when unknown."""
+    from submitit.slurm.slurm import SlurmJob
+
+    watcher = SlurmJob.watcher
+    watcher.register_job(job_id)
+    command = watcher._make_command()
+    if not command:
+        return ""
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    if proc.returncode != 0:
+        return ""
+    return str(watcher.read_info(proc.stdout).get(job_id, {}).get("State", ""))
+
+
+def start_local(folder: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """submitit's local controller on `folder` (SUBMITIT_LOCAL_* in `env` say what to run), in its
+    own session with no terminal, output to folder/controller.log: it outlives the CLI."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "controller.log").open("ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "submitit.local._local", str(folder)],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )

@@ -1,0 +1,140 @@
+"""The planner's inputs: the model's size (a parameter count, or a factory built on the meta
+device), the GPU memory (a flag, the profile's slurm.gpu_mem_gib, or this machine's RAM for CPU
+workers) resolved into a hpctrain.plan.Workload."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpctrain.kernel.errors import UserError
+from hpctrain.plan import GIB, Workload
+
+
+def workload(
+    *,
+    params: int | None,
+    model: str | None,
+    precision: str,
+    optimizer: str,
+    nodes: int,
+    gpus: int,
+    gpu_mem_gib: float | None,
+    profile: str | None,
+    micro_batch: int | None = None,
+    seq_len: int | None = None,
+    hidden: int | None = None,
+    layers: int | None = None,
+    host_mem_gib: float | None = None,
+) -> Workload:
+    """Resolve the inputs (model size, GPU memory from the flag or the profile) into a Workload."""
+    if (params is None) == (model is None):
+        raise UserError("give exactly one of --params N or --model pkg.mod:factory")
+    largest = None
+    if model is not None:
+        params, largest = count_params(model)
+    mem = gpu_mem_gib
+    if mem is None and profile is not None:
+        mem, host = _profile_memory(profile, nodes=nodes, gpus=gpus)
+        host_mem_gib = host_mem_gib if host_mem_gib is not None else host
+    if mem is None:
+        where = f"profile {profile!r} has no slurm.gpu_mem_gib" if profile else "no --profile given"
+        raise UserError(
+            f"GPU memory unknown ({where}): set slurm.gpu_mem_gib in the site profile, or "
+            "pass --gpu-mem-gib M to hpctrain plan"
+        )
+    if mem <= 0:
+        raise UserError(f"--gpu-mem-gib {mem}: must be positive")
+    return Workload(
+        int(params),
+        precision,
+        optimizer,
+        nodes,
+        gpus,
+        int(mem * GIB),
+        micro_batch,  # type: ignore[arg-type]
+        seq_len,
+        hidden,
+        layers,
+        None if host_mem_gib is None else int(host_mem_gib * GIB),
+        largest,
+    )
+
+
+def _profile_memory(name: str, *, nodes: int, gpus: int) -> tuple[float | None, float | None]:
+    """(GPU memory GiB, host memory GiB per node) from a profile. A profile without GPUs (local,
+    CPU workers) shares this machine's RAM between all its workers."""
+    from hpctrain.profiles import resolve
+
+    prof = resolve(name)
+    slurm = _get(prof, "slurm")
+    gpu_mem = _get(slurm, "gpu_mem_gib")
+    host = _parse_mem(_get(slurm, "mem"))
+    if gpu_mem is None and not (_get(slurm, "gpus_per_node") or 0):
+        ram = _meminfo_gib()
+        if ram:
+            return ram / max(1, nodes * gpus), ram
+    return gpu_mem, host
+
+
+def _get(obj: Any, key: str) -> Any:
+    """Attribute or mapping access: the resolved profile may be a model or a dict."""
+    for o in (obj, getattr(obj, "profile", None), getattr(obj, "values", None)):
+        if o is None:
+            continue
+        if isinstance(o, dict) and key in o:
+            return o[key]
+        if not isinstance(o, dict) and hasattr(o, key):
+            return getattr(o, key)
+    return None
+
+
+def _parse_mem(text: Any) -> float | None:
+    """Slurm --mem ("480G", "500000M", "0" = all) in GiB; None when unknown or "all"."""
+    if text in (None, "", "0", 0):
+        return None
+    s = str(text).strip().upper()
+    units = {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
+    try:
+        if s[-1] in units:
+            return float(s[:-1]) * units[s[-1]]
+        return float(s) / 1024  # Slurm's default unit is MiB
+    except ValueError:
+        return None
+
+
+def _meminfo_gib() -> float | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024**2
+    except OSError:
+        pass
+    return None
+
+
+def count_params(spec: str) -> tuple[int, int]:
+    """(parameters, largest parameter's elements) of `pkg.mod:factory()`, built on the meta
+    device: no memory, no weights."""
+    import importlib
+
+    mod_name, _, attr = spec.partition(":")
+    if not mod_name or not attr:
+        raise UserError(
+            f"--model {spec!r}: expected pkg.module:factory (a callable returning an nn.Module)"
+        )
+    try:
+        factory = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise UserError(f"--model {spec!r}: cannot import: {e}") from None
+    import torch
+
+    with torch.device("meta"):
+        model = factory()
+    if not isinstance(model, torch.nn.Module):
+        raise UserError(
+            f"--model {spec!r}: the factory returned {type(model).__name__}, not a torch.nn.Module"
+        )
+    sizes = [p.numel() for p in model.parameters()]  # parameters() skips tied duplicates
+    if not sizes:
+        raise UserError(f"--model {spec!r}: the model has no parameters")
+    return sum(sizes), max(sizes)

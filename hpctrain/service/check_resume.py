@@ -1,0 +1,187 @@
+"""check-resume: prove on this machine that interrupting and resuming a config is bit-exact.
+
+Two short torchrun runs (CPU, gloo) in subprocesses: uninterrupted, and interrupted at a step
+through the preemption flag then resumed; their final parameter hashes are compared, and when they
+differ the first differing checkpoint is named. No torch in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpctrain.kernel import jobenv, layout
+from hpctrain.kernel.checkpoint import step_name
+from hpctrain.kernel.errors import UserError
+
+
+def check_resume(
+    strategy: str,
+    steps: int,
+    stop_at: int | None,
+    nproc: int,
+    keep_dir: Path | None,
+    args: tuple[str, ...],
+    say: Callable[[str], None] = lambda _: None,
+) -> dict[str, Any]:
+    """The verdict: {"identical", "strategy", "steps", "stopped_at", "uninterrupted_sha256",
+    "resumed_sha256", "first_exit_code", "folder", ["first_difference"]}. The two runs are removed
+    when identical and keep_dir is None, kept otherwise."""
+    if steps < 2:
+        raise UserError("--steps must be at least 2 (one step before the interruption, one after)")
+    stop = stop_at if stop_at is not None else steps // 2
+    if not 1 <= stop < steps:
+        raise UserError(f"--stop-at {stop}: must be between 1 and {steps - 1}")
+    base = keep_dir or Path(tempfile.mkdtemp(prefix="hpctrain-check-resume-"))
+    base.mkdir(parents=True, exist_ok=True)
+    for sub in ("full", "interrupted"):
+        if (base / sub).exists():
+            raise UserError(f"{base / sub} exists: give --keep an empty or new folder")
+    common = [
+        "--strategy",
+        strategy,
+        "--max-steps",
+        str(steps),
+        "--checkpoint.every_steps=1",
+        f"--checkpoint.keep={steps + 1}",
+        *args,
+    ]
+
+    def launch(run_dir: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        env = jobenv.without_run_scope(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.update(extra_env)
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "-m",
+            "train_entry",
+            "--run-dir",
+            str(run_dir),
+            *common,
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        with (base / f"{run_dir.name}.log").open("a") as f:
+            f.write(f"$ {' '.join(cmd)}\n{out.stdout}{out.stderr}")
+        return out
+
+    # A bad config fails here, in one process and with train_entry's own message, not as a torchrun
+    # failure summary.
+    probe = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "train_entry",
+            "--run-dir",
+            str(base / "probe"),
+            *common,
+            "--print-config",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    if probe.returncode != 0:
+        msg = probe.stderr.strip()
+        for prefix in ("Error: ", "error: "):
+            msg = msg.removeprefix(prefix)
+        raise UserError(msg or "train_entry refused the config")
+    say(f"1/3 uninterrupted run: {steps} steps, {strategy}, {nproc} ranks")
+    full = launch(base / "full", {})
+    if full.returncode != 0:
+        raise UserError(
+            f"the uninterrupted run failed (exit {full.returncode}); see {base}/full.log:\n"
+            + _tail(full)
+        )
+    say(f"2/3 interrupted at step {stop}")
+    first = launch(base / "interrupted", {jobenv.STOP_AT_STEP: str(stop)})
+    if (base / "interrupted" / "final_params.sha256").exists():
+        raise UserError(
+            "the run did not stop at --stop-at (does your entry use train_entry's loop?)"
+        )
+    say("3/3 resumed")
+    second = launch(base / "interrupted", {})
+    if second.returncode != 0:
+        raise UserError(
+            f"the resumed run failed (exit {second.returncode}); see "
+            f"{base}/interrupted.log:\n" + _tail(second)
+        )
+    a = (base / "full" / "final_params.sha256").read_text().strip()
+    b = (base / "interrupted" / "final_params.sha256").read_text().strip()
+    verdict: dict[str, Any] = {
+        "identical": a == b,
+        "strategy": strategy,
+        "steps": steps,
+        "stopped_at": stop,
+        "uninterrupted_sha256": a,
+        "resumed_sha256": b,
+        "first_exit_code": first.returncode,
+        "folder": str(base),
+    }
+    if a != b:
+        verdict["first_difference"] = _first_difference(
+            base / "full", base / "interrupted", stop, steps
+        )
+    if a == b and keep_dir is None:
+        shutil.rmtree(base)
+    return verdict
+
+
+def _tail(out: subprocess.CompletedProcess[str], n: int = 15) -> str:
+    return "\n".join((out.stdout + out.stderr).strip().splitlines()[-n:])
+
+
+def _first_difference(full: Path, resumed: Path, stop: int, steps: int) -> dict | None:
+    """Compare the two runs' checkpoints from the stop step on, in a torch subprocess."""
+    for step in range(stop, steps + 1):
+        name = step_name(step)
+        a, b = full / layout.CHECKPOINTS / name, resumed / layout.CHECKPOINTS / name
+        if not (a.is_dir() and b.is_dir()):
+            continue
+        out = subprocess.run(
+            [sys.executable, "-m", "train_entry.checkpoint", "compare", str(a), str(b)],
+            capture_output=True,
+            text=True,
+        )
+        if out.returncode not in (0, 1):
+            return {
+                "step": step,
+                "differs": ["(comparison failed)"],
+                "hint": out.stderr.strip()[-500:],
+            }
+        report = json.loads(out.stdout)
+        if report["differs"]:
+            return {"step": step, **report, "hint": _hint(report["differs"], step, stop)}
+    return None
+
+
+def _hint(differs: list[str], step: int, stop: int) -> str:
+    if step == stop:
+        return (
+            "the checkpoint written at the interruption already differs: something before the "
+            "stop depends on being interrupted (a stop check that changes training?)"
+        )
+    if "data" in differs:
+        return "the data position is not restored: make the data pipeline resumable (state_dict)"
+    if any(d.startswith("rng") for d in differs):
+        return (
+            "the RNG streams diverged after the resume: a generator the checkpoint does not "
+            "capture (a private torch.Generator in the model or data?), or RNG use that depends "
+            "on state that was not restored"
+        )
+    if "scheduler" in differs:
+        return "the LR scheduler state is not restored"
+    return (
+        "the state loaded equally but training diverged after the resume: something outside the "
+        "checkpoint (a private generator, a cache, an iterator position) is not restored"
+    )

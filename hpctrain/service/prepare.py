@@ -1,0 +1,137 @@
+"""Prepare a run: the profile, the request, the run folder and the rendered script that `render`,
+`submit` and the remote path agree on. Nothing is written here."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from hpctrain.kernel.errors import UserError
+
+
+def flags(
+    partition: str | None, account: str | None, qos: str | None, sets: tuple[str, ...]
+) -> dict[str, object]:
+    """The command line's profile overrides: --set KEY=VALUE and the --partition/--account/--qos
+    shortcuts, as a flags layer (hpctrain.profiles.resolve)."""
+    out: dict[str, object] = {}
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set {item!r}: write KEY=VALUE, e.g. --set slurm.mem=0")
+        # An environment variable's value is text as typed (`--set environment.env.X=true`).
+        text_key = key.startswith(("environment.env.", "network.env."))
+        out[key] = value if text_key else _scalar(value)
+    for key, value in (("partition", partition), ("account", account), ("qos", qos)):
+        if value is not None:
+            out[f"slurm.{key}"] = value
+    return out
+
+
+def _scalar(text: str) -> object:
+    """--set values are YAML scalars (numbers, booleans, null), as in a profile file."""
+    from hpctrain.profiles.load import yaml_scalar
+
+    return yaml_scalar(text)
+
+
+def resolve_profile(o: dict[str, Any]) -> Any:
+    from hpctrain.profiles import resolve
+
+    return resolve(o["profile"], flags(o["partition"], o["account"], o["qos"], o["sets"]))
+
+
+class Prepared:
+    """Everything submit and render agree on: the profile, the request, the run folder, the script."""
+
+    def __init__(self, o: dict[str, Any], profile: Any = None, *, chain: bool = False) -> None:
+        from hpctrain import entry_check
+        from hpctrain.render import node_python, render
+        from hpctrain.request import JobRequest
+        from hpctrain.runs import RunDir, runs_dir_of
+
+        self.profile = profile or resolve_profile(o)
+        strategy, args = o["strategy"], tuple(o["args"])
+        ours = not (o["script"] or o["module"])  # the bundled train_entry
+        if ours:
+            entry_check.refuse_owned(args)
+            if strategy != "auto":
+                strategy = entry_check.one_source(strategy, args)
+        self.plan = None
+        if strategy == "auto":
+            self.plan = plan(self.profile, o)
+            strategy = self.plan.strategy
+            if not (o["script"] or o["module"]):  # train_entry takes the plan's details as flags
+                args = (*plan_args(self.plan), *args)
+        explicit = strategy  # None: train_entry's own (its --config), else this one
+        self.request = JobRequest.build(
+            self.profile,
+            name=o["name"],
+            nodes=o["nodes"],
+            gpus=o["gpus"],
+            time_min=o["time_min"],
+            strategy=strategy,
+            script=o["script"],
+            module=o["module"],
+            args=args,
+            min_nodes=o.get("min_nodes"),
+            exclude=tuple(o.get("exclude") or ()),
+        )
+        self.resolved = None
+        if ours:  # validated at the requested world size before anything is queued
+            self.resolved = entry_check.check_train_entry(
+                nodes=self.request.nodes, gpus=self.request.gpus, args=args, strategy=explicit
+            )
+            if self.resolved["strategy"] != self.request.strategy:  # e.g. `strategy:` in --config
+                self.request = dataclasses.replace(self.request, strategy=self.resolved["strategy"])
+        self.run = RunDir(runs_dir_of(self.profile) / self.request.name)
+        self.python = node_python(self.profile)
+        self.script = render(
+            self.profile, self.request, self.run.path, python=self.python, chain=chain
+        )
+
+
+def entry_line(p: Prepared) -> str:
+    if p.resolved is None:
+        return f"entry {p.request.entry.kind} {p.request.entry.target}"
+    from hpctrain.entry_check import describe
+
+    return f"strategy {p.request.strategy}, {describe(p.resolved)}"
+
+
+def plan_args(rec: Any) -> list[str]:
+    """train_entry flags for a plan's ZeRO stage and offload (the user's own flags, after, win)."""
+    if rec.strategy == "deepspeed":
+        out = [f"--deepspeed.zero_stage={rec.zero_stage or 0}"]
+        device = "nvme" if rec.offload == "nvme" else "cpu"
+        if rec.offload != "none":
+            out.append(f"--deepspeed.offload_optimizer={device}")
+        if rec.offload in ("optimizer+params", "nvme") and rec.zero_stage == 3:
+            out.append(f"--deepspeed.offload_param={device}")
+        return out
+    if rec.strategy == "fsdp" and rec.offload != "none":
+        return ["--fsdp.cpu_offload=true"]
+    return []
+
+
+def plan(profile: Any, o: dict[str, Any]) -> Any:
+    try:
+        from hpctrain.plan import recommend
+    except ImportError:
+        raise UserError(
+            "--strategy auto needs hpctrain.plan, which is not available in this install; "
+            "choose --strategy ddp, fsdp or deepspeed"
+        ) from None
+    if o["params"] is None and o["plan_model"] is None:
+        raise UserError(
+            "--strategy auto needs the model size: add --params N (parameter count) or "
+            "--model pkg.mod:factory"
+        )
+    source = profile.source
+    return recommend(
+        params=o["params"],
+        model=o["plan_model"],
+        nodes=o["nodes"] or 1,
+        gpus=o["gpus"] or (profile.slurm.gpus_per_node or 1),
+        profile=str(source) if source else profile.name,
+    )

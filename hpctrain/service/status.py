@@ -1,0 +1,107 @@
+"""What `status` and `runs` show: one row per run, and one run in detail (reading only)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hpctrain.kernel.errors import UserError
+
+
+def summary(run: Any) -> dict[str, Any]:
+    """One run's row; a run whose files cannot be read is a BROKEN row saying why (one broken
+    folder never hides the others)."""
+    from hpctrain.runs import BrokenRun
+
+    try:
+        return _read_summary(run)
+    except (BrokenRun, OSError, ValueError, TypeError, AttributeError, KeyError) as e:
+        why = e.format_message() if isinstance(e, BrokenRun) else f"{type(e).__name__}: {e}"
+        return {
+            "name": run.name,
+            "state": "BROKEN",
+            "job_id": None,
+            "scheduler": None,
+            "profile": None,
+            "nodes": None,
+            "gpus_per_node": None,
+            "strategy": None,
+            "restarts": 0,
+            "starts": 0,
+            "checkpoint_step": None,
+            "created": None,
+            "path": str(run.path),
+            "reason": why,
+        }
+
+
+def _read_summary(run: Any) -> dict[str, Any]:
+    from hpctrain import dispatch
+
+    frozen = run.frozen()
+    req = frozen.get("request", {})
+    restarts = run.restarts()
+    state = dispatch.state(run)
+    return {
+        "name": run.name,
+        "state": state,
+        "job_id": run.last_job_id(),
+        "scheduler": frozen.get("profile", {}).get("scheduler"),
+        "profile": frozen.get("profile", {}).get("name"),
+        "nodes": req.get("nodes"),
+        "gpus_per_node": req.get("gpus"),
+        # a user's own script or module has no strategy of ours: show its entry instead
+        "strategy": req.get("strategy")
+        if req.get("entry", {}).get("kind", "train_entry") == "train_entry"
+        else req.get("entry", {}).get("kind"),
+        "restarts": max(0, len(restarts) - len(run.jobs())) if restarts else 0,
+        "starts": len(restarts),
+        "checkpoint_step": run.newest_checkpoint_step(),
+        "created": frozen.get("created"),
+        "path": str(run.path),
+        "reason": None,
+    } | _reason(run, state)
+
+
+def _reason(run: Any, state: str) -> dict[str, Any]:
+    if state in ("FAILED", "LOST", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"):
+        return {"reason": run.failure_reason()}
+    return {}
+
+
+def detail(r: Any) -> dict[str, Any]:
+    """summary() plus the start history, submissions, chain segments, training progress, the root
+    cause of a failure and node health (preflight verdicts, stalls)."""
+    info = summary(r)
+    if info["state"] == "BROKEN":
+        raise UserError(info["reason"])
+    from hpctrain import chain
+    from hpctrain.preflight.gate import health
+    from hpctrain.progress import root_cause, snapshot
+
+    info["history"] = r.restarts()
+    info["jobs"] = r.jobs()
+    segments = chain.states(r)
+    if segments:
+        info["chain"] = segments
+    info["progress"] = snapshot(r.path)
+    failed = info["state"] not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN", "REQUEUED")
+    info["root_cause"] = root_cause(r.path) if failed else None
+    info.update(health(r.events()))
+    return info
+
+
+def cancel(ref: str, runs_dir: Any = None) -> dict[str, Any]:
+    """Cancel a run's current job (or every point of a sweep). {"sweep": name, "points": [(point,
+    state)]} or {"name", "before", "after"} (after None: it was not running)."""
+    from hpctrain import dispatch
+    from hpctrain import sweep as sweeps
+    from hpctrain.runs import TERMINAL, find_run
+
+    found = sweeps.find(ref, runs_dir)
+    if found is not None:
+        return {"sweep": found.name, "points": sweeps.cancel(found)}
+    r = find_run(ref, runs_dir)
+    before = dispatch.state(r)
+    if before in TERMINAL:
+        return {"name": r.name, "before": before, "after": None}
+    return {"name": r.name, "before": before, "after": dispatch.cancel(r)}
