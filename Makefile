@@ -34,7 +34,8 @@ demo: $(STAMP)
 
 # ruff format --check, ruff check (rules in pyproject.toml), mypy --strict on the typed layers.
 # LINT_PATHS grows to the whole tree (".") once the tree-wide `ruff format` has run.
-LINT_PATHS ?= hpctrain/kernel tests/test_contract.py
+LINT_PATHS ?= hpctrain/kernel hpctrain/service hpctrain/dispatch hpctrain/cli hpctrain/doctor \
+	hpctrain/plan tests/test_contract.py tests/test_layers.py tests/test_events.py
 lint: $(STAMP)
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/ruff check $(LINT_PATHS)
@@ -50,7 +51,7 @@ docs: $(STAMP)
 	$(BIN)/python -m hpctrain.profiles.docs > docs/site-profiles.md
 
 # The live Slurm tests need root (CI runs as root). The cluster is stopped whatever happens.
-test: $(STAMP) sysdeps
+test: $(STAMP) sysdeps lint
 	bash tests/slurm/cluster.sh up --optional
 	$(PYTEST) -q -x --durations=15 tests; rc=$$?; bash tests/slurm/cluster.sh down; exit $$rc
 

@@ -78,7 +78,7 @@ def test_resume_commands_do_not_import_torch(tmp_path):
 
 
 def test_resume_to_another_node_count_checks_the_batch_arithmetic(tmp_path):
-    from hpctrain.cli.resume import _check_batch
+    from hpctrain.service.resume import _check_batch
     from hpctrain.errors import UserError
 
     cfg = tmp_path / "config.json"

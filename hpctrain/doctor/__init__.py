@@ -11,7 +11,8 @@ from __future__ import annotations
 import os  # noqa: F401  (tests patch os through this module)
 
 from hpctrain.doctor.checks import *  # noqa: F403
-from hpctrain.doctor.checks import _in_iface, _ioctl_ipv4, _is_loopback  # noqa: F401
+from hpctrain.doctor.net import *  # noqa: F403
+from hpctrain.doctor.net import _in_iface, _ioctl_ipv4, _is_loopback  # noqa: F401
 from hpctrain.doctor.report import *  # noqa: F403
 
 

@@ -141,7 +141,7 @@ def _tail(out: subprocess.CompletedProcess[str], n: int = 15) -> str:
     return "\n".join((out.stdout + out.stderr).strip().splitlines()[-n:])
 
 
-def _first_difference(full: Path, resumed: Path, stop: int, steps: int) -> dict | None:
+def _first_difference(full: Path, resumed: Path, stop: int, steps: int) -> dict[str, Any] | None:
     """Compare the two runs' checkpoints from the stop step on, in a torch subprocess."""
     for step in range(stop, steps + 1):
         name = step_name(step)

@@ -39,7 +39,7 @@ def pick_port(profile: Any) -> int | None:
         try:
             with socket.socket() as s:
                 s.bind(("", p))
-            return p
+            return int(p)
         except OSError:
             continue
     return None
@@ -136,7 +136,7 @@ def collect_sweep(folder: Path, world: int, log: str) -> dict[str, Any]:
         sweep["error"] = first["error"]
         return sweep
     if done.exists():
-        return json.loads(done.read_text())
+        return dict(json.loads(done.read_text()))
     return {"backend": "?", "world": world, "error": "no result from the workers: " + log.strip()}
 
 

@@ -22,15 +22,15 @@ def flags(
         # An environment variable's value is text as typed (`--set environment.env.X=true`).
         text_key = key.startswith(("environment.env.", "network.env."))
         out[key] = value if text_key else _scalar(value)
-    for key, value in (("partition", partition), ("account", account), ("qos", qos)):
-        if value is not None:
-            out[f"slurm.{key}"] = value
+    for key, given in (("partition", partition), ("account", account), ("qos", qos)):
+        if given is not None:
+            out[f"slurm.{key}"] = given
     return out
 
 
 def _scalar(text: str) -> object:
     """--set values are YAML scalars (numbers, booleans, null), as in a profile file."""
-    from hpctrain.profiles.load import yaml_scalar
+    from hpctrain.profiles.yamlsafe import yaml_scalar
 
     return yaml_scalar(text)
 

@@ -143,7 +143,7 @@ def resume(
         from_checkpoint=ckpt[0] if ckpt else None,
         changes=changes,
     )
-    return record
+    return dict(record)
 
 
 def _check_batch(config_json: Path, world: int, nodes: int) -> None:

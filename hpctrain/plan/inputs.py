@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpctrain.kernel.errors import UserError
-from hpctrain.plan import GIB, Workload
+from hpctrain.plan.model import GIB, Workload
 
 
 def workload(

@@ -1,0 +1,234 @@
+"""The choice: the guides' decision tree and out-of-memory ladder over the memory model, and the
+Recommendation that `submit --strategy auto` uses."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from hpctrain.kernel.errors import UserError
+from hpctrain.plan.model import (
+    BY_NAME,
+    CUDA_CONTEXT_BYTES,
+    GIB,
+    HEADROOM,
+    LADDER,
+    LAYOUTS,
+    Estimate,
+    Workload,
+    estimate,
+)
+
+
+@dataclass
+class Recommendation:
+    """What `hpctrain plan` and `submit --strategy auto` choose."""
+
+    name: str
+    strategy: str  # ddp | fsdp | deepspeed
+    zero_stage: int | None
+    offload: str  # none | optimizer | optimizer+params | nvme
+    precision: str
+    micro_batch: int | None
+    grad_accumulation: int  # keeps the asked global batch when micro_batch was reduced
+    activation_checkpointing: bool
+    reason: str
+    total_bytes_per_gpu: int
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+
+@dataclass
+class Plan:
+    workload: Workload
+    estimates: list[Estimate]
+    ladder: list[dict[str, Any]] = field(default_factory=list)
+    recommendation: Recommendation | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        wl = self.workload
+        rec = self.recommendation
+        return {
+            "inputs": {**asdict(wl), "world_size": wl.world},
+            "usable_bytes_per_gpu": wl.usable_bytes,
+            "headroom": HEADROOM,
+            "cuda_context_bytes": CUDA_CONTEXT_BYTES,
+            "strategies": [e.to_dict() for e in self.estimates],
+            "ladder": self.ladder,
+            "recommended": rec.name if rec else None,
+            "recommendation": asdict(rec) if rec else None,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+
+def gib(n: int | float | None) -> str:
+    return "-" if n is None else f"{n / GIB:.2f} GiB"
+
+
+def _levers(wl: Workload) -> list[tuple[str, str, int | None, bool]]:
+    """The ladder's activation rungs: (label, precision, micro_batch, checkpointing), cumulative."""
+    mb = wl.micro_batch
+    steps = [("as asked", wl.precision, mb, False)]
+    if not wl.has_activations:
+        return steps
+    prec = wl.precision
+    while mb is not None and mb > 1:
+        mb //= 2
+        steps.append((f"micro-batch {mb}", prec, mb, False))
+    if prec == "fp32":
+        prec = "bf16"
+        steps.append((f"micro-batch {mb}, bf16 mixed precision", prec, mb, False))
+    steps.append((f"micro-batch {mb}, {prec}, activation checkpointing", prec, mb, True))
+    return steps
+
+
+def make_plan(wl: Workload) -> Plan:
+    """Estimate every layout, then walk the ladder and keep the first rung that fits."""
+    if wl.params <= 0:
+        raise UserError("the model has no parameters: pass --params N (> 0) or a --model factory")
+    if wl.nodes < 1 or wl.gpus < 1:
+        raise UserError(f"--nodes {wl.nodes} --gpus {wl.gpus}: both must be at least 1")
+    if wl.usable_bytes <= 0:
+        raise UserError(
+            f"{gib(wl.gpu_mem_bytes)} per GPU leaves nothing after the "
+            f"{gib(CUDA_CONTEXT_BYTES)} CUDA context and {HEADROOM:.0%} headroom"
+        )
+    plan = Plan(wl, [estimate(lay, wl) for lay in LAYOUTS])
+    usable = wl.usable_bytes
+    ddp = estimate(BY_NAME["ddp"], wl)
+    for name in LADDER:
+        lay = BY_NAME[name]
+        e = estimate(lay, wl)
+        state = e.model_state_bytes_per_gpu + e.transient_bytes
+        if state > usable:  # no activation rung can help: go straight to the next strategy
+            plan.ladder.append(
+                {
+                    "name": name,
+                    "rung": "model state alone",
+                    "fits": False,
+                    "total_bytes_per_gpu": state,
+                    "why": f"{gib(state)} model state + gathered vs {gib(usable)} usable",
+                }
+            )
+            continue
+        for label, prec, mb, ck in _levers(wl):
+            e = estimate(lay, wl, precision=prec, micro_batch=mb)
+            act = (
+                e.activation_bytes_per_gpu_checkpointed if ck else e.activation_bytes_per_gpu
+            ) or 0
+            total = e.model_state_bytes_per_gpu + e.transient_bytes + act
+            fits = e.fits_with_checkpointing if ck else e.fits
+            why = (
+                f"{gib(e.model_state_bytes_per_gpu)} model state + {gib(e.transient_bytes)} gathered "
+                f"+ {gib(act)} activations = {gib(total)} vs {gib(usable)} usable"
+            )
+            if wl.host_mem_bytes is not None and e.host_bytes_per_node:
+                why += f"; host {gib(e.host_bytes_per_node)} per node of {gib(wl.host_mem_bytes)}"
+            plan.ladder.append(
+                {
+                    "name": name,
+                    "rung": label,
+                    "fits": fits,
+                    "total_bytes_per_gpu": total,
+                    "why": why,
+                }
+            )
+            if fits:
+                accum = max(1, (wl.micro_batch or 1) // (mb or 1))
+                plan.recommendation = Recommendation(
+                    name,
+                    lay.strategy,
+                    lay.zero_stage,
+                    lay.offload,
+                    prec,
+                    mb,
+                    accum,
+                    ck,
+                    _reason(name, label, why, ddp, wl, accum),
+                    total,
+                )
+                return plan
+    return plan
+
+
+def _reason(name: str, rung: str, why: str, ddp: Estimate, wl: Workload, accum: int) -> str:
+    n = wl.world
+    tree = {
+        "ddp": f"the model fits on one GPU, so DDP (fastest and simplest) across all {n} GPUs",
+        "zero2": f"DDP's replica does not fit ({gib(ddp.model_state_bytes_per_gpu)} model state); "
+        f"ZeRO-2 shards gradients and optimizer state over {n} GPUs",
+        "fsdp": f"the model does not fit on one GPU but fits sharded over all {n} GPUs: "
+        "FSDP (PyTorch-native ZeRO-3)",
+        "zero3_offload": f"even fully sharded over {n} GPUs it does not fit: ZeRO-3 with the "
+        "optimizer offloaded to host memory",
+        "zero3_offload_params": "ZeRO-3 with optimizer and parameters offloaded to host memory",
+        "zero3_nvme": "host memory is not enough either: ZeRO-3 with NVMe offload (slow; consider "
+        "more GPUs or pipeline/tensor parallelism)",
+    }[name]
+    extra = "" if rung == "as asked" else f" after the ladder's earlier rungs ({rung})"
+    if accum > 1:
+        extra += f"; keep the global batch with gradient accumulation x{accum}"
+    return f"{tree}{extra}: {why}"
+
+
+def recommend(
+    *,
+    params: int | None = None,
+    model: str | None = None,
+    precision: str = "bf16",
+    optimizer: str = "adamw",
+    nodes: int = 1,
+    gpus: int = 1,
+    gpu_mem_gib: float | None = None,
+    profile: str | None = None,
+    micro_batch: int | None = None,
+    seq_len: int | None = None,
+    hidden: int | None = None,
+    layers: int | None = None,
+) -> Recommendation:
+    """The strategy for `hpctrain submit --strategy auto`.
+
+    Give the model as `params` (a count) or `model` ("pkg.mod:factory", built on the meta device),
+    the topology (`nodes` x `gpus` per node) and the GPU memory (`gpu_mem_gib`, else the profile's
+    `slurm.gpu_mem_gib`; a profile without GPUs plans for CPU workers sharing this machine's RAM).
+    Returns a Recommendation: `.strategy` (ddp|fsdp|deepspeed), `.zero_stage` (None, 1, 2, 3),
+    `.offload` (none|optimizer|optimizer+params|nvme), `.reason`, and `.to_json()` (write it to the
+    run folder's plan.json). Raises UserError (exit 2) when no option fits or an input is missing.
+
+        rec = recommend(params=124_000_000, nodes=2, gpus=8, profile="mycluster")
+        rec.strategy, rec.zero_stage  # ("ddp", None)
+    """
+    from hpctrain.plan.inputs import workload
+
+    plan = make_plan(
+        workload(
+            params=params,
+            model=model,
+            precision=precision,
+            optimizer=optimizer,
+            nodes=nodes,
+            gpus=gpus,
+            gpu_mem_gib=gpu_mem_gib,
+            profile=profile,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            hidden=hidden,
+            layers=layers,
+        )
+    )
+    if plan.recommendation is None:
+        raise UserError(no_fit_message(plan))
+    return plan.recommendation
+
+
+def no_fit_message(plan: Plan) -> str:
+    wl = plan.workload
+    return (
+        f"no strategy fits {wl.params:,} parameters on {wl.nodes} node(s) x {wl.gpus} GPU(s) of "
+        f"{gib(wl.gpu_mem_bytes)}: use more GPUs or nodes, a smaller model, or pipeline/tensor "
+        "parallelism (not provided by hpctrain)"
+    )
