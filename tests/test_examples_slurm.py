@@ -70,23 +70,30 @@ def _reference(name: str, folder: Path) -> subprocess.Popen:
 
 
 @pytest.mark.slurm
-@pytest.mark.timeout(540)
+@pytest.mark.timeout(600)
 def test_examples_preempt_requeue_resume_bit_identical(runs):
     refs = {name: _reference(name, runs.root / "ref" / name) for name in EXAMPLES}
-    for name, script in EXAMPLES.items():
-        runs.submit(name, "--script", str(REPO / "examples" / script), gpus=1, train=ARGS)
-    preempted: set[str] = set()
-    deadline = time.monotonic() + 240
-    while preempted != set(EXAMPLES):  # preempt each once it is past step 3, whichever is first
-        assert time.monotonic() < deadline, f"only {preempted} got past step 3"
-        for name in EXAMPLES:
-            if name not in preempted and len(steps(runs.run(name))) >= 3:
-                runs.hp("preempt", name)
-                preempted.add(name)
-        time.sleep(0.5)
-    for name, proc in refs.items():
-        out = proc.communicate(timeout=240)[0]
-        assert proc.returncode == 0, f"reference {name}:\n{out[-3000:]}"
+    try:
+        for name, script in EXAMPLES.items():
+            runs.submit(name, "--script", str(REPO / "examples" / script), gpus=1, train=ARGS)
+        preempted: set[str] = set()
+        # 3 jobs of 2 x 1 on 2 nodes x 2 GPUs: the third waits for a free GPU per node
+        deadline = time.monotonic() + 360
+        while preempted != set(EXAMPLES):  # preempt each once it is past step 3
+            assert time.monotonic() < deadline, f"only {preempted} got past step 3"
+            for name in EXAMPLES:
+                if name not in preempted and len(steps(runs.run(name))) >= 3:
+                    runs.hp("preempt", name)
+                    preempted.add(name)
+            time.sleep(0.5)
+        for name, proc in refs.items():
+            out = proc.communicate(timeout=240)[0]
+            assert proc.returncode == 0, f"reference {name}:\n{out[-3000:]}"
+    finally:
+        for proc in refs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.communicate()
     for name in EXAMPLES:
         run = runs.run(name)
         info = runs.wait(name, ENDED, 300)
@@ -172,8 +179,22 @@ def test_unchanged_accelerate_script_sees_the_whole_job_locally(tmp_path):
 @pytest.mark.timeout(300)
 def test_plain_submit_on_two_by_two_trains_and_wait_shows_training(runs):
     # no batch flags at all: the defaults adapt to world 4 (they failed on 16 % (4 x 8) before)
-    out = runs.hp("submit", "--profile", "loopback", "--nodes", "2", "--gpus", "2", "--name",
-                  "plain", "--wait", "--", "--max-steps", "3", timeout=280)
+    out = runs.hp(
+        "submit",
+        "--profile",
+        "loopback",
+        "--nodes",
+        "2",
+        "--gpus",
+        "2",
+        "--name",
+        "plain",
+        "--wait",
+        "--",
+        "--max-steps",
+        "3",
+        timeout=280,
+    )
     assert "global batch 16 = world 4 x micro 4 x accum 1" in out.stdout, out.stdout
     assert "plain: COMPLETED  step 3/3  loss " in out.stdout, out.stdout + out.stderr
     status = runs.hp("status", "plain").stdout
