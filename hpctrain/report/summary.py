@@ -137,10 +137,15 @@ def _num(x: Any, fmt: str = ".4g") -> str:
 def text(s: dict[str, Any]) -> str:
     ck = s["newest_checkpoint"]
     newest = f"step {ck['step']} ({ck['path']})" if ck else "none"
-    lines = [
-        f"{s['name']}: step {s['steps']}/{s['max_steps'] or '?'}, "
+    trained = (
+        f"step {s['steps']}/{s['max_steps'] or '?'}, "
         f"loss {_num(s['loss_first'])} -> {_num(s['loss_last'])}, "
-        f"{_num(s['samples_per_s_median'], '.0f')} samples/s (median)",
+        f"{_num(s['samples_per_s_median'], '.0f')} samples/s (median)"
+        if s["steps"] is not None
+        else "no training step in metrics.jsonl"
+    )
+    lines = [
+        f"{s['name']}: {trained}",
         f"  wall time {_clock(s['wall_s'])} on {s['nodes']} node(s) x {s['gpus_per_node']}; "
         f"GPU-hours {_num(s['gpu_hours'], '.3f')} ({s['gpu_hours_source']})",
         f"  restarts {s['restarts']} ({s['starts']} start(s), {s['jobs']} submission(s)); "
