@@ -225,7 +225,7 @@ hpctrain_preflight() {  # every node's checks at once, then the verdict: go on, 
       HPCTRAIN_NNODES=$(tr ',' '\n' <<<"$hpctrain_good" | wc -l)
       ;;
     requeue)
-      hpctrain_event requeue "\"reason\": \"preflight\", \"exclude\": \"$hpctrain_exclude\", \"bad\": \"$hpctrain_bad\""
+      hpctrain_event requeue reason preflight exclude "$hpctrain_exclude" bad "$hpctrain_bad"
       # the requeue sends TERM to this shell at once; the exclusion can only be set on a pending job
       trap '' TERM
       scontrol requeue "$SLURM_JOB_ID" || hpctrain_fail "scontrol requeue $SLURM_JOB_ID failed"
