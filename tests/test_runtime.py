@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from hpctrain.kernel import jobenv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -128,3 +129,47 @@ def test_log_metrics_writes_what_status_and_report_read(tmp_path, monkeypatch):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and rows[1]["loss"] == 2.0
     assert rows[1]["max_steps"] == 10 and rows[1]["samples_per_s"] > 0 and "time" in rows[0]
+
+
+WORKER = """
+import os, signal, sys
+import torch.distributed as dist
+from hpctrain import runtime
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+step = 0
+while step < 50:
+    step += 1
+    if rank == 1 and step == 3:
+        os.kill(os.getpid(), signal.SIGUSR2)   # only rank 1 is told
+    if runtime.should_stop():
+        break
+open(os.path.join(sys.argv[1], f"rank-{rank}"), "w").write(f"{step} {runtime.stop_reason()}")
+runtime.exit(0)
+"""
+
+
+@pytest.mark.slow
+def test_should_stop_is_agreed_by_all_ranks(tmp_path):
+    (tmp_path / "worker.py").write_text(WORKER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(tmp_path / "worker.py"),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**env, "OMP_NUM_THREADS": "1"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "rank-1").read_text() == "3 SIGUSR2"
+    assert (tmp_path / "rank-0").read_text() == "3 another rank"  # same step, told by rank 1
