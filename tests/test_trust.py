@@ -353,6 +353,8 @@ def test_user_profile_shadowing_a_locked_site_profile_is_refused(locked_site, is
     mine = write(isolated / "hpctrain" / "profiles" / "site.yaml", "name: site\nscheduler: local\n")
     with pytest.raises(UserError, match="would silently drop those locks"):
         resolve("site")
+    rows = [r for r in json.loads(cli("profiles", "list", "--json").output) if r["name"] == "site"]
+    assert rows[-1]["kind"] == "user" and "would silently drop those locks" in rows[-1]["error"]
     write(mine, "name: site\nextends: site\nenvironment: {env: {MY_VAR: '1'}}\n")
     assert resolve("site").network.socket_ifname == "ib0"  # building on it keeps the locks
 

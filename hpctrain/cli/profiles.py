@@ -48,7 +48,10 @@ def list_(as_json: bool) -> None:
       {var.SITE_PATH}=/etc/hpctrain/profiles hpctrain profiles list --json
     """
     rows = []
-    for e in discover():
+    from hpctrain.profiles.discovery import _check_shadowing
+
+    entries = discover()
+    for e in entries:
         row: dict[str, Any] = {
             "name": e.name,
             "scheduler": None,
@@ -63,6 +66,8 @@ def list_(as_json: bool) -> None:
             rows.append({**row, "name": e.name or "?", "wins": False, "error": e.error})
             continue
         try:
+            if e.wins:
+                _check_shadowing(e, [x for x in entries if x.error is None])
             p = resolve_file(e.found or e.path, user_config=False, expect_name=e.name)
             row.update(scheduler=p.scheduler, description=p.description)
         except ValidationError as err:
