@@ -16,7 +16,6 @@ import math
 import os
 import re
 import shutil
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,7 +33,13 @@ from hpctrain.profiles.discovery import (  # noqa: F401  (re-exported: the loade
     find,
     search_dirs,
 )
-from hpctrain.profiles.problems import NAME_MISSING, _dedupe, _more_cross_field, _problems
+from hpctrain.profiles.problems import (
+    NAME_MISSING,
+    _dedupe,
+    _more_cross_field,
+    _problems,
+    _quoted_wants,
+)
 from hpctrain.profiles.yamlsafe import (  # noqa: F401
     MAX_BYTES,
     MAX_DEPTH,
@@ -115,26 +120,6 @@ def _drop_nulls(data: dict[str, Any], path: Path_ = ()) -> dict[str, Any]:
 
 def _covers(a: str, b: str) -> bool:
     return a == b or a.startswith(b + ".") or b.startswith(a + ".")
-
-
-def _quoted_instead_of(path: Path_) -> str | None:
-    """For a text value at `path`: what the schema wants when that is a bool or a number only
-    (`exclusive: 'true'`, `max_nodes: '4'` were accepted although the messages said no quotes)."""
-    from hpctrain.profiles.schema import model_at
-
-    model = model_at(path) if path and isinstance(path[-1], str) else None
-    field = model.model_fields.get(str(path[-1])) if model else None
-    if field is None:
-        return None
-    types = set(typing.get_args(field.annotation)) or {field.annotation}
-    if str in types or not types & {bool, int, float}:
-        return None
-    return "write true or false" if bool in types else (
-        "write a whole number" if int in types else "write a number")
-
-
-def _quoted_wants(data: dict[str, Any]) -> list[str | None]:
-    return [_quoted_instead_of(tuple(p)) for p in data["paths"]]
 
 
 def _user_config(problems: list[Problem]) -> tuple[str | None, _Layer | None]:

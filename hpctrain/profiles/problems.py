@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import typing
 from typing import Any
 
 from hpctrain.errors import Problem
@@ -104,3 +105,26 @@ def _message(err: Any, path: Path_, msg: str) -> str:
     if kind == "missing":
         return NAME_MISSING if path == ("name",) else "required key is missing; fix: add it"
     return f"{msg}{shown}; fix: {_FIX.get(kind, 'see docs/site-profiles.md')}"
+
+
+def _quoted_instead_of(path: Path_) -> str | None:
+    """For a text value at `path`: what the schema wants when that is a bool or a number only
+    (`exclusive: 'true'`, `max_nodes: '4'` were accepted although the messages said no quotes)."""
+    from hpctrain.profiles.schema import model_at
+
+    model = model_at(path) if path and isinstance(path[-1], str) else None
+    field = model.model_fields.get(str(path[-1])) if model else None
+    if field is None:
+        return None
+    types = set(typing.get_args(field.annotation)) or {field.annotation}
+    if str in types or not types & {bool, int, float}:
+        return None
+    return (
+        "write true or false"
+        if bool in types
+        else ("write a whole number" if int in types else "write a number")
+    )
+
+
+def _quoted_wants(data: dict[str, Any]) -> list[str | None]:
+    return [_quoted_instead_of(tuple(p)) for p in data["paths"]]
