@@ -174,6 +174,7 @@ hpctrain_stalled() {
   mv -f "$HPCTRAIN_RUN_DIR/STALLED" "$HPCTRAIN_RUN_DIR/stacks/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT/STALLED"
   return 0
 }
+hpctrain_rc=0  # a launch's first failure (hpctrain_wait); 0 when the gate stops the job before any
 hpctrain_nodes=  # the nodes to train on, when the gate dropped some (comma-separated)
 # Each node's part: never fails the srun step, so one bad node cannot stop the others' checks; a
 # node whose Python cannot even run leaves fail-<id>.txt (exit code, last lines of stderr).
@@ -244,6 +245,7 @@ while :; do
   hpctrain_jsonl "$HPCTRAIN_RUN_DIR/restarts.jsonl" time "$hpctrain_t" job_id "$HPCTRAIN_JOB_ID" \
     restart_count:= "$HPCTRAIN_RESTART_COUNT" host "$HOSTNAME"
   hpctrain_preflight
+  if [ "$cancelled" = 1 ]; then break; fi  # scancel during the gate: no training start
 
   # Rendezvous: the head is the first node; its address from getent (never `hostname -i`, which may
   # say 127.0.1.1), from its name with the site's suffix, or from one of its interfaces (this batch

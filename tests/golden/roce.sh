@@ -201,6 +201,7 @@ hpctrain_stalled() {
   mv -f "$HPCTRAIN_RUN_DIR/STALLED" "$HPCTRAIN_RUN_DIR/stacks/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT/STALLED"
   return 0
 }
+hpctrain_rc=0  # a launch's first failure (hpctrain_wait); 0 when the gate stops the job before any
 hpctrain_nodes=  # the nodes to train on, when the gate dropped some (comma-separated)
 hpctrain_entry=(-m train_entry --run-dir /scratch/runs/golden --strategy ddp --max-steps 10)
 
