@@ -193,7 +193,8 @@ def run(quick: bool) -> list[dict]:
     root = common.scratch("preflight-")
     rows = []
     for fn in (
-        lambda: gate_cost(root, common.reps(2)  # live Slurm jobs queue behind others: make bench <= 15 min),
+        # live Slurm jobs queue behind others: make bench <= 15 min
+        lambda: gate_cost(root, common.reps(2)),
         lambda: stall_to_requeue(root),
     ):
         try:

@@ -120,3 +120,11 @@ def test_atomic_write_replaces_whole_files_and_leaves_no_temporaries(tmp_path: P
         "run",
         "x.json",
     ]
+
+
+def test_an_older_templates_json_fragment_is_kept_as_text(tmp_path: Path) -> None:
+    """A site template written for the old helper (`hpctrain_event X '"k": "v"'`) still writes JSON."""
+    proc = run_shell(tmp_path, """hpctrain_event requeue '"reason": "pre"emption"'""", {})
+    assert proc.returncode == 0, proc.stderr
+    (record,) = [json.loads(x) for x in (tmp_path / layout.EVENTS).read_text().splitlines()]
+    assert record["event"] == "requeue" and record["extra"] == '"reason": "pre"emption"'

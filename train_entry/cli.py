@@ -76,9 +76,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, int]:
         for what, spec in specs.items():
             if spec:
                 load_object(spec, what)
-    if cfg.strategy == "deepspeed":
-        from train_entry.strategies.deepspeed import validate  # DeepSpeed's own checks, no processes yet
-        validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), accum=accum)
+    if strategy_names.info(cfg.strategy).parse_check:  # e.g. DeepSpeed's own checks, no processes yet
+        from train_entry.strategies import strategy_class
+
+        strategy_class(cfg.strategy).validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), accum=accum)
     args.run_dir = args.run_dir or jobenv.get(jobenv.RUN_DIR)
     if not args.run_dir and not args.check:
         raise UserError(f"no run folder: pass --run-dir DIR or set {jobenv.RUN_DIR}")

@@ -8,6 +8,8 @@ config errors stay fast.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import difflib
 import os
 from pathlib import Path
@@ -322,14 +324,25 @@ def _cross_checks(cfg: TrainConfig, origins: _Origins) -> list[Problem]:
     if cfg.model.factory is None and cfg.model.d_model % cfg.model.n_heads:
         out.append(at("model.n_heads", f"n_heads={cfg.model.n_heads} does not divide "
                       f"d_model={cfg.model.d_model}; pick a divisor"))
-    ds = cfg.deepspeed
-    if cfg.strategy == "deepspeed":
-        if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
-            out.append(at("deepspeed.nvme_path", "NVMe offload needs a folder; set deepspeed.nvme_path"))
-        if ds.offload_param != "none" and ds.zero_stage != 3:
-            out.append(at("deepspeed.offload_param", f"parameter offload needs zero_stage 3 (got "
-                          f"{ds.zero_stage}); set deepspeed.zero_stage=3 or offload_param=none"))
+    for check in _SECTION_CHECKS.get(cfg.strategy, ()):
+        out += check(cfg, at)
     return out
+
+
+def _deepspeed_checks(cfg: TrainConfig, at: Callable[[str, str], Problem]) -> list[Problem]:
+    ds, out = cfg.deepspeed, []
+    if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
+        out.append(at("deepspeed.nvme_path", "NVMe offload needs a folder; set deepspeed.nvme_path"))
+    if ds.offload_param != "none" and ds.zero_stage != 3:
+        out.append(at("deepspeed.offload_param", f"parameter offload needs zero_stage 3 (got "
+                      f"{ds.zero_stage}); set deepspeed.zero_stage=3 or offload_param=none"))
+    return out
+
+
+# The strategy's own section, checked only when that strategy runs (keyed by strategy name).
+_SECTION_CHECKS: dict[str, tuple[Callable[[TrainConfig, Callable[[str, str], Problem]], list[Problem]], ...]] = {
+    "deepspeed": (_deepspeed_checks,),
+}
 
 
 # ---------------------------------------------------------------- sizes, checked before any work

@@ -29,7 +29,7 @@ from train_entry.dist import init_distributed, teardown
 from train_entry.metrics import GpuSampler, Metrics, profiler, rank_logger
 from train_entry.model import build_model, compute_loss
 from train_entry.preempt import PREEMPTED_EXIT, StopFlag
-from train_entry.state import TrainState, params_sha256
+from train_entry.state import TrainState
 from train_entry.strategies import wrap
 from train_entry.watchdog import Watchdog, pg_timeout_min
 
@@ -46,7 +46,13 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 def tokens_per_sample(batch: Any) -> int | None:
     """Sequence length of the first 2-D integer tensor in a batch (for tokens/s), if there is one."""
-    items = batch.values() if isinstance(batch, dict) else batch if isinstance(batch, (list, tuple)) else [batch]
+    items = (
+        batch.values()
+        if isinstance(batch, dict)
+        else batch
+        if isinstance(batch, (list, tuple))
+        else [batch]
+    )
     for t in items:
         if isinstance(t, torch.Tensor) and t.dim() == 2 and not t.is_floating_point():
             return t.shape[1]
@@ -68,13 +74,17 @@ class Trainer:
 
     def run(self) -> int:
         """0 when max_steps are done, 75 when stopped by the preemption flag (after a verified save)."""
-        info = init_distributed(timeout_min=pg_timeout_min(self.cfg.train.timeout_min), seed=self.cfg.train.seed)
+        info = init_distributed(
+            timeout_min=pg_timeout_min(self.cfg.train.timeout_min), seed=self.cfg.train.seed
+        )
         try:
             return self._train(info)
         except SaveFailed as e:
             reason = str(e).rsplit(": ", 1)[-1]
-            raise RunFailed(self._fatal_line(e.folder, f"could not save step {e.step}", e.no_space,
-                                             reason), every_rank=True) from None
+            raise RunFailed(
+                self._fatal_line(e.folder, f"could not save step {e.step}", e.no_space, reason),
+                every_rank=True,
+            ) from None
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise
@@ -92,8 +102,10 @@ class Trainer:
     def _fatal_line(self, folder: Path, what: str, no_space: bool, reason: str) -> str:
         """One line: what failed where, the newest verified checkpoint, and the fix."""
         head = f"no space left in {folder}" if no_space else f"{reason} in {folder}"
-        return (f"{head}: {what}; newest verified checkpoint: {self._newest()}; fix: free space "
-                f"there, then `hpctrain resume {self.run_dir.name}`")
+        return (
+            f"{head}: {what}; newest verified checkpoint: {self._newest()}; fix: free space "
+            f"there, then `hpctrain resume {self.run_dir.name}`"
+        )
 
     def _try_save(self, save: Any, *, rank: int, metrics: Any, log: Any) -> bool:
         """A periodic save that may fail without ending the run: every rank gets the same
@@ -101,14 +113,22 @@ class Trainer:
         try:
             return bool(save())
         except SaveFailed as e:
-            why = (f"WARNING: {e}; keeping {self._newest()} (newest verified); training goes on and "
-                   "the next interval saves again")
+            why = (
+                f"WARNING: {e}; keeping {self._newest()} (newest verified); training goes on and "
+                "the next interval saves again"
+            )
             metrics.line(why)
             log.warning(why)
             if rank == 0:
                 with contextlib.suppress(OSError):
-                    self._event({"event": "save_failed", "step": e.step, "no_space": e.no_space,
-                                 "reason": str(e)})
+                    self._event(
+                        {
+                            "event": "save_failed",
+                            "step": e.step,
+                            "no_space": e.no_space,
+                            "reason": str(e),
+                        }
+                    )
             return False
 
     def _train(self, info: Any) -> int:
@@ -122,49 +142,61 @@ class Trainer:
         n_params = sum(p.numel() for p in model.parameters())
         batches = build_batches(cfg, rank=info.rank, world_size=info.world_size)
         w = wrap(model, cfg=cfg, device=info.device, grad_accum=self.accum)
-        device = w.model.device if cfg.strategy == "deepspeed" else info.device
-        state = TrainState(model=w.model, optimizer=w.optimizer,
-                           # DeepSpeed saves its scheduler inside its own checkpoint
-                           scheduler=None if cfg.strategy == "deepspeed" else w.scheduler,
-                           scaler=w.scaler, config=cfg.model_dump(mode="json"))
+        device = w.device
+        state = TrainState(
+            model=w.model,
+            optimizer=w.optimizer,
+            scheduler=w.checkpointed_scheduler,
+            scaler=w.scaler,
+            config=cfg.model_dump(mode="json"),
+        )
 
         # ---- resume from the newest verified checkpoint, if any (no flag: a restart just continues)
-        metrics = Metrics(self.run_dir, rank=info.rank, world_size=info.world_size, device=device,
-                          max_steps=t.max_steps, log_every=t.log_every, tensorboard=t.tensorboard,
-                          tracker=t.tracker, tracker_project=t.tracker_project,
-                          config=state.config)
-        ckpt = Checkpointer(self.run_dir, strategy=cfg.strategy, every_steps=cfg.checkpoint.every_steps,
-                            every_minutes=cfg.checkpoint.every_minutes, keep=cfg.checkpoint.keep,
-                            async_save=cfg.checkpoint.async_save, log=metrics.line)
+        metrics = Metrics(
+            self.run_dir,
+            rank=info.rank,
+            world_size=info.world_size,
+            device=device,
+            max_steps=t.max_steps,
+            log_every=t.log_every,
+            tensorboard=t.tensorboard,
+            tracker=t.tracker,
+            tracker_project=t.tracker_project,
+            config=state.config,
+        )
+        ckpt = Checkpointer(
+            self.run_dir,
+            strategy=cfg.strategy,
+            every_steps=cfg.checkpoint.every_steps,
+            every_minutes=cfg.checkpoint.every_minutes,
+            keep=cfg.checkpoint.keep,
+            async_save=cfg.checkpoint.async_save,
+            log=metrics.line,
+        )
         if ckpt.load_latest(state) is not None:
             batches.restore(state.data)
         metrics.start(state.step)
         ranks = f"{info.world_size} rank{'s' if info.world_size != 1 else ''}"
-        start = (f"{cfg.strategy}: {ranks} ({info.backend}/{device.type}), {n_params:,} "
-                 f"params, global batch {t.global_batch} = {ranks} x micro "
-                 f"{t.micro_batch} x accum {self.accum}, step {state.step}/{t.max_steps}")
+        start = (
+            f"{cfg.strategy}: {ranks} ({info.backend}/{device.type}), {n_params:,} "
+            f"params, global batch {t.global_batch} = {ranks} x micro "
+            f"{t.micro_batch} x accum {self.accum}, step {state.step}/{t.max_steps}"
+        )
         metrics.line(start)
         log.info(start)
-        with contextlib.ExitStack() as closing:   # closed whatever happens, in reverse order
+        with contextlib.ExitStack() as closing:  # closed whatever happens, in reverse order
             closing.callback(metrics.close)
-            beat = Watchdog(self.run_dir, info.rank).start()   # stall heartbeat (watchdog.stall_s)
+            beat = Watchdog(self.run_dir, info.rank).start()  # stall heartbeat (watchdog.stall_s)
             closing.callback(beat.stop)
             if info.local_rank == 0 and GpuSampler.available(device):
                 closing.callback(GpuSampler(self.run_dir / "gpu.csv").start().stop)
-            prof = closing.enter_context(profiler(self.run_dir, info.rank, **cfg.profile.model_dump()))
+            prof = closing.enter_context(
+                profiler(self.run_dir, info.rank, **cfg.profile.model_dump())
+            )
 
             # ---- the loop: one optimizer step per iteration
             while state.step < t.max_steps:
-                loss_sum = torch.zeros((), device=device)
-                for micro in range(self.accum):
-                    batch = to_device(next(batches), device)
-                    if metrics.tokens_per_sample is None:
-                        metrics.tokens_per_sample = tokens_per_sample(batch) or 0
-                    with w.sync(micro == self.accum - 1), w.autocast():
-                        loss = compute_loss(w.model, batch)
-                        w.backward(loss)
-                    loss_sum += loss.detach().float()
-                grad_norm = w.step()
+                loss_sum, grad_norm = self.train_step(w, batches, metrics)
                 state.step += 1
                 state.epoch, state.data = batches.epoch, batches.position
 
@@ -172,12 +204,18 @@ class Trainer:
                 if state.step % t.log_every == 0 or state.step == t.max_steps:
                     dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
                     mean = loss_sum.item() / (self.accum * info.world_size)
-                    metrics.step(state.step, loss=mean, lr=w.lr(), samples=t.global_batch,
-                                 grad_norm=grad_norm)
+                    metrics.step(
+                        state.step,
+                        loss=mean,
+                        lr=w.lr(),
+                        samples=t.global_batch,
+                        grad_norm=grad_norm,
+                    )
                 if prof is not None:
                     prof.step()
-                saved = self._try_save(lambda: ckpt.maybe_save(state), rank=info.rank,
-                                       metrics=metrics, log=log)
+                saved = self._try_save(
+                    lambda: ckpt.maybe_save(state), rank=info.rank, metrics=metrics, log=log
+                )
                 if saved:
                     self._record_saves(ckpt, info.rank)
                 beat.beat(state.step)
@@ -192,14 +230,16 @@ class Trainer:
                     metrics.line(why)
                     log.info(why)
                     if info.rank == 0:
-                        self._event({"event": "preempted", "step": state.step, "reason": stop.reason})
+                        self._event(
+                            {"event": "preempted", "step": state.step, "reason": stop.reason}
+                        )
                     return PREEMPTED_EXIT
 
             # ---- the end: last checkpoint, wait for async saves, the final params hash
             ckpt.maybe_save(state, last=True)
             ckpt.wait()
             self._record_saves(ckpt, info.rank)
-            digest = params_sha256(w.model)   # a collective for FSDP2 / ZeRO-3
+            digest = w.params_sha256()  # a collective for FSDP2 / ZeRO-3
             if info.rank == 0:
                 RunFolder(self.run_dir).write(layout.FINAL_PARAMS, digest + "\n")
             done = f"done: {state.step} steps, final params sha256 {digest[:16]}..."
@@ -215,6 +255,20 @@ class Trainer:
                 for rec in ckpt.timings[done:]:
                     f.write(json.dumps({**rec, "time": time.time()}) + "\n")
         self._saves_recorded = len(ckpt.timings)
+
+    def train_step(self, w: Any, batches: Any, metrics: Any) -> tuple[torch.Tensor, float]:
+        """One optimizer step: `accum` micro-steps (gradients reduced in the last one), then the
+        update. Returns this rank's summed micro-step losses and the grad norm."""
+        loss_sum = torch.zeros((), device=w.device)
+        for micro in range(self.accum):
+            batch = to_device(next(batches), w.device)
+            if metrics.tokens_per_sample is None:
+                metrics.tokens_per_sample = tokens_per_sample(batch) or 0
+            with w.sync(micro == self.accum - 1), w.autocast():
+                loss = compute_loss(w.model, batch)
+                w.backward(loss)
+            loss_sum += loss.detach().float()
+        return loss_sum, w.step()
 
     def _event(self, record: dict) -> None:
         fields = dict(record)

@@ -16,6 +16,7 @@ class StrategyInfo:
     checkpoint: str  # "dcp" (torch.distributed.checkpoint) or "engine" (the strategy saves itself)
     reshards: bool  # its checkpoints load at another world size
     async_save: bool  # the checkpointer may save it asynchronously
+    parse_check: bool = False  # its module checks the config at parse time (Strategy.validate)
 
 
 STRATEGIES: dict[str, StrategyInfo] = {
@@ -24,7 +25,12 @@ STRATEGIES: dict[str, StrategyInfo] = {
         StrategyInfo("ddp", "DistributedDataParallel", "dcp", reshards=True, async_save=True),
         StrategyInfo("fsdp", "FSDP2 (fully_shard)", "dcp", reshards=True, async_save=True),
         StrategyInfo(
-            "deepspeed", "DeepSpeed ZeRO (its engine)", "engine", reshards=False, async_save=False
+            "deepspeed",
+            "DeepSpeed ZeRO (its engine)",
+            "engine",
+            reshards=False,
+            async_save=False,
+            parse_check=True,
         ),
     )
 }
@@ -38,6 +44,8 @@ def info(name: str) -> StrategyInfo:
     return STRATEGIES[name]
 
 
-def engine_checkpoint(name: str) -> bool:
-    """The strategy saves and loads its own checkpoint files (not through DCP)."""
-    return STRATEGIES[name].checkpoint == "engine"
+def engine_checkpoint(name: str | None) -> bool:
+    """The strategy saves and loads its own checkpoint files (not through DCP). A name read from a
+    manifest may be unknown: not an engine checkpoint then."""
+    found = STRATEGIES.get(name or "")
+    return found is not None and found.checkpoint == "engine"

@@ -61,6 +61,10 @@ hpctrain_jsonl() {  # FILE [KEY VALUE]...: append one object; VALUE is text, or 
     line+="${line:+, }\"$key\": $hpctrain_j"
     shift 2
   done
+  if [ "$#" -eq 1 ]; then  # an odd argument (an older template's JSON fragment): kept as text
+    hpctrain_json "$1"
+    line+="${line:+, }\"extra\": $hpctrain_j"
+  fi
   printf '%s\n' "{$line}" >>"$file"
 }
 hpctrain_event() {  # EVENT [KEY VALUE]...: one line of events.jsonl (KEY:= for a number)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpctrain.kernel.strategies import engine_checkpoint
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.checkpoint import (  # noqa: F401  (the format lives in the kernel; re-exported)
     FORMAT,
@@ -136,7 +137,7 @@ class Checkpointer(AsyncSaves):
         folder, manifest = Path(choice[0]), choice[1]
         self._check_compatible(folder, manifest, world)
         started = time.monotonic()
-        if self.strategy == "deepspeed":
+        if engine_checkpoint(self.strategy):
             load_path, _ = state.model.load_checkpoint(
                 str(self.dir),
                 tag=folder.name,
@@ -173,13 +174,13 @@ class Checkpointer(AsyncSaves):
 
     def _check_compatible(self, folder: Path, manifest: dict, world: int) -> None:
         saved = manifest.get("strategy")
-        if (saved == "deepspeed") != (self.strategy == "deepspeed"):
+        if engine_checkpoint(saved) != engine_checkpoint(self.strategy):
             raise UserError(
                 f"{folder} was saved by strategy {saved!r} and this run uses {self.strategy!r}: "
                 "DDP and FSDP checkpoints load into each other, DeepSpeed ones only into DeepSpeed. "
                 f"Resume with --strategy {saved}, or start a new run (another --name)."
             )
-        if saved == "deepspeed" and manifest.get("world_size") != world:
+        if engine_checkpoint(saved) and manifest.get("world_size") != world:
             raise UserError(
                 f"{folder} was saved by DeepSpeed with {manifest.get('world_size')} ranks and this run "
                 f"has {world}: DeepSpeed checkpoints load only at the same world size. Resume with the "
@@ -240,7 +241,7 @@ class Checkpointer(AsyncSaves):
         name = step_name(state.step)
         final, staging = self.dir / name, self.dir / staging_name(state.step)
         phases: dict[str, float] = {}
-        if not sync and self.strategy != "deepspeed":
+        if not sync and not engine_checkpoint(self.strategy):
             texts = self._side_texts(state, rank, world)
             t = time.perf_counter()
             holder = AppState(state.model, state.optimizer).state_dict()
@@ -251,13 +252,13 @@ class Checkpointer(AsyncSaves):
 
         t = time.perf_counter()
         texts = self._side_texts(state, rank, world)
-        if self.strategy != "deepspeed":
+        if not engine_checkpoint(self.strategy):
             holder = AppState(state.model, state.optimizer).state_dict()
             phases["state_dict_s"] = time.perf_counter() - t
         side = SyncedFiles(staging)
         error = attempt(self._write_texts, side, texts)
         entries: dict[str, dict] | None = None
-        if self.strategy == "deepspeed":
+        if engine_checkpoint(self.strategy):
             error = (
                 attempt(
                     state.model.save_checkpoint,

@@ -19,7 +19,7 @@ from torch import nn
 
 from hpctrain.kernel.errors import UserError
 from train_entry.optim import build_optimizer, build_scheduler
-from train_entry.strategies import Wrapped
+from train_entry.strategies.base import Strategy
 
 MISSING = "deepspeed is not installed: pip install 'hpctrain[deepspeed]'"
 
@@ -68,10 +68,10 @@ def build_config(cfg: Any, *, world: int, accum: int) -> dict:
         "gradient_clipping": t.clip_grad_norm or 0.0,
         "zero_optimization": zero,
         "bf16": {"enabled": t.precision == "bf16"},
-        "fp16": {"enabled": t.precision == "fp16", "loss_scale": 0},   # 0: dynamic loss scaling
+        "fp16": {"enabled": t.precision == "fp16", "loss_scale": 0},  # 0: dynamic loss scaling
         # our client optimizer is torch's; DeepSpeed would otherwise insist on its C++ CPU Adam
         "zero_force_ds_cpu_optimizer": False,
-        "steps_per_print": 2**31 - 1,     # we report progress ourselves
+        "steps_per_print": 2**31 - 1,  # we report progress ourselves
         "wall_clock_breakdown": False,
         "seed": t.seed,
     }
@@ -82,10 +82,14 @@ def build_config(cfg: Any, *, world: int, accum: int) -> dict:
         except OSError as e:
             raise UserError(f"deepspeed.config_file: cannot read {path} ({e.strerror})") from None
         except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{e.lineno}: not valid JSON ({e.msg}); fix deepspeed.config_file") from None
+            raise UserError(
+                f"{path}:{e.lineno}: not valid JSON ({e.msg}); fix deepspeed.config_file"
+            ) from None
         for key in ("optimizer", "scheduler"):
             if key in user:
-                raise UserError(f"{path}: remove '{key}': it comes from our config (optim.*, schedule.*)")
+                raise UserError(
+                    f"{path}: remove '{key}': it comes from our config (optim.*, schedule.*)"
+                )
         conf = _merge(conf, user)
     return conf
 
@@ -100,15 +104,25 @@ def validate(cfg: Any, *, world: int, accum: int) -> dict:
 
     conf = build_config(cfg, world=world, accum=accum)
     src = cfg.deepspeed.config_file or "the generated DeepSpeed config"
-    tb, mb, ga = (conf.get(k) for k in ("train_batch_size", "train_micro_batch_size_per_gpu",
-                                       "gradient_accumulation_steps"))
+    tb, mb, ga = (
+        conf.get(k)
+        for k in (
+            "train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps",
+        )
+    )
     if tb != mb * ga * world:
-        raise UserError(f"{src}: train_batch_size({tb}) != train_micro_batch_size_per_gpu({mb}) * "
-                        f"gradient_accumulation_steps({ga}) * world_size({world}) = {mb * ga * world}")
+        raise UserError(
+            f"{src}: train_batch_size({tb}) != train_micro_batch_size_per_gpu({mb}) * "
+            f"gradient_accumulation_steps({ga}) * world_size({world}) = {mb * ga * world}"
+        )
     accel = get_accelerator()
     if conf.get("fp16", {}).get("enabled") and not accel.is_fp16_supported():
-        raise UserError(f"train.precision=fp16: DeepSpeed has no fp16 on this device "
-                        f"({accel.device_name()}); use --train.precision=bf16 or fp32")
+        raise UserError(
+            f"train.precision=fp16: DeepSpeed has no fp16 on this device "
+            f"({accel.device_name()}); use --train.precision=bf16 or fp32"
+        )
     # Without DeepSpeed's process group DeepSpeedConfig assumes one rank: check per-rank arithmetic.
     probe = conf if deepspeed.comm.is_initialized() else dict(conf, train_batch_size=mb * ga)
     try:
@@ -120,25 +134,55 @@ def validate(cfg: Any, *, world: int, accum: int) -> dict:
     return conf
 
 
-def wrap(model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int) -> Wrapped:
-    deepspeed = import_deepspeed(device.type)
-    world = torch.distributed.get_world_size()
-    conf = validate(cfg, world=world, accum=grad_accum)
-    deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
-    optimizer = build_optimizer(model.parameters(), cfg)
-    engine, _, _, scheduler = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=conf,
-        lr_scheduler=lambda opt: build_scheduler(opt, cfg))
+class DeepSpeedStrategy(Strategy):
+    """DeepSpeed ZeRO: the engine owns the optimizer, the schedule, loss scaling and its checkpoint."""
 
-    def backward(loss: torch.Tensor) -> None:
-        engine.backward(loss)            # scales by 1/gradient_accumulation_steps itself
-        if not engine.is_gradient_accumulation_boundary():
-            engine.step()                # only advances DeepSpeed's micro-step counter
+    name = "deepspeed"
 
-    def step() -> float:
-        engine.step()                    # clip, optimizer, loss scale, LR schedule
-        norm = engine.get_global_grad_norm()
+    @classmethod
+    def wrap(
+        cls, model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int
+    ) -> DeepSpeedStrategy:
+        deepspeed = import_deepspeed(device.type)
+        world = torch.distributed.get_world_size()
+        conf = validate(cfg, world=world, accum=grad_accum)
+        deepspeed.init_distributed(dist_backend="nccl" if device.type == "cuda" else "gloo")
+        optimizer = build_optimizer(model.parameters(), cfg)
+        engine, _, _, scheduler = deepspeed.initialize(
+            model=model,
+            optimizer=optimizer,
+            config=conf,
+            lr_scheduler=lambda opt: build_scheduler(opt, cfg),
+        )
+        return cls(
+            engine,
+            None,
+            scheduler,
+            device=engine.device,
+            grad_accum=grad_accum,
+            extra={"ds_config": conf},
+        )
+
+    @staticmethod
+    def validate(cfg: Any, *, world: int, accum: int) -> None:
+        validate(cfg, world=world, accum=accum)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.model.backward(loss)  # scales by 1/gradient_accumulation_steps itself
+        if not self.model.is_gradient_accumulation_boundary():
+            self.model.step()  # only advances DeepSpeed's micro-step counter
+
+    def step(self) -> float:
+        self.model.step()  # clip, optimizer, loss scale, LR schedule
+        norm = self.model.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
 
-    return Wrapped(model=engine, optimizer=None, scheduler=scheduler, backward=backward, step=step,
-                   lr=lambda: engine.get_lr()[0], extra={"ds_config": conf})
+    def lr(self) -> float:
+        return float(self.model.get_lr()[0])
+
+    @property
+    def checkpointed_scheduler(self) -> Any:
+        return None  # DeepSpeed saves its scheduler inside its own checkpoint
+
+
+STRATEGY = DeepSpeedStrategy

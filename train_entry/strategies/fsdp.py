@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-from functools import partial
+from collections.abc import Iterator
+from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
 import torch
@@ -13,49 +14,70 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from hpctrain.kernel.errors import UserError
 from train_entry.model import find_blocks
 from train_entry.optim import DTYPES, build_optimizer, build_scheduler
-from train_entry.strategies import Wrapped, clip_and_step
+from train_entry.strategies.base import Strategy, clip_and_step
 
 
 @contextlib.contextmanager
-def _sync(model: Any, last: bool):
+def _sync(model: Any, last: bool) -> Iterator[None]:
     # Off: gradients accumulate unsharded-free locally; the last micro-step reduce-scatters them all.
     model.set_requires_gradient_sync(last)
     yield
 
 
-def wrap(model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int) -> Wrapped:
-    f, precision = cfg.fsdp, cfg.train.precision
-    param_dtype = DTYPES[f.param_dtype or precision]
-    kwargs: dict[str, Any] = {"reshard_after_forward": f.reshard_after_forward}
-    if param_dtype != torch.float32:
-        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=DTYPES[f.reduce_dtype])
-    if f.cpu_offload and device.type != "cpu":
-        kwargs["offload_policy"] = CPUOffloadPolicy()
-    else:
-        # On a CPU run the shards already live in host memory (and CPUOffloadPolicy needs an
-        # accelerator), so cpu_offload changes nothing there.
-        model = model.to(device)
-    blocks = find_blocks(model, f.block_class)
-    if f.block_class and not blocks:
-        raise UserError(f"fsdp.block_class '{f.block_class}' matches no module of "
-                        f"{type(model).__name__}; name a class of its repeated blocks, or unset it")
-    for block in blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)   # the root: embeddings, head and anything outside the blocks
-    optimizer = build_optimizer(model.parameters(), cfg)
-    scaler = None
-    if precision == "fp16" or param_dtype == torch.float16:
-        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-        scaler = ShardedGradScaler(device=device.type)
-    w = Wrapped(model=model, optimizer=optimizer, scheduler=build_scheduler(optimizer, cfg), scaler=scaler)
+class FSDPStrategy(Strategy):
+    """FSDP2: every block sharded (fully_shard), then the root; mixed precision per unit."""
 
-    def backward(loss: torch.Tensor) -> None:
-        loss = loss / grad_accum
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+    name = "fsdp"
 
-    w.backward = backward
-    w.step = partial(clip_and_step, w, list(model.parameters()), cfg.train.clip_grad_norm)
-    w.sync = partial(_sync, model)
-    w.lr = lambda: w.scheduler.get_last_lr()[0]
-    w.extra.update(blocks=len(blocks), cpu_offload="offload_policy" in kwargs)
-    return w
+    @classmethod
+    def wrap(
+        cls, model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int
+    ) -> FSDPStrategy:
+        f, precision = cfg.fsdp, cfg.train.precision
+        param_dtype = DTYPES[f.param_dtype or precision]
+        kwargs: dict[str, Any] = {"reshard_after_forward": f.reshard_after_forward}
+        if param_dtype != torch.float32:
+            kwargs["mp_policy"] = MixedPrecisionPolicy(
+                param_dtype=param_dtype, reduce_dtype=DTYPES[f.reduce_dtype]
+            )
+        if f.cpu_offload and device.type != "cpu":
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+        else:
+            # On a CPU run the shards already live in host memory (and CPUOffloadPolicy needs an
+            # accelerator), so cpu_offload changes nothing there.
+            model = model.to(device)
+        blocks = find_blocks(model, f.block_class)
+        if f.block_class and not blocks:
+            raise UserError(
+                f"fsdp.block_class '{f.block_class}' matches no module of "
+                f"{type(model).__name__}; name a class of its repeated blocks, or unset it"
+            )
+        for block in blocks:
+            fully_shard(block, **kwargs)
+        fully_shard(model, **kwargs)  # the root: embeddings, head and anything outside the blocks
+        optimizer = build_optimizer(model.parameters(), cfg)
+        scaler = None
+        if precision == "fp16" or param_dtype == torch.float16:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            scaler = ShardedGradScaler(device=device.type)
+        s = cls(
+            model,
+            optimizer,
+            build_scheduler(optimizer, cfg),
+            scaler,
+            device=device,
+            grad_accum=grad_accum,
+            extra={"blocks": len(blocks), "cpu_offload": "offload_policy" in kwargs},
+        )
+        s.max_norm, s.params = cfg.train.clip_grad_norm, list(model.parameters())
+        return s
+
+    def step(self) -> float:
+        return clip_and_step(self, self.params, self.max_norm)
+
+    def sync(self, last: bool) -> ContextManager[Any]:
+        return _sync(self.model, last)
+
+
+STRATEGY = FSDPStrategy

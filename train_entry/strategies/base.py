@@ -1,0 +1,105 @@
+"""The strategy interface the trainer drives. One optimizer step with k micro-steps:
+
+    for i in range(k):
+        with s.sync(i == k - 1), s.autocast():
+            loss = compute_loss(s.model, batch)
+            s.backward(loss)
+    grad_norm = s.step()
+
+Each strategy is one module in train_entry/strategies/ with one class built by `wrap(...)`;
+train_entry/strategies/__init__.py holds the registry (names from hpctrain/kernel/strategies.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+
+class Strategy:
+    name: ClassVar[str]
+
+    def __init__(
+        self,
+        model: Any,
+        optimizer: Any,
+        scheduler: Any,
+        scaler: Any = None,
+        *,
+        device: torch.device,
+        grad_accum: int,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.model = model  # call it for forward: the DDP/FSDP module or the DeepSpeed engine
+        self.optimizer = optimizer  # None when the strategy's engine owns it
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.device = device  # where batches go
+        self.grad_accum = grad_accum
+        self.extra = extra or {}
+
+    # ---- building and checking
+    @classmethod
+    def wrap(cls, model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int) -> Strategy:
+        raise NotImplementedError
+
+    @staticmethod
+    def validate(cfg: Any, *, world: int, accum: int) -> None:
+        """Checks that need no process group (at parse time, before any process group exists)."""
+
+    # ---- one step
+    def backward(self, loss: torch.Tensor) -> None:
+        loss = loss / self.grad_accum
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+
+    def step(self) -> float:
+        """The optimizer step; returns the grad norm (nan if not computed)."""
+        raise NotImplementedError
+
+    def sync(self, last: bool) -> ContextManager[Any]:
+        """Around a micro-step: gradients are reduced only when `last`."""
+        return contextlib.nullcontext()
+
+    def autocast(self) -> ContextManager[Any]:
+        return contextlib.nullcontext()
+
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    # ---- state
+    @property
+    def checkpointed_scheduler(self) -> Any:
+        """The scheduler the checkpointer saves (None when the engine saves its own)."""
+        return self.scheduler
+
+    def params_sha256(self) -> str:
+        """Full parameter values, fixed order, whatever the sharding (a collective)."""
+        from train_entry.state import params_sha256
+
+        return params_sha256(self.model)
+
+
+def clip_and_step(s: Strategy, params: list[nn.Parameter], max_norm: float | None) -> float:
+    """Unscale (fp16), clip, step, zero the grads, advance the schedule: the DDP/FSDP optimizer step."""
+    if s.scaler is not None:
+        s.scaler.unscale_(s.optimizer)
+    norm = float("nan")
+    if max_norm is not None:
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = float(total.full_tensor() if hasattr(total, "full_tensor") else total)
+    if s.scaler is not None:
+        s.scaler.step(s.optimizer)
+        s.scaler.update()
+    else:
+        s.optimizer.step()
+    s.optimizer.zero_grad(set_to_none=True)
+    s.scheduler.step()
+    return norm
+
+
+Factory = Callable[..., Strategy]
