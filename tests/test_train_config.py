@@ -149,11 +149,20 @@ def test_deepspeed_json_is_validated_by_deepspeed(tmp_path, monkeypatch):
     assert conf["train_batch_size"] == 16 and conf["zero_force_ds_cpu_optimizer"] is False
 
 
-def test_deepspeed_fp16_on_cpu_is_a_config_error(tmp_path, monkeypatch):
+def test_deepspeed_fp16_follows_the_accelerator(tmp_path, monkeypatch):
+    """fp16 is refused with the fix where DeepSpeed's accelerator has no fp16, accepted where it has
+    (DeepSpeed's CPU accelerator answers from oneDNN, so this depends on the CPU)."""
     monkeypatch.setenv(jobenv.DEVICE, "cpu")
+    from deepspeed.accelerator import get_accelerator
+
+    argv = ["--strategy", "deepspeed", "--run-dir", str(tmp_path), "--train.precision=fp16"]
+    if get_accelerator().is_fp16_supported():
+        _, cfg, _ = parse(argv)
+        assert cfg.train.precision == "fp16"
+        return
     with pytest.raises(UserError, match=r"train.precision=fp16: DeepSpeed has no fp16 on this device "
                                         r"\(cpu\); use --train.precision=bf16 or fp32"):
-        parse(["--strategy", "deepspeed", "--run-dir", str(tmp_path), "--train.precision=fp16"])
+        parse(argv)
 
 
 # ---------------------------------------------------------------- the real command: exit 2, one line
