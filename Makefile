@@ -35,7 +35,7 @@ demo: $(STAMP)
 # ruff format --check, ruff check (rules in pyproject.toml), mypy --strict on the typed layers.
 # LINT_PATHS grows to the whole tree (".") once the tree-wide `ruff format` has run.
 LINT_PATHS ?= hpctrain/kernel hpctrain/service hpctrain/dispatch hpctrain/cli hpctrain/doctor \
-	hpctrain/plan train_entry/strategies train_entry/trainer.py tests/test_contract.py \
+	hpctrain/plan train_entry/strategies train_entry/trainer.py train_entry/config tests/test_contract.py \
 	tests/test_layers.py tests/test_events.py
 lint: $(STAMP)
 	$(BIN)/ruff format --check $(LINT_PATHS)

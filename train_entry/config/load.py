@@ -1,0 +1,263 @@
+"""Loading a TrainConfig: the YAML file (with the line of every key), dotted overrides, every
+problem at once (file:line: key: fix), cross-field checks, and the batch arithmetic."""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError as PydanticError
+
+from hpctrain.kernel import jobenv
+from hpctrain.kernel.errors import Problem, UserError, ValidationError
+from train_entry.config.models import TrainConfig, all_keys
+
+# ---------------------------------------------------------------- loading
+
+
+class _Origins(dict):
+    """dotted key -> (file, line) or ("flag", None)."""
+
+
+def _load_yaml(path: Path) -> tuple[dict, _Origins]:
+    """Safe YAML with the line of every key (1-based)."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError(
+            f"{path}: cannot read the config file ({e.strerror}); check --config"
+        ) from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise UserError(
+            f"{where}: not valid YAML ({getattr(e, 'problem', e)}); fix the syntax"
+        ) from None
+    if data is None:
+        return {}, _Origins()
+    if not isinstance(data, dict):
+        raise UserError(
+            f"{path}:1: the config must be a mapping of sections (e.g. 'train:'), "
+            f"not a {type(data).__name__}"
+        )
+    origins, dups = _Origins(), []
+
+    def walk(n: yaml.Node, prefix: str) -> None:
+        if isinstance(n, yaml.MappingNode):
+            for k, v in n.value:
+                key = f"{prefix}{k.value}"
+                if key in origins:  # plain YAML keeps the last one silently
+                    dups.append(
+                        Problem(
+                            f"duplicate key (first at line {origins[key][1]}); keep one",
+                            file=str(path),
+                            line=k.start_mark.line + 1,
+                            key=key,
+                        )
+                    )
+                origins[key] = (str(path), k.start_mark.line + 1)
+                walk(v, key + ".")
+
+    walk(node, "")
+    if dups:
+        raise ValidationError(dups)
+    return data, origins
+
+
+def _parse_value(text: str) -> Any:
+    # YAML scalars: 3e-4 -> float, true -> bool, null -> None, [0.9, 0.99] -> list.
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _suggest(key: str) -> str:
+    sections = [k for k, f in TrainConfig.model_fields.items() if f.default_factory is not None]
+    close = difflib.get_close_matches(key, [*all_keys(), *sections], n=1, cutoff=0.6)
+    if not close:
+        last = key.rsplit(".", 1)[-1]
+        close = [k for k in all_keys() if k.rsplit(".", 1)[-1] == last][:1]
+    return f"did you mean '{close[0]}'?" if close else "remove it (see --help for every key)"
+
+
+def apply_overrides(data: dict, overrides: list[str], origins: _Origins) -> list[Problem]:
+    problems: list[Problem] = []
+    items = list(overrides)
+    while items:
+        item = items.pop(0)
+        if item.startswith("--") and "=" not in item and items and not items[0].startswith("--"):
+            item = f"{item}={items.pop(0)}"  # `--optim.lr 3e-4` works like `--optim.lr=3e-4`
+        if not item.startswith("--") or "=" not in item:
+            problems.append(
+                Problem(
+                    f"'{item}' is not an option; overrides look like --optim.lr=3e-4",
+                    file="command line",
+                )
+            )
+            continue
+        key, _, raw = item[2:].partition("=")
+        key = key.replace("-", "_")
+        parts = key.split(".")
+        node = data
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {}
+            node = node[p]
+        node[parts[-1]] = _parse_value(raw)
+        origins[key] = ("flag", None)
+    return problems
+
+
+def _problems_from(err: PydanticError, origins: _Origins) -> list[Problem]:
+    problems = []
+    for e in err.errors():
+        loc = [str(x) for x in e["loc"]]
+        # tuple fields report the index as a last element ("optim.betas.0"): point at the key
+        while loc and loc[-1].isdigit():
+            loc.pop()
+        key = ".".join(loc)
+        file, line = origins.get(key, (None, None))
+        if e["type"] == "extra_forbidden":
+            msg = f"unknown key; {_suggest(key)}"
+        else:
+            msg = e["msg"]
+            if "input" in e and not isinstance(e["input"], dict):
+                msg += f" (got {e['input']!r})"
+            if e["type"] == "literal_error":
+                msg += "; use one of the listed values"
+        if file is None:
+            file = "<defaults>" if key not in origins else None
+        problems.append(
+            Problem(
+                msg,
+                file=file if file != "flag" else f"--{key}",
+                line=line,
+                key=None if file == "flag" else key,
+            )
+        )
+    return problems
+
+
+def load_config(
+    path: str | os.PathLike | None = None,
+    overrides: list[str] = (),
+    flags: dict[str, Any] | None = None,
+) -> TrainConfig:
+    """Defaults < YAML file < named flags ({"train.max_steps": 60}) < dotted overrides."""
+    data, origins = _load_yaml(Path(path)) if path else ({}, _Origins())
+    named = [f"--{k}={v}" for k, v in (flags or {}).items() if v is not None]
+    problems = apply_overrides(data, [*named, *overrides], origins)
+    try:
+        cfg = TrainConfig.model_validate(data)
+    except PydanticError as e:
+        problems += _problems_from(e, origins)
+        raise ValidationError(problems) from None
+    if problems:
+        raise ValidationError(problems)
+    problems = _cross_checks(cfg, origins)
+    if problems:
+        raise ValidationError(problems)
+    return cfg
+
+
+def _cross_checks(cfg: TrainConfig, origins: _Origins) -> list[Problem]:
+    def at(key: str, msg: str) -> Problem:
+        file, line = origins.get(key, ("<defaults>", None))
+        return Problem(
+            msg,
+            file=f"--{key}" if file == "flag" else file,
+            line=line,
+            key=None if file == "flag" else key,
+        )
+
+    out = []
+    if cfg.model.factory is None and cfg.model.d_model % cfg.model.n_heads:
+        out.append(
+            at(
+                "model.n_heads",
+                f"n_heads={cfg.model.n_heads} does not divide "
+                f"d_model={cfg.model.d_model}; pick a divisor",
+            )
+        )
+    for check in _SECTION_CHECKS.get(cfg.strategy, ()):
+        out += check(cfg, at)
+    return out
+
+
+def _deepspeed_checks(cfg: TrainConfig, at: Callable[[str, str], Problem]) -> list[Problem]:
+    ds, out = cfg.deepspeed, []
+    if "nvme" in (ds.offload_optimizer, ds.offload_param) and not ds.nvme_path:
+        out.append(
+            at("deepspeed.nvme_path", "NVMe offload needs a folder; set deepspeed.nvme_path")
+        )
+    if ds.offload_param != "none" and ds.zero_stage != 3:
+        out.append(
+            at(
+                "deepspeed.offload_param",
+                f"parameter offload needs zero_stage 3 (got "
+                f"{ds.zero_stage}); set deepspeed.zero_stage=3 or offload_param=none",
+            )
+        )
+    return out
+
+
+# The strategy's own section, checked only when that strategy runs (keyed by strategy name).
+_SECTION_CHECKS: dict[
+    str, tuple[Callable[[TrainConfig, Callable[[str, str], Problem]], list[Problem]], ...]
+] = {
+    "deepspeed": (_deepspeed_checks,),
+}
+
+
+# ---------------------------------------------------------------- sizes, checked before any work
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_sizes(cfg: TrainConfig, world: int | None = None) -> int:
+    """Check the topology and the batch arithmetic; return the gradient accumulation steps."""
+    world = world_size() if world is None else world
+    nnodes, gpn = jobenv.get(jobenv.NNODES), jobenv.get(jobenv.GPUS_PER_NODE)
+    if nnodes and gpn and int(gpn) > 0 and int(nnodes) * int(gpn) != world:
+        raise UserError(
+            f"WORLD_SIZE({world}) != {jobenv.NNODES}({nnodes}) * {jobenv.GPUS_PER_NODE}"
+            f"({gpn}) = {int(nnodes) * int(gpn)}; launch torchrun with --nnodes {nnodes} "
+            f"--nproc-per-node {gpn}"
+        )
+    t = cfg.train
+    if not {"global_batch", "micro_batch", "grad_accum"} & t.model_fields_set and t.global_batch % (
+        world * t.micro_batch
+    ):
+        # Nothing set by the user: the defaults adapt to the world size (the same global batch,
+        # fewer samples per rank; else one default micro-batch per rank). 1 and 2 ranks keep 16 = 2 x 8.
+        if t.global_batch % world == 0:
+            t.micro_batch = t.global_batch // world
+        else:
+            t.global_batch = world * t.micro_batch
+    per_step = world * t.micro_batch
+    if t.grad_accum is None:
+        if t.global_batch % per_step:
+            raise UserError(
+                f"train.global_batch({t.global_batch}) is not divisible by "
+                f"world_size({world}) * train.micro_batch({t.micro_batch}) = {per_step}; "
+                f"set train.global_batch to a multiple of {per_step}"
+            )
+        return t.global_batch // per_step
+    if world * t.micro_batch * t.grad_accum != t.global_batch:
+        raise UserError(
+            f"train.global_batch({t.global_batch}) != world_size({world}) * "
+            f"train.micro_batch({t.micro_batch}) * train.grad_accum({t.grad_accum}) = "
+            f"{per_step * t.grad_accum}; set train.global_batch={per_step * t.grad_accum} "
+            f"or leave train.grad_accum unset to derive it"
+        )
+    return t.grad_accum
