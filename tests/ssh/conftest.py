@@ -21,8 +21,11 @@ VENV_PYTHON = (
 @pytest.fixture(scope="session")
 def ssh_site(tmp_path_factory):
     if not Path(sshd.SSHD).is_file():
-        pytest.fail("tests/ssh needs OpenSSH's server binary (not its service): "
-                    "apt-get install openssh-server", pytrace=False)
+        pytest.fail(
+            "tests/ssh needs OpenSSH's server binary (not its service): "
+            "apt-get install openssh-server",
+            pytrace=False,
+        )
     site = sshd.up(tmp_path_factory.mktemp("ssh-site"))
     yield site
     sshd.down(Path(site.dir))
