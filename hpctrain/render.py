@@ -104,9 +104,9 @@ def environment() -> Any:
 
 
 def node_python(profile: Any) -> str:
-    """The Python the nodes run: the profile's launch.python; the PYTHON override (kernel/jobenv.py) if set; `python` from
-    the activated venv/conda env or the container; else this interpreter (the submit host and the
-    nodes share the filesystem)."""
+    """The Python the nodes run: the profile's launch.python; the PYTHON override (kernel/jobenv.py)
+    if set; `python` from the activated venv/conda env or the container; else this interpreter (the
+    submit host and the nodes share the filesystem)."""
     if profile.launch.python:
         return str(profile.launch.python)
     override = jobenv.get(jobenv.PYTHON)

@@ -33,7 +33,8 @@ class DistInfo:
 
 
 def pick_device() -> str:
-    """cuda when the node has GPUs and the job environment's DEVICE does not say cpu (we re-check the script's guess)."""
+    """cuda when the node has GPUs and the job environment's DEVICE does not say cpu (we re-check
+    the script's guess)."""
     if (jobenv.get(jobenv.DEVICE) or "").lower() == "cpu":
         return "cpu"
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -46,7 +47,7 @@ def init_distributed(*, timeout_min: float = 10.0, seed: int = 0) -> DistInfo:
         # fragmentation OOMs). Harmless if this turns out to be a CPU run.
         os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     kind = pick_device()
-    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if kind == "cuda":
         # torchrun shows a worker every GPU of the node; `srun --gpus-per-task=1` shows it one (its
