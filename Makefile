@@ -21,9 +21,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test,deepspeed]'
 	touch $@
 
-# System packages the tests need besides the venv (shellcheck lints every rendered script).
+# System packages the tests need besides the venv: shellcheck lints every rendered script; a real
+# OpenSSH server and client (and rsync) front the live cluster for the remote tests (tests/ssh/).
+SYSPKGS := shellcheck openssh-server openssh-client rsync
 sysdeps:
-	command -v shellcheck >/dev/null || { apt-get update -qq && apt-get install -y -qq shellcheck; }
+	@missing=; for p in $(SYSPKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then echo "installing$$missing"; apt-get update -qq && \
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
 
 # The local default end to end with the real train_entry. A re-run moves a COMPLETED runs/demo aside
 # to runs/demo.old-<time> (--replace-finished); an unfinished one is refused with a resume hint.
