@@ -31,8 +31,9 @@ def _head_name() -> str | None:
     if not nodelist:
         return None
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
+        )
         return out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else None
     except (OSError, subprocess.TimeoutExpired):
         return None
@@ -46,12 +47,17 @@ def node_report(out: Path) -> None:
     addr, _, port = endpoint.rpartition(":")
     head = _head_name() or (addr or None)
     checks = node_checks(
-        env=dict(os.environ), head=head, rdzv_addr=addr or None, port=int(port) if port.isdigit() else None,
-        is_head=node == "0", expect_gpus=int(jobenv.get(jobenv.GPUS_PER_NODE) or 0),
+        env=dict(os.environ),
+        head=head,
+        rdzv_addr=addr or None,
+        port=int(port) if port.isdigit() else None,
+        is_head=node == "0",
+        expect_gpus=int(jobenv.get(jobenv.GPUS_PER_NODE) or 0),
         want_gpu=jobenv.get(jobenv.WANT_GPU) == "1",
         slurm=jobenv.get(jobenv.SCHEDULER) == "slurm",
         bind_port=False,  # the port is the live rendezvous store's: in use by design
-        uses_nccl=jobenv.get(jobenv.DEVICE) == "cuda")
+        uses_nccl=jobenv.get(jobenv.DEVICE) == "cuda",
+    )
     report = NodeReport(node, socket.gethostname(), checks)
     _write(out / f"node-{node}.json", report.to_dict())
 
@@ -67,10 +73,15 @@ def sweep(out: Path, max_bytes: int, timeout_s: float) -> int:
     rank = int(os.environ.get("RANK", "0"))
     try:
         if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count()))
+            torch.cuda.set_device(
+                int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count())
+            )
         dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     except Exception as e:  # noqa: BLE001 - reported with its likely cause, not re-raised
-        _write(out / f"sweep-error-{rank}.json", {"error": f"{type(e).__name__}: {e}", "backend": backend})
+        _write(
+            out / f"sweep-error-{rank}.json",
+            {"error": f"{type(e).__name__}: {e}", "backend": backend},
+        )
         return 1
     world = dist.get_world_size()
     device = torch.device("cuda") if cuda else torch.device("cpu")
@@ -85,7 +96,7 @@ def sweep(out: Path, max_bytes: int, timeout_s: float) -> int:
             count = nbytes // 4
             buf = torch.empty(count, dtype=torch.float32, device=device)
             buf.fill_(1.0)
-            dist.all_reduce(buf)   # warm-up: connections, buffers
+            dist.all_reduce(buf)  # warm-up: connections, buffers
             sync()
             # as many iterations as fit in about 0.2 s (2..50); every rank must agree on the count
             t1 = time.perf_counter()
@@ -99,32 +110,50 @@ def sweep(out: Path, max_bytes: int, timeout_s: float) -> int:
             for _ in range(iters):
                 dist.all_reduce(buf)
             sync()
-            elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64,
-                                   device=device)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)   # the slowest rank, as nccl-tests
+            elapsed = torch.tensor(
+                [(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device
+            )
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank, as nccl-tests
             buf.fill_(float(rank + 1))
             dist.all_reduce(buf)
-            ok = torch.tensor([bool(torch.all(buf == world * (world + 1) / 2))], dtype=torch.int32,
-                              device=device)
+            ok = torch.tensor(
+                [bool(torch.all(buf == world * (world + 1) / 2))], dtype=torch.int32, device=device
+            )
             dist.all_reduce(ok, op=dist.ReduceOp.MIN)
             t = float(elapsed.item())
             algbw = nbytes / t / 1e9
-            rows.append({"bytes": nbytes, "count": count, "time_us": t * 1e6, "algbw_gbps": algbw,
-                         "busbw_gbps": algbw * 2 * (world - 1) / world, "correct": bool(ok.item())})
+            rows.append(
+                {
+                    "bytes": nbytes,
+                    "count": count,
+                    "time_us": t * 1e6,
+                    "algbw_gbps": algbw,
+                    "busbw_gbps": algbw * 2 * (world - 1) / world,
+                    "correct": bool(ok.item()),
+                }
+            )
     except Exception as e:  # noqa: BLE001
-        _write(out / f"sweep-error-{rank}.json", {"error": f"{type(e).__name__}: {e}", "backend": backend})
+        _write(
+            out / f"sweep-error-{rank}.json",
+            {"error": f"{type(e).__name__}: {e}", "backend": backend},
+        )
         return 1
     finally:
         if rows and rank == 0:
-            _write(out / "sweep.json", {"backend": backend, "world": world, "dtype": "float32",
-                                        "rows": rows})
+            _write(
+                out / "sweep.json",
+                {"backend": backend, "world": world, "dtype": "float32", "rows": rows},
+            )
     dist.destroy_process_group()
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m hpctrain.doctor_worker", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m hpctrain.doctor_worker",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--out", type=Path, help=f"report folder (default ${jobenv.RUN_DIR}/doctor)")
     ap.add_argument("--max-bytes", type=int, default=256 << 20, help="largest all-reduce (bytes)")
     ap.add_argument("--timeout-s", type=float, default=120.0, help="process-group timeout")

@@ -75,8 +75,13 @@ def check_train_entry(
     from hpctrain.profiles import cache
 
     key: dict[str, Any] | None = {
-        "nodes": nodes, "gpus": gpus, "args": list(args), "strategy": strategy,
-        "env": [os.environ.get(ENV_NNODES), os.environ.get(ENV_GPUS)], "config": None}
+        "nodes": nodes,
+        "gpus": gpus,
+        "args": list(args),
+        "strategy": strategy,
+        "env": [os.environ.get(ENV_NNODES), os.environ.get(ENV_GPUS)],
+        "config": None,
+    }
     config = entry_flag(args, "config")
     if config is not None:
         try:
@@ -88,12 +93,17 @@ def check_train_entry(
     hit = cache.recall("entry_check", key, sources) if key is not None else None
     if isinstance(hit, dict) and "resolved" in hit and hit["probe"] is not None:
         if hit["probe"]:
-            _probe(python or sys.executable, [*(["--strategy", strategy] if strategy else []), *args],
-                   nodes=nodes, gpus=gpus, where=f"at {nodes} node(s) x {gpus} = world size "
-                                                  f"{nodes * gpus}")
+            _probe(
+                python or sys.executable,
+                [*(["--strategy", strategy] if strategy else []), *args],
+                nodes=nodes,
+                gpus=gpus,
+                where=f"at {nodes} node(s) x {gpus} = world size {nodes * gpus}",
+            )
         return dict(hit["resolved"])
-    resolved, probed = _check_train_entry(nodes=nodes, gpus=gpus, args=args, strategy=strategy,
-                                          python=python)
+    resolved, probed = _check_train_entry(
+        nodes=nodes, gpus=gpus, args=args, strategy=strategy, python=python
+    )
     if key is not None and probed is not None:
         cache.remember("entry_check", key, {"resolved": resolved, "probe": probed}, sources)
     return resolved
@@ -126,8 +136,9 @@ def _check_train_entry(
             check_installed(cfg.train.tracker)
         except UserError as e:
             raise UserError(f"train_entry's config does not work {where}:\n  {_one(e)}") from None
-    probe: bool | None = bool(cfg.model.factory or cfg.data.factory or cfg.data.collate
-                              or cfg.strategy == "deepspeed")
+    probe: bool | None = bool(
+        cfg.model.factory or cfg.data.factory or cfg.data.collate or cfg.strategy == "deepspeed"
+    )
     if probe:
         _probe(
             python or sys.executable,
@@ -144,7 +155,7 @@ def _check_train_entry(
         "grad_accum": accum,
         "max_steps": t.max_steps,
         "world_size": world,
-    }, (None if cfg.train.tracker != "none" else probe)   # None: check again every time
+    }, (None if cfg.train.tracker != "none" else probe)  # None: check again every time
 
 
 def _probe(python: str, args: list[str], *, nodes: int, gpus: int, where: str) -> None:

@@ -139,8 +139,11 @@ def _exit_code(logs: list[Path]) -> dict[str, str] | None:
             if {"host", "rank", "exitcode"} <= seen.keys():
                 rank = seen["rank"].split()[0]
                 code = seen["exitcode"].split()[0]
-                return {"line": f"rank {rank} on {seen['host']} exited with code {code} "
-                                "(no Python exception in its output)", "log": str(log)}
+                return {
+                    "line": f"rank {rank} on {seen['host']} exited with code {code} "
+                    "(no Python exception in its output)",
+                    "log": str(log),
+                }
     return None
 
 

@@ -34,9 +34,25 @@ ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # renders). sbatch reads these lines itself; a newline would end the comment and start a command.
 DIRECTIVE_RE = DIRECTIVE
 # Directives that hpctrain owns (one source of truth); a profile's extra_sbatch may not set them.
-OWNED_DIRECTIVES = ("--job-name", "--nodes", "--ntasks", "--ntasks-per-node", "--gpus", "--gpus-per-node",
-                    "--gres", "--cpus-per-task", "--cpus-per-gpu", "--time", "--output", "--error",
-                    "--open-mode", "--requeue", "--no-requeue", "--signal", "--array")
+OWNED_DIRECTIVES = (
+    "--job-name",
+    "--nodes",
+    "--ntasks",
+    "--ntasks-per-node",
+    "--gpus",
+    "--gpus-per-node",
+    "--gres",
+    "--cpus-per-task",
+    "--cpus-per-gpu",
+    "--time",
+    "--output",
+    "--error",
+    "--open-mode",
+    "--requeue",
+    "--no-requeue",
+    "--signal",
+    "--array",
+)
 
 
 def _finalize(value: Any) -> str:
@@ -45,8 +61,10 @@ def _finalize(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
-        raise UserError("internal: the template interpolates a value that is not set (None); "
-                        "guard it with {% if ... %}")
+        raise UserError(
+            "internal: the template interpolates a value that is not set (None); "
+            "guard it with {% if ... %}"
+        )
     return shlex.quote(str(value))
 
 
@@ -56,8 +74,10 @@ def _shjoin(values: Any) -> Sh:
 
 def _directive(value: str) -> Sh:
     if not DIRECTIVE_RE.match(str(value)):
-        raise UserError(f"cannot put {value!r} on an #SBATCH line: a directive is --key or --key=value "
-                        "with no spaces, quotes, newlines or shell characters")
+        raise UserError(
+            f"cannot put {value!r} on an #SBATCH line: a directive is --key or --key=value "
+            "with no spaces, quotes, newlines or shell characters"
+        )
     return Sh(value)
 
 
@@ -74,11 +94,15 @@ def _prequoted(values: Any) -> Sh:
     """Words hpctrain quoted itself (launcher and container parts of the context), joined."""
     return Sh(" ".join(str(v) for v in values))
 
+
 # The job environment's names for the template ({{ var.RUN_DIR }}): hpctrain/kernel/jobenv.py.
 _VAR = {key: Sh(name) for key, name in jobenv.template_names().items()}
 # The exit codes the script reports ({{ exit.PREEMPTED }}): hpctrain/kernel/exitcodes.py.
-_EXIT = {"PREEMPTED": exitcodes.PREEMPTED, "TIMEOUT": exitcodes.TIMEOUT,
-         "TERMINATED": exitcodes.TERMINATED}
+_EXIT = {
+    "PREEMPTED": exitcodes.PREEMPTED,
+    "TIMEOUT": exitcodes.TIMEOUT,
+    "TERMINATED": exitcodes.TERMINATED,
+}
 
 
 def _home(path: str) -> str:
@@ -87,8 +111,14 @@ def _home(path: str) -> str:
 
 
 def _template_dirs() -> list[Path]:
-    dirs = [Path(p) / "templates" for p in (jobenv.get(jobenv.SITE_PATH) or "").split(os.pathsep) if p]
-    config = Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "hpctrain" / "templates"
+    dirs = [
+        Path(p) / "templates" for p in (jobenv.get(jobenv.SITE_PATH) or "").split(os.pathsep) if p
+    ]
+    config = (
+        Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config")
+        / "hpctrain"
+        / "templates"
+    )
     dirs.append(config)
     return [d for d in dirs if d.is_dir()]
 
@@ -98,9 +128,19 @@ def environment() -> Any:
     from hpctrain import templating
 
     return templating.environment(
-        _template_dirs(), bundled("templates"), finalize=_finalize,
-        filters={"safe": Sh, "shjoin": _shjoin, "directive": _directive, "envname": _envname,
-                 "shvalue": _shvalue, "sq": in_single_quotes, "shwords": _prequoted})
+        _template_dirs(),
+        bundled("templates"),
+        finalize=_finalize,
+        filters={
+            "safe": Sh,
+            "shjoin": _shjoin,
+            "directive": _directive,
+            "envname": _envname,
+            "shvalue": _shvalue,
+            "sq": in_single_quotes,
+            "shwords": _prequoted,
+        },
+    )
 
 
 def node_python(profile: Any) -> str:
@@ -132,7 +172,9 @@ def sbatch_directives(profile: Any, req: JobRequest, run_dir: str) -> list[str]:
     else:
         d = [f"--job-name={req.name}", f"--nodes={req.nodes}", f"--ntasks-per-node={tasks}"]
     if s.gpus_per_node:
-        d.append(f"--gres=gpu:{req.gpus}" if s.gpu_request == "gres" else f"--gpus-per-node={req.gpus}")
+        d.append(
+            f"--gres=gpu:{req.gpus}" if s.gpu_request == "gres" else f"--gpus-per-node={req.gpus}"
+        )
     cpus = cpus_per_task(profile, req)
     if cpus:
         d.append(f"--cpus-per-task={cpus}")
@@ -147,14 +189,20 @@ def sbatch_directives(profile: Any, req: JobRequest, run_dir: str) -> list[str]:
         d.append("--exclusive")
     if req.exclude:
         d.append(f"--exclude={','.join(req.exclude)}")
-    d += [f"--output={run_dir}/logs/batch.log", "--open-mode=append",
-          "--requeue" if pre.requeue else "--no-requeue", f"--signal=B:{pre.signal}@{pre.warning_s}"]
+    d += [
+        f"--output={run_dir}/logs/batch.log",
+        "--open-mode=append",
+        "--requeue" if pre.requeue else "--no-requeue",
+        f"--signal=B:{pre.signal}@{pre.warning_s}",
+    ]
     for extra in s.extra_sbatch:
         key = extra.split("=", 1)[0]
         if key in OWNED_DIRECTIVES:
-            raise UserError(f"profile {profile.name}: slurm.extra_sbatch sets {key}, which hpctrain derives "
-                            "from the request and profile; remove it (use --nodes/--gpus/--time or the "
-                            "profile's own key)")
+            raise UserError(
+                f"profile {profile.name}: slurm.extra_sbatch sets {key}, which hpctrain derives "
+                "from the request and profile; remove it (use --nodes/--gpus/--time or the "
+                "profile's own key)"
+            )
         d.append(extra)
     if req.nodes == 1:
         d += list(s.single_node_sbatch)
@@ -166,8 +214,10 @@ def environment_vars(profile: Any) -> list[tuple[str, str]]:
     net = profile.network
     wd = profile.watchdog
     # a dead peer fails the job in minutes (watchdog: keys), not after torch's default half hour
-    env: dict[str, str] = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": str(wd.nccl_async_error_handling),
-                           "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(wd.nccl_heartbeat_timeout_s)}
+    env: dict[str, str] = {
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": str(wd.nccl_async_error_handling),
+        "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": str(wd.nccl_heartbeat_timeout_s),
+    }
     if net.socket_ifname:
         env["NCCL_SOCKET_IFNAME"] = net.socket_ifname
     gloo = net.gloo_ifname
@@ -185,8 +235,9 @@ def environment_vars(profile: Any) -> list[tuple[str, str]]:
     return sorted(env.items())
 
 
-def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = None, *,
-            chain: bool = False) -> dict[str, Any]:
+def context(
+    profile: Any, req: JobRequest, run_dir: str, python: str | None = None, *, chain: bool = False
+) -> dict[str, Any]:
     if not os.path.isabs(run_dir):
         raise UserError(f"internal: run folder {run_dir!r} must be absolute")
     problems = req.problems(profile)  # a request that does not fit the profile cannot be rendered
@@ -213,8 +264,11 @@ def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = No
         "want_gpu": 1 if slurm and profile.slurm.gpus_per_node else 0,
         "python": python or node_python(profile),
         # launch.python may use $VAR (expanded on the node); any other source is a literal path
-        "python_word": (shvalue if profile.launch.python and python in (None, profile.launch.python)
-                        else shlex.quote)(python or node_python(profile)),
+        "python_word": (
+            shvalue
+            if profile.launch.python and python in (None, profile.launch.python)
+            else shlex.quote
+        )(python or node_python(profile)),
         "entry_argv": req.entry.argv(run_dir=run_dir, strategy=req.strategy, args=req.args),
         "preemption": profile.preemption,
         "preflight": profile.preflight,
@@ -224,12 +278,19 @@ def context(profile: Any, req: JobRequest, run_dir: str, python: str | None = No
         "container": profile.environment.container,
         "activate_path": _home(profile.environment.activate or ""),
         "container_mounts": [*profile.environment.container.mounts, f"{run_dir}:{run_dir}"]
-        if profile.environment.container else [],
+        if profile.environment.container
+        else [],
     }
 
 
-def render(profile: Any, req: JobRequest, run_dir: str | os.PathLike[str], *, python: str | None = None,
-           chain: bool = False) -> str:
+def render(
+    profile: Any,
+    req: JobRequest,
+    run_dir: str | os.PathLike[str],
+    *,
+    python: str | None = None,
+    chain: bool = False,
+) -> str:
     """The script text, byte for byte what is handed to the scheduler. `python`: the nodes' interpreter
     (default node_python(profile); a resume passes run.yaml's `node_python` to render the same script)."""
     from hpctrain import templating
@@ -254,17 +315,26 @@ def check_topology(text: str, profile: Any, req: JobRequest) -> None:
     for key, value in want.items():
         found = exports.get(key, [])
         if found != [value]:
-            raise UserError(f"the rendered script sets {key}={found or 'nothing'}, the request says {value}: "
-                            "a mismatched topology cannot be rendered (check the site template)")
+            raise UserError(
+                f"the rendered script sets {key}={found or 'nothing'}, the request says {value}: "
+                "a mismatched topology cannot be rendered (check the site template)"
+            )
     if profile.scheduler != "slurm":
         return
-    lines = [ln.split()[1] for ln in text.splitlines() if ln.startswith("#SBATCH ") and len(ln.split()) > 1]
+    lines = [
+        ln.split()[1]
+        for ln in text.splitlines()
+        if ln.startswith("#SBATCH ") and len(ln.split()) > 1
+    ]
     keyed: dict[str, list[str]] = {}
     for d in lines:
         keyed.setdefault(d.split("=", 1)[0], []).append(d)
     tasks = launch_context.tasks_per_node(profile, req)
-    expect = {"--nodes": f"--nodes={req.min_nodes}-{req.nodes}"} if req.node_range else \
-        {"--nodes": f"--nodes={req.nodes}", "--ntasks-per-node": f"--ntasks-per-node={tasks}"}
+    expect = (
+        {"--nodes": f"--nodes={req.min_nodes}-{req.nodes}"}
+        if req.node_range
+        else {"--nodes": f"--nodes={req.nodes}", "--ntasks-per-node": f"--ntasks-per-node={tasks}"}
+    )
     if profile.slurm.gpus_per_node:
         if profile.slurm.gpu_request == "gres":
             expect["--gres"] = f"--gres=gpu:{req.gpus}"
@@ -272,9 +342,13 @@ def check_topology(text: str, profile: Any, req: JobRequest) -> None:
             expect["--gpus-per-node"] = f"--gpus-per-node={req.gpus}"
     for key, line in expect.items():
         if keyed.get(key) != [line]:
-            raise UserError(f"the rendered script has #SBATCH {keyed.get(key) or 'no ' + key}, the request "
-                            f"needs {line}: a mismatched topology cannot be rendered")
+            raise UserError(
+                f"the rendered script has #SBATCH {keyed.get(key) or 'no ' + key}, the request "
+                f"needs {line}: a mismatched topology cannot be rendered"
+            )
     for bad in ("-N", "--ntasks", "--gpus", "--gpus-per-task"):
         if bad in keyed:
-            raise UserError(f"the rendered script sets #SBATCH {bad}, which contradicts the request's "
-                            "topology: remove it from the template")
+            raise UserError(
+                f"the rendered script sets #SBATCH {bad}, which contradicts the request's "
+                "topology: remove it from the template"
+            )

@@ -18,11 +18,13 @@ NAME_RULE = "1-64 characters: letters, digits, '.', '_', '-', starting with a le
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
 STRATEGIES = strategy_names.CHOICES
-NODE_NAMES_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*\Z")   # Slurm host names and ranges: n1,gpu[01-04]
+NODE_NAMES_RE = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*\Z"
+)  # Slurm host names and ranges: n1,gpu[01-04]
 TRAIN_ENTRY = "train_entry"
 
 
-MAX_COUNT = 100_000          # nodes or GPUs per node: anything above is a typo (or 10**24)
+MAX_COUNT = 100_000  # nodes or GPUs per node: anything above is a typo (or 10**24)
 MAX_TIME_MIN = 366 * 24 * 60
 
 
@@ -56,7 +58,9 @@ class JobRequest:
     strategy: str = "ddp"
     entry: Entry = field(default_factory=Entry)
     args: tuple[str, ...] = ()
-    min_nodes: int | None = None  # fewest nodes the run may continue on (preflight shrink, #SBATCH --nodes=M-N)
+    min_nodes: int | None = (
+        None  # fewest nodes the run may continue on (preflight shrink, #SBATCH --nodes=M-N)
+    )
     exclude: tuple[str, ...] = ()  # nodes Slurm must not give this job (#SBATCH --exclude)
 
     @property
@@ -65,11 +69,21 @@ class JobRequest:
         return self.min_nodes is not None and self.min_nodes < self.nodes
 
     @classmethod
-    def build(cls, profile: Any, *, name: str | None = None, nodes: int | None = None,
-              gpus: int | None = None, time_min: int | None = None, strategy: str | None = None,
-              script: str | None = None, module: str | None = None,
-              args: tuple[str, ...] | list[str] = (), min_nodes: int | None = None,
-              exclude: tuple[str, ...] | list[str] = ()) -> JobRequest:
+    def build(
+        cls,
+        profile: Any,
+        *,
+        name: str | None = None,
+        nodes: int | None = None,
+        gpus: int | None = None,
+        time_min: int | None = None,
+        strategy: str | None = None,
+        script: str | None = None,
+        module: str | None = None,
+        args: tuple[str, ...] | list[str] = (),
+        min_nodes: int | None = None,
+        exclude: tuple[str, ...] | list[str] = (),
+    ) -> JobRequest:
         """Fill the defaults from the profile and check everything; every problem is raised at once."""
         problems: list[Problem] = []
         if script and module:
@@ -78,18 +92,29 @@ class JobRequest:
         if script:
             path = Path(script).expanduser().resolve()
             if not path.is_file():
-                problems.append(Problem(f"{script} is not a file (give the path of your training script)",
-                                        key="--script"))
+                problems.append(
+                    Problem(
+                        f"{script} is not a file (give the path of your training script)",
+                        key="--script",
+                    )
+                )
             entry = Entry("script", str(path))
         elif module:
             if not MODULE_RE.match(module):
-                problems.append(Problem(f"{module!r} is not a Python module name (like pkg.train)",
-                                        key="--module"))
+                problems.append(
+                    Problem(
+                        f"{module!r} is not a Python module name (like pkg.train)", key="--module"
+                    )
+                )
             entry = Entry("module", module)
         slurm = profile.slurm
-        default_gpus = slurm.gpus_per_node if profile.scheduler == "slurm" and slurm.gpus_per_node else 1
+        default_gpus = (
+            slurm.gpus_per_node if profile.scheduler == "slurm" and slurm.gpus_per_node else 1
+        )
         if name is None:
-            stem = Path(script).stem if script else (module.rsplit(".", 1)[-1] if module else "train")
+            stem = (
+                Path(script).stem if script else (module.rsplit(".", 1)[-1] if module else "train")
+            )
             name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         req = cls(
             name=name,
@@ -111,58 +136,106 @@ class JobRequest:
         """Everything wrong with this request for this profile, each with its fix."""
         out: list[Problem] = []
         if not NAME_RE.match(self.name):
-            out.append(Problem(f"{self.name!r} is not a valid run name ({NAME_RULE})", key="--name"))
+            out.append(
+                Problem(f"{self.name!r} is not a valid run name ({NAME_RULE})", key="--name")
+            )
         if self.strategy not in STRATEGIES:
-            out.append(Problem(f"unknown strategy {self.strategy!r}; use one of {', '.join(STRATEGIES)}",
-                               key="--strategy"))
+            out.append(
+                Problem(
+                    f"unknown strategy {self.strategy!r}; use one of {', '.join(STRATEGIES)}",
+                    key="--strategy",
+                )
+            )
         if self.nodes < 1:
             out.append(Problem(f"--nodes {self.nodes}: at least 1 node", key="--nodes"))
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
-            out.append(Problem(f"--min-nodes {self.min_nodes}: between 1 and --nodes ({self.nodes})",
-                               key="--min-nodes"))
+            out.append(
+                Problem(
+                    f"--min-nodes {self.min_nodes}: between 1 and --nodes ({self.nodes})",
+                    key="--min-nodes",
+                )
+            )
         elif self.node_range and self.strategy == "deepspeed":
-            out.append(Problem("--min-nodes: DeepSpeed checkpoints load only at the world size that "
-                               "saved them, so a DeepSpeed run cannot continue on fewer nodes; drop "
-                               "--min-nodes (a bad node is then excluded and the job requeued)",
-                               key="--min-nodes"))
+            out.append(
+                Problem(
+                    "--min-nodes: DeepSpeed checkpoints load only at the world size that "
+                    "saved them, so a DeepSpeed run cannot continue on fewer nodes; drop "
+                    "--min-nodes (a bad node is then excluded and the job requeued)",
+                    key="--min-nodes",
+                )
+            )
         for name in self.exclude:
             if not NODE_NAMES_RE.match(name):
-                out.append(Problem(f"--exclude {name!r} is not a Slurm node name or range (like n1 or "
-                                   "gpu[01-04])", key="--exclude"))
+                out.append(
+                    Problem(
+                        f"--exclude {name!r} is not a Slurm node name or range (like n1 or "
+                        "gpu[01-04])",
+                        key="--exclude",
+                    )
+                )
         if self.gpus < 1:
             out.append(Problem(f"--gpus {self.gpus}: at least 1 per node", key="--gpus"))
         if self.time_min < 1:
             out.append(Problem(f"--time {self.time_min}: at least 1 minute", key="--time"))
         for i, arg in enumerate(self.args):
             if any(0xD800 <= ord(c) <= 0xDFFF for c in arg) or "\x00" in arg:
-                out.append(Problem(f"entry argument {i + 1} ({arg.encode('utf-8', 'surrogateescape')[:40]!r}) "
-                                   "is not valid UTF-8 text; fix: pass it in UTF-8", key="--"))
-        for key, value, most in (("--nodes", self.nodes, MAX_COUNT), ("--gpus", self.gpus, MAX_COUNT),
-                                 ("--time", self.time_min, MAX_TIME_MIN)):
+                out.append(
+                    Problem(
+                        f"entry argument {i + 1} ({arg.encode('utf-8', 'surrogateescape')[:40]!r}) "
+                        "is not valid UTF-8 text; fix: pass it in UTF-8",
+                        key="--",
+                    )
+                )
+        for key, value, most in (
+            ("--nodes", self.nodes, MAX_COUNT),
+            ("--gpus", self.gpus, MAX_COUNT),
+            ("--time", self.time_min, MAX_TIME_MIN),
+        ):
             if value > most:
-                out.append(Problem(f"{key} {str(value)[:24]} is not a realistic value (at most {most}); "
-                                   f"fix: give {key} a real count", key=key))
+                out.append(
+                    Problem(
+                        f"{key} {str(value)[:24]} is not a realistic value (at most {most}); "
+                        f"fix: give {key} a real count",
+                        key=key,
+                    )
+                )
         if profile.scheduler == "local" and MAX_COUNT >= self.nodes * self.gpus > local_limit():
-            out.append(Problem(
-                f"--nodes {self.nodes} x --gpus {self.gpus} = {self.nodes * self.gpus} local workers, more than "
-                f"this machine runs ({local_limit()}: 4 per CPU core); fix: fewer --nodes or --gpus, or a "
-                "Slurm profile", key="--nodes"))
+            out.append(
+                Problem(
+                    f"--nodes {self.nodes} x --gpus {self.gpus} = {self.nodes * self.gpus} local workers, more than "
+                    f"this machine runs ({local_limit()}: 4 per CPU core); fix: fewer --nodes or --gpus, or a "
+                    "Slurm profile",
+                    key="--nodes",
+                )
+            )
         slurm = profile.slurm
         where = f"profile {profile.name}"
         if profile.scheduler == "slurm" and slurm.gpus_per_node and self.gpus > slurm.gpus_per_node:
-            out.append(Problem(
-                f"--gpus {self.gpus} is more than the {slurm.gpus_per_node} GPUs per node of {where}; "
-                f"use --gpus {slurm.gpus_per_node} and more --nodes", key="--gpus"))
+            out.append(
+                Problem(
+                    f"--gpus {self.gpus} is more than the {slurm.gpus_per_node} GPUs per node of {where}; "
+                    f"use --gpus {slurm.gpus_per_node} and more --nodes",
+                    key="--gpus",
+                )
+            )
         if slurm.max_nodes is not None and self.nodes > slurm.max_nodes:
-            out.append(Problem(
-                f"--nodes {self.nodes} is more than the {slurm.max_nodes} nodes {where} allows; "
-                f"use --nodes {slurm.max_nodes} or fewer", key="--nodes"))
+            out.append(
+                Problem(
+                    f"--nodes {self.nodes} is more than the {slurm.max_nodes} nodes {where} allows; "
+                    f"use --nodes {slurm.max_nodes} or fewer",
+                    key="--nodes",
+                )
+            )
         if slurm.max_time_min is not None and self.time_min > slurm.max_time_min:
-            out.append(Problem(
-                f"--time {self.time_min} is more than the {slurm.max_time_min} minutes {where} allows; "
-                f"use --time {slurm.max_time_min} or less, or add --chain to run it as "
-                f"{-(-self.time_min // slurm.max_time_min)} jobs one after another, each resuming from "
-                "the newest checkpoint", key="--time"))
+            out.append(
+                Problem(
+                    f"--time {self.time_min} is more than the {slurm.max_time_min} minutes {where} allows; "
+                    f"use --time {slurm.max_time_min} or less, or add --chain to run it as "
+                    f"{-(-self.time_min // slurm.max_time_min)} jobs one after another, each resuming from "
+                    "the newest checkpoint",
+                    key="--time",
+                )
+            )
         return out
 
     def to_dict(self) -> dict[str, Any]:

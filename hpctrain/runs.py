@@ -24,8 +24,18 @@ from hpctrain.kernel.rundir import RunFolder
 
 FINISHED = "COMPLETED"
 # Scheduler states after which nothing runs any more (Slurm's and the local script's names).
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "PREEMPTED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-            "BOOT_FAIL", "DEADLINE", "LOST"}
+TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "PREEMPTED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "LOST",
+}
 
 
 # A run that ended in one of these before its first step may be submitted again under its name.
@@ -40,13 +50,17 @@ def runs_dir_of(profile: Any, cwd: Path | None = None) -> Path:
     raw = profile.storage.runs_dir or "./runs"
     expanded = os.path.expanduser(os.path.expandvars(raw))
     if "$" in expanded:
-        raise UserError(f"storage.runs_dir {raw!r} uses a variable that is not set here; set it or "
-                        "choose another runs_dir (the run folder must be known at submit time)")
+        raise UserError(
+            f"storage.runs_dir {raw!r} uses a variable that is not set here; set it or "
+            "choose another runs_dir (the run folder must be known at submit time)"
+        )
     try:
         return Path(cwd or Path.cwd(), expanded).resolve()
     except (OSError, RuntimeError) as e:
-        raise UserError(f"storage.runs_dir {raw!r} cannot be resolved ({getattr(e, 'strerror', None) or e}, "
-                        "a symlink loop?); fix: point runs_dir at a real folder") from None
+        raise UserError(
+            f"storage.runs_dir {raw!r} cannot be resolved ({getattr(e, 'strerror', None) or e}, "
+            "a symlink loop?); fix: point runs_dir at a real folder"
+        ) from None
 
 
 class BrokenRun(UserError):
@@ -54,7 +68,7 @@ class BrokenRun(UserError):
 
 
 JOB_ID_RE = re.compile(r"[0-9]{1,18}([_+][0-9]{1,9})?\Z")
-LOW_SPACE = 1 << 20      # a run folder needs at least this much room to start
+LOW_SPACE = 1 << 20  # a run folder needs at least this much room to start
 
 
 def _index_file() -> Path:
@@ -130,8 +144,10 @@ class RunDir(RunFolder):
             if why is None and free < LOW_SPACE:
                 why = f"no space left in {p} ({free} bytes free)"
         if why:
-            raise UserError(f"cannot write the run folder {self.path}: {why}; fix: choose another "
-                            "storage.runs_dir (--set storage.runs_dir=DIR) or free space there")
+            raise UserError(
+                f"cannot write the run folder {self.path}: {why}; fix: choose another "
+                "storage.runs_dir (--set storage.runs_dir=DIR) or free space there"
+            )
 
     def check_free(self, state: str | None, *, replace_finished: bool = False) -> None:
         """Refuse a name that is taken; `replace_finished` moves a COMPLETED run aside."""
@@ -139,20 +155,33 @@ class RunDir(RunFolder):
         if not os.path.lexists(self.path):
             return
         if not self.exists():
-            raise UserError(f"{self.path} exists and is not a run folder (no run.yaml); choose another "
-                            "--name or move that folder away")
+            raise UserError(
+                f"{self.path} exists and is not a run folder (no run.yaml); choose another "
+                "--name or move that folder away"
+            )
         if state == FINISHED and replace_finished:
             return
         if self.failed_before_first_step(state):
             return  # nothing of value in it: create() moves it aside, logs and all
-        hint = (f"use `hpctrain resume {self.name}` to continue it, or another --name"
-                if state != FINISHED else
-                "use another --name, or --replace-finished to move it aside and start again")
-        raise UserError(f"run {self.name!r} already exists in {self.path.parent} (state {state or 'UNKNOWN'}); "
-                        f"{hint}")
+        hint = (
+            f"use `hpctrain resume {self.name}` to continue it, or another --name"
+            if state != FINISHED
+            else "use another --name, or --replace-finished to move it aside and start again"
+        )
+        raise UserError(
+            f"run {self.name!r} already exists in {self.path.parent} (state {state or 'UNKNOWN'}); "
+            f"{hint}"
+        )
 
-    def create(self, *, profile: Any, request: Any, script: str, replace_finished: bool = False,
-               node_python: str | None = None) -> None:
+    def create(
+        self,
+        *,
+        profile: Any,
+        request: Any,
+        script: str,
+        replace_finished: bool = False,
+        node_python: str | None = None,
+    ) -> None:
         """Make the folder, freeze run.yaml and write job.sh. A COMPLETED run of the same name (only
         with replace_finished, checked by check_free) is renamed to NAME.old-<time>, never deleted."""
         import yaml
@@ -163,12 +192,15 @@ class RunDir(RunFolder):
                 stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
                 failed = self.failed_before_first_step(None)
                 self.moved_aside = move_aside(
-                    self.path, f"{self.name}.{'failed' if failed else 'old'}-{stamp}")
+                    self.path, f"{self.name}.{'failed' if failed else 'old'}-{stamp}"
+                )
             self.path.mkdir(parents=True, exist_ok=False)
             self.logs.mkdir()
         except OSError as e:
-            raise UserError(f"cannot create the run folder {self.path}: {e.strerror or e}; fix: choose "
-                            "another --name or storage.runs_dir, or free space there") from None
+            raise UserError(
+                f"cannot create the run folder {self.path}: {e.strerror or e}; fix: choose "
+                "another --name or storage.runs_dir, or free space there"
+            ) from None
         frozen = {
             "hpctrain_version": __version__,
             "created": now(),
@@ -195,9 +227,12 @@ class RunDir(RunFolder):
         its name may be used again; its folder (logs) is moved aside, never deleted. `state`
         None: the state recorded when check_free accepted it."""
         if state is not None:
-            self._failed_early = (state in FAILED_EARLY_STATES and not self.newest_checkpoint_step()
-                                  and not any("step" in r for r in _read_jsonl(self.path / "metrics.jsonl"))
-                                  and not any((self.path / "checkpoints").glob("step-*")))
+            self._failed_early = (
+                state in FAILED_EARLY_STATES
+                and not self.newest_checkpoint_step()
+                and not any("step" in r for r in _read_jsonl(self.path / "metrics.jsonl"))
+                and not any((self.path / "checkpoints").glob("step-*"))
+            )
         return bool(getattr(self, "_failed_early", False))
 
     # -- reading ----------------------------------------------------------------------------------
@@ -213,15 +248,21 @@ class RunDir(RunFolder):
             data = yaml.load(self.run_yaml.read_text(), Loader=loader)
         except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, RecursionError) as e:
             what = getattr(e, "strerror", None) or type(e).__name__
-            raise BrokenRun(f"{self.run_yaml} cannot be read ({what}): the run is broken; fix: restore "
-                            "run.yaml from a backup, or move the folder away") from None
+            raise BrokenRun(
+                f"{self.run_yaml} cannot be read ({what}): the run is broken; fix: restore "
+                "run.yaml from a backup, or move the folder away"
+            ) from None
         if not isinstance(data, dict):
-            raise BrokenRun(f"{self.run_yaml} is not a mapping: the run is broken; fix: restore run.yaml "
-                            "from a backup, or move the folder away")
+            raise BrokenRun(
+                f"{self.run_yaml} is not a mapping: the run is broken; fix: restore run.yaml "
+                "from a backup, or move the folder away"
+            )
         for key in ("profile", "request"):
             if not isinstance(data.get(key), dict):
-                raise BrokenRun(f"{self.run_yaml} has no {key} section: the run is broken; fix: restore "
-                                "run.yaml from a backup, or move the folder away")
+                raise BrokenRun(
+                    f"{self.run_yaml} has no {key} section: the run is broken; fix: restore "
+                    "run.yaml from a backup, or move the folder away"
+                )
         return data
 
     def scheduler(self) -> str:
@@ -231,11 +272,17 @@ class RunDir(RunFolder):
         """One entry per submission. A line whose job_id is missing or not a job id (digits, an
         array's 12_3 or a het job's 12+0) is skipped: it would reach scancel's argv as an option
         (`--user=me` cancels every job of yours)."""
-        return [j for j in _read_jsonl(self.path / "jobs.jsonl")
-                if JOB_ID_RE.match(str(j.get("job_id", ""))) and not isinstance(j.get("job_id"), bool)]
+        return [
+            j
+            for j in _read_jsonl(self.path / "jobs.jsonl")
+            if JOB_ID_RE.match(str(j.get("job_id", ""))) and not isinstance(j.get("job_id"), bool)
+        ]
 
     def add_job(self, job_id: str, *, kind: str, scheduler: str) -> None:
-        self.append(layout.JOBS, {"job_id": str(job_id), "kind": kind, "time": now(), "scheduler": scheduler})
+        self.append(
+            layout.JOBS,
+            {"job_id": str(job_id), "kind": kind, "time": now(), "scheduler": scheduler},
+        )
 
     def last_job_id(self) -> str | None:
         """The job to ask about: the newest submission's (a chain's current segment). A line
@@ -264,8 +311,11 @@ class RunDir(RunFolder):
         """Why the run stopped, in one line: the last `error: ...` line a rank or the batch script
         wrote, else, when the run folder's disk is full, that (with the newest checkpoint and the fix)."""
         found = None
-        logs = [*sorted(self.logs.glob("node-*.log")), *sorted(self.logs.glob("rank-*.log")),
-                self.logs / "batch.log"]
+        logs = [
+            *sorted(self.logs.glob("node-*.log")),
+            *sorted(self.logs.glob("rank-*.log")),
+            self.logs / "batch.log",
+        ]
         for log in logs:
             try:
                 with open(log, "rb") as f:
@@ -288,8 +338,10 @@ class RunDir(RunFolder):
             newest = (self.path / "checkpoints" / "latest").read_text().strip() or "none"
         except OSError:
             newest = "none"
-        return (f"no space left in {self.path.parent} ({free} bytes free); newest verified checkpoint: "
-                f"{newest}; fix: free space there, then `hpctrain resume {self.name}`")
+        return (
+            f"no space left in {self.path.parent} ({free} bytes free); newest verified checkpoint: "
+            f"{newest}; fix: free space there, then `hpctrain resume {self.name}`"
+        )
 
     def newest_checkpoint_step(self) -> int | None:
         """The step of checkpoints/latest (the newest verified checkpoint), or None."""
@@ -320,8 +372,10 @@ def find_run(ref: str, runs_dir: Path | None = None) -> RunDir:
     for item in reversed(_read_jsonl(_index_file())):
         if item.get("name") == ref and (Path(item.get("path", "")) / "run.yaml").is_file():
             return RunDir(item["path"])
-    raise UserError(f"no run {ref!r} here ({shlex.quote(str(candidates[-1]))}) or in the run index; "
-                    "give the run folder's path, or --runs-dir; `hpctrain runs` lists runs")
+    raise UserError(
+        f"no run {ref!r} here ({shlex.quote(str(candidates[-1]))}) or in the run index; "
+        "give the run folder's path, or --runs-dir; `hpctrain runs` lists runs"
+    )
 
 
 def all_runs(runs_dir: Path | None = None) -> list[RunDir]:
@@ -337,7 +391,7 @@ def all_runs(runs_dir: Path | None = None) -> list[RunDir]:
             if (child / "run.yaml").is_file():
                 seen.setdefault(child.resolve(), RunDir(child.resolve()))
         except (OSError, RuntimeError):
-            continue        # a symlink loop or an unreadable entry is not a run
+            continue  # a symlink loop or an unreadable entry is not a run
     for item in _read_jsonl(_index_file()):
         try:
             p = Path(str(item.get("path", "")))
@@ -351,6 +405,7 @@ def all_runs(runs_dir: Path | None = None) -> list[RunDir]:
             return r.run_yaml.stat().st_mtime
         except OSError:
             return 0.0
+
     return sorted(seen.values(), key=mtime)
 
 
@@ -360,7 +415,7 @@ def move_aside(path: Path, name: str) -> Path:
         aside = path.with_name(name if i == 1 else f"{name}-{i}")
         if os.path.lexists(aside):
             continue
-        os.rename(path, aside)   # rename(2) would replace an empty folder: the check above keeps it
+        os.rename(path, aside)  # rename(2) would replace an empty folder: the check above keeps it
         return aside
     raise UserError(f"cannot move {path} aside: {name}-1..999 all exist; fix: clean them up")
 

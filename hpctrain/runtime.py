@@ -274,8 +274,10 @@ class Checkpoint:
         _saved.append(step)
         if me == 0:  # what `hpctrain report` sums as time lost to blocking saves
             with contextlib.suppress(OSError, RuntimeError), open(run_dir() / SAVES, "a") as f:
-                f.write(json.dumps({"step": step, "blocked_s": self.blocked_s[-1],
-                                    "time": time.time()}) + "\n")
+                f.write(
+                    json.dumps({"step": step, "blocked_s": self.blocked_s[-1], "time": time.time()})
+                    + "\n"
+                )
         return final
 
     def _commit(

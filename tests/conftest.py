@@ -26,14 +26,16 @@ HOW_TO_RUN = "run the live Slurm tests as root: sudo make test-slurm"
 # Runs are indexed in $XDG_STATE_HOME/hpctrain/runs.jsonl: keep the tests' runs out of the user's own
 # index (subprocesses inherit this).
 os.environ["XDG_STATE_HOME"] = os.environ.get(jobenv.TEST_STATE) or str(
-    Path(os.environ.get("TMPDIR", "/tmp")) / f"hpctrain-test-state-{os.getpid()}")
+    Path(os.environ.get("TMPDIR", "/tmp")) / f"hpctrain-test-state-{os.getpid()}"
+)
 # ... and the validated-profile cache (hpctrain/profiles/cache.py) out of the user's ~/.cache.
 os.environ["XDG_CACHE_HOME"] = str(Path(os.environ["XDG_STATE_HOME"]) / "cache")
 
 
 def _cluster(cmd: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(["bash", str(CLUSTER_SH), cmd], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        ["bash", str(CLUSTER_SH), cmd], capture_output=True, text=True, timeout=timeout
+    )
 
 
 class SlurmCluster:
@@ -47,15 +49,20 @@ class SlurmCluster:
     def sbatch(self, script: str, workdir: Path, *args: str) -> str:
         path = workdir / f"job-{time.monotonic_ns()}.sh"
         path.write_text(script)
-        out = subprocess.run(["sbatch", "--parsable", f"--chdir={workdir}", *args, str(path)],
-                             capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["sbatch", "--parsable", f"--chdir={workdir}", *args, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert out.returncode == 0, f"sbatch failed: {out.stderr}"
         return out.stdout.strip().split(";")[0]
 
     def job_state(self, job_id: str) -> str:
         """The job's state as the controller sees it (scontrol keeps ended jobs MinJobAge s)."""
-        out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True,
-                             text=True, timeout=30)
+        out = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30
+        )
         m = re.search(r"JobState=(\S+)", out.stdout)
         return m.group(1) if m else "UNKNOWN"
 
@@ -66,13 +73,25 @@ class SlurmCluster:
             if state in states:
                 return state
             time.sleep(0.5)
-        raise AssertionError(f"job {job_id} not in {sorted(states)} after {timeout} s: "
-                             f"{self.job_state(job_id)}")
+        raise AssertionError(
+            f"job {job_id} not in {sorted(states)} after {timeout} s: {self.job_state(job_id)}"
+        )
 
     def wait_done(self, job_id: str, timeout: float = 60) -> str:
-        return self.wait_state(job_id, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
-                                        "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"},
-                               timeout)
+        return self.wait_state(
+            job_id,
+            {
+                "COMPLETED",
+                "FAILED",
+                "CANCELLED",
+                "TIMEOUT",
+                "NODE_FAIL",
+                "OUT_OF_MEMORY",
+                "BOOT_FAIL",
+                "DEADLINE",
+            },
+            timeout,
+        )
 
     def sacct(self, job_id: str, timeout: float = 30) -> list[dict[str, str]]:
         """Accounting rows for the allocation (-X), every attempt (-D), once slurmdbd has them."""
@@ -80,10 +99,17 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout
         rows: list[dict[str, str]] = []
         while time.monotonic() < deadline:
-            out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", job_id,
-                                  "-o", ",".join(fields)], capture_output=True, text=True,
-                                 timeout=30)
-            rows = [dict(zip(fields, line.split("|"))) for line in out.stdout.splitlines() if line]
+            out = subprocess.run(
+                ["sacct", "-X", "-D", "-n", "-P", "-j", job_id, "-o", ",".join(fields)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            rows = [
+                dict(zip(fields, line.split("|"), strict=False))
+                for line in out.stdout.splitlines()
+                if line
+            ]
             if rows and not any(r["State"] in ("PENDING", "RUNNING") for r in rows):
                 return rows
             time.sleep(0.5)
@@ -109,8 +135,9 @@ def slurm_cluster():
             pytest.skip(msg)
         up = _cluster("up", 600)
         if up.returncode != 0:
-            pytest.fail(f"tests/slurm/cluster.sh up failed:\n{up.stdout}\n{up.stderr}",
-                        pytrace=False)
+            pytest.fail(
+                f"tests/slurm/cluster.sh up failed:\n{up.stdout}\n{up.stderr}", pytrace=False
+            )
         started = True
     yield SlurmCluster()
     if started:
@@ -124,7 +151,11 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
-    if (IN_CI and report.skipped and not hasattr(report, "wasxfail")
-            and item.get_closest_marker("slurm") is not None):
+    if (
+        IN_CI
+        and report.skipped
+        and not hasattr(report, "wasxfail")
+        and item.get_closest_marker("slurm") is not None
+    ):
         report.outcome = "failed"
         report.longrepr = f"live Slurm test skipped under CI=true (not allowed): {report.longrepr}"

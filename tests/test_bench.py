@@ -17,7 +17,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks import common, run as harness  # noqa: E402
+from benchmarks import common  # noqa: E402
+from benchmarks import run as harness  # noqa: E402
 from benchmarks.baselines.raw_write import raw_write  # noqa: E402
 
 KEYS = {"name", "ratio", "spread", "target", "verdict", "meets", "details"}
@@ -56,7 +57,7 @@ def test_a_spread_that_straddles_the_target_is_not_settled():
     assert noisy["verdict"] == "not settled" and noisy["meets"] is None
     lo, hi = noisy["spread"]
     assert lo < 0.98 < hi and noisy["details"]["per_rep"] == [0.9, 1.05, 0.97, 1.1, 0.95]
-    assert common.spread_of([3.0, 1.0, 2.0]) == (1.0, 3.0)          # < 4 values: the range
+    assert common.spread_of([3.0, 1.0, 2.0]) == (1.0, 3.0)  # < 4 values: the range
 
 
 def test_a_segment_counts_only_intervals_inside_it():
@@ -66,7 +67,7 @@ def test_a_segment_counts_only_intervals_inside_it():
     times = [0.25 * i for i in range(8)] + [12.0 + 0.5 * i for i in range(8)]
     assert segment_rate(times, 11.9, 16.0) == pytest.approx(2.0)
     assert segment_rate(times, 0.0, 2.0) == pytest.approx(4.0)
-    assert segment_rate(times, 11.9, 12.6) is None                  # too few steps
+    assert segment_rate(times, 11.9, 12.6) is None  # too few steps
 
 
 def test_a_missing_piece_is_reported_not_measured(monkeypatch):
@@ -86,18 +87,36 @@ def test_raw_write_baseline_writes_and_cleans_up(tmp_path):
 def test_run_writes_json_and_markdown(tmp_path):
     """A real quick run of the CLI benchmark through run.py, as `make bench-quick` runs it."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "run.py"), "--quick",
-                        "--only", "cli", "--reps", "2", "--out", str(tmp_path)],
-                       capture_output=True, text=True, timeout=300, env=env, cwd=REPO)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "run.py"),
+            "--quick",
+            "--only",
+            "cli",
+            "--reps",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=REPO,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     (js,) = tmp_path.glob("*.json")
     (md,) = tmp_path.glob("*.md")
     assert js.stem == md.stem and len(js.stem) == 10  # YYYY-MM-DD
     rows = json.loads(js.read_text())
     assert [r["name"] for r in rows] == [
-        "cli_submit_dry_run_vs_bare_imports", "cli_help_vs_bare_imports",
-        "cli_profiles_list_vs_bare_imports", "cli_submit_dry_run_instructions_vs_bare_imports",
-        "cli_render_4096_nodes_seconds"]
+        "cli_submit_dry_run_vs_bare_imports",
+        "cli_help_vs_bare_imports",
+        "cli_profiles_list_vs_bare_imports",
+        "cli_submit_dry_run_instructions_vs_bare_imports",
+        "cli_render_4096_nodes_seconds",
+    ]
     for r in rows:
         assert set(r) == KEYS
         assert isinstance(r["details"], dict) and r["details"]["machine"]["cores"] >= 1
@@ -107,7 +126,8 @@ def test_run_writes_json_and_markdown(tmp_path):
             lo, hi = r["spread"]
             assert lo <= r["ratio"] <= hi
             want = {(True, True): "met", (False, False): "missed"}.get(
-                (common.check(lo, r["target"]), common.check(hi, r["target"])), "not settled")
+                (common.check(lo, r["target"]), common.check(hi, r["target"])), "not settled"
+            )
             assert r["verdict"] == want
         assert f"{r['name']}:" in p.stdout and r["verdict"] in p.stdout
     text = md.read_text()

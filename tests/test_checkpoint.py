@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from hpctrain.kernel import jobenv
 from hpctrain.errors import UserError
+from hpctrain.kernel import jobenv
 from train_entry.checkpoint import Checkpointer, newest_verified, step_folders, verify
 from train_entry.preempt import StopFlag
 from train_entry.state import TrainState, capture_rng, dumps, loads, params_sha256, restore_rng
@@ -26,8 +26,13 @@ def make_state(seed: int = 0) -> TrainState:
     model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.1), nn.Linear(8, 2))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
-    return TrainState(model=model, optimizer=opt, scheduler=sched, data={"epoch": 0, "offset": 0},
-                      config={"model": "tiny"})
+    return TrainState(
+        model=model,
+        optimizer=opt,
+        scheduler=sched,
+        data={"epoch": 0, "offset": 0},
+        config={"model": "tiny"},
+    )
 
 
 def train_step(state: TrainState) -> None:
@@ -63,7 +68,9 @@ def test_save_is_atomic_and_verified(tmp_path):
     assert manifest["torch"] == torch.__version__
     on_disk = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     assert sorted([*manifest["files"], "MANIFEST.json"]) == on_disk
-    assert {"train_state.json", "config.json", "rng/rank-00000.json", ".metadata"} <= set(manifest["files"])
+    assert {"train_state.json", "config.json", "rng/rank-00000.json", ".metadata"} <= set(
+        manifest["files"]
+    )
     assert json.loads((folder / "config.json").read_text()) == {"model": "tiny"}
 
 
@@ -71,9 +78,11 @@ def test_resume_restores_everything(tmp_path):
     state, _, _ = run(tmp_path, 3)
     expected_hash, expected_rng = params_sha256(state.model), capture_rng()
     expected_lr = state.scheduler.get_last_lr()
-    torch.manual_seed(99)                            # scramble the generators
-    fresh = make_state(seed=7)                       # other weights
-    step = Checkpointer(tmp_path, strategy="ddp", every_steps=1, log=lambda m: None).load_latest(fresh)
+    torch.manual_seed(99)  # scramble the generators
+    fresh = make_state(seed=7)  # other weights
+    step = Checkpointer(tmp_path, strategy="ddp", every_steps=1, log=lambda m: None).load_latest(
+        fresh
+    )
     assert step == 3 and fresh.step == 3 and fresh.data == {"epoch": 0, "offset": 9}
     assert params_sha256(fresh.model) == expected_hash
     assert fresh.scheduler.get_last_lr() == expected_lr
@@ -115,8 +124,12 @@ def test_damaged_newest_is_reported_and_skipped_never_deleted(tmp_path, damage):
     assert Checkpointer(tmp_path, strategy="ddp", log=logs.append).load_latest(state) == 2
     warning = [m for m in logs if "step-00000003" in m]
     assert len(warning) == 1 and "skipped" in warning[0]
-    reason = {"truncate": "truncated", "corrupt": "corrupted", "missing-manifest": "did not finish",
-              "missing-file": "missing"}[damage]
+    reason = {
+        "truncate": "truncated",
+        "corrupt": "corrupted",
+        "missing-manifest": "did not finish",
+        "missing-file": "missing",
+    }[damage]
     assert reason in warning[0]
     assert sorted(p.as_posix() for p in (tmp_path / "checkpoints").rglob("*")) == before
 
@@ -130,7 +143,7 @@ def test_resaving_a_step_that_did_not_verify_keeps_the_bad_copy(tmp_path):
     assert ckpt.load_latest(state) == 2
     train_step(state)
     ckpt.maybe_save(state)
-    assert verify(bad)[1] is None                       # a fresh, good step 3
+    assert verify(bad)[1] is None  # a fresh, good step 3
     kept = list(bad.parent.glob("step-00000003.unverified-*"))
     assert len(kept) == 1 and (kept[0] / "train_state.json").read_text() == "{}"
 
@@ -152,7 +165,7 @@ def test_stale_staging_of_an_older_step_is_cleaned_after_a_newer_commit(tmp_path
     run(tmp_path, 2)
     stale = tmp_path / "checkpoints" / ".staging-step-00000001"
     stale.mkdir()
-    newer = tmp_path / "checkpoints" / ".staging-step-00000009"   # not older: left alone
+    newer = tmp_path / "checkpoints" / ".staging-step-00000009"  # not older: left alone
     newer.mkdir()
     state = make_state()
     ckpt = Checkpointer(tmp_path, strategy="ddp", every_steps=1, log=lambda m: None)
@@ -196,7 +209,7 @@ def test_async_save_snapshots_the_state_when_called(tmp_path):
     train_step(state)
     expected = params_sha256(state.model)
     ckpt.save(state, sync=False)
-    for _ in range(3):            # keep training while the write runs
+    for _ in range(3):  # keep training while the write runs
         train_step(state)
     ckpt.wait()
     assert verify(tmp_path / "checkpoints" / "step-00000001")[1] is None
@@ -225,8 +238,13 @@ def test_newest_verified_without_torch_state(tmp_path):
 
 
 def test_json_codec_is_exact():
-    obj = {"t": torch.tensor([1.5, float("nan"), -0.0], dtype=torch.bfloat16), "f": 0.1 + 0.2,
-           "tup": (1, (2.0, "x")), 3: "int key", "rng": capture_rng()}
+    obj = {
+        "t": torch.tensor([1.5, float("nan"), -0.0], dtype=torch.bfloat16),
+        "f": 0.1 + 0.2,
+        "tup": (1, (2.0, "x")),
+        3: "int key",
+        "rng": capture_rng(),
+    }
     back = loads(dumps(obj))
     assert back["t"].dtype == torch.bfloat16
     assert torch.equal(back["t"].view(torch.int16), obj["t"].view(torch.int16))
@@ -241,7 +259,7 @@ def test_params_sha256_ignores_wrappers_and_sees_one_bit():
     torch.manual_seed(0)
     inner = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 1))
 
-    class Wrapper(nn.Module):             # named like DDP: the hash must look inside
+    class Wrapper(nn.Module):  # named like DDP: the hash must look inside
         def __init__(self, m):
             super().__init__()
             self.module = m

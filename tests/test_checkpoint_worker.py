@@ -17,7 +17,6 @@ import json
 import os
 import random
 import signal
-import sys
 import time
 from pathlib import Path
 
@@ -42,11 +41,16 @@ def build(strategy: str, accum: int, world: int, width: int = 32, zero: int = 2)
 
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + 0.1 * s))
-        cfg = {"train_micro_batch_size_per_gpu": GLOBAL_BATCH // (world * accum),
-               "gradient_accumulation_steps": accum, "zero_optimization": {"stage": zero},
-               "zero_force_ds_cpu_optimizer": False, "steps_per_print": 10**9}
-        engine, opt, _, sched = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched,
-                                                     config=cfg)
+        cfg = {
+            "train_micro_batch_size_per_gpu": GLOBAL_BATCH // (world * accum),
+            "gradient_accumulation_steps": accum,
+            "zero_optimization": {"stage": zero},
+            "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 10**9,
+        }
+        engine, opt, _, sched = deepspeed.initialize(
+            model=model, optimizer=opt, lr_scheduler=sched, config=cfg
+        )
         return engine, None, None
     if strategy == "fsdp":
         from torch.distributed.fsdp import fully_shard
@@ -66,7 +70,7 @@ def batch(epoch: int, offset: int, rank: int, world: int, n: int):
     g = torch.Generator().manual_seed(SEED + epoch)
     xs = torch.randn(DATASET, 16, generator=g)
     perm = torch.randperm(DATASET, generator=g)
-    idx = perm[offset + rank * n: offset + (rank + 1) * n]
+    idx = perm[offset + rank * n : offset + (rank + 1) * n]
     return xs[idx]
 
 
@@ -94,14 +98,16 @@ def main() -> int:
     else:
         dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(SEED * 1000 + rank)   # per-rank streams (restored from the checkpoint)
+    torch.manual_seed(SEED * 1000 + rank)  # per-rank streams (restored from the checkpoint)
     random.seed(SEED + rank)
     np.random.seed(SEED + rank)
     model, opt, sched = build(a.strategy, a.accum, world, a.width, a.zero_stage)
-    state = TrainState(model=model, optimizer=opt, scheduler=sched, data={"epoch": 0, "offset": 0},
-                       config=vars(a))
-    ckpt = Checkpointer(a.run_dir, strategy=a.strategy, every_steps=a.every or None,
-                        async_save=a.async_save)
+    state = TrainState(
+        model=model, optimizer=opt, scheduler=sched, data={"epoch": 0, "offset": 0}, config=vars(a)
+    )
+    ckpt = Checkpointer(
+        a.run_dir, strategy=a.strategy, every_steps=a.every or None, async_save=a.async_save
+    )
     stop = StopFlag().install()
     resumed = ckpt.load_latest(state)
     t_resumed = time.monotonic()
@@ -109,7 +115,7 @@ def main() -> int:
         digest = params_sha256(model)
         if rank == 0:
             (Path(a.run_dir) / f"resumed-{resumed}-world{world}.sha256").write_text(digest)
-        if os.environ.get(jobenv.TEST_RESEED_AFTER_LOAD):   # negative control: lose the RNG
+        if os.environ.get(jobenv.TEST_RESEED_AFTER_LOAD):  # negative control: lose the RNG
             torch.manual_seed(0)
     micro_n = GLOBAL_BATCH // (world * a.accum)
     log = Path(a.run_dir) / f"steps-rank{rank}.jsonl"
@@ -144,8 +150,17 @@ def main() -> int:
             state.epoch += 1
             state.data = {"epoch": state.data["epoch"] + 1, "offset": 0}
         with log.open("a") as f:
-            f.write(json.dumps({"step": state.step, "resumed": resumed, "t": time.monotonic(),
-                                "since_resume": time.monotonic() - t_resumed}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "step": state.step,
+                        "resumed": resumed,
+                        "t": time.monotonic(),
+                        "since_resume": time.monotonic() - t_resumed,
+                    }
+                )
+                + "\n"
+            )
         if a.step_sleep:
             time.sleep(a.step_sleep)
         if stop.agreed("cpu", step=state.step):
@@ -153,8 +168,9 @@ def main() -> int:
             digest = params_sha256(model)
             if rank == 0:
                 (Path(a.run_dir) / f"stopped-{state.step}.sha256").write_text(digest)
-                (Path(a.run_dir) / "preempted.json").write_text(json.dumps(
-                    {"step": state.step, "reason": stop.reason}))
+                (Path(a.run_dir) / "preempted.json").write_text(
+                    json.dumps({"step": state.step, "reason": stop.reason})
+                )
             dist.destroy_process_group()
             return PREEMPTED_EXIT
         ckpt.maybe_save(state)
@@ -163,7 +179,9 @@ def main() -> int:
     digest = params_sha256(model)
     if rank == 0:
         (Path(a.run_dir) / "final_params.sha256").write_text(digest + "\n")
-        (Path(a.run_dir) / f"timings-{int(time.time_ns())}.json").write_text(json.dumps(ckpt.timings))
+        (Path(a.run_dir) / f"timings-{int(time.time_ns())}.json").write_text(
+            json.dumps(ckpt.timings)
+        )
     dist.destroy_process_group()
     return 0
 

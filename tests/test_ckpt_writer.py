@@ -24,9 +24,9 @@ def sample() -> dict:
         "f32": torch.randn(33, 7, generator=g),
         "bf16": torch.randn(5, 3, generator=g).to(torch.bfloat16),
         "i64": torch.arange(11),
-        "step": torch.tensor(3.0),                       # 0-dim, as AdamW's step
+        "step": torch.tensor(3.0),  # 0-dim, as AdamW's step
         "empty": torch.zeros(0, 4),
-        "strided": torch.randn(6, 8, generator=g).t(),   # not contiguous
+        "strided": torch.randn(6, 8, generator=g).t(),  # not contiguous
         "u8": torch.tensor([1, 2, 3], dtype=torch.uint8),
         "meta": {"lr": 0.1, "names": ["a", "b"], "n": 7},  # bytes items (pickled by DCP)
     }
@@ -50,14 +50,16 @@ def test_raw_files_round_trip_every_dtype_and_carry_their_checksums(tmp_path) ->
         assert entry["size"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
     into = {"app": {k: torch.empty_like(v) for k, v in sd.items() if isinstance(v, torch.Tensor)}}
     dcp.load(into, storage_reader=RawReader(str(tmp_path)))
-    assert same({k: v for k, v in into["app"].items() if k != "meta"},
-                {k: v for k, v in sd.items() if k != "meta"})
+    assert same(
+        {k: v for k, v in into["app"].items() if k != "meta"},
+        {k: v for k, v in sd.items() if k != "meta"},
+    )
     assert same(load_plain(tmp_path)["app"], sd)
 
 
 def test_checkpoints_in_dcp_own_format_still_load(tmp_path) -> None:
     sd = sample()
-    dcp.save({"app": sd}, checkpoint_id=str(tmp_path))          # stock FileSystemWriter
+    dcp.save({"app": sd}, checkpoint_id=str(tmp_path))  # stock FileSystemWriter
     assert list(tmp_path.glob("*.distcp")) and not list(tmp_path.glob("*.raw"))
     assert same(load_plain(tmp_path)["app"], sd)
 
@@ -69,7 +71,7 @@ class WithBuffer(nn.Module):
         self.register_buffer("seen", torch.zeros(4))
 
     def forward(self, x):
-        self.seen += 1                    # a forward pass changes a buffer in place
+        self.seen += 1  # a forward pass changes a buffer in place
         return self.lin(x)
 
 
@@ -89,7 +91,7 @@ def test_async_save_copies_buffers_at_the_call_and_params_before_the_next_step(t
     ckpt = Checkpointer(tmp_path, strategy="ddp", async_save=True, log=lambda m: None)
     want = {k: v.clone() for k, v in model.state_dict().items()}
     ckpt.save(state, sync=False)
-    step()                                # the buffer changes at once, the params after the hook
+    step()  # the buffer changes at once, the params after the hook
     step()
     ckpt.wait()
     folder = tmp_path / "checkpoints" / "step-00000001"

@@ -34,16 +34,26 @@ SLEEP = "import time\nfor _ in range(600): time.sleep(0.2)\n"  # no STOP polling
 
 @pytest.fixture
 def cli(tmp_path):
-    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path / "config"), "XDG_STATE_HOME": str(tmp_path / "state"),
-           "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        "OMP_NUM_THREADS": "1",
+    }
     env.pop(jobenv.SITE_PATH, None)
     env.pop(jobenv.PYTHON, None)
     for name, text in (("gloo_job.py", GLOO), ("fail.py", FAIL), ("sleep.py", SLEEP)):
         (tmp_path / name).write_text(text)
 
     def run(*args: str, extra_env: dict[str, str] | None = None, timeout: float = 120):
-        return subprocess.run([*HPCTRAIN, *args], cwd=tmp_path, env={**env, **(extra_env or {})},
-                              capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(
+            [*HPCTRAIN, *args],
+            cwd=tmp_path,
+            env={**env, **(extra_env or {})},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     run.tmp = tmp_path
     run.env = env
@@ -64,7 +74,18 @@ def user_error(out, *needles):
 
 
 def test_local_run_end_to_end_render_equals_submit(cli):
-    opts = ["--profile", "local", "--nodes", "2", "--gpus", "1", "--name", "g", "--script", "gloo_job.py"]
+    opts = [
+        "--profile",
+        "local",
+        "--nodes",
+        "2",
+        "--gpus",
+        "1",
+        "--name",
+        "g",
+        "--script",
+        "gloo_job.py",
+    ]
     args = ["--", "--x", "a b", "$(id)"]
     rendered = ok(cli("render", *opts, *args)).stdout
     out = ok(cli("submit", *opts, "--wait", *args, timeout=180))
@@ -78,8 +99,12 @@ def test_local_run_end_to_end_render_equals_submit(cli):
     from hpctrain.runs import RunDir
 
     frozen = RunDir(run).frozen()
-    again = render(Profile.model_validate(frozen["profile"]), JobRequest.from_dict(frozen["request"]), run,
-                   python=frozen["node_python"])
+    again = render(
+        Profile.model_validate(frozen["profile"]),
+        JobRequest.from_dict(frozen["request"]),
+        run,
+        python=frozen["node_python"],
+    )
     assert again == rendered
     for node in (0, 1):
         log = (run / "logs" / f"node-{node}.log").read_text()
@@ -90,7 +115,9 @@ def test_local_run_end_to_end_render_equals_submit(cli):
     assert status["checkpoint_step"] is None and len(status["history"]) == 1
     assert "rank 1/2" in ok(cli("logs", "g", "--node", "1")).stdout
     assert "==> " in ok(cli("logs", "g")).stdout
-    assert "rank 0/2" in ok(cli("logs", "g", "--node", "0", "--follow", timeout=30)).stdout  # ends with the job
+    assert (
+        "rank 0/2" in ok(cli("logs", "g", "--node", "0", "--follow", timeout=30)).stdout
+    )  # ends with the job
     assert "rank 1/2 node 1" in ok(cli("logs", "g", "--rank", "1")).stdout  # torchrun's --tee files
     user_error(cli("logs", "g", "--rank", "7"), "rank-7.log does not exist")
     assert [r["name"] for r in json.loads(ok(cli("runs", "--json")).stdout)] == ["g"]
@@ -99,14 +126,28 @@ def test_local_run_end_to_end_render_equals_submit(cli):
     user_error(cli("submit", *opts, "--dry-run", *args), "--replace-finished")
     ok(cli("submit", *opts, "--dry-run", "--replace-finished", *args))
     # status works from anywhere through the run index
-    elsewhere = subprocess.run([*HPCTRAIN, "status", "g", "--json"], cwd="/", env=cli.env,
-                               capture_output=True, text=True)
+    elsewhere = subprocess.run(
+        [*HPCTRAIN, "status", "g", "--json"], cwd="/", env=cli.env, capture_output=True, text=True
+    )
     assert json.loads(ok(elsewhere).stdout)["path"] == str(run)
 
 
 def test_wait_fails_when_the_job_fails(cli):
-    out = cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "1", "--name", "f",
-              "--script", "fail.py", "--wait", timeout=180)
+    out = cli(
+        "submit",
+        "--profile",
+        "local",
+        "--nodes",
+        "1",
+        "--gpus",
+        "1",
+        "--name",
+        "f",
+        "--script",
+        "fail.py",
+        "--wait",
+        timeout=180,
+    )
     assert out.returncode == 1 and "f: FAILED" in out.stdout, out.stdout + out.stderr
     # why (the worker's exit, not torchrun's wrapper traceback) and where the whole log is
     assert "why: rank 0 on " in out.stderr and "exited with code 3" in out.stderr, out.stderr
@@ -122,16 +163,34 @@ def test_wait_fails_when_the_job_fails(cli):
 
 
 def test_cancel_stops_a_local_run_and_the_job_survives_the_cli(cli):
-    ok(cli("submit", "--profile", "local", "--nodes", "2", "--gpus", "1", "--name", "c", "--script", "sleep.py"))
+    ok(
+        cli(
+            "submit",
+            "--profile",
+            "local",
+            "--nodes",
+            "2",
+            "--gpus",
+            "1",
+            "--name",
+            "c",
+            "--script",
+            "sleep.py",
+        )
+    )
     run = cli.tmp / "runs" / "c"
     deadline = time.monotonic() + 60
     while not (run / "logs" / "node-1.log").exists() and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert json.loads(ok(cli("status", "c", "--json")).stdout)["state"] == "RUNNING"  # the CLI has exited
+    assert (
+        json.loads(ok(cli("status", "c", "--json")).stdout)["state"] == "RUNNING"
+    )  # the CLI has exited
     pid = json.loads((run / "state.json").read_text())["pid"]
     out = ok(cli("cancel", "c", timeout=120))
     assert "now CANCELLED" in out.stdout
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    assert (
+        not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+    )
     events = [json.loads(x)["event"] for x in (run / "events.jsonl").read_text().splitlines()]
     assert events[0] == "signal"
     assert "nothing to cancel" in ok(cli("cancel", "c")).stdout
@@ -144,15 +203,33 @@ def test_slurm_submit_hands_over_the_rendered_script(cli):
     scripts = {
         "sbatch": 'cp "$1" "$RECORD/submitted.sh"; echo "Submitted batch job 77"',
         "sacct": 'if [ -e "$RECORD/no-sacct" ]; then echo "accounting disabled" >&2; exit 1; fi\n'
-                 'printf "JobID|State|NodeList\\n77|RUNNING|n[1-2]\\n77.batch|RUNNING|n1\\n"',
+        'printf "JobID|State|NodeList\\n77|RUNNING|n[1-2]\\n77.batch|RUNNING|n1\\n"',
         "scontrol": 'echo "JobId=77 JobName=s JobState=PENDING Reason=Priority"',
         "scancel": 'echo "$@" >"$RECORD/scancel"',
     }
     for name, body in scripts.items():
         (bin_ / name).write_text(f"#!/bin/bash\n{body}\n")
         (bin_ / name).chmod(0o755)
-    env = {"PATH": f"{bin_}:{os.environ['PATH']}", "RECORD": str(cli.tmp), jobenv.PYTHON: "/opt/py/bin/python"}
-    opts = ["--profile", "loopback", "--nodes", "2", "--gpus", "2", "--name", "s", "--time", "5", "--", "--max-steps", "5"]
+    env = {
+        "PATH": f"{bin_}:{os.environ['PATH']}",
+        "RECORD": str(cli.tmp),
+        jobenv.PYTHON: "/opt/py/bin/python",
+    }
+    opts = [
+        "--profile",
+        "loopback",
+        "--nodes",
+        "2",
+        "--gpus",
+        "2",
+        "--name",
+        "s",
+        "--time",
+        "5",
+        "--",
+        "--max-steps",
+        "5",
+    ]
     rendered = ok(cli("render", *opts, extra_env=env)).stdout
     out = ok(cli("submit", *opts, extra_env=env))
     assert "job 77" in out.stdout
@@ -167,11 +244,30 @@ def test_slurm_submit_hands_over_the_rendered_script(cli):
     assert (cli.tmp / "scancel").read_text().strip() == "77"
     user_error(cli("submit", *opts, extra_env=env), "hpctrain resume s")
     # --strategy auto: the plan picks the strategy and ZeRO stage, saved as plan.json in the run folder
-    ok(cli("submit", "--profile", "generic-ib", "--set", f"storage.runs_dir={cli.tmp}/runs", "--nodes", "2",
-           "--strategy", "auto", "--params", "7000000000", "--name", "auto", extra_env=env))
+    ok(
+        cli(
+            "submit",
+            "--profile",
+            "generic-ib",
+            "--set",
+            f"storage.runs_dir={cli.tmp}/runs",
+            "--nodes",
+            "2",
+            "--strategy",
+            "auto",
+            "--params",
+            "7000000000",
+            "--name",
+            "auto",
+            extra_env=env,
+        )
+    )
     plan = json.loads((cli.tmp / "runs" / "auto" / "plan.json").read_text())
     assert (plan["strategy"], plan["zero_stage"]) == ("deepspeed", 2)
-    assert "--strategy deepspeed --deepspeed.zero_stage=2)" in (cli.tmp / "runs" / "auto" / "job.sh").read_text()
+    assert (
+        "--strategy deepspeed --deepspeed.zero_stage=2)"
+        in (cli.tmp / "runs" / "auto" / "job.sh").read_text()
+    )
 
 
 def test_dry_run_writes_nothing(cli):
@@ -199,8 +295,10 @@ USER_ERRORS = [
     (["--name", "a'; touch /tmp/x"], ["not a valid run name"]),
     (["--name", "$(id)"], ["not a valid run name"]),
     (["--name", "a\nb"], ["not a valid run name"]),
-    (["--gpus", "3", "--nodes", "3", "--time", "99"], ["3 problems", "use --gpus 2", "use --nodes 2",
-                                                       "use --time 30"]),
+    (
+        ["--gpus", "3", "--nodes", "3", "--time", "99"],
+        ["3 problems", "use --gpus 2", "use --nodes 2", "use --time 30"],
+    ),
     (["--script", "missing.py"], ["missing.py is not a file"]),
     (["--module", "not a module"], ["is not a Python module name"]),
     (["--strategy", "auto"], ["--params N"]),
@@ -214,8 +312,11 @@ def test_user_errors_exit_2(invoke):
     for args, needles in USER_ERRORS:
         for cmd in (["submit", "--dry-run"], ["render"]):
             res = invoke(*cmd, "--profile", "loopback", *args)
-            assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (args, res.output,
-                                                                                   res.exception)
+            assert res.exit_code == 2 and isinstance(res.exception, SystemExit), (
+                args,
+                res.output,
+                res.exception,
+            )
             for n in needles:
                 assert n in res.output, (args, res.output)
     res = invoke("render", "--profile", "generic-ib", "--partition", "x")  # flags are the top layer
@@ -252,7 +353,11 @@ def test_replace_finished_moves_the_old_run_aside(tmp_path, monkeypatch):
     run.check_free("COMPLETED", replace_finished=True)
     run.create(profile=profile, request=req, script="echo second\n", replace_finished=True)
     old = [p for p in (tmp_path / "runs").iterdir() if p.name.startswith("r.old-")]
-    assert len(old) == 1 and (old[0] / "checkpoints").is_dir() and (old[0] / "job.sh").read_text() == "echo first\n"
+    assert (
+        len(old) == 1
+        and (old[0] / "checkpoints").is_dir()
+        and (old[0] / "job.sh").read_text() == "echo first\n"
+    )
     assert run.job_sh.read_text() == "echo second\n" and run.frozen()["request"]["name"] == "r"
     (tmp_path / "stray").mkdir()
     with pytest.raises(UserError, match="not a run folder"):
@@ -265,14 +370,21 @@ def test_plan_args():
     from hpctrain.cli.jobs import plan_args
 
     assert plan_args(P(strategy="ddp", zero_stage=None, offload="none")) == []
-    assert plan_args(P(strategy="fsdp", zero_stage=None, offload="optimizer+params")) == ["--fsdp.cpu_offload=true"]
+    assert plan_args(P(strategy="fsdp", zero_stage=None, offload="optimizer+params")) == [
+        "--fsdp.cpu_offload=true"
+    ]
     assert plan_args(P(strategy="deepspeed", zero_stage=3, offload="optimizer+params")) == [
-        "--deepspeed.zero_stage=3", "--deepspeed.offload_optimizer=cpu", "--deepspeed.offload_param=cpu"]
-    assert plan_args(P(strategy="deepspeed", zero_stage=1, offload="none")) == ["--deepspeed.zero_stage=1"]
+        "--deepspeed.zero_stage=3",
+        "--deepspeed.offload_optimizer=cpu",
+        "--deepspeed.offload_param=cpu",
+    ]
+    assert plan_args(P(strategy="deepspeed", zero_stage=1, offload="none")) == [
+        "--deepspeed.zero_stage=1"
+    ]
 
 
 def test_cli_never_imports_torch(cli):
-    code = f"""
+    code = """
 import sys
 from click.testing import CliRunner
 from hpctrain.cli import main
@@ -285,6 +397,8 @@ for args in (["render", "--profile", "loopback", "--name", "t"],
 bad = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "deepspeed", "numpy"))
 print(bad)
 """
-    out = subprocess.run([sys.executable, "-c", code], cwd=cli.tmp, env=cli.env, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=cli.tmp, env=cli.env, capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

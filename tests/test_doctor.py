@@ -17,14 +17,21 @@ HPCTRAIN = [sys.executable, "-m", "hpctrain"]
 
 
 def hp(*args: str, cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_CONFIG_HOME": str(cwd / ".config"),
-           "XDG_STATE_HOME": str(cwd / ".state")}
-    return subprocess.run([*HPCTRAIN, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "XDG_CONFIG_HOME": str(cwd / ".config"),
+        "XDG_STATE_HOME": str(cwd / ".state"),
+    }
+    return subprocess.run(
+        [*HPCTRAIN, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_local_doctor_passes_and_sweeps_every_size(tmp_path):
-    out = hp("doctor", "--profile", "local", "--gpus", "2", "--max-mib", "1", "--json", cwd=tmp_path)
+    out = hp(
+        "doctor", "--profile", "local", "--gpus", "2", "--max-mib", "1", "--json", cwd=tmp_path
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     rep = json.loads(out.stdout)
     assert rep["ok"] is True
@@ -43,8 +50,10 @@ def test_local_doctor_passes_and_sweeps_every_size(tmp_path):
 
 def test_wrong_interface_is_diagnosed_by_name(tmp_path):
     prof = tmp_path / "badnet.yaml"
-    prof.write_text("name: badnet\nextends: local\nnetwork:\n  socket_ifname: \"=nosuch0\"\n"
-                    "  gloo_socket_ifname: nosuch0\n")
+    prof.write_text(
+        'name: badnet\nextends: local\nnetwork:\n  socket_ifname: "=nosuch0"\n'
+        "  gloo_socket_ifname: nosuch0\n"
+    )
     os.chmod(prof, 0o644)
     os.chmod(tmp_path, 0o755)
     out = hp("doctor", "--profile", str(prof), "--quick", cwd=tmp_path)
@@ -52,7 +61,9 @@ def test_wrong_interface_is_diagnosed_by_name(tmp_path):
     text = out.stdout
     fail = next(ln for ln in text.splitlines() if ln.strip().startswith("FAIL interface"))
     assert "nosuch0" in fail and "no interface matches" in fail
-    assert "likely cause: wrong network interface" in text and "fix: set network.socket_ifname" in text
+    assert (
+        "likely cause: wrong network interface" in text and "fix: set network.socket_ifname" in text
+    )
     assert "not run: fix the failed checks above first" in text
     assert "1 check(s) failed: interface" in text
 
@@ -62,14 +73,17 @@ def test_unknown_profile_exits_2(tmp_path):
     assert out.returncode == 2 and "Traceback" not in out.stderr
 
 
-@pytest.mark.parametrize("spec,expected", [
-    ("eth", ["eth0", "eth10"]),              # prefix
-    ("=eth0", ["eth0"]),                     # exact
-    ("^docker,lo", ["eth0", "eth10", "ib0"]),  # exclusion list
-    ("ib0,lo", ["ib0", "lo"]),
-    ("^=eth0", ["docker0", "eth10", "ib0", "lo"]),
-    ("nosuch", []),
-])
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("eth", ["eth0", "eth10"]),  # prefix
+        ("=eth0", ["eth0"]),  # exact
+        ("^docker,lo", ["eth0", "eth10", "ib0"]),  # exclusion list
+        ("ib0,lo", ["ib0", "lo"]),
+        ("^=eth0", ["docker0", "eth10", "ib0", "lo"]),
+        ("nosuch", []),
+    ],
+)
 def test_nccl_interface_syntax(spec, expected):
     names = ["docker0", "eth0", "eth10", "ib0", "lo"]
     assert d.match_ifname(spec, names) == expected
@@ -100,12 +114,13 @@ def test_interface_and_resolve_checks():
 
 def test_port_checks():
     import socket
+
     lo, hi = d.ephemeral_range()
     assert d.check_port(29500, bind=False).status == "fail"
     eph = d.check_port(lo, bind=False)
     assert eph.status == "fail" and "ephemeral" in eph.detail
     with socket.socket() as s:
-        for port in range(21000 + os.getpid() % 500, 22000):   # outside the default ephemeral range
+        for port in range(21000 + os.getpid() % 500, 22000):  # outside the default ephemeral range
             if lo <= port <= hi:
                 continue
             try:
@@ -160,9 +175,22 @@ def test_sweep_failures_name_the_cause():
     assert timeout.failed and "P2P" in timeout.cause and "NCCL_P2P_DISABLE=1" in timeout.fix
     addr = d.sweep_check({"error": "RuntimeError: Unable to find address for: nosuch0"})
     assert addr.failed and "interface" in addr.cause
-    wrong = d.sweep_check({"backend": "gloo", "world": 2, "rows": [
-        {"bytes": 1024, "count": 256, "time_us": 1.0, "algbw_gbps": 1.0, "busbw_gbps": 1.0,
-         "correct": False}]})
+    wrong = d.sweep_check(
+        {
+            "backend": "gloo",
+            "world": 2,
+            "rows": [
+                {
+                    "bytes": 1024,
+                    "count": 256,
+                    "time_us": 1.0,
+                    "algbw_gbps": 1.0,
+                    "busbw_gbps": 1.0,
+                    "correct": False,
+                }
+            ],
+        }
+    )
     assert wrong.failed
 
 

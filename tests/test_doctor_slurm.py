@@ -15,16 +15,37 @@ pytestmark = [pytest.mark.slurm]
 
 
 def hp(*args: str, cwd: Path, timeout: float = 280) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_CONFIG_HOME": str(cwd / ".config"),
-           "XDG_STATE_HOME": str(cwd / ".state")}
-    return subprocess.run([sys.executable, "-m", "hpctrain", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "XDG_CONFIG_HOME": str(cwd / ".config"),
+        "XDG_STATE_HOME": str(cwd / ".state"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.mark.timeout(300)
 def test_doctor_job_on_two_nodes_passes(slurm_cluster, tmp_path):
-    out = hp("doctor", "--profile", "loopback", "--nodes", "2", "--max-mib", "1", "--wait-s", "240",
-             "--json", cwd=tmp_path)
+    out = hp(
+        "doctor",
+        "--profile",
+        "loopback",
+        "--nodes",
+        "2",
+        "--max-mib",
+        "1",
+        "--wait-s",
+        "240",
+        "--json",
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     rep = json.loads(out.stdout)
     assert rep["ok"] and rep["job_id"] and rep["scheduler"] == "slurm"
@@ -47,12 +68,25 @@ def test_doctor_job_on_two_nodes_passes(slurm_cluster, tmp_path):
 @pytest.mark.timeout(300)
 def test_doctor_names_a_wrong_interface_on_every_node(slurm_cluster, tmp_path):
     bad = tmp_path / "badnet.yaml"
-    bad.write_text("name: badnet\nextends: loopback\nnetwork:\n  socket_ifname: nosuch0\n"
-                   "  gloo_socket_ifname: nosuch0\n")
+    bad.write_text(
+        "name: badnet\nextends: loopback\nnetwork:\n  socket_ifname: nosuch0\n"
+        "  gloo_socket_ifname: nosuch0\n"
+    )
     os.chmod(bad, 0o644)
     os.chmod(tmp_path, 0o755)
-    out = hp("doctor", "--profile", str(bad), "--nodes", "2", "--gpus", "1", "--quick",
-             "--wait-s", "240", cwd=tmp_path)
+    out = hp(
+        "doctor",
+        "--profile",
+        str(bad),
+        "--nodes",
+        "2",
+        "--gpus",
+        "1",
+        "--quick",
+        "--wait-s",
+        "240",
+        cwd=tmp_path,
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     lines = [ln.strip() for ln in out.stdout.splitlines()]
     fails = [ln for ln in lines if ln.startswith("FAIL interface")]

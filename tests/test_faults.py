@@ -384,8 +384,8 @@ def test_jobs_lines_without_job_id_and_manifests_that_are_lists(home) -> None:
     ck.mkdir(parents=True)
     (ck / "MANIFEST.json").write_text("[1, 2, 3]")
     (run / "checkpoints" / "latest").write_text("step-00000005\n")
-    from hpctrain.service.resume import newest_checkpoint as _newest_checkpoint
     from hpctrain.runs import RunDir
+    from hpctrain.service.resume import newest_checkpoint as _newest_checkpoint
 
     assert _newest_checkpoint(RunDir(run)) is None  # what resume starts from: not the list
     assert json.loads(invoke("status", "j", "--json").output)["state"] != "BROKEN"

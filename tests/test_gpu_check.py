@@ -18,10 +18,20 @@ from benchmarks import gpu_check  # noqa: E402
 def test_without_a_gpu_it_checks_its_plan_and_exits_77(tmp_path: Path) -> None:
     out = tmp_path / "gpu-check.json"
     before = set((REPO / "benchmarks").glob("gpu-check-*"))
-    env = dict(os.environ, PATH=os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep)
-                                                if not (Path(p) / "nvidia-smi").exists()))
-    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--out",
-                        str(out)], capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    env = dict(
+        os.environ,
+        PATH=os.pathsep.join(
+            p for p in os.environ["PATH"].split(os.pathsep) if not (Path(p) / "nvidia-smi").exists()
+        ),
+    )
+    p = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd=REPO,
+    )
     assert p.returncode == 77, p.stdout + p.stderr
     assert "plan: ok" in p.stdout and "no NVIDIA GPU usable here" in p.stdout
     assert "nothing was run" in p.stdout
@@ -29,16 +39,24 @@ def test_without_a_gpu_it_checks_its_plan_and_exits_77(tmp_path: Path) -> None:
     assert report["schema"] == 1 and report["gpu"] is False and report["reason"]
     assert report["steps"] == {} and report["plan_problems"] == []
     names = [s["name"] for s in report["plan"]]
-    assert names == ["environment", "ddp", "fsdp_cpu_offload", "deepspeed_zero2",
-                     "deepspeed_zero3", "big_gpt", "doctor_nccl", "preempt_resume"]
+    assert names == [
+        "environment",
+        "ddp",
+        "fsdp_cpu_offload",
+        "deepspeed_zero2",
+        "deepspeed_zero3",
+        "big_gpt",
+        "doctor_nccl",
+        "preempt_resume",
+    ]
     assert sum(s["budget_s"] for s in report["plan"]) <= 300
-    assert set((REPO / "benchmarks").glob("gpu-check-*")) == before    # no work folder made
+    assert set((REPO / "benchmarks").glob("gpu-check-*")) == before  # no work folder made
 
 
 def test_the_plan_check_catches_a_bad_step() -> None:
     steps = gpu_check.plan(2)
     assert gpu_check.check_plan(steps, 2) == []
-    steps[1].args = [*steps[1].args, "--train.global_batch=12"]            # 12 % (3 x 8)
+    steps[1].args = [*steps[1].args, "--train.global_batch=12"]  # 12 % (3 x 8)
     steps.append(gpu_check.Step("extra", 30, "too long", "ddp", ["--model.no_such_key=1"], 5))
     problems = gpu_check.check_plan(steps, 3)
     assert any("more than 300 s" in p for p in problems)

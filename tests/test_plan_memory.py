@@ -24,11 +24,19 @@ import pytest
 HIDDEN, FFN, LAYERS = 256, 1024, 4
 # (name in plan, precision, optimizer)
 CASES = [
-    ("ddp", "fp32", "adamw"), ("ddp", "fp32", "sgd-momentum"),
-    ("fsdp", "fp32", "adamw"), ("fsdp", "bf16", "adamw"), ("fsdp_offload", "fp32", "adamw"),
-    ("zero1", "fp32", "adamw"), ("zero2", "fp32", "adamw"), ("zero3", "fp32", "adamw"),
-    ("zero1", "bf16", "adamw"), ("zero2", "bf16", "adamw"), ("zero3", "bf16", "adamw"),
-    ("zero2_offload", "fp32", "adamw"), ("zero3_offload", "bf16", "adamw"),
+    ("ddp", "fp32", "adamw"),
+    ("ddp", "fp32", "sgd-momentum"),
+    ("fsdp", "fp32", "adamw"),
+    ("fsdp", "bf16", "adamw"),
+    ("fsdp_offload", "fp32", "adamw"),
+    ("zero1", "fp32", "adamw"),
+    ("zero2", "fp32", "adamw"),
+    ("zero3", "fp32", "adamw"),
+    ("zero1", "bf16", "adamw"),
+    ("zero2", "bf16", "adamw"),
+    ("zero3", "bf16", "adamw"),
+    ("zero2_offload", "fp32", "adamw"),
+    ("zero3_offload", "bf16", "adamw"),
     ("zero3_offload_params", "fp32", "adamw"),
 ]
 
@@ -54,8 +62,12 @@ def _census(torch, exclude: frozenset[int] = frozenset()) -> dict[int, int]:
 def _model(torch):
     nn = torch.nn
     torch.manual_seed(0)
-    return nn.Sequential(*[nn.Sequential(nn.Linear(HIDDEN, FFN), nn.GELU(), nn.Linear(FFN, HIDDEN))
-                           for _ in range(LAYERS)])
+    return nn.Sequential(
+        *[
+            nn.Sequential(nn.Linear(HIDDEN, FFN), nn.GELU(), nn.Linear(FFN, HIDDEN))
+            for _ in range(LAYERS)
+        ]
+    )
 
 
 def _measure(torch, name: str, precision: str, optimizer: str) -> tuple[int, int, int]:
@@ -74,6 +86,7 @@ def _measure(torch, name: str, precision: str, optimizer: str) -> tuple[int, int
 
     if name == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
+
         mod = DDP(model, gradient_as_bucket_view=True)
         opt = make_opt(mod.parameters())
 
@@ -85,6 +98,7 @@ def _measure(torch, name: str, precision: str, optimizer: str) -> tuple[int, int
             return held
     elif name.startswith("fsdp"):
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+
         kw = {"mp_policy": MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)}
         if name == "fsdp_offload":
             kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
@@ -101,20 +115,33 @@ def _measure(torch, name: str, precision: str, optimizer: str) -> tuple[int, int
             return held
     else:
         import deepspeed
+
         from hpctrain.plan import BY_NAME
+
         lay = BY_NAME[name]
-        zero = {"stage": lay.zero_stage, "reduce_bucket_size": 20000, "allgather_bucket_size": 20000,
-                "stage3_prefetch_bucket_size": 20000, "stage3_param_persistence_threshold": 0,
-                "stage3_max_live_parameters": 20000}
+        zero = {
+            "stage": lay.zero_stage,
+            "reduce_bucket_size": 20000,
+            "allgather_bucket_size": 20000,
+            "stage3_prefetch_bucket_size": 20000,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_max_live_parameters": 20000,
+        }
         if lay.offload in ("optimizer", "optimizer+params"):
             zero["offload_optimizer"] = {"device": "cpu"}
         if lay.offload == "optimizer+params":
             zero["offload_param"] = {"device": "cpu"}
-        cfg = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1,
-               "zero_optimization": zero, "zero_allow_untested_optimizer": True,
-               "zero_force_ds_cpu_optimizer": False, "bf16": {"enabled": low is not None}}
-        engine, *_ = deepspeed.initialize(model=model, optimizer=make_opt(model.parameters()),
-                                          config=cfg)
+        cfg = {
+            "train_micro_batch_size_per_gpu": 2,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": zero,
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,
+            "bf16": {"enabled": low is not None},
+        }
+        engine, *_ = deepspeed.initialize(
+            model=model, optimizer=make_opt(model.parameters()), config=cfg
+        )
         xin = x.to(low) if low is not None else x
 
         def step(probe):
@@ -133,6 +160,7 @@ def _worker(out: str) -> None:
     import deepspeed
     import torch
     import torch.distributed as dist
+
     # no C++ build on a machine without a compiler (../shared/notes/cpu-distributed.md)
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
     deepspeed.init_distributed(dist_backend="gloo")
@@ -140,8 +168,16 @@ def _worker(out: str) -> None:
     for name, precision, optimizer in CASES:
         params, largest, held = _measure(torch, name, precision, optimizer)
         gc.collect()
-        rows.append({"name": name, "precision": precision, "optimizer": optimizer,
-                     "params": params, "largest": largest, "held": held})
+        rows.append(
+            {
+                "name": name,
+                "precision": precision,
+                "optimizer": optimizer,
+                "params": params,
+                "largest": largest,
+                "held": held,
+            }
+        )
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, rows)
     if dist.get_rank() == 0:
@@ -154,28 +190,53 @@ def measured(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("plan") / "held.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         __file__, str(out)], env=env, capture_output=True, text=True, timeout=240)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            __file__,
+            str(out),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("name,precision,optimizer", CASES, ids=[f"{n}-{p}-{o}" for n, p, o in CASES])
+@pytest.mark.parametrize(
+    "name,precision,optimizer", CASES, ids=[f"{n}-{p}-{o}" for n, p, o in CASES]
+)
 def test_predicted_model_state_matches_held_bytes(measured, name, precision, optimizer):
     from hpctrain.plan import BY_NAME, model_state
+
     world = measured["world"]
     for rank, rows in enumerate(measured["ranks"]):
-        row = next(r for r in rows if (r["name"], r["precision"], r["optimizer"])
-                   == (name, precision, optimizer))
-        p, g, o, host = model_state(BY_NAME[name], params=row["params"], world=world,
-                                    precision=precision, optimizer=optimizer,
-                                    largest=row["largest"])
+        row = next(
+            r
+            for r in rows
+            if (r["name"], r["precision"], r["optimizer"]) == (name, precision, optimizer)
+        )
+        p, g, o, host = model_state(
+            BY_NAME[name],
+            params=row["params"],
+            world=world,
+            precision=precision,
+            optimizer=optimizer,
+            largest=row["largest"],
+        )
         # On CPU the "device" and the host are the same memory: offload moves bytes, not removes them.
         predicted = p + g + o + host
         assert predicted > 0
         assert abs(row["held"] - predicted) <= 0.05 * predicted, (
             f"rank {rank} {name} {precision} {optimizer}: plan predicts {predicted:,} bytes, "
-            f"the strategy holds {row['held']:,} ({row['held'] / predicted:.3f}x)")
+            f"the strategy holds {row['held']:,} ({row['held'] / predicted:.3f}x)"
+        )
 
 
 if __name__ == "__main__":

@@ -25,23 +25,50 @@ pytestmark = pytest.mark.slow
 SEED = int(os.environ.get(jobenv.TEST_SEED, time.time_ns() % 10_000))
 
 
-TRAIN = ["--max-steps", "60"]      # room for a signal or 10 kills to land before the end
+TRAIN = ["--max-steps", "60"]  # room for a signal or 10 kills to land before the end
 
 
 def hp_env(home: Path) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in (jobenv.STOP_AT_STEP, jobenv.STOP_FILE, jobenv.RUN_DIR)}
-    return env | {"XDG_STATE_HOME": str(home / "state"), "XDG_CONFIG_HOME": str(home / "config"),
-                  "OMP_NUM_THREADS": "1"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in (jobenv.STOP_AT_STEP, jobenv.STOP_FILE, jobenv.RUN_DIR)
+    }
+    return env | {
+        "XDG_STATE_HOME": str(home / "state"),
+        "XDG_CONFIG_HOME": str(home / "config"),
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> str:
     """final_params.sha256 of one uninterrupted run (checkpoint cadence does not change it)."""
     home = tmp_path_factory.mktemp("reference")
-    out = subprocess.run([sys.executable, "-m", "hpctrain", "submit", "--profile", "local", "--nodes", "1",
-                          "--gpus", "2", "--name", "ref", "--wait", "--", *TRAIN],
-                         capture_output=True, text=True, env=hp_env(home), cwd=home, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "submit",
+            "--profile",
+            "local",
+            "--nodes",
+            "1",
+            "--gpus",
+            "2",
+            "--name",
+            "ref",
+            "--wait",
+            "--",
+            *TRAIN,
+        ],
+        capture_output=True,
+        text=True,
+        env=hp_env(home),
+        cwd=home,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     return final_hash(home / "runs" / "ref")
 
@@ -57,8 +84,12 @@ def cli(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
 
     def run(*args: str, ok: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-        out = subprocess.run([sys.executable, "-m", "hpctrain", *args], capture_output=True, text=True,
-                             timeout=timeout)
+        out = subprocess.run(
+            [sys.executable, "-m", "hpctrain", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if ok:
             assert out.returncode == 0, f"hpctrain {' '.join(args)}:\n{out.stdout}\n{out.stderr}"
         return out
@@ -122,7 +153,9 @@ def final_hash(run: Path) -> str:
 
 def test_preempt_requeue_resume_is_bit_identical(cli, tmp_path, reference):
     train = [*TRAIN, "--checkpoint-every", "20"]
-    cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "2", "--name", "pre", "--", *train)
+    cli(
+        "submit", "--profile", "local", "--nodes", "1", "--gpus", "2", "--name", "pre", "--", *train
+    )
     run = tmp_path / "runs" / "pre"
     at = random.Random(SEED).randint(2, 12)
     wait_until(lambda: last_step(run) >= at, what=f"step {at}")
@@ -138,9 +171,12 @@ def test_preempt_requeue_resume_is_bit_identical(cli, tmp_path, reference):
     assert at <= stopped < 60
     restarts = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]
     assert [r["restart_count"] for r in restarts] == [0, 1]
-    assert f"resumed from {run / 'checkpoints' / f'step-{stopped:08d}'} " in (run / "train.log").read_text()
+    assert (
+        f"resumed from {run / 'checkpoints' / f'step-{stopped:08d}'} "
+        in (run / "train.log").read_text()
+    )
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    after = steps[steps.index(stopped) + 1:]
+    after = steps[steps.index(stopped) + 1 :]
     assert after[0] == stopped + 1, "steps were redone after a signal preemption"
     assert final_hash(run) == reference, f"seed {SEED}, preempted at {stopped}"
     status = json.loads(cli("status", "pre", "--json").stdout)
@@ -149,20 +185,34 @@ def test_preempt_requeue_resume_is_bit_identical(cli, tmp_path, reference):
 
 def test_sigkill_at_random_moments_then_resume_is_bit_identical(cli, tmp_path, reference):
     train = [*TRAIN, "--checkpoint-every", "2"]
-    cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "2", "--name", "kill", "--", *train)
+    cli(
+        "submit",
+        "--profile",
+        "local",
+        "--nodes",
+        "1",
+        "--gpus",
+        "2",
+        "--name",
+        "kill",
+        "--",
+        *train,
+    )
     run = tmp_path / "runs" / "kill"
     ckpts = run / "checkpoints"
     rng = random.Random(SEED)
     resumed_from: list[str] = []
-    during_save = 0      # kills that found a save in progress (its staging folder) just before
+    during_save = 0  # kills that found a save in progress (its staging folder) just before
     for trial in range(10):
         start = last_step(run)
-        if trial % 2:   # kill inside a save: as soon as a staging folder appears
-            wait_until(lambda: last_step(run) > start and any(ckpts.glob(".staging-*")),
-                       what="a save in progress")
-        else:           # kill at a random step, anywhere inside it
+        if trial % 2:  # kill inside a save: as soon as a staging folder appears
+            wait_until(
+                lambda start=start: last_step(run) > start and any(ckpts.glob(".staging-*")),
+                what="a save in progress",
+            )
+        else:  # kill at a random step, anywhere inside it
             target = start + 1 + rng.randint(0, 2)
-            wait_until(lambda: last_step(run) >= target, what=f"step {target}")
+            wait_until(lambda target=target: last_step(run) >= target, what=f"step {target}")
             time.sleep(rng.uniform(0, 0.05))
         during_save += bool(any(ckpts.glob(".staging-*")))
         sigkill_job(run)
@@ -170,14 +220,20 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(cli, tmp_path, r
         assert not (run / "final_params.sha256").exists(), f"trial {trial}: the run finished first"
         newest = newest_verified(ckpts)
         for folder in ckpts.glob("step-*"):
-            assert verify(folder)[1] is None, f"trial {trial}: {folder} does not verify after SIGKILL"
+            assert verify(folder)[1] is None, (
+                f"trial {trial}: {folder} does not verify after SIGKILL"
+            )
         out = cli("resume", "kill")
         expect = f"from {newest[0].name} (verified)" if newest else "from the start"
         assert expect in out.stdout, out.stdout
         resumed_from.append(newest[0].name if newest else "start")
         if newest:
-            wait_until(lambda: f"resumed from {newest[0]} " in (run / "train.log").read_text(),
-                       what=f"trial {trial}: resume from {newest[0].name}")
+            wait_until(
+                lambda newest=newest: (
+                    f"resumed from {newest[0]} " in (run / "train.log").read_text()
+                ),
+                what=f"trial {trial}: resume from {newest[0].name}",
+            )
     assert during_save >= 4, f"only {during_save} of 10 kills landed inside a save"
     assert dispatch.wait(RunDir(run), poll_s=0.5) == "COMPLETED"
     assert final_hash(run) == reference, f"seed {SEED}: {resumed_from}"
@@ -186,8 +242,21 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(cli, tmp_path, r
 
 
 def test_resume_and_preempt_refuse_what_they_must(cli, tmp_path):
-    cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "1", "--name", "one", "--wait", "--",
-        "--max-steps", "2")
+    cli(
+        "submit",
+        "--profile",
+        "local",
+        "--nodes",
+        "1",
+        "--gpus",
+        "1",
+        "--name",
+        "one",
+        "--wait",
+        "--",
+        "--max-steps",
+        "2",
+    )
     out = cli("resume", "one", ok=False)
     assert out.returncode == 2 and "COMPLETED" in out.stderr and "--max-steps" in out.stderr
     assert "Traceback" not in out.stderr
@@ -201,9 +270,23 @@ def test_resume_and_preempt_refuse_what_they_must(cli, tmp_path):
     assert json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 4
     assert list(run.glob("job.sh.before-resume-*"))
 
-    cli("submit", "--profile", "local", "--nodes", "1", "--gpus", "1", "--name", "busy", "--",
-        "--max-steps", "100000")
-    wait_until(lambda: dispatch.state(RunDir(tmp_path / "runs" / "busy")) == "RUNNING", 60, "RUNNING")
+    cli(
+        "submit",
+        "--profile",
+        "local",
+        "--nodes",
+        "1",
+        "--gpus",
+        "1",
+        "--name",
+        "busy",
+        "--",
+        "--max-steps",
+        "100000",
+    )
+    wait_until(
+        lambda: dispatch.state(RunDir(tmp_path / "runs" / "busy")) == "RUNNING", 60, "RUNNING"
+    )
     out = cli("resume", "busy", ok=False)
     assert out.returncode == 2 and "RUNNING" in out.stderr and "hpctrain cancel busy" in out.stderr
     cli("cancel", "busy")
@@ -216,4 +299,3 @@ def test_resume_and_preempt_refuse_what_they_must(cli, tmp_path):
     ds.run_yaml.write_text(yaml.safe_dump(frozen))
     out = cli("resume", "busy", "--nodes", "2", ok=False)
     assert out.returncode == 2 and "deepspeed" in out.stderr and "--nodes 1" in out.stderr
-

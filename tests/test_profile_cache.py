@@ -150,13 +150,27 @@ def test_submit_dry_run_from_the_cache_imports_no_pydantic(isolated: Path) -> No
 
 def test_a_bad_entry_config_is_refused_every_time(isolated: Path) -> None:
     """The submit-time check of train_entry's config is cached only when it passes."""
-    args = ["submit", "--profile", "local", "--nodes", "2", "--gpus", "2", "--name", "b",
-            "--dry-run", "--", "--train.global_batch=12"]
+    args = [
+        "submit",
+        "--profile",
+        "local",
+        "--nodes",
+        "2",
+        "--gpus",
+        "2",
+        "--name",
+        "b",
+        "--dry-run",
+        "--",
+        "--train.global_batch=12",
+    ]
     for _ in range(2):
         result = CliRunner().invoke(main, args)
         assert result.exit_code == 2 and "global_batch(12) is not divisible" in result.output
     ok = [*args[:-1], "--train.global_batch=32"]
     for _ in range(2):
         result = CliRunner().invoke(main, ok)
-        assert result.exit_code == 0 and "global batch 32 = world 4 x micro 8 x accum 1" in \
-            result.output, result.output
+        assert (
+            result.exit_code == 0
+            and "global batch 32 = world 4 x micro 8 x accum 1" in result.output
+        ), result.output

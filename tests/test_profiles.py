@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 from hpctrain.cli import main
 from hpctrain.errors import UserError, ValidationError
-from hpctrain.profiles import Profile, discover, resolve
 from hpctrain.kernel import jobenv
+from hpctrain.profiles import Profile, discover, resolve
 from hpctrain.profiles.schema import check_nccl_ifname
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,7 +36,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def write(path: Path, text: str | bytes, mode: int = 0o644) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    os.chmod(path.parent, 0o755)             # whatever the umask: a group-writable dir is refused
+    os.chmod(path.parent, 0o755)  # whatever the umask: a group-writable dir is refused
     path.write_bytes(text.encode() if isinstance(text, str) else text)
     os.chmod(path, mode)
     return path
@@ -58,6 +58,7 @@ def invalid(path: Path) -> str:
 
 # --- shipped profiles ---------------------------------------------------------------------------
 
+
 def test_the_shipped_set() -> None:
     assert SHIPPED == ["aws-efa", "ethernet", "generic-ib", "local", "loopback", "roce"]
 
@@ -69,15 +70,28 @@ def test_shipped_profile_validates_and_resolves(name: str) -> None:
     profile = resolve(name)
     assert isinstance(profile, Profile) and profile.name == name
     assert profile.source == (REPO / "site_configs" / f"{name}.yaml").resolve()
-    assert set(profile.origins) >= {"slurm.gpus_per_node", "network.socket_ifname", "preemption.signal"}
+    assert set(profile.origins) >= {
+        "slurm.gpus_per_node",
+        "network.socket_ifname",
+        "preemption.signal",
+    }
 
 
 def test_loopback_matches_the_live_cluster() -> None:
     """tests/slurm/cluster.sh builds the cluster from these values."""
     p = resolve("loopback")
-    assert (p.scheduler, p.slurm.partition, p.slurm.gpu_request, p.slurm.gpus_per_node) == \
-        ("slurm", "debug", "gpus-per-node", 2)
-    assert (p.slurm.cpus_per_task, p.slurm.mem, p.slurm.gpu_mem_gib, p.slurm.max_nodes) == (1, None, None, 2)
+    assert (p.scheduler, p.slurm.partition, p.slurm.gpu_request, p.slurm.gpus_per_node) == (
+        "slurm",
+        "debug",
+        "gpus-per-node",
+        2,
+    )
+    assert (p.slurm.cpus_per_task, p.slurm.mem, p.slurm.gpu_mem_gib, p.slurm.max_nodes) == (
+        1,
+        None,
+        None,
+        2,
+    )
     assert (p.slurm.default_time_min, p.slurm.max_time_min) == (10, 30)
     assert (p.network.socket_ifname, p.network.gloo_ifname) == ("lo", "lo")
     assert (p.preemption.signal, p.preemption.warning_s, p.preemption.requeue) == ("USR2", 30, True)
@@ -111,58 +125,154 @@ def test_aws_efa_container_and_libfabric() -> None:
 # --- bad input: one problem each, file:line: key: message; fix ------------------------------------
 
 BAD = {
-    "unknown key at depth": ("name: x\nslurm:\n  partiton: gpu\n",
-                             ":3: slurm.partiton: unknown key; did you mean 'partition'?"),
-    "unknown top key": ("name: x\nschedular: slurm\n", ":2: schedular: unknown key; did you mean 'scheduler'?"),
-    "unknown env section key": ("name: x\nenvironment:\n  container:\n    kind: pyxis\n    image: a\n    mount: []\n",
-                                ":6: environment.container.mount: unknown key; did you mean 'mounts'?"),
-    "wrong type": ("name: x\nslurm:\n  gpus_per_node: eight\n", ":3: slurm.gpus_per_node: Input should be a valid integer"),
+    "unknown key at depth": (
+        "name: x\nslurm:\n  partiton: gpu\n",
+        ":3: slurm.partiton: unknown key; did you mean 'partition'?",
+    ),
+    "unknown top key": (
+        "name: x\nschedular: slurm\n",
+        ":2: schedular: unknown key; did you mean 'scheduler'?",
+    ),
+    "unknown env section key": (
+        "name: x\nenvironment:\n  container:\n    kind: pyxis\n    image: a\n    mount: []\n",
+        ":6: environment.container.mount: unknown key; did you mean 'mounts'?",
+    ),
+    "wrong type": (
+        "name: x\nslurm:\n  gpus_per_node: eight\n",
+        ":3: slurm.gpus_per_node: Input should be a valid integer",
+    ),
     "wrong type bool": ("name: x\nslurm:\n  exclusive: maybe\n", ":3: slurm.exclusive:"),
-    "wrong type list": ("name: x\nslurm:\n  extra_sbatch: --exclusive\n", ":3: slurm.extra_sbatch: Input should be a valid list"),
-    "negative count": ("name: x\npreemption:\n  max_restarts: -1\n", ":3: preemption.max_restarts: Input should be greater than or equal to 0"),
+    "wrong type list": (
+        "name: x\nslurm:\n  extra_sbatch: --exclusive\n",
+        ":3: slurm.extra_sbatch: Input should be a valid list",
+    ),
+    "negative count": (
+        "name: x\npreemption:\n  max_restarts: -1\n",
+        ":3: preemption.max_restarts: Input should be greater than or equal to 0",
+    ),
     "negative gpus": ("name: x\nslurm:\n  gpus_per_node: -8\n", ":3: slurm.gpus_per_node:"),
-    "default above max time": ("name: x\nslurm:\n  default_time_min: 90\n  max_time_min: 30\n",
-                               ":3: slurm.default_time_min: default_time_min 90 is above max_time_min 30"),
-    "cpus both ways": ("name: x\nslurm:\n  gpus_per_node: 4\n  cpus_per_gpu: 8\n  cpus_per_task: 32\n",
-                       ":5: slurm.cpus_per_task: cpus_per_gpu and cpus_per_task are both set"),
-    "bad ports": ("name: x\nrendezvous:\n  port_min: 80\n  port_max: 90000\n", ":3: rendezvous.port_min: port range 80-90000"),
-    "bad signal": ("name: x\npreemption:\n  signal: QUIT\n", ":3: preemption.signal: Input should be 'USR2'"),
-    "term signal": ("name: x\npreemption:\n  signal: SIGTERM\n", ":3: preemption.signal: TERM cannot be the preemption warning"),
-    "bad interface =^": ("name: x\nnetwork:\n  socket_ifname: =^eth0\n", ":3: network.socket_ifname: '=^eth0' is not an NCCL interface"),
-    "bad gloo interface": ("name: x\nnetwork:\n  gloo_socket_ifname: ^lo\n", ":3: network.gloo_socket_ifname: '^lo' is not a gloo"),
+    "default above max time": (
+        "name: x\nslurm:\n  default_time_min: 90\n  max_time_min: 30\n",
+        ":3: slurm.default_time_min: default_time_min 90 is above max_time_min 30",
+    ),
+    "cpus both ways": (
+        "name: x\nslurm:\n  gpus_per_node: 4\n  cpus_per_gpu: 8\n  cpus_per_task: 32\n",
+        ":5: slurm.cpus_per_task: cpus_per_gpu and cpus_per_task are both set",
+    ),
+    "bad ports": (
+        "name: x\nrendezvous:\n  port_min: 80\n  port_max: 90000\n",
+        ":3: rendezvous.port_min: port range 80-90000",
+    ),
+    "bad signal": (
+        "name: x\npreemption:\n  signal: QUIT\n",
+        ":3: preemption.signal: Input should be 'USR2'",
+    ),
+    "term signal": (
+        "name: x\npreemption:\n  signal: SIGTERM\n",
+        ":3: preemption.signal: TERM cannot be the preemption warning",
+    ),
+    "bad interface =^": (
+        "name: x\nnetwork:\n  socket_ifname: =^eth0\n",
+        ":3: network.socket_ifname: '=^eth0' is not an NCCL interface",
+    ),
+    "bad gloo interface": (
+        "name: x\nnetwork:\n  gloo_socket_ifname: ^lo\n",
+        ":3: network.gloo_socket_ifname: '^lo' is not a gloo",
+    ),
     "bad hca": ("name: x\nnetwork:\n  ib: true\n  ib_hca: mlx5_0:x\n", ":4: network.ib_hca:"),
-    "hca without ib": ("name: x\nnetwork:\n  ib_hca: mlx5_0\n", ":3: network.ib_hca: ib_hca is set but ib is false"),
-    "owned sbatch directive": ("name: x\nslurm:\n  extra_sbatch:\n    - --exclusive\n    - --nodes=4\n",
-                               ":5: slurm.extra_sbatch[1]: '--nodes=4': hpctrain sets --nodes itself"),
-    "abbreviated directive": ("name: x\nslurm:\n  extra_sbatch: [--sig=B:USR1@60]\n", "abbreviates --signal"),
-    "shell in directive": ("name: x\nslurm:\n  extra_sbatch: ['--comment=$(id)']\n", "is not a safe sbatch option"),
-    "short directive": ("name: x\nslurm:\n  srun_args: ['-N 2']\n", ":3: slurm.srun_args[0]: '-N 2' is not a safe srun option"),
-    "container in srun": ("name: x\nslurm:\n  srun_args: [--container-image=x]\n", "set environment.container"),
-    "env name": ("name: x\nenvironment:\n  env:\n    bad-name: 1\n", ":4: environment.env.bad-name: 'bad-name' is not a valid variable name"),
-    "env value newline": ('name: x\nenvironment:\n  env:\n    A: "x\\ny"\n', ":4: environment.env.A: the value contains a newline"),
-    "network env prefix": ("name: x\nnetwork:\n  env:\n    MY_LIB: /x.so\n", ":4: network.env.MY_LIB: MY_LIB is not a network variable"),
-    "dedicated env": ("name: x\nnetwork:\n  env:\n    NCCL_SOCKET_IFNAME: eth0\n", "set network.socket_ifname instead"),
-    "owned env": ("name: x\nenvironment:\n  env:\n    MASTER_PORT: '29500'\n", "is set by hpctrain's script"),
+    "hca without ib": (
+        "name: x\nnetwork:\n  ib_hca: mlx5_0\n",
+        ":3: network.ib_hca: ib_hca is set but ib is false",
+    ),
+    "owned sbatch directive": (
+        "name: x\nslurm:\n  extra_sbatch:\n    - --exclusive\n    - --nodes=4\n",
+        ":5: slurm.extra_sbatch[1]: '--nodes=4': hpctrain sets --nodes itself",
+    ),
+    "abbreviated directive": (
+        "name: x\nslurm:\n  extra_sbatch: [--sig=B:USR1@60]\n",
+        "abbreviates --signal",
+    ),
+    "shell in directive": (
+        "name: x\nslurm:\n  extra_sbatch: ['--comment=$(id)']\n",
+        "is not a safe sbatch option",
+    ),
+    "short directive": (
+        "name: x\nslurm:\n  srun_args: ['-N 2']\n",
+        ":3: slurm.srun_args[0]: '-N 2' is not a safe srun option",
+    ),
+    "container in srun": (
+        "name: x\nslurm:\n  srun_args: [--container-image=x]\n",
+        "set environment.container",
+    ),
+    "env name": (
+        "name: x\nenvironment:\n  env:\n    bad-name: 1\n",
+        ":4: environment.env.bad-name: 'bad-name' is not a valid variable name",
+    ),
+    "env value newline": (
+        'name: x\nenvironment:\n  env:\n    A: "x\\ny"\n',
+        ":4: environment.env.A: the value contains a newline",
+    ),
+    "network env prefix": (
+        "name: x\nnetwork:\n  env:\n    MY_LIB: /x.so\n",
+        ":4: network.env.MY_LIB: MY_LIB is not a network variable",
+    ),
+    "dedicated env": (
+        "name: x\nnetwork:\n  env:\n    NCCL_SOCKET_IFNAME: eth0\n",
+        "set network.socket_ifname instead",
+    ),
+    "owned env": (
+        "name: x\nenvironment:\n  env:\n    MASTER_PORT: '29500'\n",
+        "is set by hpctrain's script",
+    ),
     "missing name": ("scheduler: local\n", "name: required key is missing"),
     "bad name": ("name: My Cluster\n", ":1: name: 'My Cluster' is not a profile name"),
-    "locked unknown key": ("name: x\nlocked: [slurm.acount]\n", ":2: locked[0]: locked key 'slurm.acount'"),
-    "runs_dir shell": ("name: x\nstorage:\n  runs_dir: /x/$(id)\n", ":3: storage.runs_dir: runs_dir '/x/$(id)' contains shell syntax"),
-    "bad mount": ("name: x\nenvironment:\n  container: {kind: apptainer, image: a.sif, mounts: ['/a /b']}\n", "is not PATH or SRC:DST"),
-    "container kind": ("name: x\nenvironment:\n  container: {kind: docker, image: a}\n", ":3: environment.container.kind:"),
+    "locked unknown key": (
+        "name: x\nlocked: [slurm.acount]\n",
+        ":2: locked[0]: locked key 'slurm.acount'",
+    ),
+    "runs_dir shell": (
+        "name: x\nstorage:\n  runs_dir: /x/$(id)\n",
+        ":3: storage.runs_dir: runs_dir '/x/$(id)' contains shell syntax",
+    ),
+    "bad mount": (
+        "name: x\nenvironment:\n  container: {kind: apptainer, image: a.sif, mounts: ['/a /b']}\n",
+        "is not PATH or SRC:DST",
+    ),
+    "container kind": (
+        "name: x\nenvironment:\n  container: {kind: docker, image: a}\n",
+        ":3: environment.container.kind:",
+    ),
     "relative activate": ("name: x\nenvironment:\n  activate: venv\n", "is a relative path"),
     "non-mapping": ("- a\n- b\n", ":1: the top level is not a mapping"),
     "scalar file": ("just text\n", "the top level is not a mapping"),
     "empty": ("# nothing\n", "empty file"),
-    "python tag": ("name: x\ndescription: !!python/object/apply:os.system ['touch /tmp/pwned']\n",
-                   ":2: description: tag !!python/object/apply:os.system is not allowed"),
-    "python object tag": ("name: x\ndescription: !!python/object:builtins.dict {}\n", "tag !!python/object:builtins.dict is not allowed"),
+    "python tag": (
+        "name: x\ndescription: !!python/object/apply:os.system ['touch /tmp/pwned']\n",
+        ":2: description: tag !!python/object/apply:os.system is not allowed",
+    ),
+    "python object tag": (
+        "name: x\ndescription: !!python/object:builtins.dict {}\n",
+        "tag !!python/object:builtins.dict is not allowed",
+    ),
     "local tag": ("name: x\nversion: !foo 3\n", ":2: version: tag !foo is not allowed"),
     "str tag": ("name: x\nversion: !!str 3\n", "tag !!str is not allowed"),
-    "alias": ("name: x\ndescription: &d hello\nversion: *d\n", ":2: description: anchor &d is not allowed"),
-    "duplicate key": ("name: x\nslurm:\n  partition: a\n  partition: b\n", ":4: slurm.partition: duplicate key (first on line 3)"),
+    "alias": (
+        "name: x\ndescription: &d hello\nversion: *d\n",
+        ":2: description: anchor &d is not allowed",
+    ),
+    "duplicate key": (
+        "name: x\nslurm:\n  partition: a\n  partition: b\n",
+        ":4: slurm.partition: duplicate key (first on line 3)",
+    ),
     "yaml syntax": ("name: x\nslurm: [\n", "not valid YAML"),
-    "bad extends": ("name: x\nextends: generic-iv\n", ":2: extends: extends 'generic-iv': no such profile; did you mean 'generic-ib'?"),
-    "missing extends file": ("name: x\nextends: ./nope.yaml\n", ":2: extends: extends './nope.yaml': no such file"),
+    "bad extends": (
+        "name: x\nextends: generic-iv\n",
+        ":2: extends: extends 'generic-iv': no such profile; did you mean 'generic-ib'?",
+    ),
+    "missing extends file": (
+        "name: x\nextends: ./nope.yaml\n",
+        ":2: extends: extends './nope.yaml': no such file",
+    ),
 }
 
 
@@ -177,8 +287,15 @@ def test_bad_input_is_exit_2_with_location(case: str, tmp_path: Path) -> None:
 
 def test_binary_non_utf8_deep_and_huge(tmp_path: Path) -> None:
     assert "binary file" in invalid(write(tmp_path / "d" / "bin.yaml", b"name: x\x00\x01\x02"))
-    assert "not UTF-8" in invalid(write(tmp_path / "d" / "latin.yaml", "name: caf\xe9\n".encode("latin-1")))
-    deep = "name: x\nslurm:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 12)) + "  " * 12 + "v: 1\n"
+    assert "not UTF-8" in invalid(
+        write(tmp_path / "d" / "latin.yaml", "name: caf\xe9\n".encode("latin-1"))
+    )
+    deep = (
+        "name: x\nslurm:\n"
+        + "".join("  " * i + f"k{i}:\n" for i in range(1, 12))
+        + "  " * 12
+        + "v: 1\n"
+    )
     out = invalid(write(tmp_path / "d" / "deep.yaml", deep))
     assert "nested deeper than 8 levels" in out and "deep.yaml:10:" in out
     out = invalid(write(tmp_path / "d" / "huge.yaml", "name: x\n" + "#" * 300_000 + "\n"))
@@ -187,13 +304,18 @@ def test_binary_non_utf8_deep_and_huge(tmp_path: Path) -> None:
 
 def test_no_tag_constructs_anything(tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    write(tmp_path / "d" / "evil.yaml", f"name: x\ndescription: !!python/object/apply:os.system ['touch {marker}']\n")
+    write(
+        tmp_path / "d" / "evil.yaml",
+        f"name: x\ndescription: !!python/object/apply:os.system ['touch {marker}']\n",
+    )
     invalid(tmp_path / "d" / "evil.yaml")
     assert not marker.exists()
 
 
 def test_all_problems_of_a_file_reported_together(tmp_path: Path) -> None:
-    path = write(tmp_path / "p" / "many.yaml", """\
+    path = write(
+        tmp_path / "p" / "many.yaml",
+        """\
 name: many
 slurm:
   partiton: gpu
@@ -205,11 +327,18 @@ preemption:
   warning_s: -5
   signal: TERM
 color: blue
-""")
+""",
+    )
     out = invalid(path)
     assert "6 problems found" in out
-    for line, key in [(3, "slurm.partiton"), (4, "slurm.default_time_min"), (7, "network.socket_ifname"),
-                      (9, "preemption.warning_s"), (10, "preemption.signal"), (11, "color")]:
+    for line, key in [
+        (3, "slurm.partiton"),
+        (4, "slurm.default_time_min"),
+        (7, "network.socket_ifname"),
+        (9, "preemption.warning_s"),
+        (10, "preemption.signal"),
+        (11, "color"),
+    ]:
         assert f"{path}:{line}: {key}: " in out, (line, key, out)
 
 
@@ -223,20 +352,50 @@ def test_validate_several_files_reports_every_file(tmp_path: Path) -> None:
     assert f"{b}:2: network.ib_gid_index" in result.output
 
 
-@pytest.mark.parametrize("expr", ["eth", "=eth0", "ib0,ib1", "^docker,lo", "^=docker0", "lo", "enp90s0np0",
-                                  "bond0.100", "eth0:1"])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "eth",
+        "=eth0",
+        "ib0,ib1",
+        "^docker,lo",
+        "^=docker0",
+        "lo",
+        "enp90s0np0",
+        "bond0.100",
+        "eth0:1",
+    ],
+)
 def test_nccl_interface_syntax_accepted(expr: str) -> None:
     assert check_nccl_ifname(expr) == expr
 
 
-@pytest.mark.parametrize("expr", ["", "^", "=", "=^eth0", "^^eth", "eth0,,lo", ",eth0", "eth0,", "eth 0",
-                                  "eth0;reboot", "$(id)", "eth0\n", "a" * 16, "^eth,=lo"])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "",
+        "^",
+        "=",
+        "=^eth0",
+        "^^eth",
+        "eth0,,lo",
+        ",eth0",
+        "eth0,",
+        "eth 0",
+        "eth0;reboot",
+        "$(id)",
+        "eth0\n",
+        "a" * 16,
+        "^eth,=lo",
+    ],
+)
 def test_nccl_interface_syntax_refused(expr: str) -> None:
     with pytest.raises(ValueError, match="fix:"):
         check_nccl_ifname(expr)
 
 
 # --- extends, layers, locks ----------------------------------------------------------------------
+
 
 def test_extends_cycle_names_the_chain(tmp_path: Path) -> None:
     a = write(tmp_path / "p" / "a.yaml", "name: a\nextends: ./b.yaml\n")
@@ -259,31 +418,40 @@ def test_extends_by_name_cycle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_child_may_extend_a_profile_of_its_own_name(isolated: Path) -> None:
-    write(isolated / "hpctrain" / "profiles" / "generic-ib.yaml",
-          "name: generic-ib\nextends: generic-ib\nenvironment:\n  activate: /home/me/venv\n")
+    write(
+        isolated / "hpctrain" / "profiles" / "generic-ib.yaml",
+        "name: generic-ib\nextends: generic-ib\nenvironment:\n  activate: /home/me/venv\n",
+    )
     p = resolve("generic-ib")
     assert p.environment.activate == "/home/me/venv" and p.slurm.gpus_per_node == 8
     assert len(p.chain) == 2
 
 
 def test_flags_and_user_config_layers_with_origins(isolated: Path) -> None:
-    cfg = write(isolated / "hpctrain" / "config.yaml",
-                "default_profile: ethernet\noverrides:\n  slurm:\n    qos: low\n    max_nodes: 4\n")
+    cfg = write(
+        isolated / "hpctrain" / "config.yaml",
+        "default_profile: ethernet\noverrides:\n  slurm:\n    qos: low\n    max_nodes: 4\n",
+    )
     p = resolve(None, {"slurm.max_nodes": "2", "network.env.NCCL_DEBUG": "INFO"})
     assert p.name == "ethernet"
     assert (p.slurm.qos, p.slurm.max_nodes, p.network.env["NCCL_DEBUG"]) == ("low", 2, "INFO")
     assert p.origins["slurm.qos"] == f"user config {cfg}:4"
     assert p.origins["slurm.max_nodes"] == "flag slurm.max_nodes"
     assert p.origins["network.env.NCCL_DEBUG"] == "flag network.env.NCCL_DEBUG"
-    assert p.network.env["NCCL_SOCKET_NTHREADS"] == "4"          # mappings merge key by key
+    assert p.network.env["NCCL_SOCKET_NTHREADS"] == "4"  # mappings merge key by key
     assert p.origins["slurm.reservation"] == "default"
 
 
 def test_bad_flag_and_bad_user_config(isolated: Path) -> None:
     with pytest.raises(ValidationError) as e:
         resolve("local", {"slurm.gpus_per_nod": 2})
-    assert "command line: slurm.gpus_per_nod: unknown key; did you mean 'gpus_per_node'?" in str(e.value)
-    cfg = write(isolated / "hpctrain" / "config.yaml", "default_profil: local\noverrides:\n  slurm:\n    mem: lots\n")
+    assert "command line: slurm.gpus_per_nod: unknown key; did you mean 'gpus_per_node'?" in str(
+        e.value
+    )
+    cfg = write(
+        isolated / "hpctrain" / "config.yaml",
+        "default_profil: local\noverrides:\n  slurm:\n    mem: lots\n",
+    )
     with pytest.raises(ValidationError) as e:
         resolve("local")
     msg = str(e.value)
@@ -298,7 +466,10 @@ def test_locked_key_override_names_key_and_profile(isolated: Path, tmp_path: Pat
     assert f"slurm.account is locked by profile {ib}" in str(e.value)
     assert resolve("generic-ib", {"slurm.account": "ml-research"}).slurm.account == "ml-research"
 
-    child = write(tmp_path / "p" / "child.yaml", "name: child\nextends: generic-ib\nslurm:\n  partition: big\n")
+    child = write(
+        tmp_path / "p" / "child.yaml",
+        "name: child\nextends: generic-ib\nslurm:\n  partition: big\n",
+    )
     out = invalid(child)
     assert f"{child}:4: slurm.partition: slurm.partition is locked by profile {ib}" in out
 
@@ -309,8 +480,14 @@ def test_locked_key_override_names_key_and_profile(isolated: Path, tmp_path: Pat
 
 
 def test_locked_section(tmp_path: Path) -> None:
-    write(tmp_path / "p" / "base.yaml", "name: base\nnetwork:\n  socket_ifname: ib0\nlocked: [network]\n")
-    child = write(tmp_path / "p" / "child.yaml", "name: child\nextends: ./base.yaml\nnetwork:\n  env:\n    NCCL_DEBUG: INFO\n")
+    write(
+        tmp_path / "p" / "base.yaml",
+        "name: base\nnetwork:\n  socket_ifname: ib0\nlocked: [network]\n",
+    )
+    child = write(
+        tmp_path / "p" / "child.yaml",
+        "name: child\nextends: ./base.yaml\nnetwork:\n  env:\n    NCCL_DEBUG: INFO\n",
+    )
     assert "network is locked by profile" in invalid(child)
 
 
@@ -322,11 +499,12 @@ def test_name_cannot_be_overridden_from_config(isolated: Path) -> None:
 
 # --- default profile, discovery, trust -----------------------------------------------------------
 
+
 def test_default_profile(isolated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", str(bin_dir))
-    assert resolve(None).name == "local"                      # no sbatch: the embedded default
+    assert resolve(None).name == "local"  # no sbatch: the embedded default
     write(bin_dir / "sbatch", "#!/bin/sh\n", 0o755)
     with pytest.raises(UserError, match="pass --profile NAME .available: aws-efa, ethernet"):
         resolve(None)
@@ -339,7 +517,9 @@ def test_unknown_profile_name_suggests() -> None:
         resolve("loopbak")
 
 
-def test_discovery_precedence(isolated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_discovery_precedence(
+    isolated: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     site1, site2 = tmp_path / "site1", tmp_path / "site2"
     write(site1 / "local.yaml", "name: local\nscheduler: local\ndescription: site one\n")
     write(site2 / "local.yaml", "name: local\nscheduler: local\ndescription: site two\n")
@@ -348,8 +528,11 @@ def test_discovery_precedence(isolated: Path, tmp_path: Path, monkeypatch: pytes
         os.chmod(d, 0o755)
     monkeypatch.setenv(jobenv.SITE_PATH, f"{site1}:{site2}")
     assert resolve("local").description == "site two"
-    assert resolve("extra").description == "site two"           # extends by name finds the winner
-    user = write(isolated / "hpctrain" / "profiles" / "local.yaml", "name: local\nscheduler: local\ndescription: mine\n")
+    assert resolve("extra").description == "site two"  # extends by name finds the winner
+    user = write(
+        isolated / "hpctrain" / "profiles" / "local.yaml",
+        "name: local\nscheduler: local\ndescription: mine\n",
+    )
     assert resolve("local").description == "mine"
     entries = [e for e in discover() if e.name == "local"]
     assert [e.kind for e in entries] == ["bundled", "site", "site", "user"]
@@ -359,11 +542,28 @@ def test_discovery_precedence(isolated: Path, tmp_path: Path, monkeypatch: pytes
     result = cli("profiles", "list", "--json")
     assert result.exit_code == 0, result.output
     rows = json.loads(result.output)
-    assert set(rows[0]) == {"name", "scheduler", "description", "path", "kind", "wins", "shadowed_by", "error"}
+    assert set(rows[0]) == {
+        "name",
+        "scheduler",
+        "description",
+        "path",
+        "kind",
+        "wins",
+        "shadowed_by",
+        "error",
+    }
     local = [r for r in rows if r["name"] == "local"]
     assert [r["kind"] for r in local] == ["bundled", "site", "site", "user"]
-    assert local[-1] == {"name": "local", "scheduler": "local", "description": "mine", "path": str(user.resolve()),
-                         "kind": "user", "wins": True, "shadowed_by": None, "error": None}
+    assert local[-1] == {
+        "name": "local",
+        "scheduler": "local",
+        "description": "mine",
+        "path": str(user.resolve()),
+        "kind": "user",
+        "wins": True,
+        "shadowed_by": None,
+        "error": None,
+    }
     assert {r["name"] for r in rows} >= set(SHIPPED) | {"extra"}
     table = cli("profiles", "list")
     assert table.exit_code == 0 and "shadowed by" in table.output and "site two" in table.output
@@ -398,6 +598,7 @@ def test_writable_user_config_is_refused(isolated: Path) -> None:
 
 # --- show, publish, help, docs --------------------------------------------------------------------
 
+
 def test_show_resolved_json_and_raw() -> None:
     result = cli("profiles", "show", "roce", "--resolved", "--json")
     assert result.exit_code == 0, result.output
@@ -408,30 +609,38 @@ def test_show_resolved_json_and_raw() -> None:
     raw = cli("profiles", "show", "roce")
     assert raw.exit_code == 0 and "extends: generic-ib" in raw.output
     table = cli("profiles", "show", "loopback", "--resolved")
-    assert table.exit_code == 0 and "slurm.partition" in table.output and "loopback.yaml:10" in table.output
+    assert (
+        table.exit_code == 0
+        and "slurm.partition" in table.output
+        and "loopback.yaml:10" in table.output
+    )
     bad = cli("profiles", "show", "nope")
     assert bad.exit_code == 2 and "no profile named 'nope'" in bad.output
 
 
 def test_publish_is_atomic_and_safe(tmp_path: Path) -> None:
-    src = write(tmp_path / "src" / "mine.yaml", "name: mine\nextends: generic-ib\ndescription: v1\n")
+    src = write(
+        tmp_path / "src" / "mine.yaml", "name: mine\nextends: generic-ib\ndescription: v1\n"
+    )
     dest = tmp_path / "etc" / "profiles"
     result = cli("profiles", "publish", str(src), "--to", str(dest))
     assert result.exit_code == 0, result.output
     target = dest / "mine.yaml"
     assert target.read_bytes() == src.read_bytes()
-    assert stat.S_IMODE(target.stat().st_mode) == 0o644 and stat.S_IMODE(dest.stat().st_mode) == 0o755
+    assert (
+        stat.S_IMODE(target.stat().st_mode) == 0o644 and stat.S_IMODE(dest.stat().st_mode) == 0o755
+    )
     assert "unchanged" in cli("profiles", "publish", str(src), "--to", str(dest)).output
 
     write(src, "name: mine\nextends: generic-ib\ndescription: v2\n")
     refused = cli("profiles", "publish", str(src), "--to", str(dest))
     assert refused.exit_code == 2 and "--force" in refused.output and b"v1" in target.read_bytes()
 
-    with open(target, "rb") as old:                  # a reader of the old file keeps the old file:
+    with open(target, "rb") as old:  # a reader of the old file keeps the old file:
         assert cli("profiles", "publish", str(src), "--to", str(dest), "--force").exit_code == 0
-        assert b"v1" in old.read()                   # replaced by rename, never rewritten in place
+        assert b"v1" in old.read()  # replaced by rename, never rewritten in place
     assert b"v2" in target.read_bytes() and stat.S_IMODE(target.stat().st_mode) == 0o644
-    assert sorted(p.name for p in dest.iterdir()) == ["mine.yaml"]   # no temp file left
+    assert sorted(p.name for p in dest.iterdir()) == ["mine.yaml"]  # no temp file left
 
     bad = write(tmp_path / "src" / "bad.yaml", "name: bad\nslurm: {gpus_per_node: -1}\n")
     assert cli("profiles", "publish", str(bad), "--to", str(dest)).exit_code == 2
@@ -451,24 +660,32 @@ def test_docs_match_the_schema() -> None:
     from hpctrain.profiles.docs import render
 
     committed = (REPO / "docs" / "site-profiles.md").read_text(encoding="utf-8")
-    assert committed == render(), ("docs/site-profiles.md is out of date; refresh it with: "
-                                   ".venv/bin/python -m hpctrain.profiles.docs > docs/site-profiles.md")
+    assert committed == render(), (
+        "docs/site-profiles.md is out of date; refresh it with: "
+        ".venv/bin/python -m hpctrain.profiles.docs > docs/site-profiles.md"
+    )
     for key in ("slurm.gpu_request", "network.socket_ifname", "preemption.signal", "locked"):
         assert f"| `{key}` |" in committed
 
 
 def test_profiles_path_never_imports_torch() -> None:
-    code = ("import sys; from hpctrain.cli import main; from hpctrain.profiles import resolve; "
-            "main(['profiles', 'validate', 'site_configs/roce.yaml'], standalone_mode=False); resolve('loopback'); "
-            "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules, 'torch imported'")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    code = (
+        "import sys; from hpctrain.cli import main; from hpctrain.profiles import resolve; "
+        "main(['profiles', 'validate', 'site_configs/roce.yaml'], standalone_mode=False); resolve('loopback'); "
+        "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules, 'torch imported'"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stderr
 
 
 def test_null_resets_a_key_to_its_default(tmp_path: Path) -> None:
-    child = write(tmp_path / "p" / "child.yaml", f"""\
+    child = write(
+        tmp_path / "p" / "child.yaml",
+        f"""\
 name: child
-extends: {REPO / 'site_configs' / 'generic-ib.yaml'}
+extends: {REPO / "site_configs" / "generic-ib.yaml"}
 slurm:
   extra_sbatch: null
   cpus_per_gpu: null
@@ -476,7 +693,8 @@ slurm:
 preemption:
   warning_s: null
 environment:
-""")
+""",
+    )
     p = resolve(str(child))
     assert (p.slurm.extra_sbatch, p.slurm.cpus_per_gpu, p.slurm.cpus_per_task) == ([], None, 4)
     assert p.preemption.warning_s == 120 and p.origins["preemption.warning_s"] == f"{child}:8"
@@ -492,22 +710,33 @@ def test_usr1_is_valid_but_warned(tmp_path: Path) -> None:
 
 
 def test_numbers_are_text_where_text_is_meant(tmp_path: Path) -> None:
-    path = write(tmp_path / "p" / "n.yaml", "name: n\nversion: 3\nslurm:\n  mem: 0\nnetwork:\n  env:\n"
-                                            "    NCCL_IB_TIMEOUT: 22\n    NCCL_DEBUG: true\n")
+    path = write(
+        tmp_path / "p" / "n.yaml",
+        "name: n\nversion: 3\nslurm:\n  mem: 0\nnetwork:\n  env:\n"
+        "    NCCL_IB_TIMEOUT: 22\n    NCCL_DEBUG: true\n",
+    )
     out = invalid(path)
-    assert "1 problem found" in out and f"{path}:8: network.env.NCCL_DEBUG: Input should be a valid string" in out
-    write(path, "name: n\nversion: 3\nslurm:\n  mem: 0\nnetwork:\n  env:\n    NCCL_IB_TIMEOUT: 22\n")
+    assert (
+        "1 problem found" in out
+        and f"{path}:8: network.env.NCCL_DEBUG: Input should be a valid string" in out
+    )
+    write(
+        path, "name: n\nversion: 3\nslurm:\n  mem: 0\nnetwork:\n  env:\n    NCCL_IB_TIMEOUT: 22\n"
+    )
     p = resolve(str(path))
     assert (p.version, p.slurm.mem, p.network.env["NCCL_IB_TIMEOUT"]) == ("3", "0", "22")
 
 
 def test_missing_name_is_one_problem(tmp_path: Path) -> None:
     out = invalid(write(tmp_path / "p" / "x.yaml", "scheduler: local\n"))
-    assert "1 problem found" in out and "name: required key is missing; fix: add `name: NAME`" in out
+    assert (
+        "1 problem found" in out and "name: required key is missing; fix: add `name: NAME`" in out
+    )
 
 
-def test_bundled_profile_more_writable_than_the_code_is_refused(tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bundled_profile_more_writable_than_the_code_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import hpctrain.profiles.load as load
 
     bundle = tmp_path / "bundle"
@@ -520,13 +749,17 @@ def test_bundled_profile_more_writable_than_the_code_is_refused(tmp_path: Path,
     assert resolve("local").scheduler == "local"
 
 
-def test_list_shows_an_invalid_profile_without_failing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_list_shows_an_invalid_profile_without_failing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     write(tmp_path / "site" / "broken.yaml", "name: broken\nslurm: {gpus_per_node: -1}\n")
     monkeypatch.setenv(jobenv.SITE_PATH, str(tmp_path / "site"))
     result = cli("profiles", "list", "--json")
     assert result.exit_code == 0, result.output
     row = next(r for r in json.loads(result.output) if r["name"] == "broken")
-    assert row["error"].endswith("broken.yaml:2: slurm.gpus_per_node: Input should be greater than or equal "
-                                 "to 0 (got -1); fix: use a larger value (counts cannot be negative)")
+    assert row["error"].endswith(
+        "broken.yaml:2: slurm.gpus_per_node: Input should be greater than or equal "
+        "to 0 (got -1); fix: use a larger value (counts cannot be negative)"
+    )
     assert row["kind"] == "site" and row["scheduler"] is None
     assert "invalid" in cli("profiles", "list").output

@@ -18,19 +18,29 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import UserError, ValidationError
+from hpctrain.kernel import jobenv
 from hpctrain.profiles import resolve
 from hpctrain.render import _shvalue, render
 from hpctrain.request import JobRequest
 from hpctrain.runs import runs_dir_of
-from hpctrain.kernel import jobenv
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden"
 PROFILES = sorted(p.stem for p in (REPO / "site_configs").glob("*.yaml"))
 GOLDEN_PYTHON = "/opt/hpctrain/bin/python"
 GOLDEN_RUNS = "/scratch/runs"
-HOSTILE = ["a'; touch {m}/quote; '", "$(touch {m}/dollar)", "`touch {m}/backtick`", "x\ntouch {m}/newline",
-           "ünïcødé ✓", "--flag=$HOME", "", "a b  c", "\\", "*"]
+HOSTILE = [
+    "a'; touch {m}/quote; '",
+    "$(touch {m}/dollar)",
+    "`touch {m}/backtick`",
+    "x\ntouch {m}/newline",
+    "ünïcødé ✓",
+    "--flag=$HOME",
+    "",
+    "a b  c",
+    "\\",
+    "*",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -63,9 +73,13 @@ def test_golden(name, tmp_path):
     if os.environ.get(jobenv.UPDATE_GOLDEN):
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
-    assert path.is_file(), f"no golden for {name}: make golden ({jobenv.UPDATE_GOLDEN}=1 pytest {__file__})"
-    assert text == path.read_text(), (f"{name} renders differently from {path}; if intended, refresh: "
-                                      f"make golden ({jobenv.UPDATE_GOLDEN}=1 pytest {__file__} -k golden)")
+    assert path.is_file(), (
+        f"no golden for {name}: make golden ({jobenv.UPDATE_GOLDEN}=1 pytest {__file__})"
+    )
+    assert text == path.read_text(), (
+        f"{name} renders differently from {path}; if intended, refresh: "
+        f"make golden ({jobenv.UPDATE_GOLDEN}=1 pytest {__file__} -k golden)"
+    )
     assert golden_script(name) == text  # deterministic
     script = tmp_path / "job.sh"
     script.write_text(text)
@@ -81,12 +95,26 @@ def test_slurm_header_order_and_topology():
     text = golden_script("generic-ib")
     directives = [ln.split()[1] for ln in text.splitlines() if ln.startswith("#SBATCH")]
     keys = [d.split("=")[0] for d in directives]
-    assert keys[:6] == ["--job-name", "--nodes", "--ntasks-per-node", "--gres", "--cpus-per-task", "--mem"]
-    assert "--nodes=2" in directives and "--ntasks-per-node=1" in directives and "--gres=gpu:8" in directives
+    assert keys[:6] == [
+        "--job-name",
+        "--nodes",
+        "--ntasks-per-node",
+        "--gres",
+        "--cpus-per-task",
+        "--mem",
+    ]
+    assert (
+        "--nodes=2" in directives
+        and "--ntasks-per-node=1" in directives
+        and "--gres=gpu:8" in directives
+    )
     assert "--signal=B:USR2@300" in directives and "--requeue" in directives
-    assert "--open-mode=append" in directives and f"--output={GOLDEN_RUNS}/golden/logs/batch.log" in directives
+    assert (
+        "--open-mode=append" in directives
+        and f"--output={GOLDEN_RUNS}/golden/logs/batch.log" in directives
+    )
     assert f"export {jobenv.NNODES}=2" in text and f"export {jobenv.GPUS_PER_NODE}=8" in text
-    assert "export NCCL_IB_HCA=\"mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1\"" in text
+    assert 'export NCCL_IB_HCA="mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"' in text
     assert 'source "$HOME/venvs/train"/bin/activate' in text
 
 
@@ -94,8 +122,10 @@ def test_gpus_per_node_request_and_container():
     text = golden_script("aws-efa")
     assert "#SBATCH --gpus-per-node=8" in text and "--gres" not in text
     assert '--container-image="nvcr.io#nvidia/pytorch:24.05-py3"' in text
-    assert (f'--container-mounts="/fsx:/fsx,/opt/amazon/efa:/opt/amazon/efa:ro,{GOLDEN_RUNS}/golden:'
-            f'{GOLDEN_RUNS}/golden" --container-writable)') in text
+    assert (
+        f'--container-mounts="/fsx:/fsx,/opt/amazon/efa:/opt/amazon/efa:ro,{GOLDEN_RUNS}/golden:'
+        f'{GOLDEN_RUNS}/golden" --container-writable)'
+    ) in text
     assert "SC2054" not in text  # the container line is shellcheck clean without a disable
     assert f"export {jobenv.PYTHON}=/opt/hpctrain/bin/python" in text
 
@@ -107,10 +137,15 @@ def test_request_problems_all_at_once():
     msg = str(e.value)
     assert "3 problems" in msg
     assert "--gpus 3 is more than the 2 GPUs per node" in msg and "use --gpus 2" in msg
-    assert "--nodes 3 is more than the 2 nodes" in msg and "--time 31 is more than the 30 minutes" in msg
+    assert (
+        "--nodes 3 is more than the 2 nodes" in msg
+        and "--time 31 is more than the 30 minutes" in msg
+    )
 
 
-@pytest.mark.parametrize("bad", ["a'; touch /tmp/x", "$(id)", "`id`", "a\nb", "ünï", "-x", "", "a" * 65, "a/b"])
+@pytest.mark.parametrize(
+    "bad", ["a'; touch /tmp/x", "$(id)", "`id`", "a\nb", "ünï", "-x", "", "a" * 65, "a/b"]
+)
 def test_hostile_names_refused(bad):
     with pytest.raises(ValidationError, match="not a valid run name"):
         JobRequest.build(resolve("local", {}), name=bad)
@@ -118,9 +153,12 @@ def test_hostile_names_refused(bad):
 
 def test_shvalue_expands_variables_only():
     assert _shvalue("/opt/x/lib:$LD_LIBRARY_PATH") == '"/opt/x/lib:$LD_LIBRARY_PATH"'
-    assert _shvalue("$(id) `id` \\ \"") == '"\\$(id) \\`id\\` \\\\ \\""'
-    out = subprocess.run(["bash", "-c", f"X=abc; printf %s {_shvalue('${X}-$(echo no)-`echo no`')}"],
-                         capture_output=True, text=True).stdout
+    assert _shvalue('$(id) `id` \\ "') == '"\\$(id) \\`id\\` \\\\ \\""'
+    out = subprocess.run(
+        ["bash", "-c", f"X=abc; printf %s {_shvalue('${X}-$(echo no)-`echo no`')}"],
+        capture_output=True,
+        text=True,
+    ).stdout
     assert out == "abc-$(echo no)-`echo no`"
 
 
@@ -136,7 +174,8 @@ def test_site_template_overrides_one_block(tmp_path, monkeypatch):
     (site / "templates").mkdir(parents=True)
     (site / "templates" / "sbatch.sh.j2").write_text(
         '{% extends "hpctrain/sbatch.sh.j2" %}\n'
-        '{% block setup %}{{ super() | safe }}export SITE_MARKER={{ job.name }}\n{% endblock %}\n')
+        "{% block setup %}{{ super() | safe }}export SITE_MARKER={{ job.name }}\n{% endblock %}\n"
+    )
     for p in (site, site / "templates", site / "templates" / "sbatch.sh.j2"):
         p.chmod(0o755 if p.is_dir() else 0o644)
     monkeypatch.setenv(jobenv.SITE_PATH, str(site))
@@ -152,7 +191,8 @@ def test_site_template_cannot_break_topology(tmp_path, monkeypatch):
     site = tmp_path / "site"
     (site / "templates").mkdir(parents=True)
     (site / "templates" / "sbatch.sh.j2").write_text(
-        '{% extends "hpctrain/sbatch.sh.j2" %}\n{% block header %}#SBATCH --nodes=4\n{% endblock %}\n')
+        '{% extends "hpctrain/sbatch.sh.j2" %}\n{% block header %}#SBATCH --nodes=4\n{% endblock %}\n'
+    )
     monkeypatch.setenv(jobenv.SITE_PATH, str(site))
     with pytest.raises(UserError, match="mismatched topology"):
         golden_script("loopback")
@@ -203,7 +243,11 @@ def standins(tmp_path):
     rec = tmp_path / "record"
     bin_.mkdir()
     rec.mkdir()
-    for name, text in (("python", STANDIN_PYTHON), ("srun", STANDIN_SRUN), ("scontrol", STANDIN_SCONTROL)):
+    for name, text in (
+        ("python", STANDIN_PYTHON),
+        ("srun", STANDIN_SRUN),
+        ("scontrol", STANDIN_SCONTROL),
+    ):
         (bin_ / name).write_text(text)
         (bin_ / name).chmod(0o755)
     return bin_, rec
@@ -213,9 +257,16 @@ def run_script(text: str, standins, *, env: dict[str, str] | None = None, timeou
     bin_, rec = standins
     script = rec.parent / "job.sh"
     script.write_text(text)
-    full = {"PATH": f"{bin_}:{os.environ['PATH']}", "RECORD": str(rec), "HOME": str(rec.parent),
-            jobenv.PYTHON: str(bin_ / "python"), **(env or {})}
-    return subprocess.run(["bash", str(script)], env=full, capture_output=True, text=True, timeout=timeout)
+    full = {
+        "PATH": f"{bin_}:{os.environ['PATH']}",
+        "RECORD": str(rec),
+        "HOME": str(rec.parent),
+        jobenv.PYTHON: str(bin_ / "python"),
+        **(env or {}),
+    }
+    return subprocess.run(
+        ["bash", str(script)], env=full, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def render_with(profile_name, flags, args, run_dir, standins, name="h"):
@@ -240,21 +291,26 @@ def test_hostile_values_arrive_intact_and_inject_nothing(scheduler, tmp_path, st
     # Command substitution is refused by the value grammar (exit 2); the rest arrive as written.
     with pytest.raises(ValidationError, match="command substitution"):
         resolve(scheduler, {"environment.env.BAD": f"$(touch {marks}/env)"})
-    env_values = {f"HOSTILE_{i}": h.format(m=marks) for i, h in enumerate(HOSTILE)
-                  if "\n" not in h and "$(" not in h and "`" not in h}
+    env_values = {
+        f"HOSTILE_{i}": h.format(m=marks)
+        for i, h in enumerate(HOSTILE)
+        if "\n" not in h and "$(" not in h and "`" not in h
+    }
     flags = {f"environment.env.{k}": v for k, v in env_values.items()}
     # Paths with quotes, $(), spaces and non-ASCII: fine locally; Slurm's #SBATCH lines refuse them.
     run_dir = tmp_path / ("runs it's $(touch x) ü" if scheduler == "local" else "runs") / "h"
     text = render_with(scheduler, flags, args, str(run_dir), standins)
     out = run_script(text, standins, env=SLURM_ENV if scheduler == "loopback" else None)
     log = run_dir / "logs" / "batch.log"
-    assert out.returncode == 0, out.stderr + (log.read_text(errors="replace") if log.exists() else "")
+    assert out.returncode == 0, out.stderr + (
+        log.read_text(errors="replace") if log.exists() else ""
+    )
     assert list(marks.iterdir()) == [], "an injected command ran"
     for node in (0, 1):
         rec = json.loads((standins[1] / f"node-{node}.json").read_text())
         argv = rec["argv"]
         assert argv[:2] == ["-m", "torch.distributed.run"]
-        assert argv[-len(args):] == args, "arguments did not arrive intact"
+        assert argv[-len(args) :] == args, "arguments did not arrive intact"
         assert argv[argv.index("--run-dir") + 1] == str(run_dir)
         for k, v in env_values.items():
             expect = v.replace("$HOME", str(tmp_path))  # $NAME is the one expansion allowed
@@ -282,7 +338,9 @@ def test_per_node_values_read_on_the_node(tmp_path, standins):
     assert int(port) == 20000 + 4242 % 12000
     assert "--nnodes=2" in recs[0]["argv"] and "--nproc-per-node=1" in recs[0]["argv"]
     srun = (standins[1] / "srun.args").read_text()
-    assert srun.startswith("--nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --cpus-per-task=1 bash -c")
+    assert srun.startswith(
+        "--nodes=2 --ntasks-per-node=1 --kill-on-bad-exit=1 --cpus-per-task=1 bash -c"
+    )
 
 
 def test_port_policy_skips_29500_and_fails_in_ephemeral_range(tmp_path, standins):
@@ -311,22 +369,36 @@ def test_local_preemption_relaunches_and_slurm_requeues(tmp_path, standins):
     it calls `scontrol requeue $SLURM_JOB_ID` from the batch shell."""
     bin_, rec = standins
     slow = bin_ / "python"
-    slow.write_text(STANDIN_PYTHON.replace("sys.exit(", f"import time; time.sleep(3 if os.environ[{jobenv.RESTART_COUNT!r}] == '0' else 0); sys.exit("))
+    slow.write_text(
+        STANDIN_PYTHON.replace(
+            "sys.exit(",
+            f"import time; time.sleep(3 if os.environ[{jobenv.RESTART_COUNT!r}] == '0' else 0); sys.exit(",
+        )
+    )
     for scheduler, env in (("local", {}), ("loopback", SLURM_ENV)):
         run_dir = tmp_path / scheduler / "h"
         text = render_with(scheduler, {}, [], str(run_dir), standins)
         script = rec.parent / f"{scheduler}.sh"
         script.write_text(text)
-        full = {"PATH": f"{bin_}:{os.environ['PATH']}", "RECORD": str(rec), "HOME": str(tmp_path),
-                jobenv.PYTHON: str(slow), **env}
-        proc = subprocess.Popen(["bash", str(script)], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        full = {
+            "PATH": f"{bin_}:{os.environ['PATH']}",
+            "RECORD": str(rec),
+            "HOME": str(tmp_path),
+            jobenv.PYTHON: str(slow),
+            **env,
+        }
+        proc = subprocess.Popen(
+            ["bash", str(script)], env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
         for _ in range(100):
             if (rec / "node-0.json").exists():
                 break
             subprocess.run(["sleep", "0.1"])
         proc.send_signal(12)  # USR2
         proc.communicate(timeout=60)
-        events = [json.loads(x)["event"] for x in (run_dir / "events.jsonl").read_text().splitlines()]
+        events = [
+            json.loads(x)["event"] for x in (run_dir / "events.jsonl").read_text().splitlines()
+        ]
         starts = [json.loads(x) for x in (run_dir / "restarts.jsonl").read_text().splitlines()]
         (rec / "node-0.json").unlink()
         if scheduler == "local":
@@ -342,8 +414,13 @@ def test_local_preemption_relaunches_and_slurm_requeues(tmp_path, standins):
 
 def test_missing_interface_fails_fast_naming_it(tmp_path, standins):
     run_dir = tmp_path / "runs" / "h"
-    text = render_with("local", {"network.gloo_socket_ifname": "nosuch0", "network.socket_ifname": "nosuch0"},
-                       [], str(run_dir), standins)
+    text = render_with(
+        "local",
+        {"network.gloo_socket_ifname": "nosuch0", "network.socket_ifname": "nosuch0"},
+        [],
+        str(run_dir),
+        standins,
+    )
     out = run_script(text, standins)
     assert out.returncode != 0
     log = (run_dir / "logs" / "node-0.log").read_text()

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 # A user model with a private generator the checkpoint cannot see: resuming it cannot be exact.
-LEAKY = '''
+LEAKY = """
 import torch
 from train_entry.model import demo_model
 
@@ -27,14 +27,25 @@ class Leaky(torch.nn.Module):
 
 def build(config):
     return Leaky(demo_model(config))
-'''
+"""
 
 
 def check(tmp_path, *args):
-    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin",
-           "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config")}
-    return subprocess.run([sys.executable, "-m", "hpctrain", "check-resume", "--json", *args],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    env = {
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain", "check-resume", "--json", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -46,7 +57,9 @@ def test_check_resume_proves_the_demo_config_and_finds_a_leak(tmp_path):
     assert verdict["uninterrupted_sha256"] == verdict["resumed_sha256"]
 
     (tmp_path / "leaky.py").write_text(LEAKY)
-    out = check(tmp_path, "--steps", "3", "--keep", str(tmp_path / "bad"), "--", "--model", "leaky:build")
+    out = check(
+        tmp_path, "--steps", "3", "--keep", str(tmp_path / "bad"), "--", "--model", "leaky:build"
+    )
     assert out.returncode == 1, out.stderr[-3000:]
     verdict = json.loads(out.stdout)
     assert not verdict["identical"]
@@ -72,18 +85,26 @@ def test_resume_commands_do_not_import_torch(tmp_path):
         "assert 'torch' not in sys.modules and 'deepspeed' not in sys.modules\n"
     )
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path / "s")}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         cwd=tmp_path, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
 
 
 def test_resume_to_another_node_count_checks_the_batch_arithmetic(tmp_path):
-    from hpctrain.service.resume import _check_batch
     from hpctrain.errors import UserError
+    from hpctrain.service.resume import _check_batch
 
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"train": {"global_batch": 16, "micro_batch": 4, "grad_accum": None}}))
-    _check_batch(cfg, world=2, nodes=2)             # 16 = 2 x 4 x 2
+    cfg.write_text(
+        json.dumps({"train": {"global_batch": 16, "micro_batch": 4, "grad_accum": None}})
+    )
+    _check_batch(cfg, world=2, nodes=2)  # 16 = 2 x 4 x 2
     with pytest.raises(UserError, match=r"global_batch\(16\) does not split over 3 ranks"):
         _check_batch(cfg, world=3, nodes=3)
     cfg.write_text(json.dumps({"train": {"global_batch": 16, "micro_batch": 4, "grad_accum": 2}}))
@@ -93,8 +114,21 @@ def test_resume_to_another_node_count_checks_the_batch_arithmetic(tmp_path):
 
 
 def test_check_resume_reports_a_bad_config_before_launching_anything(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "hpctrain", "check-resume", "--keep", str(tmp_path / "k"),
-                           "--", "--optim.lrr=3"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hpctrain",
+            "check-resume",
+            "--keep",
+            str(tmp_path / "k"),
+            "--",
+            "--optim.lrr=3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "optim.lrr" in proc.stderr and "did you mean 'optim.lr'" in proc.stderr
     assert "Traceback" not in proc.stderr

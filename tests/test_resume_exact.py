@@ -22,14 +22,39 @@ WORKER = REPO / "tests" / "test_checkpoint_worker.py"
 STEPS, ACCUM = 8, 2
 
 
-def torchrun(run_dir: Path, strategy: str, *, nproc: int = 2, env: dict | None = None,
-             extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+def torchrun(
+    run_dir: Path,
+    strategy: str,
+    *,
+    nproc: int = 2,
+    env: dict | None = None,
+    extra: tuple[str, ...] = (),
+) -> subprocess.CompletedProcess:
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(WORKER), "--run-dir", str(run_dir), "--strategy", strategy, "--steps", str(STEPS),
-           "--accum", str(ACCUM), *extra]
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "PYTHONPATH": str(REPO),
-                **(env or {})}
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        str(WORKER),
+        "--run-dir",
+        str(run_dir),
+        "--strategy",
+        strategy,
+        "--steps",
+        str(STEPS),
+        "--accum",
+        str(ACCUM),
+        *extra,
+    ]
+    full_env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "DS_ACCELERATOR": "cpu",
+        "PYTHONPATH": str(REPO),
+        **(env or {}),
+    }
     for key in (jobenv.STOP_FILE, jobenv.STOP_AT_STEP):
         if key not in (env or {}):
             full_env.pop(key, None)
@@ -113,8 +138,10 @@ def test_fsdp_signal_during_accumulation_then_reshard_to_one_rank(tmp_path, refe
     assert single.returncode == 0, single.stderr[-3000:]
     assert "saved by 2 ranks, loaded by 1" in single.stderr
     assert (one / "resumed-5-world1.sha256").read_text() == (one / "stopped-5.sha256").read_text()
-    steps = [json.loads(line)["step"] for line in (one / "steps-rank0.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4, 5, 6, 7, 8]          # continued where it stopped, nothing redone
+    steps = [
+        json.loads(line)["step"] for line in (one / "steps-rank0.jsonl").read_text().splitlines()
+    ]
+    assert steps == [1, 2, 3, 4, 5, 6, 7, 8]  # continued where it stopped, nothing redone
 
 
 def test_deepspeed_signal_during_accumulation(tmp_path, reference):

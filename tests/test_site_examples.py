@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from hpctrain.kernel import jobenv
-
 from hpctrain.profiles import resolve
 from hpctrain.render import render
 from hpctrain.request import JobRequest
@@ -119,7 +118,8 @@ EXPECT = {
         "#SBATCH --threads-per-core=1",
         "hpctrain_module load Stages/2024",
         "hpctrain_module load GCC",
-        'eval "$(conda shell.bash hook)" || hpctrain_fail "conda is not available to activate the profile\'s environment"',
+        'eval "$(conda shell.bash hook)" || hpctrain_fail '
+        '"conda is not available to activate the profile\'s environment"',
         'conda activate train || hpctrain_fail "cannot activate the conda environment"',
         'export NCCL_SOCKET_IFNAME="ib0"',
         'export GLOO_SOCKET_IFNAME="ib0"',

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from hpctrain.errors import UserError, ValidationError
+from hpctrain.kernel import jobenv
 from hpctrain.profiles import resolve
 from hpctrain.render import render
 from hpctrain.request import JobRequest
 from tests.test_render import SLURM_ENV, isolated, run_script, standins  # noqa: F401 (fixtures)
-from hpctrain.kernel import jobenv
 
 REPO = Path(__file__).resolve().parent.parent
 STANDINS = REPO / "tests" / "standins"
@@ -187,8 +187,13 @@ def test_what_validates_renders_and_single_node_directives(tmp_path, standins):
 
 def test_launcher_srun_renders_one_task_per_gpu(tmp_path, standins):
     bin_, _ = standins
-    text = script("loopback", {"launch.launcher": "srun", "launch.task_gpus": "gpus-per-task"},
-                  tmp_path / "r" / "s", bin_, gpus=2)
+    text = script(
+        "loopback",
+        {"launch.launcher": "srun", "launch.task_gpus": "gpus-per-task"},
+        tmp_path / "r" / "s",
+        bin_,
+        gpus=2,
+    )
     assert (
         "#SBATCH --ntasks-per-node=2\n#SBATCH --gpus-per-node=2\n#SBATCH --cpus-per-task=1\n"
         in text
@@ -196,8 +201,13 @@ def test_launcher_srun_renders_one_task_per_gpu(tmp_path, standins):
     assert f'srun --nodes="${jobenv.NNODES}" --ntasks-per-node=2 --kill-on-bad-exit=1' in text
     assert "hpctrain_launch+=(--gpus-per-task=1)" in text and "torch.distributed.run" not in text
     assert "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS" in text
-    gres = script("loopback", {"launch.launcher": "srun", "launch.task_gpus": "gpu-bind",
-                               "slurm.gpu_request": "gres"}, tmp_path / "r" / "g", bin_, gpus=2)
+    gres = script(
+        "loopback",
+        {"launch.launcher": "srun", "launch.task_gpus": "gpu-bind", "slurm.gpu_request": "gres"},
+        tmp_path / "r" / "g",
+        bin_,
+        gpus=2,
+    )
     assert "#SBATCH --gres=gpu:2\n" in gres and "hpctrain_launch+=(--gpu-bind=single:1)" in gres
     with pytest.raises(ValidationError, match="launch.launcher srun needs scheduler slurm"):
         resolve("local", {"launch.launcher": "srun"})
@@ -214,8 +224,12 @@ def test_torchrun_command_arguments_and_python_keys(tmp_path, standins):
     assert f'export {jobenv.PYTHON}="$CONDA_PREFIX/bin/python"\n' in text  # expands on the node
     # a resume renders with run.yaml's node_python: the same script
     profile = resolve("loopback", {"preflight.enabled": False, **flags})
-    again = render(profile, JobRequest.build(profile, name="s", nodes=2, gpus=1, args=[]),
-                   str(tmp_path / "r" / "s"), python="$CONDA_PREFIX/bin/python")
+    again = render(
+        profile,
+        JobRequest.build(profile, name="s", nodes=2, gpus=1, args=[]),
+        str(tmp_path / "r" / "s"),
+        python="$CONDA_PREFIX/bin/python",
+    )
     assert again == text
     assert ('exec "python" "-m" "torch.distributed.run" --nnodes=') in text
     assert (
@@ -379,14 +393,16 @@ def test_a_user_script_runs_under_launcher_srun(tmp_path, standins, monkeypatch)
     out_dir.mkdir()
     monkeypatch.setenv(jobenv.PYTHON, sys.executable)
     profile = resolve("loopback", {"launch.launcher": "srun"})
-    req = JobRequest.build(profile, name="u", nodes=2, gpus=1, script=str(user), args=[str(out_dir)])
+    req = JobRequest.build(
+        profile, name="u", nodes=2, gpus=1, script=str(user), args=[str(out_dir)]
+    )
     text = render(profile, req, str(tmp_path / "runs" / "u"))
     out = run_script(text, standins, env={**SLURM_ENV, jobenv.PYTHON: sys.executable}, timeout=120)
     logs = "".join(p.read_text() for p in (tmp_path / "runs" / "u" / "logs").glob("*.log"))
     assert out.returncode == 0, out.stderr + logs
     assert "--ntasks-per-node=1" in (rec / "srun.args").read_text()
     results = sorted(p.read_text() for p in out_dir.glob("rank-*.txt"))
-    assert results == ["2 3 0 0", "2 3 0 1"], results      # world 2, all-reduce 1+2, local 0, nodes 0/1
+    assert results == ["2 3 0 0", "2 3 0 1"], results  # world 2, all-reduce 1+2, local 0, nodes 0/1
 
 
 def test_activation_happens_inside_the_container_in_every_task(tmp_path, standins):
@@ -396,11 +412,13 @@ def test_activation_happens_inside_the_container_in_every_task(tmp_path, standin
     (venv / "bin" / "activate").write_text(f'export VENV_ACTIVE="inside-${jobenv.NODEID}"\n')
     shutil.copy(STANDINS / "apptainer", bin_ / "apptainer")
     shutil.copy(STANDINS / "_record.sh", bin_ / "_record.sh")
-    flags = {"environment.activate": str(venv),
-             "environment.container": {"kind": "apptainer", "image": "/img.sif"}}
+    flags = {
+        "environment.activate": str(venv),
+        "environment.container": {"kind": "apptainer", "image": "/img.sif"},
+    }
     text = script("loopback", flags, tmp_path / "runs" / "s", bin_)
     batch_part = text.split("hpctrain_node_cmd=")[0]
-    assert "bin/activate" not in batch_part                  # not in the batch shell (outside)
+    assert "bin/activate" not in batch_part  # not in the batch shell (outside)
     out = run_script(text, standins, env=SLURM_ENV)
     assert out.returncode == 0, out.stderr
     assert [node_env(rec, n)["VENV_ACTIVE"] for n in (0, 1)] == ["inside-0", "inside-1"]

@@ -144,7 +144,7 @@ def test_srun_launcher_trains_2x2_and_a_preempted_run_resumes_bit_identical(site
     assert info["state"] == "COMPLETED", info
     kinds = [e["event"] for e in lines(pre / "events.jsonl")]
     assert kinds[:3] == ["signal", "preempted", "requeue"] and kinds[-1] == "done", kinds
-    starts = re.findall(r"step (\d+)/%d\n" % FULL_STEPS, (pre / "train.log").read_text())
+    starts = re.findall(rf"step (\d+)/{FULL_STEPS}\n", (pre / "train.log").read_text())
     assert len(starts) >= 2 and starts[0] == "0" and int(starts[1]) > 0, starts
     assert (pre / "final_params.sha256").read_text() == (ref / "final_params.sha256").read_text()
 

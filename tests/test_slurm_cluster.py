@@ -15,8 +15,13 @@ def test_two_nodes_each_with_own_hostname_resolving_on_loopback(slurm_cluster, t
     job = slurm_cluster.sbatch(
         "#!/bin/bash\n"
         "srun bash -c 'echo \"$(hostname) $SLURM_NODEID "
-        "$(getent hosts n1 n2 | tr -s \" \\n\" \" \")\"'\n",
-        tmp_path, "--nodes=2", "--ntasks-per-node=1", "--time=2", "--output=out.txt")
+        '$(getent hosts n1 n2 | tr -s " \\n" " ")"\'\n',
+        tmp_path,
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--time=2",
+        "--output=out.txt",
+    )
     assert slurm_cluster.wait_done(job) == "COMPLETED"
     lines = sorted(line.strip() for line in (tmp_path / "out.txt").read_text().splitlines())
     assert lines == ["n1 0 127.0.0.2 n1 127.0.0.3 n2", "n2 1 127.0.0.2 n1 127.0.0.3 n2"]
@@ -26,18 +31,29 @@ def test_two_nodes_each_with_own_hostname_resolving_on_loopback(slurm_cluster, t
 def test_fake_gpus_set_cuda_visible_devices(slurm_cluster, tmp_path, gpus, visible):
     job = slurm_cluster.sbatch(
         "#!/bin/bash\nsrun bash -c 'echo \"$(hostname) $CUDA_VISIBLE_DEVICES\"'\n",
-        tmp_path, "--nodes=2", f"--gpus-per-node={gpus}", "--time=2", "--output=out.txt")
+        tmp_path,
+        "--nodes=2",
+        f"--gpus-per-node={gpus}",
+        "--time=2",
+        "--output=out.txt",
+    )
     assert slurm_cluster.wait_done(job) == "COMPLETED"
     assert sorted((tmp_path / "out.txt").read_text().splitlines()) == [
-        f"n1 {visible}", f"n2 {visible}"]
+        f"n1 {visible}",
+        f"n2 {visible}",
+    ]
     (row,) = slurm_cluster.sacct(job)
     assert f"gres/gpu={2 * gpus}" in row["AllocTRES"]
 
 
 def test_more_gpus_than_a_node_has_is_rejected(slurm_cluster, tmp_path):
     (tmp_path / "j.sh").write_text("#!/bin/bash\ntrue\n")
-    out = subprocess.run(["sbatch", "--gpus-per-node=3", "--time=1", str(tmp_path / "j.sh")],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["sbatch", "--gpus-per-node=3", "--time=1", str(tmp_path / "j.sh")],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert out.returncode != 0
     assert "Requested node configuration is not available" in out.stderr
 
@@ -61,10 +77,14 @@ def test_scancel_batch_signal_reaches_the_batch_shell_trap(slurm_cluster, tmp_pa
         "touch started.txt\n"
         "for i in $(seq 600); do sleep 0.2 & wait $!; done\n"
         "echo no-signal > trap.txt\n",
-        tmp_path, "--time=2", "--output=out.txt")
+        tmp_path,
+        "--time=2",
+        "--output=out.txt",
+    )
     _wait_file(tmp_path / "started.txt", 60)
-    out = subprocess.run(["scancel", "--batch", "--signal=USR2", job], capture_output=True,
-                         text=True, timeout=30)
+    out = subprocess.run(
+        ["scancel", "--batch", "--signal=USR2", job], capture_output=True, text=True, timeout=30
+    )
     assert out.returncode == 0, out.stderr
     assert slurm_cluster.wait_done(job) == "COMPLETED"
     assert (tmp_path / "trap.txt").read_text() == "got-usr2\n"
@@ -73,9 +93,14 @@ def test_scancel_batch_signal_reaches_the_batch_shell_trap(slurm_cluster, tmp_pa
 def test_scontrol_requeue_reruns_with_restart_count(slurm_cluster, tmp_path):
     job = slurm_cluster.sbatch(
         "#!/bin/bash\n"
-        "echo \"start ${SLURM_RESTART_COUNT:-unset} $(hostname)\" >> starts.txt\n"
-        "if [ -z \"$SLURM_RESTART_COUNT\" ]; then for i in $(seq 600); do sleep 0.2; done; fi\n",
-        tmp_path, "--time=3", "--output=out.txt", "--open-mode=append", "--requeue")
+        'echo "start ${SLURM_RESTART_COUNT:-unset} $(hostname)" >> starts.txt\n'
+        'if [ -z "$SLURM_RESTART_COUNT" ]; then for i in $(seq 600); do sleep 0.2; done; fi\n',
+        tmp_path,
+        "--time=3",
+        "--output=out.txt",
+        "--open-mode=append",
+        "--requeue",
+    )
     _wait_file(tmp_path / "starts.txt", 60)
     out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
@@ -84,7 +109,9 @@ def test_scontrol_requeue_reruns_with_restart_count(slurm_cluster, tmp_path):
     while time.monotonic() < deadline and len(_lines(tmp_path / "starts.txt")) < 2:
         time.sleep(0.5)
     assert [line.split()[:2] for line in _lines(tmp_path / "starts.txt")] == [
-        ["start", "unset"], ["start", "1"]]
+        ["start", "unset"],
+        ["start", "1"],
+    ]
     assert slurm_cluster.wait_done(job) == "COMPLETED"
     states = [r["State"] for r in slurm_cluster.sacct(job)]
     assert states[-1] == "COMPLETED" and "REQUEUED" in states, states

@@ -29,8 +29,14 @@ TRAIN = ["--train.micro_batch=4", "--train.global_batch=16", "--train.log_every=
 # The reference config: every interrupted run must end bit-identical to it. Big enough (~0.15-0.3 s
 # a step here) that a signal sent after step 3 lands long before step FULL_STEPS.
 FULL_STEPS = 40
-FULL = [*TRAIN, "--model.d_model=128", "--model.n_layers=4", "--model.seq_len=64",
-        f"--max-steps={FULL_STEPS}", "--checkpoint-every=10"]
+FULL = [
+    *TRAIN,
+    "--model.d_model=128",
+    "--model.n_layers=4",
+    "--model.seq_len=64",
+    f"--max-steps={FULL_STEPS}",
+    "--checkpoint-every=10",
+]
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY"}
 
 
@@ -39,22 +45,47 @@ class Runs:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "XDG_STATE_HOME": str(root / ".state"),
-                    "XDG_CONFIG_HOME": str(root / ".config")}
+        self.env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "XDG_STATE_HOME": str(root / ".state"),
+            "XDG_CONFIG_HOME": str(root / ".config"),
+        }
 
-    def hp(self, *args: str, check: bool = True, timeout: float = 120
-           ) -> subprocess.CompletedProcess:
-        out = subprocess.run([*HPCTRAIN, *args], cwd=self.root, env=self.env, capture_output=True,
-                             text=True, timeout=timeout)
+    def hp(
+        self, *args: str, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess:
+        out = subprocess.run(
+            [*HPCTRAIN, *args],
+            cwd=self.root,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check:
-            assert out.returncode == 0, (f"hpctrain {' '.join(args)} -> {out.returncode}\n"
-                                         f"{out.stdout}\n{out.stderr}")
+            assert out.returncode == 0, (
+                f"hpctrain {' '.join(args)} -> {out.returncode}\n{out.stdout}\n{out.stderr}"
+            )
         return out
 
-    def submit(self, name: str, *opts: str, nodes: int = 2, gpus: int = 2,
-               train: list[str] | None = None) -> str:
-        out = self.hp("submit", "--profile", "loopback", "--nodes", str(nodes), "--gpus", str(gpus),
-                      "--name", name, *opts, "--", *(TRAIN if train is None else train))
+    def submit(
+        self, name: str, *opts: str, nodes: int = 2, gpus: int = 2, train: list[str] | None = None
+    ) -> str:
+        out = self.hp(
+            "submit",
+            "--profile",
+            "loopback",
+            "--nodes",
+            str(nodes),
+            "--gpus",
+            str(gpus),
+            "--name",
+            name,
+            *opts,
+            "--",
+            *(TRAIN if train is None else train),
+        )
         m = re.search(r"job (\d+)", out.stdout)
         assert m, out.stdout
         return m.group(1)
@@ -66,8 +97,9 @@ class Runs:
         deadline = time.monotonic() + timeout
         info = self.status(name)
         while info["state"] not in states:
-            assert time.monotonic() < deadline, \
+            assert time.monotonic() < deadline, (
                 f"{name}: {info['state']}, not {states} in {timeout} s"
+            )
             time.sleep(1)
             info = self.status(name)
         return info
@@ -87,8 +119,13 @@ class Runs:
     def dump(self) -> None:
         """Every log of every run of this test, for a failure report."""
         for run in sorted((self.root / "runs").glob("*")):
-            files = [run / "jobs.jsonl", run / "restarts.jsonl", run / "events.jsonl",
-                     run / "train.log", *sorted((run / "logs").glob("*.log"))]
+            files = [
+                run / "jobs.jsonl",
+                run / "restarts.jsonl",
+                run / "events.jsonl",
+                run / "train.log",
+                *sorted((run / "logs").glob("*.log")),
+            ]
             for f in files:
                 if f.is_file():
                     text = f.read_text(errors="replace")
@@ -117,8 +154,12 @@ def lines(path: Path) -> list[dict]:
 
 
 def sacct_states(job_id: str) -> list[str]:
-    out = subprocess.run(["sacct", "-X", "-D", "-n", "-P", "-j", job_id, "-o", "State"],
-                         capture_output=True, text=True, timeout=30)
+    out = subprocess.run(
+        ["sacct", "-X", "-D", "-n", "-P", "-j", job_id, "-o", "State"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     return [s.split()[0] for s in out.stdout.split()]
 
 
@@ -155,7 +196,7 @@ def test_submit_trains_across_two_nodes_to_completion(reference):
     r, job, info = reference
     run = r.run("ref")
     assert info["state"] == "COMPLETED", info
-    assert sacct_states(job) == ["COMPLETED"]           # the state status shows is sacct's
+    assert sacct_states(job) == ["COMPLETED"]  # the state status shows is sacct's
     assert info["job_id"] == job and info["nodes"] == 2 and info["gpus_per_node"] == 2
 
     # logs: both nodes (each its own hostname and 2 fake GPUs), and every one of the 4 ranks
@@ -185,19 +226,23 @@ def _interrupted_run_matches_reference(r: Runs, name: str, reference, interrupt)
     r.until("training past step 3", lambda: len(steps(run)) >= 3, 180)
     interrupt(job)
     # Restart 1 is recorded by the requeued batch script when Slurm starts it again (~10 s later).
-    r.until("the requeued job starts", lambda: any(x["restart_count"] == 1
-                                                   for x in lines(run / "restarts.jsonl")), 120)
+    r.until(
+        "the requeued job starts",
+        lambda: any(x["restart_count"] == 1 for x in lines(run / "restarts.jsonl")),
+        120,
+    )
     info = r.wait(name, ENDED, 240)
     assert info["state"] == "COMPLETED", info
 
-    assert (run / "final_params.sha256").read_text() == \
-        (ref_runs.run("ref") / "final_params.sha256").read_text()
-    assert info["restarts"] >= 1 and info["starts"] >= 2, info      # status shows the restart
+    assert (run / "final_params.sha256").read_text() == (
+        ref_runs.run("ref") / "final_params.sha256"
+    ).read_text()
+    assert info["restarts"] >= 1 and info["starts"] >= 2, info  # status shows the restart
     assert re.search(r"restarts: [1-9]", r.hp("status", name).stdout)
     assert [h["restart_count"] for h in info["history"]][:2] == [0, 1]
     assert "REQUEUED" in sacct_states(job) and sacct_states(job)[-1] == "COMPLETED"
     # The second start resumed from a checkpoint: its first logged step follows the checkpoint.
-    starts = re.findall(r"step (\d+)/%d\n" % FULL_STEPS, (run / "train.log").read_text())
+    starts = re.findall(rf"step (\d+)/{FULL_STEPS}\n", (run / "train.log").read_text())
     assert len(starts) >= 2 and starts[0] == "0" and int(starts[1]) > 0, starts
     return info
 
@@ -222,8 +267,9 @@ def test_hpctrain_preempt_saves_requeues_and_resumes_bit_identical(runs, referen
 @pytest.mark.timeout(420)
 def test_scontrol_requeue_mid_training_resumes_bit_identical(runs, reference):
     def requeue(job_id: str) -> None:
-        out = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True,
-                             timeout=30)
+        out = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=30
+        )
         assert out.returncode == 0, out.stderr
 
     _interrupted_run_matches_reference(runs, "req", reference, requeue)
@@ -235,8 +281,11 @@ def test_time_limit_warning_saves_and_requeues_before_the_kill(runs):
     # limit (it checks limits about every 30 s, so no exact times are asserted).
     run = runs.run("short")
     job = runs.submit("short", "--time", "1", train=[*TRAIN, "--max-steps=1000000"])
-    runs.until("the requeued job starts", lambda: any(x["restart_count"] == 1
-                                                      for x in lines(run / "restarts.jsonl")), 180)
+    runs.until(
+        "the requeued job starts",
+        lambda: any(x["restart_count"] == 1 for x in lines(run / "restarts.jsonl")),
+        180,
+    )
     events = lines(run / "events.jsonl")
     kinds = [e["event"] for e in events]
     assert kinds[:3] == ["signal", "preempted", "requeue"], kinds
@@ -265,25 +314,42 @@ def test_cancel_then_resume_continues_from_newest_checkpoint(runs, reference):
     info = runs.wait("cr", ENDED, 240)
     assert info["state"] == "COMPLETED", info
     assert len(info["jobs"]) == 2 and info["jobs"][1]["kind"] == "resume", info["jobs"]
-    starts = re.findall(r"step (\d+)/%d\n" % FULL_STEPS, (run / "train.log").read_text())
+    starts = re.findall(rf"step (\d+)/{FULL_STEPS}\n", (run / "train.log").read_text())
     assert len(starts) == 2 and starts[0] == "0" and int(starts[1]) == newest, starts
-    assert (run / "final_params.sha256").read_text() == \
-        (ref_runs.run("ref") / "final_params.sha256").read_text()
+    assert (run / "final_params.sha256").read_text() == (
+        ref_runs.run("ref") / "final_params.sha256"
+    ).read_text()
 
 
 @pytest.mark.timeout(240)
 def test_wrong_interface_name_fails_fast_naming_it(runs):
     bad = runs.root / "badnet.yaml"
-    bad.write_text("name: badnet\nextends: loopback\nnetwork:\n  socket_ifname: nosuch0\n"
-                   "  gloo_socket_ifname: nosuch0\n")
-    job = runs.hp("submit", "--profile", str(bad), "--nodes", "2", "--gpus", "1", "--name", "bad",
-                  "--", *TRAIN[1:], "--train.micro_batch=8", "--max-steps=5")
+    bad.write_text(
+        "name: badnet\nextends: loopback\nnetwork:\n  socket_ifname: nosuch0\n"
+        "  gloo_socket_ifname: nosuch0\n"
+    )
+    job = runs.hp(
+        "submit",
+        "--profile",
+        str(bad),
+        "--nodes",
+        "2",
+        "--gpus",
+        "1",
+        "--name",
+        "bad",
+        "--",
+        *TRAIN[1:],
+        "--train.micro_batch=8",
+        "--max-steps=5",
+    )
     assert "job" in job.stdout
     # The profile's time limit is 10 minutes: a hang would end in TIMEOUT, far past this wait.
     info = runs.wait("bad", ENDED, 150)
     assert info["state"] == "FAILED", info
     text = runs.hp("logs", "bad").stdout + "".join(
-        p.read_text(errors="replace") for p in (runs.run("bad") / "logs").glob("rank-*.log"))
+        p.read_text(errors="replace") for p in (runs.run("bad") / "logs").glob("rank-*.log")
+    )
     assert "nosuch0" in text, text[-4000:]
     assert not (runs.run("bad") / "final_params.sha256").exists()
 
@@ -292,10 +358,21 @@ def test_wrong_interface_name_fails_fast_naming_it(runs):
 def test_fsdp_and_deepspeed_jobs_at_once_across_two_nodes_on_different_ports(runs):
     # Issue items 6 and 7 in one pair of runs (the live suite must stay short): an FSDP job and a
     # DeepSpeed job, 2 nodes x 1 GPU each, side by side on the same nodes (2 gres GPUs each).
-    jobs = {strategy: runs.submit(strategy, "--strategy", strategy, gpus=1,
-                                  train=["--train.micro_batch=8", "--train.global_batch=16",
-                                         "--max-steps=8", "--checkpoint-every=4"])
-            for strategy in ("fsdp", "deepspeed")}
+    jobs = {
+        strategy: runs.submit(
+            strategy,
+            "--strategy",
+            strategy,
+            gpus=1,
+            train=[
+                "--train.micro_batch=8",
+                "--train.global_batch=16",
+                "--max-steps=8",
+                "--checkpoint-every=4",
+            ],
+        )
+        for strategy in ("fsdp", "deepspeed")
+    }
     endpoints = {}
     for strategy in jobs:
         info = runs.wait(strategy, ENDED, 240)
@@ -308,14 +385,18 @@ def test_fsdp_and_deepspeed_jobs_at_once_across_two_nodes_on_different_ports(run
         assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000008"
         assert (run / "final_params.sha256").is_file()
         found = set(re.findall(r"endpoint=(\S+)", nodes))
-        assert len(found) == 1, found                # both nodes of a job agree on one endpoint
+        assert len(found) == 1, found  # both nodes of a job agree on one endpoint
         endpoints[strategy] = found.pop()
     # two jobs at once: different rendezvous ports, never torchrun's default 29500 ...
     assert endpoints["fsdp"] != endpoints["deepspeed"], endpoints
     assert not any(e.endswith(":29500") for e in endpoints.values()), endpoints
     # ... and they really ran at the same time: each started before the other ended (sacct)
-    out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(jobs.values()), "-o",
-                          "JobID,Start,End"], capture_output=True, text=True, timeout=30).stdout
+    out = subprocess.run(
+        ["sacct", "-X", "-n", "-P", "-j", ",".join(jobs.values()), "-o", "JobID,Start,End"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     times = {row.split("|")[0]: row.split("|")[1:] for row in out.split()}
     (sa, ea), (sb, eb) = times[jobs["fsdp"]], times[jobs["deepspeed"]]
     assert sa < eb and sb < ea, times

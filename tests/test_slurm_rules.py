@@ -14,7 +14,7 @@ import pytest
 
 CONFTEST = Path(__file__).with_name("conftest.py")
 
-LIVE_TESTS = '''
+LIVE_TESTS = """
 import pytest
 
 @pytest.mark.slurm
@@ -27,7 +27,7 @@ def test_skips_by_itself():
 
 def test_not_live():
     pytest.skip("not a slurm test: may skip")
-'''
+"""
 
 
 def _run(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
@@ -40,9 +40,25 @@ def _run(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
     if ci is not None:
         env["CI"] = ci
     env["PYTHONPATH"] = str(tmp_path)
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "notroot", "-p",
-                           "no:cacheprovider", "-q", "-rA", "test_live.py"], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "notroot",
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "-rA",
+            "test_live.py",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_outside_ci_without_root_live_tests_skip_saying_how_to_run(tmp_path):
@@ -60,4 +76,4 @@ def test_in_ci_a_missing_cluster_or_a_skip_fails(tmp_path, ci):
     assert "CI=true: live Slurm tests must run" in out.stdout
     assert "FAILED test_live.py::test_skips_by_itself" in out.stdout
     assert "skipped under CI=true (not allowed)" in out.stdout
-    assert "SKIPPED" in out.stdout and "not a slurm test" in out.stdout   # other tests may skip
+    assert "SKIPPED" in out.stdout and "not a slurm test" in out.stdout  # other tests may skip

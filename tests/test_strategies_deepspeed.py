@@ -20,23 +20,49 @@ REPO = Path(__file__).resolve().parent.parent
 STEPS = 30
 VARIANTS = {
     "zero1": ["--deepspeed.zero_stage=1"],
-    "zero2-accum2": ["--deepspeed.zero_stage=2", "--train.micro_batch=4"],     # accumulation in the engine
+    "zero2-accum2": [
+        "--deepspeed.zero_stage=2",
+        "--train.micro_batch=4",
+    ],  # accumulation in the engine
     "zero2-bf16": ["--deepspeed.zero_stage=2", "--train.precision=bf16"],
     "zero3": ["--deepspeed.zero_stage=3"],
-    "zero3-offload": ["--deepspeed.zero_stage=3", "--deepspeed.offload_optimizer=cpu",
-                      "--deepspeed.offload_param=cpu"],
+    "zero3-offload": [
+        "--deepspeed.zero_stage=3",
+        "--deepspeed.offload_optimizer=cpu",
+        "--deepspeed.offload_param=cpu",
+    ],
 }
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_zero_stages_and_offload_train():
-    env = {k: v for k, v in os.environ.items() if not k.startswith((jobenv.PREFIX, "RANK", "WORLD_SIZE"))}
-    env.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", **{jobenv.DEVICE: "cpu"}, PYTHONPATH=str(REPO))
-    res = subprocess.run([str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node",
-                          "2", __file__], capture_output=True, text=True, env=env, timeout=280)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith((jobenv.PREFIX, "RANK", "WORLD_SIZE"))
+    }
+    env.update(
+        OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", **{jobenv.DEVICE: "cpu"}, PYTHONPATH=str(REPO)
+    )
+    res = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "torchrun"),
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            __file__,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=280,
+    )
     assert res.returncode == 0, res.stdout + res.stderr[-4000:]
-    rows = {r["variant"]: r for r in map(json.loads, (l for l in res.stdout.splitlines() if l.startswith("{")))}
+    rows = {
+        r["variant"]: r
+        for r in map(json.loads, (line for line in res.stdout.splitlines() if line.startswith("{")))
+    }
     assert sorted(rows) == sorted(VARIANTS)
     for name, r in rows.items():
         assert r["last"] < 0.9 * r["first"], f"{name}: loss {r['first']:.3f} -> {r['last']:.3f}"
@@ -57,8 +83,10 @@ def main() -> None:
     from train_entry.trainer import to_device
 
     for name, overrides in VARIANTS.items():
-        cfg = load_config(None, ["--strategy=deepspeed", f"--train.max_steps={STEPS}", "--optim.lr=5e-3",
-                                 *overrides])
+        cfg = load_config(
+            None,
+            ["--strategy=deepspeed", f"--train.max_steps={STEPS}", "--optim.lr=5e-3", *overrides],
+        )
         accum = check_sizes(cfg)
         info = init_distributed(seed=cfg.train.seed)
         from train_entry.model import build_model
@@ -83,12 +111,22 @@ def main() -> None:
         zero = w.model.zero_optimization_stage()
         conf = w.extra["ds_config"]["zero_optimization"]
         if info.rank == 0:
-            print(json.dumps({"variant": name, "first": sum(losses[:5]) / 5, "last": sum(losses[-5:]) / 5,
-                              "stage": zero, "accum": w.model.gradient_accumulation_steps(),
-                              "dtype": str(next(w.model.module.parameters()).dtype),
-                              "offload_optimizer": conf.get("offload_optimizer", {}).get("device"),
-                              "offload_param": conf.get("offload_param", {}).get("device"),
-                              "steps_per_s": rate}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        "variant": name,
+                        "first": sum(losses[:5]) / 5,
+                        "last": sum(losses[-5:]) / 5,
+                        "stage": zero,
+                        "accum": w.model.gradient_accumulation_steps(),
+                        "dtype": str(next(w.model.module.parameters()).dtype),
+                        "offload_optimizer": conf.get("offload_optimizer", {}).get("device"),
+                        "offload_param": conf.get("offload_param", {}).get("device"),
+                        "steps_per_s": rate,
+                    }
+                ),
+                flush=True,
+            )
         del w, model
         torch.distributed.barrier()
 

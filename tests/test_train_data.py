@@ -22,22 +22,22 @@ def ids(batch: dict) -> list[tuple]:
 def test_demo_task_rule_and_mask():
     item = ds()[7]
     x, y = item["idx"], item["targets"]
-    assert y[0] == -100                                                         # x_1 unknowable
+    assert y[0] == -100  # x_1 unknowable
     k = (x[1] - x[0]) % 16
-    assert all((x[i + 1] - x[i]) % 16 == k for i in range(len(x) - 1))       # the progression rule
-    assert torch.equal(y[1:-1], x[2:])                                          # next-token targets
-    assert torch.equal(ds()[7]["idx"], x)                                       # pure function of i
+    assert all((x[i + 1] - x[i]) % 16 == k for i in range(len(x) - 1))  # the progression rule
+    assert torch.equal(y[1:-1], x[2:])  # next-token targets
+    assert torch.equal(ds()[7]["idx"], x)  # pure function of i
 
 
 def test_restore_continues_exactly_across_an_epoch():
     a = stream(1, 0)
-    for _ in range(17):              # 20 batches per epoch: stop inside epoch 0
+    for _ in range(17):  # 20 batches per epoch: stop inside epoch 0
         next(a)
     pos = a.position
     assert pos == {"epoch": 0, "offset": 34}
     b = stream(1, 0)
     b.restore(pos)
-    for _ in range(10):              # crosses into epoch 1
+    for _ in range(10):  # crosses into epoch 1
         assert ids(next(a)) == ids(next(b))
     assert a.position == b.position == {"epoch": 1, "offset": 14}
 

@@ -77,19 +77,36 @@ def stack(items):
 
 # ---------------------------------------------------------------- running
 def env(**extra: str) -> dict:
-    e = {k: v for k, v in os.environ.items() if not k.startswith((jobenv.PREFIX, "RANK", "WORLD_SIZE",
-                                                                   "MASTER_", "LOCAL_RANK"))}
-    e.update(OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", **{jobenv.DEVICE: "cpu"},
-             PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}", **extra)
+    e = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith((jobenv.PREFIX, "RANK", "WORLD_SIZE", "MASTER_", "LOCAL_RANK"))
+    }
+    e.update(
+        OMP_NUM_THREADS="1",
+        DS_ACCELERATOR="cpu",
+        **{jobenv.DEVICE: "cpu"},
+        PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}",
+        **extra,
+    )
     return e
 
 
-def train(run_dir: Path, *args: str, nproc: int = 2, extra_env: dict | None = None,
-          expect: int = 0) -> subprocess.CompletedProcess:
-    launcher = [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc)] if nproc > 1 else [sys.executable]
+def train(
+    run_dir: Path, *args: str, nproc: int = 2, extra_env: dict | None = None, expect: int = 0
+) -> subprocess.CompletedProcess:
+    launcher = (
+        [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc)]
+        if nproc > 1
+        else [sys.executable]
+    )
     cmd = [*launcher, "-m", "train_entry", "--run-dir", str(run_dir), *args]
-    res = subprocess.run(cmd, capture_output=True, text=True, env=env(**(extra_env or {})), timeout=240)
-    assert res.returncode == expect, f"{' '.join(cmd)} -> {res.returncode}\n{res.stdout}\n{res.stderr[-4000:]}"
+    res = subprocess.run(
+        cmd, capture_output=True, text=True, env=env(**(extra_env or {})), timeout=240
+    )
+    assert res.returncode == expect, (
+        f"{' '.join(cmd)} -> {res.returncode}\n{res.stdout}\n{res.stderr[-4000:]}"
+    )
     return res
 
 
@@ -145,19 +162,31 @@ def test_demo_loss_falls_60_steps(runs, strategy):
     first = sum(r["loss"] for r in rows[:fifth]) / fifth
     last = sum(r["loss"] for r in rows[-fifth:]) / fifth
     assert last < 0.8 * first, f"{strategy}: loss {first:.3f} -> {last:.3f} (needs > 20% drop)"
-    assert first > 2.5          # starts near chance, ln(16) = 2.77
+    assert first > 2.5  # starts near chance, ln(16) = 2.77
     for key in ("lr", "samples_per_s", "tokens_per_s", "step_time_s"):
         assert rows[-1][key] > 0
     assert (run / "final_params.sha256").read_text().strip().isalnum()
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-00000060"
-    assert (run / "logs" / "rank-1.log").exists() and "step 60/60" in (run / "train.log").read_text()
+    assert (run / "logs" / "rank-1.log").exists() and "step 60/60" in (
+        run / "train.log"
+    ).read_text()
     steps_per_s = 1 / (sum(r["step_time_s"] for r in rows[10:]) / len(rows[10:]))
-    print(f"\n{strategy}: {steps_per_s:.1f} steps/s (2 processes, CPU), loss {first:.3f} -> {last:.3f}")
+    print(
+        f"\n{strategy}: {steps_per_s:.1f} steps/s (2 processes, CPU), loss {first:.3f} -> {last:.3f}"
+    )
 
 
 # ---------------------------------------------------------------- DDP / FSDP vs one process; accumulation
-SGD = ["--optim.name=sgd", "--optim.lr=0.2", "--optim.momentum=0.9", "--schedule.warmup_steps=2",
-       "--train.clip_grad_norm=null", "--max-steps", "8", "--train.log_every=8"]
+SGD = [
+    "--optim.name=sgd",
+    "--optim.lr=0.2",
+    "--optim.momentum=0.9",
+    "--schedule.warmup_steps=2",
+    "--train.clip_grad_norm=null",
+    "--max-steps",
+    "8",
+    "--train.log_every=8",
+]
 
 
 @pytest.fixture(scope="session")
@@ -176,14 +205,20 @@ def test_parallel_matches_single_process(runs, reference, strategy):
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_accumulation_matches_larger_batch(runs, reference, strategy):
     """2 ranks x micro 4 x accum 2 (no_sync / gradient sync off on the first micro-step) == 1 x 16."""
-    run = runs.get(f"accum-{strategy}", *SGD, "--strategy", strategy, "--train.micro_batch=4",
-                   "--train.grad_accum=2")
+    run = runs.get(
+        f"accum-{strategy}",
+        *SGD,
+        "--strategy",
+        strategy,
+        "--train.micro_batch=4",
+        "--train.grad_accum=2",
+    )
     assert "accum 2" in (run / "train.log").read_text()
     assert_close(final_params(run, 8), reference)
 
 
 def test_accumulation_single_process(runs, reference):
-    run = runs.get("accum-1p", *SGD, "--train.micro_batch=4", nproc=1)   # accum derived: 4
+    run = runs.get("accum-1p", *SGD, "--train.micro_batch=4", nproc=1)  # accum derived: 4
     assert "accum 4" in (run / "train.log").read_text()
     assert_close(final_params(run, 8), reference)
 
@@ -199,19 +234,43 @@ def test_wrong_gradient_scale_would_be_caught(runs, reference):
 
 
 # ---------------------------------------------------------------- the knobs train too
-@pytest.mark.parametrize("strategy, knobs", [
-    ("ddp", ["--ddp.comm_hook=powersgd", "--train.precision=bf16", "--train.activation_checkpointing=true",
-             "--ddp.bucket_cap_mb=1", "--ddp.gradient_as_bucket_view=false"]),
-    ("fsdp", ["--fsdp.reshard_after_forward=false", "--fsdp.cpu_offload=true", "--train.precision=bf16",
-              "--train.activation_checkpointing=true", "--fsdp.block_class=Block", "--profile-steps", "2"]),
-], ids=["ddp-powersgd-bf16-ac", "fsdp-offload-bf16-ac-profile"])
+@pytest.mark.parametrize(
+    "strategy, knobs",
+    [
+        (
+            "ddp",
+            [
+                "--ddp.comm_hook=powersgd",
+                "--train.precision=bf16",
+                "--train.activation_checkpointing=true",
+                "--ddp.bucket_cap_mb=1",
+                "--ddp.gradient_as_bucket_view=false",
+            ],
+        ),
+        (
+            "fsdp",
+            [
+                "--fsdp.reshard_after_forward=false",
+                "--fsdp.cpu_offload=true",
+                "--train.precision=bf16",
+                "--train.activation_checkpointing=true",
+                "--fsdp.block_class=Block",
+                "--profile-steps",
+                "2",
+            ],
+        ),
+    ],
+    ids=["ddp-powersgd-bf16-ac", "fsdp-offload-bf16-ac-profile"],
+)
 def test_strategy_knobs_train(runs, strategy, knobs):
-    run = runs.get(f"knobs-{strategy}", "--strategy", strategy, "--max-steps", "30", "--optim.lr=5e-3", *knobs)
+    run = runs.get(
+        f"knobs-{strategy}", "--strategy", strategy, "--max-steps", "30", "--optim.lr=5e-3", *knobs
+    )
     rows = metrics(run)
-    first, last = (sum(r["loss"] for r in rows[i:i + 5]) / 5 for i in (0, 25))
+    first, last = (sum(r["loss"] for r in rows[i : i + 5]) / 5 for i in (0, 25))
     assert last < 0.9 * first, f"loss {first:.3f} -> {last:.3f}"
     print(f"\n{strategy} {' '.join(knobs)}: loss {first:.3f} -> {last:.3f}")
-    if "--profile-steps" in knobs:   # wait 1, warmup 1, active 2: one trace per rank after step 4
+    if "--profile-steps" in knobs:  # wait 1, warmup 1, active 2: one trace per rank after step 4
         traces = sorted(p.name for p in (run / "profile").iterdir())
         assert traces == ["rank-0-step-4.json", "rank-1-step-4.json"]
         assert "ProfilerStep#3" in (run / "profile" / traces[0]).read_text()
@@ -219,19 +278,36 @@ def test_strategy_knobs_train(runs, strategy, knobs):
 
 # ---------------------------------------------------------------- user factories
 def test_user_model_data_and_collate_train(runs):
-    run = runs.get("user", "--strategy", "fsdp", "--model", "test_train_e2e:make_model",
-                   "--data", "test_train_e2e:make_data", "--collate", "test_train_e2e:stack",
-                   "--max-steps", "30", "--optim.lr=1e-2")
+    run = runs.get(
+        "user",
+        "--strategy",
+        "fsdp",
+        "--model",
+        "test_train_e2e:make_model",
+        "--data",
+        "test_train_e2e:make_data",
+        "--collate",
+        "test_train_e2e:stack",
+        "--max-steps",
+        "30",
+        "--optim.lr=1e-2",
+    )
     rows = metrics(run)
     assert rows[-1]["loss"] < 0.5 * rows[0]["loss"]
-    assert "tokens_per_s" not in rows[-1]       # float features: no token count to report
+    assert "tokens_per_s" not in rows[-1]  # float features: no token count to report
     assert "2 ranks" in (run / "train.log").read_text()
 
 
 # ---------------------------------------------------------------- exact resume of the data position
 def test_preempt_and_resume_is_bit_identical(runs, tmp_path):
     """Stopped at step 7 (exit 75) and restarted: same final params hash as the uninterrupted run."""
-    args = ["--strategy", "ddp", "--max-steps", "12", "--data.num_samples=96"]  # 6 steps per epoch: crosses an epoch
+    args = [
+        "--strategy",
+        "ddp",
+        "--max-steps",
+        "12",
+        "--data.num_samples=96",
+    ]  # 6 steps per epoch: crosses an epoch
     full = runs.get("resume-full", *args)
     run = tmp_path / "resumed"
     # torchrun reports a worker's 75 as its own failure (1); the worker's code is in its report
@@ -250,8 +326,14 @@ def test_stop_flag_file_exits_75_single_process(tmp_path):
     """The batch shell's flag file stops a plain `python -m train_entry` with 75 after a saved step."""
     stop = tmp_path / "STOP"
     stop.touch()
-    res = train(tmp_path / "run", "--max-steps", "5", nproc=1, expect=75,
-                extra_env={jobenv.STOP_FILE: str(stop)})
+    res = train(
+        tmp_path / "run",
+        "--max-steps",
+        "5",
+        nproc=1,
+        expect=75,
+        extra_env={jobenv.STOP_FILE: str(stop)},
+    )
     assert "stopped at step 1" in res.stdout
     assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step-00000001"
     assert not (tmp_path / "run" / "final_params.sha256").exists()
@@ -262,8 +344,15 @@ def test_preempt_and_resume_matches_the_60_step_run(runs, tmp_path, strategy):
     """FSDP2 and DeepSpeed through the same loop: stopped at 30 of 60, resumed, same final hash."""
     full = runs.get(f"demo-{strategy}", "--strategy", strategy, "--max-steps", "60")
     run = tmp_path / strategy
-    res = train(run, "--strategy", strategy, "--max-steps", "60", expect=1,
-                extra_env={jobenv.STOP_AT_STEP: "30"})
+    res = train(
+        run,
+        "--strategy",
+        strategy,
+        "--max-steps",
+        "60",
+        expect=1,
+        extra_env={jobenv.STOP_AT_STEP: "30"},
+    )
     assert "stopped at step 30" in res.stdout
     res = train(run, "--strategy", strategy, "--max-steps", "60")
     assert "resumed from" in res.stdout and "step 30" in res.stdout

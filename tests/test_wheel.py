@@ -24,26 +24,69 @@ def run(cmd, **kw):
 
 def test_wheel_renders_the_golden(tmp_path):
     dist = tmp_path / "dist"
-    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(REPO)])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--outdir",
+            str(dist),
+            str(REPO),
+        ]
+    )
     (wheel,) = dist.glob("hpctrain-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "hpctrain/templates/sbatch.sh.j2" in names
-    assert {f"hpctrain/site_configs/{p.name}" for p in (REPO / "site_configs").glob("*.yaml")} <= set(names)
+    assert {
+        f"hpctrain/site_configs/{p.name}" for p in (REPO / "site_configs").glob("*.yaml")
+    } <= set(names)
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
     py = venv / "bin" / "python"
-    run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)])
-    site = Path(run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+    run(
+        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)]
+    )
+    site = Path(
+        run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+        ).stdout.strip()
+    )
     # The outer deps as a plain path entry: .pth files in it (the editable hpctrain's) are not processed.
     (site / "outer.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"),
-           "XDG_STATE_HOME": str(tmp_path / "state"), jobenv.PYTHON: "/opt/hpctrain/bin/python"}
-    where = run([str(py), "-c", "import hpctrain, jinja2; print(hpctrain.__file__)"], cwd=cwd, env=env).stdout
+    env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "XDG_CONFIG_HOME": str(tmp_path / "config"),
+        "XDG_STATE_HOME": str(tmp_path / "state"),
+        jobenv.PYTHON: "/opt/hpctrain/bin/python",
+    }
+    where = run(
+        [str(py), "-c", "import hpctrain, jinja2; print(hpctrain.__file__)"], cwd=cwd, env=env
+    ).stdout
     assert where.startswith(str(site)), f"hpctrain imported from {where}, not from the wheel"
-    out = run([str(venv / "bin" / "hpctrain"), "render", "--profile", "loopback", "--name", "golden", "--nodes",
-               "2", "--set", "storage.runs_dir=/scratch/runs", "--", "--max-steps", "10"], cwd=cwd, env=env)
+    out = run(
+        [
+            str(venv / "bin" / "hpctrain"),
+            "render",
+            "--profile",
+            "loopback",
+            "--name",
+            "golden",
+            "--nodes",
+            "2",
+            "--set",
+            "storage.runs_dir=/scratch/runs",
+            "--",
+            "--max-steps",
+            "10",
+        ],
+        cwd=cwd,
+        env=env,
+    )
     assert out.stdout == (REPO / "tests" / "golden" / "loopback.sh").read_text()

@@ -11,13 +11,20 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "TrainConfig": "train_entry.config", "load_config": "train_entry.config",
-    "init_distributed": "train_entry.dist", "teardown": "train_entry.dist",
-    "wrap": "train_entry.strategies", "Wrapped": "train_entry.strategies",
-    "Checkpointer": "train_entry.checkpoint", "TrainState": "train_entry.state",
-    "params_sha256": "train_entry.state", "StopFlag": "train_entry.preempt",
-    "Trainer": "train_entry.trainer", "build_model": "train_entry.model",
-    "build_batches": "train_entry.data", "compute_loss": "train_entry.model",
+    "TrainConfig": "train_entry.config",
+    "load_config": "train_entry.config",
+    "init_distributed": "train_entry.dist",
+    "teardown": "train_entry.dist",
+    "wrap": "train_entry.strategies",
+    "Wrapped": "train_entry.strategies",
+    "Checkpointer": "train_entry.checkpoint",
+    "TrainState": "train_entry.state",
+    "params_sha256": "train_entry.state",
+    "StopFlag": "train_entry.preempt",
+    "Trainer": "train_entry.trainer",
+    "build_model": "train_entry.model",
+    "build_batches": "train_entry.data",
+    "compute_loss": "train_entry.model",
 }
 __all__ = sorted(_EXPORTS)
 

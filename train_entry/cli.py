@@ -19,9 +19,15 @@ from hpctrain.kernel.errors import UserError, ValidationError
 from train_entry.config import STRATEGIES, TrainConfig, check_sizes, keys_help, load_config
 
 # named flag -> the config key it sets (the dotted form works for every key too)
-NAMED = {"strategy": "strategy", "max_steps": "train.max_steps", "checkpoint_every":
-         "checkpoint.every_steps", "model": "model.factory", "data": "data.factory",
-         "collate": "data.collate", "profile_steps": "profile.active"}
+NAMED = {
+    "strategy": "strategy",
+    "max_steps": "train.max_steps",
+    "checkpoint_every": "checkpoint.every_steps",
+    "model": "model.factory",
+    "data": "data.factory",
+    "collate": "data.collate",
+    "profile_steps": "profile.active",
+}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -34,26 +40,40 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m train_entry",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train with DDP, FSDP2 or DeepSpeed ZeRO; resumes from the newest verified "
-                    "checkpoint in the run folder by itself.",
+        "checkpoint in the run folder by itself.",
         epilog="example:\n  torchrun --standalone --nproc-per-node 2 -m train_entry --strategy fsdp "
-               "--run-dir runs/demo --max-steps 60 --optim.lr=3e-3\n\n"
-               "every config key can be set with a dotted flag (default, meaning):\n" + keys_help()
-               + "\n\nexit codes: 0 finished, 2 bad config or input, 75 preempted (checkpoint saved)")
+        "--run-dir runs/demo --max-steps 60 --optim.lr=3e-3\n\n"
+        "every config key can be set with a dotted flag (default, meaning):\n"
+        + keys_help()
+        + "\n\nexit codes: 0 finished, 2 bad config or input, 75 preempted (checkpoint saved)",
+    )
     p.add_argument("--config", metavar="FILE.yaml", help="YAML config (sections as listed below)")
-    p.add_argument("--strategy", help=f"one of {', '.join(STRATEGIES)} (default {strategy_names.DEFAULT})")
-    p.add_argument("--run-dir", default=None,
-                   help=f"run folder (default ${jobenv.RUN_DIR}); checkpoints, logs and metrics go here")
+    p.add_argument(
+        "--strategy", help=f"one of {', '.join(STRATEGIES)} (default {strategy_names.DEFAULT})"
+    )
+    p.add_argument(
+        "--run-dir",
+        default=None,
+        help=f"run folder (default ${jobenv.RUN_DIR}); checkpoints, logs and metrics go here",
+    )
     p.add_argument("--max-steps", type=int, metavar="N", help="= --train.max_steps")
     p.add_argument("--checkpoint-every", type=int, metavar="N", help="= --checkpoint.every_steps")
     p.add_argument("--model", metavar="PKG.MOD:FACTORY", help="= --model.factory (your nn.Module)")
     p.add_argument("--data", metavar="PKG.MOD:FACTORY", help="= --data.factory (your dataset)")
     p.add_argument("--collate", metavar="PKG.MOD:FN", help="= --data.collate")
-    p.add_argument("--profile-steps", type=int, metavar="N", help="= --profile.active (torch.profiler)")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
-    p.add_argument("--check", action="store_true",
-                   help="validate at $WORLD_SIZE (batch arithmetic, factories importable, DeepSpeed "
-                        "present and accepting the config), print the resolved settings as JSON, exit "
-                        "(`hpctrain submit` runs this before queueing)")
+    p.add_argument(
+        "--profile-steps", type=int, metavar="N", help="= --profile.active (torch.profiler)"
+    )
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved config as YAML and exit"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="validate at $WORLD_SIZE (batch arithmetic, factories importable, DeepSpeed "
+        "present and accepting the config), print the resolved settings as JSON, exit "
+        "(`hpctrain submit` runs this before queueing)",
+    )
     return p
 
 
@@ -69,17 +89,25 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, int]:
         from train_entry.trackers import check_installed
 
         check_installed(cfg.train.tracker)
-    specs = {"model.factory": cfg.model.factory, "data.factory": cfg.data.factory,
-             "data.collate": cfg.data.collate}
+    specs = {
+        "model.factory": cfg.model.factory,
+        "data.factory": cfg.data.factory,
+        "data.collate": cfg.data.collate,
+    }
     if any(specs.values()):
         from train_entry.model import load_object  # resolve user code now, before any process group
+
         for what, spec in specs.items():
             if spec:
                 load_object(spec, what)
-    if strategy_names.info(cfg.strategy).parse_check:  # e.g. DeepSpeed's own checks, no processes yet
+    if strategy_names.info(
+        cfg.strategy
+    ).parse_check:  # e.g. DeepSpeed's own checks, no processes yet
         from train_entry.strategies import strategy_class
 
-        strategy_class(cfg.strategy).validate(cfg, world=int(os.environ.get("WORLD_SIZE", "1")), accum=accum)
+        strategy_class(cfg.strategy).validate(
+            cfg, world=int(os.environ.get("WORLD_SIZE", "1")), accum=accum
+        )
     args.run_dir = args.run_dir or jobenv.get(jobenv.RUN_DIR)
     if not args.run_dir and not args.check:
         raise UserError(f"no run folder: pass --run-dir DIR or set {jobenv.RUN_DIR}")
@@ -96,11 +124,20 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.check:
             t = cfg.train
-            print(json.dumps({"strategy": cfg.strategy, "global_batch": t.global_batch,
-                              "micro_batch": t.micro_batch, "grad_accum": accum,
-                              "max_steps": t.max_steps}))
+            print(
+                json.dumps(
+                    {
+                        "strategy": cfg.strategy,
+                        "global_batch": t.global_batch,
+                        "micro_batch": t.micro_batch,
+                        "grad_accum": accum,
+                        "max_steps": t.max_steps,
+                    }
+                )
+            )
             return 0
         from train_entry.trainer import Trainer  # torch is imported only past this line
+
         return Trainer(cfg, run_dir=args.run_dir, grad_accum=accum).run()
     except UserError as e:
         if os.environ.get("RANK", "0") == "0":
@@ -108,14 +145,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e.problems[0] if one else e.format_message()}", file=sys.stderr)
         return 2
     except Exception as e:
-        if _peer_gone(e):     # a secondary failure: the rank that died first says why
-            print(f"hpctrain: rank {os.environ.get('RANK', '?')} stopped: another rank failed first "
-                  "(its error is in the logs)", file=sys.stderr, flush=True)
+        if _peer_gone(e):  # a secondary failure: the rank that died first says why
+            print(
+                f"hpctrain: rank {os.environ.get('RANK', '?')} stopped: another rank failed first "
+                "(its error is in the logs)",
+                file=sys.stderr,
+                flush=True,
+            )
             return 1
-        if type(e).__name__ != "RunFailed":          # train_entry.trainer.RunFailed (torch-free here)
+        if type(e).__name__ != "RunFailed":  # train_entry.trainer.RunFailed (torch-free here)
             raise
         if not getattr(e, "every_rank", False) or os.environ.get("RANK", "0") == "0":
-            print(f"error: {e}", file=sys.stderr, flush=True)   # said once
+            print(f"error: {e}", file=sys.stderr, flush=True)  # said once
         return 1
 
 
@@ -123,4 +164,5 @@ def _peer_gone(e: BaseException) -> bool:
     """A collective that failed only because another rank exited (gloo's connection errors)."""
     text = str(e)
     return type(e).__name__ in ("RuntimeError", "DistBackendError", "DistNetworkError") and any(
-        m in text for m in ("Connection reset by peer", "Connection closed by peer", "Broken pipe"))
+        m in text for m in ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
+    )

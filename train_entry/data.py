@@ -10,10 +10,17 @@ position after the last sample it yielded; it is read in the training process (n
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, default_collate
+from torch.utils.data import (
+    DataLoader,
+    Dataset,
+    DistributedSampler,
+    IterableDataset,
+    default_collate,
+)
 
 from hpctrain.kernel.errors import UserError
 from train_entry.model import call_factory, load_object
@@ -45,37 +52,69 @@ class Progressions(Dataset):
 def build_dataset(config: Any, *, rank: int, world_size: int) -> Any:
     if config.data.factory is None:
         m = config.model
-        return Progressions(vocab_size=m.vocab_size, seq_len=m.seq_len, num_samples=config.data.num_samples,
-                            seed=config.train.seed)
-    ds = call_factory(load_object(config.data.factory, "data.factory"), config=config, rank=rank,
-                      world_size=world_size)
-    if isinstance(ds, IterableDataset) or (not hasattr(ds, "__getitem__") and hasattr(ds, "__iter__")):
+        return Progressions(
+            vocab_size=m.vocab_size,
+            seq_len=m.seq_len,
+            num_samples=config.data.num_samples,
+            seed=config.train.seed,
+        )
+    ds = call_factory(
+        load_object(config.data.factory, "data.factory"),
+        config=config,
+        rank=rank,
+        world_size=world_size,
+    )
+    if isinstance(ds, IterableDataset) or (
+        not hasattr(ds, "__getitem__") and hasattr(ds, "__iter__")
+    ):
         if not (hasattr(ds, "state_dict") and hasattr(ds, "load_state_dict")):
-            raise UserError(f"data.factory '{config.data.factory}' returned an iterable without "
-                            f"state_dict()/load_state_dict(); add them so a resume continues exactly, "
-                            f"or return a map-style Dataset")
+            raise UserError(
+                f"data.factory '{config.data.factory}' returned an iterable without "
+                f"state_dict()/load_state_dict(); add them so a resume continues exactly, "
+                f"or return a map-style Dataset"
+            )
     elif not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")):
-        raise UserError(f"data.factory '{config.data.factory}' returned {type(ds).__name__}: need a "
-                        f"map-style Dataset (__getitem__ + __len__) or an iterable with state_dict()")
+        raise UserError(
+            f"data.factory '{config.data.factory}' returned {type(ds).__name__}: need a "
+            f"map-style Dataset (__getitem__ + __len__) or an iterable with state_dict()"
+        )
     return ds
 
 
 class Batches:
     """Micro-batches for this rank, forever (epoch after epoch), with `position` to save and restore."""
 
-    def __init__(self, dataset: Any, *, micro_batch: int, rank: int, world_size: int, seed: int,
-                 shuffle: bool = True, collate: Callable | None = None, num_workers: int = 0) -> None:
+    def __init__(
+        self,
+        dataset: Any,
+        *,
+        micro_batch: int,
+        rank: int,
+        world_size: int,
+        seed: int,
+        shuffle: bool = True,
+        collate: Callable | None = None,
+        num_workers: int = 0,
+    ) -> None:
         self.ds, self.micro, self.rank, self.world = dataset, micro_batch, rank, world_size
         self.collate = collate or default_collate
         self.num_workers = num_workers
         self.iterable = not hasattr(dataset, "__getitem__") or isinstance(dataset, IterableDataset)
         if not self.iterable:
-            self.sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank, shuffle=shuffle,
-                                              seed=seed, drop_last=True)
+            self.sampler = DistributedSampler(
+                dataset,
+                num_replicas=world_size,
+                rank=rank,
+                shuffle=shuffle,
+                seed=seed,
+                drop_last=True,
+            )
             if len(self.sampler) < micro_batch:
-                raise UserError(f"the dataset has {len(dataset)} samples: fewer than world_size"
-                                f"({world_size}) * train.micro_batch({micro_batch}); use more data")
-        self.epoch, self.offset = 0, 0   # offset: samples the whole job consumed in this epoch
+                raise UserError(
+                    f"the dataset has {len(dataset)} samples: fewer than world_size"
+                    f"({world_size}) * train.micro_batch({micro_batch}); use more data"
+                )
+        self.epoch, self.offset = 0, 0  # offset: samples the whole job consumed in this epoch
         self._it: Iterator | None = None
 
     @property
@@ -93,7 +132,7 @@ class Batches:
             self.epoch, self.offset = int(position["epoch"]), int(position["offset"])
         self._it = None
 
-    def __iter__(self) -> "Batches":
+    def __iter__(self) -> Batches:
         return self
 
     def __next__(self) -> Any:
@@ -124,13 +163,28 @@ class Batches:
         self.sampler.set_epoch(self.epoch)
         skip = self.offset // self.world
         indices = list(self.sampler)[skip:]
-        return iter(DataLoader(self.ds, batch_size=self.micro, sampler=indices, collate_fn=self.collate,
-                               num_workers=self.num_workers, drop_last=True))
+        return iter(
+            DataLoader(
+                self.ds,
+                batch_size=self.micro,
+                sampler=indices,
+                collate_fn=self.collate,
+                num_workers=self.num_workers,
+                drop_last=True,
+            )
+        )
 
 
 def build_batches(config: Any, *, rank: int, world_size: int) -> Batches:
     dataset = build_dataset(config, rank=rank, world_size=world_size)
     collate = load_object(config.data.collate, "data.collate") if config.data.collate else None
-    return Batches(dataset, micro_batch=config.train.micro_batch, rank=rank, world_size=world_size,
-                   seed=config.train.seed, shuffle=config.data.shuffle, collate=collate,
-                   num_workers=config.data.num_workers)
+    return Batches(
+        dataset,
+        micro_batch=config.train.micro_batch,
+        rank=rank,
+        world_size=world_size,
+        seed=config.train.seed,
+        shuffle=config.data.shuffle,
+        collate=collate,
+        num_workers=config.data.num_workers,
+    )

@@ -66,9 +66,13 @@ def init_distributed(*, timeout_min: float = 10.0, seed: int = 0) -> DistInfo:
         die_with_launcher()
         timeout = timedelta(minutes=timeout_min)
         if "MASTER_ADDR" in os.environ:
-            dist.init_process_group(backend, timeout=timeout, device_id=device if kind == "cuda" else None)
+            dist.init_process_group(
+                backend, timeout=timeout, device_id=device if kind == "cuda" else None
+            )
         else:  # a plain `python -m train_entry`: one rank, no network
-            dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+            dist.init_process_group(
+                backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
+            )
     seed_rank(seed, rank)
     return DistInfo(rank, dist.get_world_size(), local_rank, device, backend)
 

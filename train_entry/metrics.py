@@ -41,10 +41,21 @@ def _fmt_time(s: float) -> str:
 class Metrics:
     """Call `step(...)` after every optimizer step on every rank (GPU memory is gathered from all)."""
 
-    def __init__(self, run_dir: Path, *, rank: int, world_size: int, device: torch.device, max_steps: int,
-                 log_every: int, tensorboard: bool, tokens_per_sample: int | None = None,
-                 tracker: str = "none", tracker_project: str | None = None,
-                 config: dict | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        rank: int,
+        world_size: int,
+        device: torch.device,
+        max_steps: int,
+        log_every: int,
+        tensorboard: bool,
+        tokens_per_sample: int | None = None,
+        tracker: str = "none",
+        tracker_project: str | None = None,
+        config: dict | None = None,
+    ) -> None:
         self.run_dir, self.rank, self.world, self.device = run_dir, rank, world_size, device
         self.max_steps, self.log_every = max_steps, log_every
         self.tokens_per_sample = tokens_per_sample
@@ -57,8 +68,13 @@ class Metrics:
         self.log = (run_dir / "train.log").open("a")
         if sys.stdout.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-            self.bar = Progress(TextColumn("step {task.completed}/{task.total}"), BarColumn(),
-                                TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+
+            self.bar = Progress(
+                TextColumn("step {task.completed}/{task.total}"),
+                BarColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+            )
             self.task = self.bar.add_task("train", total=max_steps, completed=0, info="")
             self.bar.start()
         # The tracker opens at the first logged step, once the resume step is known.
@@ -88,20 +104,27 @@ class Metrics:
         if self.device.type != "cuda":
             return {}
         gib = 2**30
-        mine = torch.tensor([torch.cuda.memory_allocated(self.device) / gib,
-                             torch.cuda.memory_reserved(self.device) / gib,
-                             torch.cuda.max_memory_allocated(self.device) / gib], device=self.device)
+        mine = torch.tensor(
+            [
+                torch.cuda.memory_allocated(self.device) / gib,
+                torch.cuda.memory_reserved(self.device) / gib,
+                torch.cuda.max_memory_allocated(self.device) / gib,
+            ],
+            device=self.device,
+        )
         every = [torch.zeros_like(mine) for _ in range(self.world)]
         torch.distributed.all_gather(every, mine)
         rows = torch.stack(every).cpu().tolist()
-        return {"mem_allocated_gib": [round(r[0], 3) for r in rows],
-                "mem_reserved_gib": [round(r[1], 3) for r in rows],
-                "mem_peak_gib": [round(r[2], 3) for r in rows]}
+        return {
+            "mem_allocated_gib": [round(r[0], 3) for r in rows],
+            "mem_reserved_gib": [round(r[1], 3) for r in rows],
+            "mem_peak_gib": [round(r[2], 3) for r in rows],
+        }
 
     def step(self, step: int, *, loss: float, lr: float, samples: int, grad_norm: float) -> None:
         if step % self.log_every and step != self.max_steps:
             return
-        mem = self._memory()          # a collective on GPU: every rank calls step()
+        mem = self._memory()  # a collective on GPU: every rank calls step()
         if not self.main:
             return
         now = time.perf_counter()
@@ -110,8 +133,17 @@ class Metrics:
         self.last_t, self.last_step = now, step
         rate = samples / dt if dt > 0 else 0.0
         eta = (now - self.t0) / max(1, step - self.start_step) * (self.max_steps - step)
-        rec = {"step": step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "samples_per_s": rate,
-               "step_time_s": dt, "max_steps": self.max_steps, "time": time.time(), **mem}
+        rec = {
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "samples_per_s": rate,
+            "step_time_s": dt,
+            "max_steps": self.max_steps,
+            "time": time.time(),
+            **mem,
+        }
         if self.tokens_per_sample:
             rec["tokens_per_s"] = rate * self.tokens_per_sample
         self.jsonl.write(json.dumps(rec) + "\n")
@@ -128,11 +160,18 @@ class Metrics:
         if self.tracker_kind != "none" and self.tb is None:
             from train_entry.trackers import open_tracker
 
-            self.tb = open_tracker(self.tracker_kind, self.run_dir, config=self.config,
-                                   step=self.start_step, project=self.tracker_project)
+            self.tb = open_tracker(
+                self.tracker_kind,
+                self.run_dir,
+                config=self.config,
+                step=self.start_step,
+                project=self.tracker_project,
+            )
         if self.tb is not None:
             keys = ("loss", "lr", "samples_per_s", "grad_norm", "step_time_s", "tokens_per_s")
-            self.tb.log(step, {k: float(rec[k]) for k in keys if isinstance(rec.get(k), (int, float))})
+            self.tb.log(
+                step, {k: float(rec[k]) for k in keys if isinstance(rec.get(k), (int, float))}
+            )
 
     def close(self) -> None:
         if self.bar is not None:
@@ -156,7 +195,7 @@ class GpuSampler:
     def available(device: torch.device) -> bool:
         return device.type == "cuda" and shutil.which("nvidia-smi") is not None
 
-    def start(self) -> "GpuSampler":
+    def start(self) -> GpuSampler:
         self.thread.start()
         return self
 
@@ -166,8 +205,12 @@ class GpuSampler:
             while not self.stop_event.is_set():
                 fmt = "csv" if header else "csv,noheader"
                 try:
-                    res = subprocess.run(["nvidia-smi", f"--query-gpu={GPU_QUERY}", f"--format={fmt}"],
-                                         capture_output=True, text=True, timeout=30)
+                    res = subprocess.run(
+                        ["nvidia-smi", f"--query-gpu={GPU_QUERY}", f"--format={fmt}"],
+                        capture_output=True,
+                        text=True,
+                        timeout=30,
+                    )
                 except (OSError, subprocess.TimeoutExpired):
                     return
                 if res.returncode == 0:
@@ -195,6 +238,12 @@ def profiler(run_dir: Path, rank: int, *, wait: int, warmup: int, active: int) -
     def export(prof: Any) -> None:
         prof.export_chrome_trace(str(out / f"rank-{rank}-step-{prof.step_num}.json"))
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    return profile(activities=activities, schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
-                   on_trace_ready=export, record_shapes=False)
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if torch.cuda.is_available() else []
+    )
+    return profile(
+        activities=activities,
+        schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
+        on_trace_ready=export,
+        record_shapes=False,
+    )

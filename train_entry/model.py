@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,21 +32,36 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
-        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+        self.mlp = nn.Sequential(
+            nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+        )
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, c // self.n_heads).unbind(2)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                           is_causal=True, dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
         x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
         return x + self.drop(self.mlp(self.ln2(x)))
 
 
 class GPT(nn.Module):
-    def __init__(self, *, vocab_size: int, d_model: int, n_layers: int, n_heads: int, seq_len: int,
-                 dropout: float = 0.0) -> None:
+    def __init__(
+        self,
+        *,
+        vocab_size: int,
+        d_model: int,
+        n_layers: int,
+        n_heads: int,
+        seq_len: int,
+        dropout: float = 0.0,
+    ) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab_size, d_model)
         self.pos = nn.Embedding(seq_len, d_model)
@@ -63,8 +79,14 @@ class GPT(nn.Module):
 
 def demo_model(config: Any) -> nn.Module:
     m = config.model
-    return GPT(vocab_size=m.vocab_size, d_model=m.d_model, n_layers=m.n_layers, n_heads=m.n_heads,
-               seq_len=m.seq_len, dropout=m.dropout)
+    return GPT(
+        vocab_size=m.vocab_size,
+        d_model=m.d_model,
+        n_layers=m.n_layers,
+        n_heads=m.n_heads,
+        seq_len=m.seq_len,
+        dropout=m.dropout,
+    )
 
 
 def load_object(spec: str, what: str) -> Callable:
@@ -75,7 +97,9 @@ def load_object(spec: str, what: str) -> Callable:
     try:
         mod = importlib.import_module(module)
     except ImportError as e:
-        raise UserError(f"{what} '{spec}': cannot import {module} ({e}); check the name and PYTHONPATH") from None
+        raise UserError(
+            f"{what} '{spec}': cannot import {module} ({e}); check the name and PYTHONPATH"
+        ) from None
     try:
         return getattr(mod, name)
     except AttributeError:
@@ -97,11 +121,17 @@ def build_model(config: Any, *, rank: int, world_size: int) -> nn.Module:
         torch.manual_seed(config.train.seed)
         if config.model.factory is None:
             return demo_model(config)
-        model = call_factory(load_object(config.model.factory, "model.factory"), config=config,
-                             rank=rank, world_size=world_size)
+        model = call_factory(
+            load_object(config.model.factory, "model.factory"),
+            config=config,
+            rank=rank,
+            world_size=world_size,
+        )
     if not isinstance(model, nn.Module):
-        raise UserError(f"model.factory '{config.model.factory}' returned {type(model).__name__}, "
-                        f"not an nn.Module")
+        raise UserError(
+            f"model.factory '{config.model.factory}' returned {type(model).__name__}, "
+            f"not an nn.Module"
+        )
     return model
 
 

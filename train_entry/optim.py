@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -13,7 +14,9 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: Any) -> torch.opt
     if o.name == "sgd":
         return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
     # torch AdamW (not DeepSpeed's C++ Adams): it resumes bit-exactly (see shared/notes/cpu-distributed.md)
-    return torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(
+        params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+    )
 
 
 def lr_factor(step: int, cfg: Any) -> float:
@@ -28,7 +31,9 @@ def lr_factor(step: int, cfg: Any) -> float:
     return s.min_lr_ratio + (1 - s.min_lr_ratio) * shape
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: Any) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: Any
+) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
 
 

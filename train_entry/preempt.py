@@ -41,26 +41,30 @@ def die_with_launcher() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     pr_set_pdeathsig = 1
     libc.prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() == 1:     # torchrun already died before the line above took effect
+    if os.getppid() == 1:  # torchrun already died before the line above took effect
         os.kill(os.getpid(), signal.SIGKILL)
 
 
 class StopFlag:
     """`install()` once per process, then `agreed(device, step=...)` at every step boundary."""
 
-    def __init__(self, signals: tuple[str, ...] | list[str] = DEFAULT_SIGNALS,
-                 stop_file: str | os.PathLike | None = None,
-                 stop_at_step: int | None = None) -> None:
+    def __init__(
+        self,
+        signals: tuple[str, ...] | list[str] = DEFAULT_SIGNALS,
+        stop_file: str | os.PathLike | None = None,
+        stop_at_step: int | None = None,
+    ) -> None:
         self.signals = tuple(s if s.startswith("SIG") else f"SIG{s}" for s in signals)
         env_file = jobenv.get(jobenv.STOP_FILE)
         self.stop_file = Path(stop_file) if stop_file else (Path(env_file) if env_file else None)
         env_step = jobenv.get(jobenv.STOP_AT_STEP)
-        self.stop_at_step = stop_at_step if stop_at_step is not None else (
-            int(env_step) if env_step else None)
+        self.stop_at_step = (
+            stop_at_step if stop_at_step is not None else (int(env_step) if env_step else None)
+        )
         self.reason: str | None = None
         self._raised = False
 
-    def install(self) -> "StopFlag":
+    def install(self) -> StopFlag:
         """Install the handlers (main thread only; elsewhere the flag file still works)."""
         if threading.current_thread() is not threading.main_thread():
             return self
@@ -82,8 +86,12 @@ class StopFlag:
         """This rank's view: a signal arrived, the flag file exists, or the test step is reached."""
         if not self._raised and self.stop_file is not None and self.stop_file.exists():
             self.raise_(f"stop file {self.stop_file}")
-        if (not self._raised and self.stop_at_step is not None and step is not None
-                and step >= self.stop_at_step):
+        if (
+            not self._raised
+            and self.stop_at_step is not None
+            and step is not None
+            and step >= self.stop_at_step
+        ):
             self.raise_(f"{jobenv.STOP_AT_STEP}={self.stop_at_step}")
         return self._raised
 

@@ -19,31 +19,40 @@ import torch.distributed as dist
 from torch import nn
 
 # Prefixes a wrapper adds to parameter names; stripped so every strategy names a parameter alike.
-_WRAPPER_PREFIXES = ("module.", "_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+_WRAPPER_PREFIXES = (
+    "module.",
+    "_orig_mod.",
+    "_fsdp_wrapped_module.",
+    "_checkpoint_wrapped_module.",
+)
 
 
 @dataclass
 class TrainState:
     """Everything that must round-trip for an exact resume (see docs/design.md)."""
 
-    model: Any                        # the wrapped model (DDP/FSDP module) or the DeepSpeed engine
-    optimizer: Any = None             # None for DeepSpeed (the engine owns it)
+    model: Any  # the wrapped model (DDP/FSDP module) or the DeepSpeed engine
+    optimizer: Any = None  # None for DeepSpeed (the engine owns it)
     scheduler: Any = None
     scaler: Any = None
-    step: int = 0                     # optimizer steps completed
+    step: int = 0  # optimizer steps completed
     epoch: int = 0
-    micro_step: int = 0               # micro-steps done inside the current step (0 at boundaries)
+    micro_step: int = 0  # micro-steps done inside the current step (0 at boundaries)
     # The data position. Store it world-size independent (global samples consumed in the epoch), so a
     # DDP/FSDP checkpoint saved at W ranks resumes at W' ranks: {"epoch": e, "offset": samples}.
     data: dict = field(default_factory=dict)
-    config: dict = field(default_factory=dict)   # the frozen resolved TrainConfig
+    config: dict = field(default_factory=dict)  # the frozen resolved TrainConfig
 
     def loop_state(self) -> dict:
         """The JSON part saved next to the weights (the scheduler and scaler go there too)."""
-        return {"step": self.step, "epoch": self.epoch, "micro_step": self.micro_step,
-                "data": self.data,
-                "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "micro_step": self.micro_step,
+            "data": self.data,
+            "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
 
     def load_loop_state(self, saved: dict) -> None:
         self.step, self.epoch = int(saved["step"]), int(saved["epoch"])
@@ -58,10 +67,17 @@ class TrainState:
 def _encode(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
-        return {"__tensor__": t.reshape(-1).view(torch.uint8).numpy().tobytes().hex(),
-                "dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape)}
+        return {
+            "__tensor__": t.reshape(-1).view(torch.uint8).numpy().tobytes().hex(),
+            "dtype": str(t.dtype).removeprefix("torch."),
+            "shape": list(t.shape),
+        }
     if isinstance(obj, np.ndarray):
-        return {"__ndarray__": obj.tobytes().hex(), "dtype": obj.dtype.str, "shape": list(obj.shape)}
+        return {
+            "__ndarray__": obj.tobytes().hex(),
+            "dtype": obj.dtype.str,
+            "shape": list(obj.shape),
+        }
     if isinstance(obj, dict):
         if all(isinstance(k, str) for k in obj):
             return {k: _encode(v) for k, v in obj.items()}
@@ -83,7 +99,9 @@ def _decode(obj: Any) -> Any:
     if "__tensor__" in obj:
         raw = bytearray.fromhex(obj["__tensor__"])
         dtype = getattr(torch, obj["dtype"])
-        flat = torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        flat = (
+            torch.frombuffer(raw, dtype=torch.uint8) if raw else torch.empty(0, dtype=torch.uint8)
+        )
         return flat.view(dtype).reshape(obj["shape"]).clone()
     if "__ndarray__" in obj:
         arr = np.frombuffer(bytes.fromhex(obj["__ndarray__"]), dtype=np.dtype(obj["dtype"]))
@@ -107,8 +125,11 @@ def loads(text: str) -> Any:
 # ---------------------------------------------------------------- RNG, one file per rank
 def capture_rng() -> dict:
     """This rank's generators: python, numpy, torch CPU and every CUDA device when present."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(),
-             "torch": torch.get_rng_state()}
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -122,7 +143,7 @@ def restore_rng(state: dict) -> None:
         cuda = state["cuda"]
         if len(cuda) == torch.cuda.device_count():
             torch.cuda.set_rng_state_all(cuda)
-        else:   # another GPU count: each rank uses one device, take the first saved state
+        else:  # another GPU count: each rank uses one device, take the first saved state
             torch.cuda.set_rng_state(cuda[0])
 
 
@@ -133,7 +154,7 @@ def _canonical(name: str) -> str:
         changed = False
         for prefix in _WRAPPER_PREFIXES:
             if name.startswith(prefix):
-                name, changed = name[len(prefix):], True
+                name, changed = name[len(prefix) :], True
         name = name.replace("._fsdp_wrapped_module", "").replace("._checkpoint_wrapped_module", "")
     return name
 
@@ -141,7 +162,9 @@ def _canonical(name: str) -> str:
 def _inner_module(model: Any) -> nn.Module:
     """The user's module inside a DDP wrapper or a DeepSpeed engine (FSDP2 keeps the module itself)."""
     inner = model
-    while type(inner).__name__ in _WRAPPERS and isinstance(getattr(inner, "module", None), nn.Module):
+    while type(inner).__name__ in _WRAPPERS and isinstance(
+        getattr(inner, "module", None), nn.Module
+    ):
         inner = inner.module
     return inner
 
@@ -156,7 +179,7 @@ def _is_zero3(param: torch.Tensor) -> bool:
 def _full(param: torch.Tensor) -> torch.Tensor:
     """The full value of one parameter on every rank (collective for DTensor / ZeRO-3 params)."""
     data = param.detach()
-    if hasattr(data, "full_tensor"):      # FSDP2 / DTensor
+    if hasattr(data, "full_tensor"):  # FSDP2 / DTensor
         return data.full_tensor()
     if _is_zero3(param):
         import deepspeed  # only DeepSpeed models get here
@@ -176,7 +199,9 @@ def params_sha256(model: Any) -> str:
     digest = hashlib.sha256()
     for name, param in params:
         full = _full(param).cpu().contiguous()
-        digest.update(f"{name}|{str(full.dtype).removeprefix('torch.')}|{tuple(full.shape)}\n".encode())
+        digest.update(
+            f"{name}|{str(full.dtype).removeprefix('torch.')}|{tuple(full.shape)}\n".encode()
+        )
         digest.update(full.reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 

@@ -1,8 +1,8 @@
 """Site profiles: the schema (schema.py) and how files become a resolved Profile (load.py).
 
-    from hpctrain.profiles import resolve, discover, Profile
-    profile = resolve("generic-ib", {"slurm.qos": "high"})
-    profile.slurm.gpus_per_node, profile.origins["slurm.qos"]  # -> 8, "flag slurm.qos"
+from hpctrain.profiles import resolve, discover, Profile
+profile = resolve("generic-ib", {"slurm.qos": "high"})
+profile.slurm.gpus_per_node, profile.origins["slurm.qos"]  # -> 8, "flag slurm.qos"
 """
 
 from typing import Any

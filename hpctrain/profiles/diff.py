@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-RUN = "/runs/diff"          # a fixed run folder: both scripts differ only where the profiles do
+RUN = "/runs/diff"  # a fixed run folder: both scripts differ only where the profiles do
 
 
 @dataclass
@@ -43,14 +43,21 @@ class Comparison:
         if not self.keys:
             out.append("keys: no resolved value differs")
         for k in self.keys:
-            out.append(f"  {k.key}: {json.dumps(k.old)} ({k.old_origin}) -> {json.dumps(k.new)} "
-                       f"({k.new_origin})")
+            out.append(
+                f"  {k.key}: {json.dumps(k.old)} ({k.old_origin}) -> {json.dumps(k.new)} "
+                f"({k.new_origin})"
+            )
         out.append("script: the same" if self.same_script else "script:")
         return "\n".join(out) + "\n" + "".join(self.script_diff)
 
     def as_json(self) -> dict[str, Any]:
-        return {"old": self.old, "new": self.new, "same_script": self.same_script,
-                "keys": [k.__dict__ for k in self.keys], "script_diff": "".join(self.script_diff)}
+        return {
+            "old": self.old,
+            "new": self.new,
+            "same_script": self.same_script,
+            "keys": [k.__dict__ for k in self.keys],
+            "script_diff": "".join(self.script_diff),
+        }
 
 
 def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -79,10 +86,21 @@ def compare(old_ref: str, new_ref: str, *, nodes: int = 2, gpus: int | None = No
     a, b = _leaves(old.model_dump(mode="json")), _leaves(new.model_dump(mode="json"))
     for key in sorted(set(a) | set(b)):
         if key != "name" and a.get(key) != b.get(key):
-            result.keys.append(KeyChange(key, a.get(key), b.get(key), old.origins.get(key, "default"),
-                                         new.origins.get(key, "default")))
-    result.script_diff = list(difflib.unified_diff(
-        _script(old, nodes, gpus).splitlines(keepends=True),
-        _script(new, nodes, gpus).splitlines(keepends=True),
-        fromfile=f"{old.name}/job.sh", tofile=f"{new.name}/job.sh"))
+            result.keys.append(
+                KeyChange(
+                    key,
+                    a.get(key),
+                    b.get(key),
+                    old.origins.get(key, "default"),
+                    new.origins.get(key, "default"),
+                )
+            )
+    result.script_diff = list(
+        difflib.unified_diff(
+            _script(old, nodes, gpus).splitlines(keepends=True),
+            _script(new, nodes, gpus).splitlines(keepends=True),
+            fromfile=f"{old.name}/job.sh",
+            tofile=f"{new.name}/job.sh",
+        )
+    )
     return result

@@ -1,6 +1,6 @@
 """Generate docs/site-profiles.md from the schema, so the doc and the code cannot drift.
 
-    python -m hpctrain.profiles.docs > docs/site-profiles.md
+python -m hpctrain.profiles.docs > docs/site-profiles.md
 """
 
 from __future__ import annotations
@@ -188,14 +188,19 @@ def _default(field: Any) -> str:
     return f"`{json.dumps(field.default)}`"
 
 
-def _rows(model: type[BaseModel], prefix: str, sections: list[tuple[str, type[BaseModel]]]) -> list[str]:
+def _rows(
+    model: type[BaseModel], prefix: str, sections: list[tuple[str, type[BaseModel]]]
+) -> list[str]:
     rows = []
     for name, field in model.model_fields.items():
         key = f"{prefix}{name}"
         desc = (field.description or "").replace("|", "\\|").replace("\n", " ")
         rows.append(f"| `{key}` | {_type(field.annotation)} | {_default(field)} | {desc} |")
-        inner = [a for a in (field.annotation, *typing.get_args(field.annotation))
-                 if isinstance(a, type) and issubclass(a, BaseModel)]
+        inner = [
+            a
+            for a in (field.annotation, *typing.get_args(field.annotation))
+            if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         if inner:
             sections.append((key, inner[0]))
     return rows
@@ -210,7 +215,9 @@ def render() -> str:
         found: list[tuple[str, type[BaseModel]]] = []
         title = f"`{key}`" if key else "Top level"
         doc = (model.__doc__ or "").strip().splitlines()[0]
-        out.append(f"\n## {title}\n\n{doc}\n\n| key | type | default | meaning |\n|---|---|---|---|")
+        out.append(
+            f"\n## {title}\n\n{doc}\n\n| key | type | default | meaning |\n|---|---|---|---|"
+        )
         out += _rows(model, f"{key}." if key else "", found)
         queue += found
     return "\n".join(out) + "\n"

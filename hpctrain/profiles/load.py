@@ -12,11 +12,8 @@ change them (setting the same value is allowed).
 from __future__ import annotations
 
 import difflib
-import math
 import os
-import re
 import shutil
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +29,18 @@ from hpctrain.profiles.discovery import (  # noqa: F401  (re-exported: the loade
     discover,
     find,
     search_dirs,
+)
+from hpctrain.profiles.layers import (  # noqa: F401
+    _MISSING,
+    _bad_flag_value,
+    _covers,
+    _drop_nulls,
+    _flags_layer,
+    _get,
+    _Layer,
+    _leaves,
+    _merge,
+    _user_config,
 )
 from hpctrain.profiles.problems import (
     NAME_MISSING,
@@ -57,142 +66,6 @@ if TYPE_CHECKING:
 # pydantic and the schema are imported where used: a cached validation (profiles/cache.py) needs
 # neither, which halves the CLI's start-up.
 
-# ---------------------------------------------------------------------------------------------
-# Layers
-
-
-@dataclass
-class _Layer:
-    data: dict[str, Any]
-    lines: dict[Path_, int]
-    file: str | None         # for problems
-    origin: str              # prefix for origins: a path, "user config <path>", "flag"
-    locks: list[str] = field(default_factory=list)
-
-
-def _leaves(data: Any, path: Path_ = ()) -> list[tuple[Path_, Any]]:
-    if isinstance(data, dict) and data:
-        return [leaf for k, v in data.items() for leaf in _leaves(v, (*path, k))]
-    return [(path, data)]
-
-
-def _get(data: Any, path: Path_) -> Any:
-    for part in path:
-        if not isinstance(data, dict) or part not in data:
-            return _MISSING
-        data = data[part]
-    return data
-
-
-_MISSING = object()
-
-
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = _merge(out[k], v)
-        else:
-            out[k] = v
-    return out
-
-
-def _drop_nulls(data: dict[str, Any], path: Path_ = ()) -> dict[str, Any]:
-    """`key: null` resets a key to its default: drop nulls where the default is not null
-    (an empty `slurm:` section, `extra_sbatch: null`, ...)."""
-    model: Any = False                 # looked up at the first null only (no schema otherwise)
-    out = {}
-    for k, v in data.items():
-        if v is None:
-            from pydantic_core import PydanticUndefined
-
-            from hpctrain.profiles.schema import model_at
-
-            if model is False:
-                model = model_at((*path, ""))
-            field = model.model_fields.get(k) if model else None
-            if field is not None and (field.default_factory is not None
-                                      or field.default not in (None, PydanticUndefined)):
-                continue
-        out[k] = _drop_nulls(v, (*path, k)) if isinstance(v, dict) else v
-    return out
-
-
-def _covers(a: str, b: str) -> bool:
-    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
-
-
-def _user_config(problems: list[Problem]) -> tuple[str | None, _Layer | None]:
-    """(default_profile, overrides layer) from $XDG_CONFIG_HOME/hpctrain/config.yaml."""
-    path = config_home() / "config.yaml"
-    if not path.is_file():
-        return None, None
-    check_trust(path)
-    doc = read_yaml(path, problems)
-    if doc is None:
-        return None, None
-    default, overrides = doc.data.get("default_profile"), doc.data.get("overrides") or {}
-    for key in doc.data:
-        if key not in ("default_profile", "overrides"):
-            close = difflib.get_close_matches(key, ["default_profile", "overrides"], n=1)
-            hint = f"did you mean {close[0]!r}?" if close else "fix: remove it"
-            problems.append(Problem(f"unknown key; {hint} (the user config holds default_profile "
-                                    "and overrides)", file=str(path), line=doc.lines[(key,)], key=key))
-    if default is not None and not isinstance(default, str):
-        problems.append(Problem("not a profile name; fix: write `default_profile: NAME`",
-                                file=str(path), line=doc.lines[("default_profile",)],
-                                key="default_profile"))
-        default = None
-    if not isinstance(overrides, dict):
-        problems.append(Problem("not a mapping; fix: write profile keys under `overrides:`, e.g. "
-                                "`slurm: {account: myproj}`", file=str(path),
-                                line=doc.lines[("overrides",)], key="overrides"))
-        return default, None
-    for key in ("name", "extends", "locked"):
-        if key in overrides:
-            problems.append(Problem(f"{key} cannot be overridden; fix: remove it from overrides",
-                                    file=str(path), line=doc.lines[("overrides", key)],
-                                    key=f"overrides.{key}"))
-            overrides = {k: v for k, v in overrides.items() if k != key}
-    lines = {p[1:]: n for p, n in doc.lines.items() if p[:1] == ("overrides",)}
-    return default, _Layer(overrides, lines, str(path), f"user config {path}")
-
-
-def _flags_layer(flags: dict[str, object], problems: list[Problem]) -> _Layer:
-    data: dict[str, Any] = {}
-    for key, value in flags.items():
-        parts = key.split(".")
-        if parts[0] in ("name", "extends", "locked"):
-            problems.append(Problem(f"{parts[0]} cannot be set from the command line",
-                                    file="command line", key=key))
-            continue
-        bad = _bad_flag_value(value)
-        if bad:
-            problems.append(Problem(bad, file="command line", key=key))
-            continue
-        node = data
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                break
-        else:
-            node[parts[-1]] = value
-            continue
-        problems.append(Problem(f"{key} sets a key under a value that is not a section; fix: set "
-                                "one of them", file="command line", key=key))
-    return _Layer(data, {}, "command line", "flag")
-
-
-def _bad_flag_value(value: object) -> str | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int) and abs(value) > MAX_INT or (
-            isinstance(value, str) and re.fullmatch(r"[-+]?[0-9_]{19,}", value)):
-        return f"the number {str(value)[:20]}... is far too large; fix: write a realistic value"
-    if isinstance(value, float) and not math.isfinite(value):
-        return f"{value!r} is not a finite number; fix: write a plain number"
-    return _bad_text(value) if isinstance(value, str) else None
-
 
 def _chain(top: Path, problems: list[Problem]) -> list[Doc]:
     """The top file and its ancestors (top first). Cycles and missing parents are problems."""
@@ -203,9 +76,14 @@ def _chain(top: Path, problems: list[Problem]) -> list[Doc]:
         path = _trust_or_resolve(literal)
         if path in seen:
             names = " -> ".join(str(p) for p in [*seen, path])
-            problems.append(Problem(f"extends forms a cycle: {names}; fix: break the cycle",
-                                    file=str(docs[-1].path), line=docs[-1].lines.get(("extends",)),
-                                    key="extends"))
+            problems.append(
+                Problem(
+                    f"extends forms a cycle: {names}; fix: break the cycle",
+                    file=str(docs[-1].path),
+                    line=docs[-1].lines.get(("extends",)),
+                    key="extends",
+                )
+            )
             break
         seen.append(path)
         check_trust(literal, bundled=_is_bundled(path))
@@ -219,15 +97,20 @@ def _chain(top: Path, problems: list[Problem]) -> list[Doc]:
         if parent is None:
             break
         if not isinstance(parent, str) or not parent:
-            break                      # the schema reports the wrong type
+            break  # the schema reports the wrong type
         if _looks_like_path(parent):
             p = Path(parent).expanduser()
             literal = Path(os.path.abspath(path.parent / p))
             if not literal.is_file():
-                problems.append(Problem(f"extends {parent!r}: no such file ({literal}); fix: give a "
-                                        "path relative to this file, or a profile name",
-                                        file=str(doc.path), line=doc.lines.get(("extends",)),
-                                        key="extends"))
+                problems.append(
+                    Problem(
+                        f"extends {parent!r}: no such file ({literal}); fix: give a "
+                        "path relative to this file, or a profile name",
+                        file=str(doc.path),
+                        line=doc.lines.get(("extends",)),
+                        key="extends",
+                    )
+                )
                 break
         else:
             try:
@@ -241,10 +124,15 @@ def _chain(top: Path, problems: list[Problem]) -> list[Doc]:
                     names = sorted({e.name for e in discover()})
                     close = difflib.get_close_matches(parent, names, n=1)
                     hint = f"did you mean {close[0]!r}? " if close else ""
-                    msg = (f"extends {parent!r}: no such profile; {hint}fix: use one of "
-                           f"{', '.join(names)} or a path")
-                problems.append(Problem(msg, file=str(doc.path), line=doc.lines.get(("extends",)),
-                                        key="extends"))
+                    msg = (
+                        f"extends {parent!r}: no such profile; {hint}fix: use one of "
+                        f"{', '.join(names)} or a path"
+                    )
+                problems.append(
+                    Problem(
+                        msg, file=str(doc.path), line=doc.lines.get(("extends",)), key="extends"
+                    )
+                )
                 break
     return docs
 
@@ -253,7 +141,7 @@ def _trust_or_resolve(path: Path) -> Path:
     try:
         return path.resolve(strict=True)
     except (OSError, RuntimeError):
-        check_trust(path)           # raises with the reason (missing, a symlink loop, ...)
+        check_trust(path)  # raises with the reason (missing, a symlink loop, ...)
         raise
 
 
@@ -266,8 +154,14 @@ def _locks_of(doc: Doc, problems: list[Problem]) -> list[str]:
     example = "fix: write a list of dotted keys, e.g. `locked: [slurm.account, network]`"
     if not isinstance(locked, list):
         kind = type(locked).__name__.replace("str", "text").replace("dict", "mapping")
-        problems.append(Problem(f"locked is {kind} ({str(locked)[:60]!r}), not a list; {example}",
-                                file=file, line=doc.lines.get(("locked",)), key="locked"))
+        problems.append(
+            Problem(
+                f"locked is {kind} ({str(locked)[:60]!r}), not a list; {example}",
+                file=file,
+                line=doc.lines.get(("locked",)),
+                key="locked",
+            )
+        )
         return []
     out = []
     keys = [k for k in locked if isinstance(k, str)]
@@ -275,15 +169,33 @@ def _locks_of(doc: Doc, problems: list[Problem]) -> list[str]:
     for i, key in enumerate(locked):
         line = doc.lines.get(("locked", i), doc.lines.get(("locked",)))
         if not isinstance(key, str):
-            problems.append(Problem(f"{key!r} is not a dotted key; {example}", file=file, line=line,
-                                    key=f"locked[{i}]"))
+            problems.append(
+                Problem(
+                    f"{key!r} is not a dotted key; {example}",
+                    file=file,
+                    line=line,
+                    key=f"locked[{i}]",
+                )
+            )
         elif key.split(".")[0] in ("name", "extends", "locked"):
-            problems.append(Problem(f"{key!r} cannot be locked; fix: remove it from locked", file=file,
-                                    line=line, key=f"locked[{i}]"))
+            problems.append(
+                Problem(
+                    f"{key!r} cannot be locked; fix: remove it from locked",
+                    file=file,
+                    line=line,
+                    key=f"locked[{i}]",
+                )
+            )
         elif key in unknown:
-            problems.append(Problem(f"locked key {key!r} is not a profile key; fix: use dotted keys "
-                                    "such as 'slurm.account' or a section such as 'network'",
-                                    file=file, line=line, key=f"locked[{i}]"))
+            problems.append(
+                Problem(
+                    f"locked key {key!r} is not a profile key; fix: use dotted keys "
+                    "such as 'slurm.account' or a section such as 'network'",
+                    file=file,
+                    line=line,
+                    key=f"locked[{i}]",
+                )
+            )
         else:
             out.append(key)
     return out
@@ -295,18 +207,31 @@ def _unknown_keys(data: dict[str, Any]) -> list[str]:
     return [k for k in data["keys"] if not key_exists(k)]
 
 
-def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
-                 user_config: bool = True, expect_name: str | None = None) -> Profile:
+def resolve_file(
+    top: Path,
+    flags: dict[str, object] | None = None,
+    *,
+    user_config: bool = True,
+    expect_name: str | None = None,
+) -> Profile:
     """Resolve the profile in file `top` through every layer; all problems raised together."""
     problems: list[Problem] = []
     docs = _chain(top, problems)
-    layers = [_Layer(d.data, d.lines, str(d.path), str(d.path), _locks_of(d, problems))
-              for d in reversed(docs)]
+    layers = [
+        _Layer(d.data, d.lines, str(d.path), str(d.path), _locks_of(d, problems))
+        for d in reversed(docs)
+    ]
     if docs and expect_name is not None and docs[0].data.get("name") not in (None, expect_name):
-        problems.append(Problem(f"name {docs[0].data['name']!r} does not match the file name "
-                                f"{expect_name!r}; fix: rename the file to "
-                                f"{docs[0].data['name']}.yaml or change name", file=str(docs[0].path),
-                                line=docs[0].lines.get(("name",)), key="name"))
+        problems.append(
+            Problem(
+                f"name {docs[0].data['name']!r} does not match the file name "
+                f"{expect_name!r}; fix: rename the file to "
+                f"{docs[0].data['name']}.yaml or change name",
+                file=str(docs[0].path),
+                line=docs[0].lines.get(("name",)),
+                key="name",
+            )
+        )
     if user_config:
         _, layer = _user_config(problems)
         if layer is not None:
@@ -317,23 +242,34 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
     merged: dict[str, Any] = {}
     origins: dict[Path_, str] = {}
     where: dict[Path_, tuple[str | None, int | None]] = {}
-    locks: dict[str, str] = {}              # dotted key -> the profile file that locked it
-    quoted: list[tuple[Path_, str, _Layer]] = []   # text values where the schema may want bools/numbers
+    locks: dict[str, str] = {}  # dotted key -> the profile file that locked it
+    quoted: list[
+        tuple[Path_, str, _Layer]
+    ] = []  # text values where the schema may want bools/numbers
     for layer in layers:
         for path, value in _leaves(layer.data):
             if not path or path == ("locked",):
                 continue
             key = dotted(path)
-            if layer.origin != "flag" and isinstance(value, str) and all(isinstance(p, str) for p in path):
+            if (
+                layer.origin != "flag"
+                and isinstance(value, str)
+                and all(isinstance(p, str) for p in path)
+            ):
                 quoted.append((path, value, layer))
             locked = _locks.covering_lock(locks, path)
             if locked is not None and _get(merged, path) != value:
                 by = locks[locked]
                 also = "" if _covers(key, locked) else f" ({key} sets what {locked} covers)"
-                problems.append(Problem(
-                    f"{locked} is locked by profile {by}{also}; fix: remove {key} here (ask the "
-                    "profile's admin if it must change)", file=layer.file,
-                    line=layer.lines.get(path), key=key))
+                problems.append(
+                    Problem(
+                        f"{locked} is locked by profile {by}{also}; fix: remove {key} here (ask the "
+                        "profile's admin if it must change)",
+                        file=layer.file,
+                        line=layer.lines.get(path),
+                        key=key,
+                    )
+                )
         merged = _merge(merged, {k: v for k, v in layer.data.items() if k != "locked"})
         for path, _ in _leaves(layer.data):
             if not path:
@@ -341,8 +277,13 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
             for old in [p for p in origins if p[: len(path)] == path]:
                 del origins[old]
             line = layer.lines.get(path)
-            origins[path] = (f"{layer.origin}:{line}" if line else
-                             f"flag {dotted(path)}" if layer.origin == "flag" else layer.origin)
+            origins[path] = (
+                f"{layer.origin}:{line}"
+                if line
+                else f"flag {dotted(path)}"
+                if layer.origin == "flag"
+                else layer.origin
+            )
         for path in [p for p in where if any(p[: len(lp)] == lp for lp, _ in _leaves(layer.data))]:
             del where[path]
         for path, line in layer.lines.items():
@@ -355,12 +296,18 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
         wants = cache.memo("quoted", {"paths": [list(p) for p, _, _ in quoted]}, _quoted_wants)
         for (path, value, layer), want in zip(quoted, wants, strict=True):
             if want:
-                problems.append(Problem(f"{value!r} is quoted text; fix: {want} without quotes",
-                                        file=layer.file, line=layer.lines.get(path), key=dotted(path)))
+                problems.append(
+                    Problem(
+                        f"{value!r} is quoted text; fix: {want} without quotes",
+                        file=layer.file,
+                        line=layer.lines.get(path),
+                        key=dotted(path),
+                    )
+                )
     merged = cache.memo("drop_nulls", merged, _drop_nulls)
     merged["locked"] = list(dict.fromkeys(locks))
     if docs:
-        for key in ("name", "extends"):          # never inherited
+        for key in ("name", "extends"):  # never inherited
             merged.pop(key, None)
             if docs[0].data.get(key) is not None:
                 merged[key] = docs[0].data[key]
@@ -368,7 +315,7 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
 
     profile = None
     if docs and not problems:
-        profile = cache.lookup(merged)   # the same input validated before: no pydantic
+        profile = cache.lookup(merged)  # the same input validated before: no pydantic
     if docs and profile is None:
         from pydantic import ValidationError as PydanticError
 
@@ -380,7 +327,9 @@ def resolve_file(top: Path, flags: dict[str, object] | None = None, *,
                 cache.store(merged, profile)
         except PydanticError as e:
             errors = e.errors()
-            problems += _problems(errors + _more_cross_field(merged, errors), where, str(docs[0].path))
+            problems += _problems(
+                errors + _more_cross_field(merged, errors), where, str(docs[0].path)
+            )
     if problems:
         raise ValidationError(_dedupe(problems))
     assert profile is not None
@@ -416,9 +365,11 @@ def default_profile_name() -> str:
     if shutil.which("sbatch") is None:
         return "local"
     names = sorted({e.name for e in discover()})
-    raise UserError("no profile given and this machine has Slurm; fix: pass --profile NAME "
-                    f"(available: {', '.join(names)}) or set `default_profile: NAME` in "
-                    f"{config_home() / 'config.yaml'}")
+    raise UserError(
+        "no profile given and this machine has Slurm; fix: pass --profile NAME "
+        f"(available: {', '.join(names)}) or set `default_profile: NAME` in "
+        f"{config_home() / 'config.yaml'}"
+    )
 
 
 def resolve(name_or_path: str | None = None, flags: dict[str, object] | None = None) -> Profile:
@@ -431,7 +382,9 @@ def resolve(name_or_path: str | None = None, flags: dict[str, object] | None = N
     path = Path(ref).expanduser()
     if _looks_like_path(ref) or (path.is_file() and not any(e.name == ref for e in discover())):
         if not path.is_file():
-            raise UserError(f"profile file {ref} does not exist; fix: check the path, or give a "
-                            "profile name (`hpctrain profiles list`)")
+            raise UserError(
+                f"profile file {ref} does not exist; fix: check the path, or give a "
+                "profile name (`hpctrain profiles list`)"
+            )
         return resolve_file(path, flags)
     return resolve_file(find(ref), flags, expect_name=ref)

@@ -14,7 +14,12 @@ from hpctrain.kernel import layout
 
 # Run-folder files read here (hpctrain.kernel.layout).
 METRICS, RESTARTS, EVENTS, JOBS, SAVES = (
-    layout.METRICS, layout.RESTARTS, layout.EVENTS, layout.JOBS, layout.SAVES)
+    layout.METRICS,
+    layout.RESTARTS,
+    layout.EVENTS,
+    layout.JOBS,
+    layout.SAVES,
+)
 GPU_CSV, RUN_YAML, CHECKPOINTS = "gpu.csv", layout.RUN_YAML, layout.CHECKPOINTS
 STEP_DIR = re.compile(r"^step-(\d{8})$")
 

@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpctrain.kernel.strategies import engine_checkpoint
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.checkpoint import (  # noqa: F401  (the format lives in the kernel; re-exported)
     FORMAT,
@@ -32,6 +31,7 @@ from hpctrain.kernel.checkpoint import (  # noqa: F401  (the format lives in the
     write_atomic,
 )
 from hpctrain.kernel.errors import UserError
+from hpctrain.kernel.strategies import engine_checkpoint
 from train_entry.checkpoint.asyncsave import AsyncSaves, _Pending
 from train_entry.checkpoint.commit import commit
 from train_entry.checkpoint.common import AppState, SaveFailed, attempt, planner, stderr
@@ -386,7 +386,7 @@ class Checkpointer(AsyncSaves):
             if old is not None and old < newest and not (staging / MANIFEST).exists():
                 self._log(f"removing {staging.name}: an older save that never finished")
                 shutil.rmtree(staging, ignore_errors=True)
-        for doomed in self.dir.glob(".pruning-step-*"):   # a prune killed half way: finish it
+        for doomed in self.dir.glob(".pruning-step-*"):  # a prune killed half way: finish it
             shutil.rmtree(doomed, ignore_errors=True)
         kept = 0
         for step, folder in step_folders(self.dir):

@@ -39,7 +39,7 @@ def commit(
 
     workers = max(2, min(8, len(extra) + len(unsynced) + 3))
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        files.update(zip(extra, pool.map(synced_entry, extra)))
+        files.update(zip(extra, pool.map(synced_entry, extra), strict=True))
         manifest = {
             "format": FORMAT,
             "step": step,

@@ -20,10 +20,33 @@ from typing import Any
 # Imported on first use (PEP 562): the renderer needs checks.py, which imports no pydantic, and a
 # cached profile (profiles/cache.py) must not pay for building the models.
 _WHERE = {
-    **dict.fromkeys(("DEDICATED_ENV", "NETWORK_ENV_PREFIXES", "OWNED_ENV", "OWNED_ENV_PREFIXES",
-                     "POLICY_OWNED", "SBATCH_OWNED", "SRUN_OWNED", "TORCHRUN_OWNED", "Strict"), "base"),
-    **dict.fromkeys(("ENV_NAME", "ENV_REF", "check_gloo_ifname", "check_ib_hca", "check_nccl_ifname",
-                     "check_option", "check_path_text", "check_text"), "checks"),
+    **dict.fromkeys(
+        (
+            "DEDICATED_ENV",
+            "NETWORK_ENV_PREFIXES",
+            "OWNED_ENV",
+            "OWNED_ENV_PREFIXES",
+            "POLICY_OWNED",
+            "SBATCH_OWNED",
+            "SRUN_OWNED",
+            "TORCHRUN_OWNED",
+            "Strict",
+        ),
+        "base",
+    ),
+    **dict.fromkeys(
+        (
+            "ENV_NAME",
+            "ENV_REF",
+            "check_gloo_ifname",
+            "check_ib_hca",
+            "check_nccl_ifname",
+            "check_option",
+            "check_path_text",
+            "check_text",
+        ),
+        "checks",
+    ),
     **dict.fromkeys(("Container", "Environment"), "environment"),
     **dict.fromkeys(("Launch", "Preemption", "Rendezvous", "Storage"), "launch"),
     "Login": "login",

@@ -189,16 +189,28 @@ NETWORK_ENV_PREFIXES = (
 # every process. Refused wherever an env mapping is set (docs/security.md). PATH is allowed (a site
 # adds its tools): write it as `/opt/x/bin:$PATH`.
 SHELL_ENV = {
-    "IFS", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "CDPATH", "GLOBIGNORE", "PS4", "PROMPT_COMMAND",
-    "BASH_XTRACEFD", "LD_PRELOAD", "LD_AUDIT",
+    "IFS",
+    "BASH_ENV",
+    "ENV",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "CDPATH",
+    "GLOBIGNORE",
+    "PS4",
+    "PROMPT_COMMAND",
+    "BASH_XTRACEFD",
+    "LD_PRELOAD",
+    "LD_AUDIT",
 }
 
 
 def env_name(name: str, *, task: bool = False) -> str:
     checks.check_env_name(name)
     if name in SHELL_ENV:
-        raise ValueError(f"{name} would change how the job script itself runs (docs/security.md); "
-                         "fix: remove it (set what you need in the program's own config)")
+        raise ValueError(
+            f"{name} would change how the job script itself runs (docs/security.md); "
+            "fix: remove it (set what you need in the program's own config)"
+        )
     if name in DEDICATED_ENV:
         raise ValueError(f"{name} has its own key; fix: set {DEDICATED_ENV[name]} instead")
     if task and name in TASK_ENV_ALLOWED:
