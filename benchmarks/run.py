@@ -82,8 +82,8 @@ def markdown(rows: list[dict], info: dict) -> str:
         f"Load average (1 min) {load[0]:.1f} at the start, {min(load):.1f}-{max(load):.1f} "
         "between benchmarks: the machine is shared, which is what the spreads show.",
         f"Wall time of the whole run: {info['wall_s']:.0f} s; CPU time of the run and the processes "
-        f"it started (not the Slurm and sshd jobs): {info['cpu_s']:.0f} s, i.e. "
-        f"{info['cpu_s'] / 2:.0f} s of 2 dedicated cores.",
+        f"it waited for: {info['cpu_s']:.0f} s (a lower bound: the Slurm and sshd jobs and the "
+        "workers of the killed training sides are not counted).",
         "",
         "Each ratio is the median over repetitions of A/B within one interleaved pair; the spread is "
         "their interquartile range (the whole range below 4 repetitions). A verdict is \"met\" or "
