@@ -273,11 +273,9 @@ class Checkpoint:
         self.blocked_s.append(time.monotonic() - t0)
         _saved.append(step)
         if me == 0:  # what `hpctrain report` sums as time lost to blocking saves
-            with contextlib.suppress(OSError, RuntimeError), open(run_dir() / SAVES, "a") as f:
-                f.write(
-                    json.dumps({"step": step, "blocked_s": self.blocked_s[-1], "time": time.time()})
-                    + "\n"
-                )
+            rec = {"step": step, "blocked_s": self.blocked_s[-1], "time": time.time()}
+            with contextlib.suppress(OSError, RuntimeError):
+                RunFolder(run_dir()).append(SAVES, rec, sort_keys=False)
         return final
 
     def _commit(
@@ -363,8 +361,7 @@ def log_metrics(
         rec["max_steps"] = total
     rec["time"] = now
     _last.update(step=step, time=now)
-    with open(run_dir() / "metrics.jsonl", "a") as f:
-        f.write(json.dumps(rec) + "\n")
+    RunFolder(run_dir()).append(layout.METRICS, rec, sort_keys=False)
 
 
 def params_sha256(module_or_state: Any) -> str:

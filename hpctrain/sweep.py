@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.errors import UserError
+from hpctrain.kernel.rundir import RunFolder
 
 SWEEP_FILE = "sweep.json"
 ARRAY_FILE = "array.sh"
@@ -149,9 +150,7 @@ def read(sweep_dir: Path) -> dict[str, Any]:
 
 
 def write(sweep_dir: Path, data: dict[str, Any]) -> None:
-    from hpctrain.kernel.files import write_atomic
-
-    write_atomic(sweep_dir / SWEEP_FILE, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    RunFolder(sweep_dir).write(SWEEP_FILE, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def find(ref: str, runs_dir: Path | None = None) -> Path | None:
@@ -256,7 +255,7 @@ def submit_array(sweep_dir: Path, script: str, runs: list[Any], pts: list[Point]
 
 def start_local(sweep_dir: Path) -> int:
     """Local profile: a detached runner starts the points, max_parallel at a time."""
-    log = (sweep_dir / "logs" / "runner.log").open("ab")
+    log = RunFolder(sweep_dir).open_log("logs/runner.log")
     proc = subprocess.Popen(
         [sys.executable, "-m", "hpctrain.sweep_runner", str(sweep_dir)],
         stdin=subprocess.DEVNULL,
@@ -434,7 +433,7 @@ def create_and_submit(plan: Planned, code_dir: Path | None = None) -> str:
     write(plan.sweep_dir, data)
     record(plan.name, plan.sweep_dir)
     if plan.array is not None:
-        (plan.sweep_dir / ARRAY_FILE).write_text(plan.array)
+        RunFolder(plan.sweep_dir).write(ARRAY_FILE, plan.array)
         job = submit_array(plan.sweep_dir, plan.array, runs, plan.points)
         write(plan.sweep_dir, {**data, "array_job": job})
         return job

@@ -122,3 +122,56 @@ def test_every_registered_scheduler_implements_the_protocol() -> None:
         for method, sig in wanted.items():
             got = inspect.signature(getattr(type(impl), method))
             assert list(got.parameters) == list(sig.parameters), f"{name}.{method}{got} != {sig}"
+
+
+# Files opened for writing by hand outside hpctrain/kernel/, each for a reason: none is a run-folder
+# file written outside RunFolder (write / append / open_log / event) or kernel/files.py.
+HAND_WRITES_ALLOWED = {
+    # checkpoint step payloads: written into a staging folder, then committed by the kernel format
+    "hpctrain/runtime.py",
+    "train_entry/checkpoint",
+    # py-spy + faulthandler need a real file descriptor; the STALLED marker is an O_EXCL create
+    "train_entry/watchdog.py",
+    # RunDir itself: copy_aside creates its copy exclusively (open "xb")
+    "hpctrain/runs.py",
+    # not run folders: the check-resume scratch logs, the remote submit staging copy
+    "hpctrain/service/check_resume.py",
+    "hpctrain/remote/submit.py",
+}
+
+
+def _hand_writes(tree: ast.AST) -> list[int]:
+    """Lines that open a file for writing without the kernel: open(p, "w"/"a"/"x"...),
+    p.open("w"...), p.write_text / p.write_bytes, logging.FileHandler."""
+    lines = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        if name in ("write_text", "write_bytes", "FileHandler"):
+            lines.append(node.lineno)
+        elif name == "open":
+            modes = [a for a in node.args if isinstance(a, ast.Constant)]
+            modes += [k.value for k in node.keywords if k.arg == "mode"]
+            for m in modes:
+                if isinstance(m, ast.Constant) and isinstance(m.value, str):
+                    if set(m.value) & set("wax"):
+                        lines.append(node.lineno)
+    return lines
+
+
+def test_run_folder_files_are_written_only_through_the_kernel() -> None:
+    found = []
+    for top in ("hpctrain", "train_entry"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if rel.startswith("hpctrain/kernel/") or any(
+                rel == a or rel.startswith(a + "/") for a in HAND_WRITES_ALLOWED
+            ):
+                continue
+            found += [f"{rel}:{n}" for n in _hand_writes(ast.parse(path.read_text()))]
+    assert not found, (
+        "write run-folder files through hpctrain.kernel.rundir.RunFolder (write, append, "
+        f"open_log, event) or hpctrain.kernel.files: {found}"
+    )

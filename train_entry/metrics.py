@@ -4,7 +4,6 @@ metrics.jsonl, per-rank log files, GPU memory, an nvidia-smi sampler, TensorBoar
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import shutil
 import subprocess
@@ -16,17 +15,19 @@ from typing import Any
 
 import torch
 
+from hpctrain.kernel import layout
+from hpctrain.kernel.rundir import RunFolder
+
 GPU_QUERY = "index,utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu"
 
 
 def rank_logger(run_dir: Path, rank: int) -> logging.Logger:
     """logs/rank-<R>.log, appended across restarts (the run folder is stable)."""
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     log = logging.getLogger(f"train_entry.rank{rank}")
     log.setLevel(logging.INFO)
     log.propagate = False
     if not log.handlers:
-        h = logging.FileHandler(run_dir / "logs" / f"rank-{rank}.log", mode="a")
+        h = logging.StreamHandler(RunFolder(run_dir).open_log(layout.rank_log(rank)))
         h.handleError = lambda record: None  # type: ignore[method-assign]  # a full disk: no traceback
         h.setFormatter(logging.Formatter(f"%(asctime)s rank {rank} %(levelname)s %(message)s"))
         log.addHandler(h)
@@ -61,11 +62,11 @@ class Metrics:
         self.tokens_per_sample = tokens_per_sample
         self.start(0)
         self.main = rank == 0
-        self.jsonl = self.log = self.bar = self.tb = None
+        self.log = self.bar = self.tb = None
         if not self.main:
             return
-        self.jsonl = (run_dir / "metrics.jsonl").open("a")
-        self.log = (run_dir / "train.log").open("a")
+        self.folder = RunFolder(run_dir)
+        self.log = self.folder.open_log(layout.TRAIN_LOG)
         if sys.stdout.isatty():
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -146,8 +147,7 @@ class Metrics:
         }
         if self.tokens_per_sample:
             rec["tokens_per_s"] = rate * self.tokens_per_sample
-        self.jsonl.write(json.dumps(rec) + "\n")
-        self.jsonl.flush()
+        self.folder.append(layout.METRICS, rec, sort_keys=False)
         tok = f" tok/s {rec['tokens_per_s']:.0f}" if "tokens_per_s" in rec else ""
         info = f"loss {loss:.4f} lr {lr:.2e} samples/s {rate:.1f}{tok} step {dt * 1000:.0f} ms"
         text = f"step {step}/{self.max_steps} {info} eta {_fmt_time(eta)}"
@@ -176,9 +176,8 @@ class Metrics:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.stop()
-        for f in (self.jsonl, self.log):
-            if f is not None:
-                f.close()
+        if self.log is not None:
+            self.log.close()
         if self.tb is not None:
             self.tb.close()
 
@@ -201,7 +200,7 @@ class GpuSampler:
 
     def _run(self) -> None:
         header = not self.path.exists()
-        with self.path.open("a") as out:
+        with RunFolder(self.path.parent).open_log(self.path.name) as out:
             while not self.stop_event.is_set():
                 fmt = "csv" if header else "csv,noheader"
                 try:

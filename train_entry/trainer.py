@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -251,9 +250,10 @@ class Trainer:
         """saves.jsonl: how long each save held the loop (`hpctrain report` sums it)."""
         done = getattr(self, "_saves_recorded", 0)
         if rank == 0 and len(ckpt.timings) > done:
-            with contextlib.suppress(OSError), (self.run_dir / layout.SAVES).open("a") as f:
+            folder = RunFolder(self.run_dir)
+            with contextlib.suppress(OSError):
                 for rec in ckpt.timings[done:]:
-                    f.write(json.dumps({**rec, "time": time.time()}) + "\n")
+                    folder.append(layout.SAVES, {**rec, "time": time.time()}, sort_keys=False)
         self._saves_recorded = len(ckpt.timings)
 
     def train_step(self, w: Any, batches: Any, metrics: Any) -> tuple[torch.Tensor, float]:

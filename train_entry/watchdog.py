@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from hpctrain.kernel import jobenv, layout
-from hpctrain.kernel.files import write_atomic
+from hpctrain.kernel.files import utc_now, write_atomic
 from hpctrain.kernel.rundir import RunFolder
 
 STALL_EXIT = 76
@@ -44,7 +44,7 @@ def pg_timeout_min(default_min: float) -> float:
 
 
 def _utc(t: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+    return utc_now(t)
 
 
 class Watchdog:

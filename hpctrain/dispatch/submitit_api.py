@@ -22,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hpctrain.kernel.rundir import RunFolder
+
 SUPPORTED = (">=1.5.1", "<1.6")  # keep in step with pyproject.toml's dependency on submitit
 PRIVATE = {  # attribute path -> the parameters we rely on
     "submitit.slurm.slurm.SlurmExecutor._make_submission_file_text": ["self", "command", "uid"],
@@ -94,8 +96,7 @@ def sacct_state(job_id: str) -> str:
 def start_local(folder: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """submitit's local controller on `folder` (SUBMITIT_LOCAL_* in `env` say what to run), in its
     own session with no terminal, output to folder/controller.log: it outlives the CLI."""
-    folder.mkdir(parents=True, exist_ok=True)
-    with (folder / "controller.log").open("ab") as log:
+    with RunFolder(folder).open_log("controller.log") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "submitit.local._local", str(folder)],
             env=env,

@@ -14,9 +14,11 @@ from typing import Any
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every "time" field of every file we write: UTC, seconds
 
 
-def utc_now() -> str:
-    """The one clock: UTC, ISO 8601 to the second, `Z` suffix (what the batch script writes too)."""
-    return _dt.datetime.now(_dt.UTC).strftime(TIME_FORMAT)
+def utc_now(t: float | None = None) -> str:
+    """The one clock: UTC, ISO 8601 to the second, `Z` suffix (what the batch script writes too);
+    `t` (seconds since the epoch) formats a past moment the same way."""
+    when = _dt.datetime.now(_dt.UTC) if t is None else _dt.datetime.fromtimestamp(t, _dt.UTC)
+    return when.strftime(TIME_FORMAT)
 
 
 def fsync_path(path: Path) -> None:

@@ -9,7 +9,7 @@ template); train_entry, the runtime API for user scripts, the watchdog and the p
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hpctrain.kernel import layout
 from hpctrain.kernel.files import append_jsonl, utc_now, write_atomic
@@ -37,6 +37,13 @@ class RunFolder:
         target = self.file(rel)
         target.parent.mkdir(parents=True, exist_ok=True)
         append_jsonl(target, record, sort_keys=sort_keys)
+
+    def open_log(self, rel: str) -> IO[str]:
+        """A text handle appending to the log `rel` (train.log, logs/rank-R.log...): the one way
+        to stream into a run folder file; lines are flushed by the caller."""
+        target = self.file(rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target.open("a")
 
     def event(self, event: str, **fields: Any) -> dict[str, Any]:
         """One line of events.jsonl: {"time": <UTC>, "event": EVENT, **fields}; returns it."""

@@ -4,11 +4,12 @@ $XDG_STATE_HOME/hpctrain/remote-runs.jsonl, one line per submission
 
 from __future__ import annotations
 
-import datetime as _dt
 import json
 import os
 from pathlib import Path
 from typing import Any
+
+from hpctrain.kernel.files import append_jsonl, utc_now
 
 
 def index_file() -> Path:
@@ -40,10 +41,9 @@ def record(*, name: str, path: str, login: dict[str, Any], profile: str, kind: s
         "login": login,
         "profile": profile,
         "kind": kind,
-        "time": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "time": utc_now(),
     }
-    with file.open("a") as f:
-        f.write(json.dumps(item, sort_keys=True) + "\n")
+    append_jsonl(file, item)
 
 
 def find(ref: str) -> tuple[dict[str, Any], str] | None:

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from hpctrain.errors import UserError
 from hpctrain.kernel import layout
+from hpctrain.kernel.rundir import RunFolder
 
 # name -> (module:class, the extra that installs its package)
 TRACKERS: dict[str, tuple[str, str]] = {
@@ -86,9 +87,8 @@ def open_tracker(
         project=project,
     )
     if run_id != resume_id:
-        tmp = path.with_name(f".{ID_FILE}.tmp")
-        tmp.write_text(json.dumps({"kind": kind, "id": run_id, "project": project}) + "\n")
-        tmp.replace(path)
+        record = {"kind": kind, "id": run_id, "project": project}
+        RunFolder(run_dir).write(ID_FILE, json.dumps(record) + "\n", durable=False)
     return tracker
 
 
