@@ -89,9 +89,15 @@ def check_train_entry(
         except (OSError, UnicodeDecodeError):
             key = None
     root = Path(__file__).resolve().parent.parent / "train_entry"
-    # what the check runs: this module, train_entry's config (a module or a package) and its CLI
-    sources = (Path(__file__).resolve(), *sorted(root.glob("config.py")),
-               *sorted((root / "config").rglob("*.py")), root / "cli.py")
+    # what the check runs: this module, train_entry's config (a module or a package), its CLI and
+    # the safe YAML reader the config is read with
+    sources = (
+        Path(__file__).resolve(),
+        *sorted(root.glob("config.py")),
+        *sorted((root / "config").rglob("*.py")),
+        root / "cli.py",
+        Path(__file__).resolve().parent / "kernel" / "yamlsafe.py",
+    )
     hit = cache.recall("entry_check", key, sources) if key is not None else None
     if isinstance(hit, dict) and "resolved" in hit and hit["probe"] is not None:
         if hit["probe"]:

@@ -76,7 +76,7 @@ def test_unknown_key_names_file_line_and_close_match(tmp_path):
 def test_duplicate_key_and_unknown_section(tmp_path):
     cfg_file = write(tmp_path, "train:\n  max_steps: 5\n  max_steps: 6\n")
     with pytest.raises(
-        ValidationError, match=r"train.yaml:3: train.max_steps: duplicate key \(first at line 2\)"
+        ValidationError, match=r"train.yaml:3: train.max_steps: duplicate key \(first on line 2\)"
     ):
         load_config(cfg_file)
     with pytest.raises(
@@ -97,11 +97,12 @@ def test_all_problems_at_once_with_origin(tmp_path):
 
 
 def test_bad_yaml_and_non_mapping(tmp_path):
-    with pytest.raises(
-        UserError, match=r"train.yaml:3: not valid YAML \(expected the node content"
-    ):
+    with pytest.raises(UserError, match=r"train.yaml:3: not valid YAML: expected the node content"):
         load_config(write(tmp_path, "train:\n  max_steps: [1,\n"))
-    with pytest.raises(UserError, match="must be a mapping"):
+    with pytest.raises(
+        UserError,
+        match="train.yaml:1: the top level is not a mapping; fix: the config is a mapping of sections",
+    ):
         load_config(write(tmp_path, "- 1\n"))
 
 
@@ -308,3 +309,14 @@ def test_import_is_cheap_and_cli_errors_need_no_torch():
     )
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert res.returncode == 0, res.stderr
+
+
+def test_the_config_is_read_with_the_profiles_safe_yaml_reader(tmp_path):
+    # hpctrain.kernel.yamlsafe: no tags, anchors or aliases; every problem at once, file:line
+    text = "train: &t\n  max_steps: !!python/object:os.system 5\noptim: *t\n"
+    with pytest.raises(ValidationError) as e:
+        load_config(write(tmp_path, text))
+    msg = str(e.value)
+    assert "train.yaml:1: train: anchor &t is not allowed" in msg
+    assert "train.yaml:2: " in msg and "is not allowed (no tag may construct objects)" in msg
+    assert "train.yaml:3: optim: alias *t is not allowed" in msg

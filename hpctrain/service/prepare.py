@@ -30,7 +30,7 @@ def flags(
 
 def _scalar(text: str) -> object:
     """--set values are YAML scalars (numbers, booleans, null), as in a profile file."""
-    from hpctrain.profiles.yamlsafe import yaml_scalar
+    from hpctrain.kernel.yamlsafe import yaml_scalar
 
     return yaml_scalar(text)
 

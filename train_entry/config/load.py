@@ -14,6 +14,7 @@ from pydantic import ValidationError as PydanticError
 
 from hpctrain.kernel import jobenv
 from hpctrain.kernel.errors import Problem, UserError, ValidationError
+from hpctrain.kernel.yamlsafe import read_yaml
 from train_entry.config.models import TrainConfig, all_keys
 
 # ---------------------------------------------------------------- loading
@@ -24,51 +25,27 @@ class _Origins(dict):
 
 
 def _load_yaml(path: Path) -> tuple[dict, _Origins]:
-    """Safe YAML with the line of every key (1-based)."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise UserError(
-            f"{path}: cannot read the config file ({e.strerror}); check --config"
-        ) from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise UserError(
-            f"{where}: not valid YAML ({getattr(e, 'problem', e)}); fix the syntax"
-        ) from None
-    if data is None:
-        return {}, _Origins()
-    if not isinstance(data, dict):
-        raise UserError(
-            f"{path}:1: the config must be a mapping of sections (e.g. 'train:'), "
-            f"not a {type(data).__name__}"
-        )
-    origins, dups = _Origins(), []
-
-    def walk(n: yaml.Node, prefix: str) -> None:
-        if isinstance(n, yaml.MappingNode):
-            for k, v in n.value:
-                key = f"{prefix}{k.value}"
-                if key in origins:  # plain YAML keeps the last one silently
-                    dups.append(
-                        Problem(
-                            f"duplicate key (first at line {origins[key][1]}); keep one",
-                            file=str(path),
-                            line=k.start_mark.line + 1,
-                            key=key,
-                        )
-                    )
-                origins[key] = (str(path), k.start_mark.line + 1)
-                walk(v, key + ".")
-
-    walk(node, "")
-    if dups:
-        raise ValidationError(dups)
-    return data, origins
+    """The safe YAML reader the profiles use (hpctrain.kernel.yamlsafe: no tags, anchors or merge
+    keys, size and depth caps, every problem as file:line: key), with no cache: training ranks
+    write nothing. The line of every mapping key goes into the origins (1-based)."""
+    if not path.is_file():
+        try:
+            path.read_text()
+        except OSError as e:
+            raise UserError(
+                f"{path}: cannot read the config file ({e.strerror}); check --config"
+            ) from None
+    problems: list[Problem] = []
+    doc = read_yaml(
+        path, problems, empty_ok=True, top_fix="the config is a mapping of sections (e.g. 'train:')"
+    )
+    if problems or doc is None:
+        raise ValidationError(problems)
+    origins = _Origins()
+    for keys, line in doc.lines.items():
+        if all(isinstance(k, str) for k in keys):
+            origins[".".join(str(k) for k in keys)] = (str(path), line)
+    return doc.data, origins
 
 
 def _parse_value(text: str) -> Any:
