@@ -37,12 +37,7 @@ demo: $(STAMP)
 	$(BIN)/hpctrain report demo
 
 # ruff format --check, ruff check (rules in pyproject.toml), mypy --strict on the typed layers.
-# LINT_PATHS grows to the whole tree (".") once the tree-wide `ruff format` has run.
-LINT_PATHS ?= hpctrain/kernel hpctrain/service hpctrain/dispatch hpctrain/cli hpctrain/doctor \
-	hpctrain/plan train_entry/strategies train_entry/trainer.py train_entry/config tests/test_contract.py \
-	tests/test_layers.py tests/test_events.py \
-	hpctrain/remote hpctrain/chain.py hpctrain/sweep.py hpctrain/sweep_runner.py tests/ssh \
-	tests/test_chain.py tests/test_sweep.py benchmarks/remote.py
+LINT_PATHS ?= .
 lint: $(STAMP)
 	$(BIN)/ruff format --check $(LINT_PATHS)
 	$(BIN)/ruff check $(LINT_PATHS)

@@ -35,8 +35,12 @@ def wall(cmd: list[str], cwd: Path, **env: str) -> float:
 
 def instructions(cmd: list[str], cwd: Path, **env: str) -> int:
     """CPU instructions of one run under callgrind (no output file)."""
-    p = common.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd],
-                   timeout=300, cwd=cwd, **env)
+    p = common.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd],
+        timeout=300,
+        cwd=cwd,
+        **env,
+    )
     m = re.search(r"Collected\s*:\s*(\d+)", p.stderr)
     if not m:
         raise common.NotMeasured(f"no 'Collected' line from callgrind: {p.stderr[-300:]}")
@@ -56,20 +60,42 @@ def slowest_imports(cmd: list[str], cwd: Path, **env: str) -> list[str]:
 def run(quick: bool) -> list[dict]:
     reps = common.reps(7 if quick else 11)
     cwd = common.scratch("cli-")
-    env = {"XDG_CONFIG_HOME": str(cwd / "xdg"), "XDG_CACHE_HOME": str(cwd / "cache"),
-           jobenv.SITE_PATH: ""}
+    env = {
+        "XDG_CONFIG_HOME": str(cwd / "xdg"),
+        "XDG_CACHE_HOME": str(cwd / "cache"),
+        jobenv.SITE_PATH: "",
+    }
     common.run([common.PY, "-m", "compileall", "-q", str(common.ROOT / "hpctrain")], timeout=120)
     base = [common.PY, "-c", "import jinja2, yaml, click"]
-    dry = [HPCTRAIN, "submit", "--profile", "local", "--nodes", "2", "--gpus", "1", "--name",
-           "bench-dry", "--dry-run", "--", "--max-steps", "10"]
-    sides = {"submit --dry-run": dry, "--help": [HPCTRAIN, "--help"],
-             "profiles list": [HPCTRAIN, "profiles", "list"]}
-    names = {"submit --dry-run": "cli_submit_dry_run_vs_bare_imports",
-             "--help": "cli_help_vs_bare_imports",
-             "profiles list": "cli_profiles_list_vs_bare_imports"}
+    dry = [
+        HPCTRAIN,
+        "submit",
+        "--profile",
+        "local",
+        "--nodes",
+        "2",
+        "--gpus",
+        "1",
+        "--name",
+        "bench-dry",
+        "--dry-run",
+        "--",
+        "--max-steps",
+        "10",
+    ]
+    sides = {
+        "submit --dry-run": dry,
+        "--help": [HPCTRAIN, "--help"],
+        "profiles list": [HPCTRAIN, "profiles", "list"],
+    }
+    names = {
+        "submit --dry-run": "cli_submit_dry_run_vs_bare_imports",
+        "--help": "cli_help_vs_bare_imports",
+        "profiles list": "cli_profiles_list_vs_bare_imports",
+    }
     rows = []
     try:
-        cold = {k: wall(c, cwd, **env) for k, c in sides.items()}   # fills the profile cache
+        cold = {k: wall(c, cwd, **env) for k, c in sides.items()}  # fills the profile cache
         t: dict[str, list[float]] = {"imports": [], **{k: [] for k in sides}}
         for _ in range(reps):
             for k, c in (("imports", base), *sides.items()):
@@ -78,12 +104,20 @@ def run(quick: bool) -> list[dict]:
         b = common.median(t["imports"])
         for k in sides:
             per_rep = [x / y for x, y in zip(t[k], t["imports"], strict=True)]
-            rows.append(common.settle(
-                names[k], per_rep, "<= 1.5", reps=reps, seconds=t[k], bare_imports_s=t["imports"],
-                cold_first_run_s=cold[k],
-                slowest_imports=imports if k == "submit --dry-run" else None,
-                summary=f"`hpctrain {k}` {common.median(t[k]):.3f} s; bare imports {b:.3f} s "
-                        f"(first run, profile cache cold: {cold[k]:.3f} s)"))
+            rows.append(
+                common.settle(
+                    names[k],
+                    per_rep,
+                    "<= 1.5",
+                    reps=reps,
+                    seconds=t[k],
+                    bare_imports_s=t["imports"],
+                    cold_first_run_s=cold[k],
+                    slowest_imports=imports if k == "submit --dry-run" else None,
+                    summary=f"`hpctrain {k}` {common.median(t[k]):.3f} s; bare imports {b:.3f} s "
+                    f"(first run, profile cache cold: {cold[k]:.3f} s)",
+                )
+            )
     except common.NotMeasured as e:
         rows += [common.not_measured(n, "<= 1.5", str(e)) for n in names.values()]
 
@@ -92,23 +126,52 @@ def run(quick: bool) -> list[dict]:
         rows.append(common.not_measured(name, "<= 1.5", "valgrind is not installed"))
     else:
         try:
-            n = min(reps, 3)   # instruction counts barely vary: 3 pairs show it
+            n = min(reps, 3)  # instruction counts barely vary: 3 pairs show it
             ir = {"imports": [], "dry": []}
             for _ in range(n):
                 ir["imports"].append(instructions(base, cwd, **env))
                 ir["dry"].append(instructions(dry, cwd, **env))
             per_rep = [x / y for x, y in zip(ir["dry"], ir["imports"], strict=True)]
-            rows.append(common.settle(
-                name, per_rep, "<= 1.5", reps=n, instructions=ir,
-                summary=f"callgrind: submit --dry-run {common.median(ir['dry']) / 1e6:.0f} M "
-                        f"instructions, bare imports {common.median(ir['imports']) / 1e6:.0f} M"))
+            rows.append(
+                common.settle(
+                    name,
+                    per_rep,
+                    "<= 1.5",
+                    reps=n,
+                    instructions=ir,
+                    summary=f"callgrind: submit --dry-run {common.median(ir['dry']) / 1e6:.0f} M "
+                    f"instructions, bare imports {common.median(ir['imports']) / 1e6:.0f} M",
+                )
+            )
         except common.NotMeasured as e:
             rows.append(common.not_measured(name, "<= 1.5", str(e)))
 
-    big = [HPCTRAIN, "render", "--profile", LARGE, "--nodes", "4096", "--name", "bench-big",
-           "--", "--max-steps", "10"]
-    small = [HPCTRAIN, "render", "--profile", LARGE, "--nodes", "2", "--name", "bench-small",
-             "--", "--max-steps", "10"]
+    big = [
+        HPCTRAIN,
+        "render",
+        "--profile",
+        LARGE,
+        "--nodes",
+        "4096",
+        "--name",
+        "bench-big",
+        "--",
+        "--max-steps",
+        "10",
+    ]
+    small = [
+        HPCTRAIN,
+        "render",
+        "--profile",
+        LARGE,
+        "--nodes",
+        "2",
+        "--name",
+        "bench-small",
+        "--",
+        "--max-steps",
+        "10",
+    ]
     try:
         wall(big, cwd, **env)
         t = {"4096": [], "2": []}
@@ -117,11 +180,18 @@ def run(quick: bool) -> list[dict]:
             t["2"].append(wall(small, cwd, **env))
         s4096, s2 = common.median(t["4096"]), common.median(t["2"])
         script = common.run(big, timeout=120, cwd=cwd, **env).stdout
-        rows.append(common.settle(
-            "cli_render_4096_nodes_seconds", t["4096"], "< 1.0", reps=reps, seconds=t,
-            script_lines=len(script.splitlines()),
-            summary=f"`hpctrain render --nodes 4096` (validate + render, process start included) "
-                    f"{s4096:.3f} s; 2 nodes {s2:.3f} s"))
+        rows.append(
+            common.settle(
+                "cli_render_4096_nodes_seconds",
+                t["4096"],
+                "< 1.0",
+                reps=reps,
+                seconds=t,
+                script_lines=len(script.splitlines()),
+                summary=f"`hpctrain render --nodes 4096` (validate + render, process start included) "
+                f"{s4096:.3f} s; 2 nodes {s2:.3f} s",
+            )
+        )
     except common.NotMeasured as e:
         rows.append(common.not_measured("cli_render_4096_nodes_seconds", "< 1.0", str(e)))
     return rows

@@ -22,13 +22,20 @@ HPCTRAIN = str(Path(common.PY).with_name("hpctrain"))
 
 
 def doctor(max_mib: int, cwd: Path) -> dict[int, float]:
-    p = common.run([HPCTRAIN, "doctor", "--profile", "local", "--max-mib", str(max_mib), "--json"],
-                   timeout=600, cwd=cwd, check_rc=False, XDG_CONFIG_HOME=str(cwd / "xdg"))
+    p = common.run(
+        [HPCTRAIN, "doctor", "--profile", "local", "--max-mib", str(max_mib), "--json"],
+        timeout=600,
+        cwd=cwd,
+        check_rc=False,
+        XDG_CONFIG_HOME=str(cwd / "xdg"),
+    )
     try:
         sweep = json.loads(p.stdout)["sweep"] or {}
     except (json.JSONDecodeError, KeyError) as e:
-        raise common.NotMeasured(f"hpctrain doctor --json gave no report (exit {p.returncode}): "
-                                 f"{(p.stdout + p.stderr)[-500:]}") from e
+        raise common.NotMeasured(
+            f"hpctrain doctor --json gave no report (exit {p.returncode}): "
+            f"{(p.stdout + p.stderr)[-500:]}"
+        ) from e
     if sweep.get("error") or not sweep.get("rows"):
         raise common.NotMeasured(f"doctor's sweep failed: {sweep.get('error', 'no rows')}")
     return {r["bytes"]: r["busbw_gbps"] * 1e9 for r in sweep["rows"]}
@@ -36,8 +43,17 @@ def doctor(max_mib: int, cwd: Path) -> dict[int, float]:
 
 def bare(sizes: list[int], cwd: Path) -> dict[int, float]:
     out = cwd / "bare.json"
-    common.run([*common.torchrun(2), str(common.BASELINES / "gloo_allreduce.py"), "--sizes",
-                ",".join(map(str, sizes)), "--out", str(out)], timeout=600)
+    common.run(
+        [
+            *common.torchrun(2),
+            str(common.BASELINES / "gloo_allreduce.py"),
+            "--sizes",
+            ",".join(map(str, sizes)),
+            "--out",
+            str(out),
+        ],
+        timeout=600,
+    )
     return {r["bytes"]: r["busbw_Bps"] for r in json.loads(out.read_text())["sizes"]}
 
 
@@ -61,15 +77,28 @@ def run(quick: bool) -> list[dict]:
     avg_doc, avg_ref = sum(doc.values()) / len(sizes), sum(ref.values()) / len(sizes)
     per_size = {str(s): round(doc[s] / ref[s], 3) for s in sizes}
     big = sizes[-1]
-    per_rep = [sum(d.values()) / sum(b[s] for s in d) for d, b in zip(doc_runs, bare_runs,
-                                                                     strict=True)]
-    return [common.settle(
-        name, per_rep, target, best_of_reps_ratio=round(avg_doc / avg_ref, 4), reps=reps,
-        processes=2, backend="gloo",
-        sizes_bytes=sizes, busbw_GBps={"doctor": {str(s): doc[s] / 1e9 for s in sizes},
-                                       "bare": {str(s): ref[s] / 1e9 for s in sizes}},
-        per_size_ratio=per_size, median_reps_ratio=round(med_doc / med_ref, 4),
-        estimator="best repetition per size, both sides",
-        summary=f"average bus bandwidth over {len(sizes)} sizes (1 KiB-{big >> 20} MiB): doctor "
-                f"{avg_doc / 1e9:.3f} GB/s, bare gloo {avg_ref / 1e9:.3f} GB/s; at {big >> 20} MiB "
-                f"{doc[big] / 1e9:.3f} vs {ref[big] / 1e9:.3f} GB/s")]
+    per_rep = [
+        sum(d.values()) / sum(b[s] for s in d) for d, b in zip(doc_runs, bare_runs, strict=True)
+    ]
+    return [
+        common.settle(
+            name,
+            per_rep,
+            target,
+            best_of_reps_ratio=round(avg_doc / avg_ref, 4),
+            reps=reps,
+            processes=2,
+            backend="gloo",
+            sizes_bytes=sizes,
+            busbw_GBps={
+                "doctor": {str(s): doc[s] / 1e9 for s in sizes},
+                "bare": {str(s): ref[s] / 1e9 for s in sizes},
+            },
+            per_size_ratio=per_size,
+            median_reps_ratio=round(med_doc / med_ref, 4),
+            estimator="best repetition per size, both sides",
+            summary=f"average bus bandwidth over {len(sizes)} sizes (1 KiB-{big >> 20} MiB): doctor "
+            f"{avg_doc / 1e9:.3f} GB/s, bare gloo {avg_ref / 1e9:.3f} GB/s; at {big >> 20} MiB "
+            f"{doc[big] / 1e9:.3f} vs {ref[big] / 1e9:.3f} GB/s",
+        )
+    ]

@@ -39,21 +39,41 @@ class NotMeasured(Exception):
 VERDICTS = ("met", "missed", "not settled", "not measured", "stated")
 
 
-def result(name: str, ratio: float | None, target: str, meets: bool | None, *,
-           spread: tuple[float, float] | None = None, verdict: str | None = None,
-           **details) -> dict:
+def result(
+    name: str,
+    ratio: float | None,
+    target: str,
+    meets: bool | None,
+    *,
+    spread: tuple[float, float] | None = None,
+    verdict: str | None = None,
+    **details,
+) -> dict:
     """One row of the results file. `target` is text such as ">= 0.98"; `meets` is None for
     figures that have no target (stated as measured) and for a ratio whose spread straddles its
     target ("not settled"). `spread` is (low, high) of the repetitions (see `settle`)."""
     if ratio is not None:
         ratio = round(float(ratio), 4)
     if verdict is None:
-        verdict = ("not measured" if ratio is None else "stated" if meets is None else
-                   "met" if meets else "missed")
+        verdict = (
+            "not measured"
+            if ratio is None
+            else "stated"
+            if meets is None
+            else "met"
+            if meets
+            else "missed"
+        )
     assert verdict in VERDICTS, verdict
-    return {"name": name, "ratio": ratio, "target": target, "meets": meets,
-            "spread": None if spread is None else [round(float(x), 4) for x in spread],
-            "verdict": verdict, "details": details}
+    return {
+        "name": name,
+        "ratio": ratio,
+        "target": target,
+        "meets": meets,
+        "spread": None if spread is None else [round(float(x), 4) for x in spread],
+        "verdict": verdict,
+        "details": details,
+    }
 
 
 def spread_of(values: list[float]) -> tuple[float, float]:
@@ -80,16 +100,25 @@ def settle(name: str, per_rep: list[float], target: str, **details) -> dict:
         verdict, meets = "missed", False
     else:
         verdict, meets = "not settled", None
-    return result(name, med, target, meets, spread=(lo, hi), verdict=verdict,
-                  per_rep=[round(x, 4) for x in per_rep], **details)
+    return result(
+        name,
+        med,
+        target,
+        meets,
+        spread=(lo, hi),
+        verdict=verdict,
+        per_rep=[round(x, 4) for x in per_rep],
+        **details,
+    )
 
 
 def check(ratio: float, target: str) -> bool:
     """Does `ratio` meet a target written as ">= x", "<= x", "< x" or "== x"?"""
     op, value = target.split()
     value = float(value)
-    return {">=": ratio >= value, "<=": ratio <= value, "<": ratio < value,
-            "==": ratio == value}[op]
+    return {">=": ratio >= value, "<=": ratio <= value, "<": ratio < value, "==": ratio == value}[
+        op
+    ]
 
 
 def measured(name: str, ratio: float, target: str, **details) -> dict:
@@ -109,9 +138,15 @@ def env(**extra: str) -> dict[str, str]:
     """The environment every child gets: one thread per process (2 shared cores), DeepSpeed on
     CPU with no C++ builds, the checkout importable."""
     e = dict(os.environ)
-    e.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", DS_ACCELERATOR="cpu", DS_BUILD_OPS="0",
-             TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
-             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    e.update(
+        OMP_NUM_THREADS="1",
+        MKL_NUM_THREADS="1",
+        DS_ACCELERATOR="cpu",
+        DS_BUILD_OPS="0",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     # A run launched by a benchmark must not inherit the caller's run folder or stop flag.
     for k in (*jobenv.RUN_SCOPED, jobenv.RESTART_COUNT):
         e.pop(k, None)
@@ -119,12 +154,24 @@ def env(**extra: str) -> dict[str, str]:
     return e
 
 
-def run(cmd: list[str], *, timeout: float, cwd: Path | None = None, check_rc: bool = True,
-        **extra_env: str) -> subprocess.CompletedProcess:
+def run(
+    cmd: list[str],
+    *,
+    timeout: float,
+    cwd: Path | None = None,
+    check_rc: bool = True,
+    **extra_env: str,
+) -> subprocess.CompletedProcess:
     """Run a command, capture its output; a failure becomes NotMeasured with the output's tail."""
     try:
-        p = subprocess.run(cmd, cwd=cwd or ROOT, env=env(**extra_env), capture_output=True,
-                           text=True, timeout=timeout)
+        p = subprocess.run(
+            cmd,
+            cwd=cwd or ROOT,
+            env=env(**extra_env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
     except subprocess.TimeoutExpired as e:
         raise NotMeasured(f"timed out after {timeout:.0f} s: {' '.join(map(str, cmd))}") from e
     if check_rc and p.returncode != 0:
@@ -153,7 +200,7 @@ def typical_steps_per_s(times: list[float], warmup: int) -> float:
     if len(times) < warmup + 2:
         raise NotMeasured(f"only {len(times)} step timestamps, need more than {warmup + 1}")
     t = times[warmup:]
-    return 1.0 / median([b - a for a, b in zip(t, t[1:])])
+    return 1.0 / median([b - a for a, b in zip(t, t[1:], strict=False)])
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -193,6 +240,7 @@ def machine() -> dict:
         pass
     try:
         import torch  # the harness process may import torch; only the CLI paths must not
+
         torch_version = torch.__version__
     except ImportError:
         torch_version = "not installed"
@@ -200,9 +248,14 @@ def machine() -> dict:
         load = os.getloadavg()[0]
     except OSError:
         load = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "torch": torch_version,
-            "python": platform.python_version(), "os": platform.platform(),
-            "load_avg_1min_at_start": load}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch_version,
+        "python": platform.python_version(),
+        "os": platform.platform(),
+        "load_avg_1min_at_start": load,
+    }
 
 
 class Timer:
@@ -217,8 +270,14 @@ class Timer:
 def launch(cmd: list[str], log: Path, **extra_env: str) -> subprocess.Popen:
     """Start a command in the background (its own session), output to `log`."""
     with open(log, "ab") as out:
-        return subprocess.Popen(cmd, cwd=ROOT, env=env(**extra_env), stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=env(**extra_env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def descendants(pid: int) -> list[int]:
@@ -249,8 +308,9 @@ def kill_tree(proc: subprocess.Popen, sig: int) -> None:
             pass
 
 
-def wait_for_step(metrics: Path, step: int, proc: subprocess.Popen, timeout: float,
-                  skip_rows: int = 0) -> int:
+def wait_for_step(
+    metrics: Path, step: int, proc: subprocess.Popen, timeout: float, skip_rows: int = 0
+) -> int:
     """Poll metrics.jsonl until a row with step >= `step` appears (rows after `skip_rows`);
     returns that step. NotMeasured if the run ends or the time runs out first."""
     deadline = time.monotonic() + timeout

@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -25,13 +26,14 @@ def no_deepspeed_builds() -> None:
     """DeepSpeed would compile its shared-memory comm op at init (~30 s, needs a compiler); a plain
     CPU user turns it off the same way train_entry does (see shared notes)."""
     import deepspeed.ops
+
     vars(deepspeed.ops).setdefault("__compatible_ops__", {})["deepspeed_shm_comm"] = False
 
 
 @dataclass
 class Demo:
-    cfg: Any                      # train_entry's resolved TrainConfig
-    model: torch.nn.Module        # unwrapped, seeded as train_entry seeds it
+    cfg: Any  # train_entry's resolved TrainConfig
+    model: torch.nn.Module  # unwrapped, seeded as train_entry seeds it
     dataset: Any
     collate: Callable | None
     micro_batch: int
@@ -41,32 +43,38 @@ class Demo:
 
     def loss(self, model, batch) -> torch.Tensor:
         from train_entry.model import compute_loss  # the protocol: model(**batch) returns the loss
+
         return compute_loss(model, batch)
 
     def optimizer(self, params) -> torch.optim.Optimizer:
         from train_entry.optim import build_optimizer  # the very same optimizer construction
+
         return build_optimizer(params, self.cfg)
 
     def scheduler(self, opt):
         from train_entry.optim import build_scheduler  # the very same warmup + decay
+
         return build_scheduler(opt, self.cfg)
 
     def blocks(self, model) -> list[torch.nn.Module]:
         """The transformer blocks FSDP2 shards one by one (the FSDP2 tutorial's `model.layers`)."""
         from train_entry.model import find_blocks
+
         return find_blocks(model, self.cfg.fsdp.block_class)
 
     def deepspeed_config(self) -> dict:
         """DeepSpeed's getting-started config for the same batch, stage and clipping."""
         t, ds = self.cfg.train, self.cfg.deepspeed
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        conf = {"train_batch_size": t.micro_batch * self.accum * world,
-                "train_micro_batch_size_per_gpu": t.micro_batch,
-                "gradient_accumulation_steps": self.accum,
-                "zero_optimization": {"stage": ds.zero_stage},
-                "zero_allow_untested_optimizer": True,
-                "zero_force_ds_cpu_optimizer": False,  # torch AdamW, as on train_entry's side
-                "steps_per_print": 10 ** 9}
+        conf = {
+            "train_batch_size": t.micro_batch * self.accum * world,
+            "train_micro_batch_size_per_gpu": t.micro_batch,
+            "gradient_accumulation_steps": self.accum,
+            "zero_optimization": {"stage": ds.zero_stage},
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,  # torch AdamW, as on train_entry's side
+            "steps_per_print": 10**9,
+        }
         if t.clip_grad_norm:
             conf["gradient_clipping"] = t.clip_grad_norm
         if t.precision == "bf16":
@@ -86,9 +94,16 @@ def build() -> Demo:
     model = te_model.build_model(cfg, rank=rank, world_size=world)  # seeds as train_entry does
     dataset = te_data.build_dataset(cfg, rank=rank, world_size=world)
     collate = None  # torch's default_collate, as train_entry's default
-    return Demo(cfg=cfg, model=model, dataset=dataset, collate=collate,
-                micro_batch=cfg.train.micro_batch, accum=accum, seed=cfg.train.seed,
-                clip=cfg.train.clip_grad_norm)
+    return Demo(
+        cfg=cfg,
+        model=model,
+        dataset=dataset,
+        collate=collate,
+        micro_batch=cfg.train.micro_batch,
+        accum=accum,
+        seed=cfg.train.seed,
+        clip=cfg.train.clip_grad_norm,
+    )
 
 
 def forever(loader, sampler=None):
@@ -109,8 +124,11 @@ class StepClock:
     def __init__(self) -> None:
         self.times: list[float] = []
         path = os.environ.get("BENCH_PROGRESS")
-        self._progress = (open(path, "a", buffering=1)  # noqa: SIM115 - open for the run
-                          if path and os.environ.get("RANK", "0") == "0" else None)
+        self._progress = (
+            open(path, "a", buffering=1)  # noqa: SIM115 - open for the run
+            if path and os.environ.get("RANK", "0") == "0"
+            else None
+        )
 
     def tick(self) -> None:
         self.times.append(time.time())

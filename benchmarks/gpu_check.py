@@ -25,115 +25,50 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
-from hpctrain.kernel import jobenv
+HERE = Path(__file__).resolve().parent
+# Run as a script, the folder must not shadow anything; import the plan as benchmarks.gpu_plan.
+if sys.path and Path(sys.path[0]).resolve() == HERE:
+    sys.path.pop(0)
+sys.path.insert(0, str(HERE.parent))
 
-ROOT = Path(__file__).resolve().parent.parent
-PY = sys.executable
-HPCTRAIN = str(Path(PY).with_name("hpctrain"))
-SCHEMA = 1
-TOTAL_BUDGET_S = 300
-SKIPPED_EXIT = 77            # the automake / CTest convention for "skipped"
-# job environment names (train_entry reads them; kept in one place here)
-ENV_DEVICE = jobenv.DEVICE
-ENV_STOP_AT_STEP = jobenv.STOP_AT_STEP
-
-SMALL = ["--model.d_model=256", "--model.n_layers=4", "--model.n_heads=4", "--model.seq_len=128",
-         "--train.micro_batch=8", "--train.log_every=1"]
-BIG = {"d_model": 1024, "n_layers": 12, "n_heads": 16, "seq_len": 1024, "vocab_size": 32768,
-       "micro_batch": 8}
-BIG_ARGS = [f"--model.{k}={v}" for k, v in BIG.items() if k != "micro_batch"] + [
-    f"--train.micro_batch={BIG['micro_batch']}", "--train.precision=bf16", "--train.log_every=1"]
-# dense bf16 peak FLOP/s per device, from the vendors' data sheets (no sparsity)
-PEAK_BF16 = [("H200", 989.4e12), ("H100 SXM", 989.4e12), ("H100 80GB HBM3", 989.4e12),
-             ("H100 PCIe", 756e12), ("H100", 756e12), ("A100", 312e12), ("L40S", 362.05e12)]
-
-
-@dataclass
-class Step:
-    name: str
-    budget_s: int
-    what: str
-    strategy: str | None = None     # a train_entry run: --strategy
-    args: list[str] = field(default_factory=list)
-    steps: int = 0
-
-
-def plan(gpus: int) -> list[Step]:
-    g = f"--train.global_batch={8 * gpus}"
-    gb = f"--train.global_batch={BIG['micro_batch'] * gpus}"
-    return [
-        Step("environment", 10, "nvidia-smi -L, torch CUDA/NCCL versions, device names"),
-        Step("ddp", 30, "train_entry DDP on CUDA/NCCL", "ddp", [*SMALL, g], 20),
-        Step("fsdp_cpu_offload", 40, "train_entry FSDP2 with CPUOffloadPolicy", "fsdp",
-             [*SMALL, g, "--fsdp.cpu_offload=true"], 12),
-        Step("deepspeed_zero2", 40, "train_entry DeepSpeed ZeRO-2", "deepspeed",
-             [*SMALL, g, "--deepspeed.zero_stage=2"], 15),
-        Step("deepspeed_zero3", 40, "train_entry DeepSpeed ZeRO-3", "deepspeed",
-             [*SMALL, g, "--deepspeed.zero_stage=3"], 15),
-        Step("big_gpt", 45, "demo GPT (d 1024, 12 layers, seq 1024, bf16): steps/s, MFU, "
-             "plan vs peak memory", "ddp", [*BIG_ARGS, gb], 25),
-        Step("doctor_nccl", 30, "hpctrain doctor --json: NCCL all-reduce sweep"),
-        Step("preempt_resume", 60, "stop at step 8 -> exit 75 -> resume -> compare final params "
-             "with an uninterrupted run", "ddp", [*SMALL, g, "--checkpoint.every_steps=4"], 16),
-    ]
-
-
-def check_plan(steps: list[Step], gpus: int) -> list[str]:
-    """Problems with the plan itself (empty when it is sound); runs nothing."""
-    problems = []
-    total = sum(s.budget_s for s in steps)
-    if total > TOTAL_BUDGET_S:
-        problems.append(f"time limits add up to {total} s, more than {TOTAL_BUDGET_S} s")
-    if len({s.name for s in steps}) != len(steps):
-        problems.append("two steps share a name")
-    from hpctrain.errors import UserError, ValidationError
-    from train_entry.config import check_sizes, load_config
-
-    for s in steps:
-        if s.strategy is None:
-            continue
-        try:
-            cfg = load_config(None, [f"--strategy={s.strategy}", *s.args,
-                                     f"--train.max_steps={s.steps}"])
-            check_sizes(cfg, world=gpus)
-        except (UserError, ValidationError) as e:
-            problems.append(f"{s.name}: {e}")
-    for path in (ROOT / "train_entry" / "__main__.py", Path(HPCTRAIN)):
-        if not path.exists():
-            problems.append(f"{path} is missing")
-    return problems
-
-
-def no_gpu_reason() -> str | None:
-    """Why this machine cannot run the check, or None when it can."""
-    if shutil.which("nvidia-smi") is None:
-        return "no nvidia-smi on PATH (no NVIDIA driver on this machine)"
-    try:
-        import torch
-    except ImportError:
-        return "torch is not installed"
-    if torch.version.cuda is None:
-        return (f"torch {torch.__version__} is a CPU build; install a CUDA build, e.g. "
-                "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128")
-    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        return "torch sees no CUDA device (driver too old, or CUDA_VISIBLE_DEVICES is empty)"
-    return None
+from benchmarks.gpu_plan import (  # noqa: E402, F401  (the plan; tests import it from here)
+    BIG,
+    BIG_ARGS,
+    ENV_DEVICE,
+    ENV_STOP_AT_STEP,
+    HPCTRAIN,
+    PEAK_BF16,
+    PY,
+    ROOT,
+    SCHEMA,
+    SKIPPED_EXIT,
+    SMALL,
+    TOTAL_BUDGET_S,
+    Step,
+    check_plan,
+    no_gpu_reason,
+    plan,
+)
 
 
 # ---------------------------------------------------------------- running (GPU machines only)
 def child_env(**extra: str) -> dict[str, str]:
     e = dict(os.environ)
-    e.update(DS_ACCELERATOR="cuda", DS_BUILD_OPS="0", OMP_NUM_THREADS="4", PYTHONUNBUFFERED="1",
-             PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    e.update(
+        DS_ACCELERATOR="cuda",
+        DS_BUILD_OPS="0",
+        OMP_NUM_THREADS="4",
+        PYTHONUNBUFFERED="1",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    )
     e.pop(ENV_DEVICE, None)
     e.update(extra)
     return e
@@ -142,8 +77,14 @@ def child_env(**extra: str) -> dict[str, str]:
 def sh(cmd: list[str], timeout: float, log: Path, **env: str) -> int:
     """Run a command (its own session, killed whole at the time limit); output to `log`."""
     with open(log, "ab") as out:
-        p = subprocess.Popen(cmd, cwd=ROOT, env=child_env(**env), stdout=out,
-                             stderr=subprocess.STDOUT, start_new_session=True)
+        p = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=child_env(**env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             return p.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -165,23 +106,51 @@ def rows(path: Path) -> list[dict]:
     return out
 
 
-def train(step: Step, work: Path, gpus: int, timeout: float, run_dir: Path | None = None,
-          max_steps: int | None = None, **env: str) -> dict:
+def train(
+    step: Step,
+    work: Path,
+    gpus: int,
+    timeout: float,
+    run_dir: Path | None = None,
+    max_steps: int | None = None,
+    **env: str,
+) -> dict:
     d = run_dir or work / step.name
-    cmd = [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={gpus}",
-           "-m", "train_entry", "--strategy", step.strategy, "--run-dir", str(d),
-           "--max-steps", str(max_steps or step.steps), *step.args]
+    cmd = [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={gpus}",
+        "-m",
+        "train_entry",
+        "--strategy",
+        step.strategy,
+        "--run-dir",
+        str(d),
+        "--max-steps",
+        str(max_steps or step.steps),
+        *step.args,
+    ]
     t0 = time.monotonic()
     rc = sh(cmd, timeout, work / f"{step.name}.log", **env)
     r = rows(d / "metrics.jsonl")
     times = [x["time"] for x in r]
     gaps = sorted(b - a for a, b in zip(times[3:], times[4:], strict=False))
-    res = {"rc": rc, "wall_s": round(time.monotonic() - t0, 2), "run_dir": str(d),
-           "steps_logged": len(r), "last_step": r[-1]["step"] if r else None,
-           "steps_per_s": round(1 / gaps[len(gaps) // 2], 3) if gaps else None,
-           "mem_peak_gib": r[-1].get("mem_peak_gib") if r else None,
-           "final_params_sha256": ((d / "final_params.sha256").read_text().strip()
-                                   if (d / "final_params.sha256").exists() else None)}
+    res = {
+        "rc": rc,
+        "wall_s": round(time.monotonic() - t0, 2),
+        "run_dir": str(d),
+        "steps_logged": len(r),
+        "last_step": r[-1]["step"] if r else None,
+        "steps_per_s": round(1 / gaps[len(gaps) // 2], 3) if gaps else None,
+        "mem_peak_gib": r[-1].get("mem_peak_gib") if r else None,
+        "final_params_sha256": (
+            (d / "final_params.sha256").read_text().strip()
+            if (d / "final_params.sha256").exists()
+            else None
+        ),
+    }
     res["ok"] = rc == 0 and res["last_step"] == (max_steps or step.steps)
     return res
 
@@ -199,38 +168,75 @@ def run_step(step: Step, work: Path, gpus: int) -> dict:
         smi = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=limit)
         names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         nccl = torch.cuda.nccl.version() if hasattr(torch.cuda, "nccl") else None
-        return {"ok": smi.returncode == 0, "nvidia_smi_L": smi.stdout.strip().splitlines(),
-                "torch": torch.__version__, "cuda": torch.version.cuda,
-                "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
-                "devices": names, "gpus_used": gpus}
+        return {
+            "ok": smi.returncode == 0,
+            "nvidia_smi_L": smi.stdout.strip().splitlines(),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
+            "devices": names,
+            "gpus_used": gpus,
+        }
     if step.name == "doctor_nccl":
-        p = subprocess.run([HPCTRAIN, "doctor", "--profile", "local", "--gpus", str(gpus),
-                            "--max-mib", "256", "--json"], capture_output=True, text=True,
-                           timeout=limit, cwd=work, env=child_env(**{ENV_DEVICE: "cuda"}))
+        p = subprocess.run(
+            [
+                HPCTRAIN,
+                "doctor",
+                "--profile",
+                "local",
+                "--gpus",
+                str(gpus),
+                "--max-mib",
+                "256",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=limit,
+            cwd=work,
+            env=child_env(**{ENV_DEVICE: "cuda"}),
+        )
         try:
             report = json.loads(p.stdout)
         except ValueError:
             return {"ok": False, "rc": p.returncode, "output_tail": (p.stdout + p.stderr)[-2000:]}
         sweep = report.get("sweep") or {}
-        return {"ok": p.returncode == 0 and bool(sweep.get("rows")), "rc": p.returncode,
-                "sweep": sweep, "report": report}
+        return {
+            "ok": p.returncode == 0 and bool(sweep.get("rows")),
+            "rc": p.returncode,
+            "sweep": sweep,
+            "report": report,
+        }
     if step.name == "preempt_resume":
         t0 = time.monotonic()
         ref = train(step, work, gpus, limit / 3, run_dir=work / "ref")
         left = limit - (time.monotonic() - t0)
-        stopped = train(step, work, gpus, left / 2, run_dir=work / "preempted",
-                        **{ENV_STOP_AT_STEP: "8"})
+        stopped = train(
+            step, work, gpus, left / 2, run_dir=work / "preempted", **{ENV_STOP_AT_STEP: "8"}
+        )
         left = limit - (time.monotonic() - t0)
         resumed = train(step, work, gpus, left, run_dir=work / "preempted")
-        same = ref["final_params_sha256"] is not None and \
-            ref["final_params_sha256"] == resumed["final_params_sha256"]
-        out = {"reference": ref, "stopped": stopped, "resumed": resumed,
-               "stopped_rc_75": stopped["rc"] == 75, "bit_identical": same}
+        same = (
+            ref["final_params_sha256"] is not None
+            and ref["final_params_sha256"] == resumed["final_params_sha256"]
+        )
+        out = {
+            "reference": ref,
+            "stopped": stopped,
+            "resumed": resumed,
+            "stopped_rc_75": stopped["rc"] == 75,
+            "bit_identical": same,
+        }
         if not same and ref["ok"] and resumed["ok"]:
             out["max_rel_diff"] = max_rel_diff(work / "ref", work / "preempted", step.steps)
-        out["ok"] = (stopped["rc"] == 75 and resumed["ok"] and
-                     (same or (out.get("max_rel_diff") is not None and
-                               out["max_rel_diff"] <= ARGS.tolerance)))
+        out["ok"] = (
+            stopped["rc"] == 75
+            and resumed["ok"]
+            and (
+                same
+                or (out.get("max_rel_diff") is not None and out["max_rel_diff"] <= ARGS.tolerance)
+            )
+        )
         return out
     res = train(step, work, gpus, limit)
     if step.name == "ddp":
@@ -255,25 +261,61 @@ def mfu_and_memory(res: dict, gpus: int, work: Path) -> dict:
     tokens = BIG["micro_batch"] * BIG["seq_len"] * gpus
     flops = gpt_flops_per_step(params, tokens)
     name = torch.cuda.get_device_name(0)
-    peak = ARGS.peak_tflops * 1e12 if ARGS.peak_tflops else next(
-        (p for key, p in PEAK_BF16 if key in name), None)
-    out = {"params": params, "tokens_per_step": tokens, "model_flops_per_step": flops,
-           "device": name, "peak_flops_per_device": peak,
-           "mfu": round(flops * res["steps_per_s"] / (peak * gpus), 4) if peak else None}
-    p = subprocess.run([HPCTRAIN, "plan", "--params", str(params), "--precision", "bf16",
-                        "--nodes", "1", "--gpus", str(gpus), "--micro-batch",
-                        str(BIG["micro_batch"]), "--seq-len", str(BIG["seq_len"]), "--hidden",
-                        str(BIG["d_model"]), "--layers", str(BIG["n_layers"]), "--json"],
-                       capture_output=True, text=True, timeout=30, cwd=work, env=child_env())
+    peak = (
+        ARGS.peak_tflops * 1e12
+        if ARGS.peak_tflops
+        else next((p for key, p in PEAK_BF16 if key in name), None)
+    )
+    out = {
+        "params": params,
+        "tokens_per_step": tokens,
+        "model_flops_per_step": flops,
+        "device": name,
+        "peak_flops_per_device": peak,
+        "mfu": round(flops * res["steps_per_s"] / (peak * gpus), 4) if peak else None,
+    }
+    p = subprocess.run(
+        [
+            HPCTRAIN,
+            "plan",
+            "--params",
+            str(params),
+            "--precision",
+            "bf16",
+            "--nodes",
+            "1",
+            "--gpus",
+            str(gpus),
+            "--micro-batch",
+            str(BIG["micro_batch"]),
+            "--seq-len",
+            str(BIG["seq_len"]),
+            "--hidden",
+            str(BIG["d_model"]),
+            "--layers",
+            str(BIG["n_layers"]),
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=work,
+        env=child_env(),
+    )
     try:
         ddp = next(s for s in json.loads(p.stdout)["strategies"] if s["name"] == "ddp")
-        predicted = ddp["model_state_bytes_per_gpu"] + ddp["activation_bytes_per_gpu"] + \
-            ddp.get("transient_bytes", 0)
+        predicted = (
+            ddp["model_state_bytes_per_gpu"]
+            + ddp["activation_bytes_per_gpu"]
+            + ddp.get("transient_bytes", 0)
+        )
         measured = max(res["mem_peak_gib"]) * 2**30 if res["mem_peak_gib"] else None
-        out["plan_memory"] = {"predicted_bytes_per_gpu": predicted,
-                              "max_memory_allocated_bytes": measured,
-                              "measured_over_predicted": round(measured / predicted, 3)
-                              if measured else None, "plan_ddp": ddp}
+        out["plan_memory"] = {
+            "predicted_bytes_per_gpu": predicted,
+            "max_memory_allocated_bytes": measured,
+            "measured_over_predicted": round(measured / predicted, 3) if measured else None,
+            "plan_ddp": ddp,
+        }
     except (ValueError, KeyError, StopIteration) as e:
         out["plan_memory"] = {"error": f"{e!r}: {(p.stdout + p.stderr)[-500:]}"}
     return out
@@ -300,14 +342,19 @@ def max_rel_diff(a: Path, b: Path, step: int) -> float | None:
 
 def main(argv: list[str] | None = None) -> int:
     global ARGS
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--out", type=Path, default=ROOT / "gpu-check.json")
     ap.add_argument("--gpus", type=int, help="GPUs to use (default: all visible, at most 8)")
     ap.add_argument("--plan", action="store_true", help="check and print the plan, run nothing")
-    ap.add_argument("--tolerance", type=float, default=1e-5,
-                    help="preempt+resume: largest relative parameter difference accepted when "
-                         "not bit-identical (default 1e-5)")
+    ap.add_argument(
+        "--tolerance",
+        type=float,
+        default=1e-5,
+        help="preempt+resume: largest relative parameter difference accepted when "
+        "not bit-identical (default 1e-5)",
+    )
     ap.add_argument("--peak-tflops", type=float, help="the device's dense bf16 peak, for MFU")
     ARGS = ap.parse_args(argv)
 
@@ -319,19 +366,30 @@ def main(argv: list[str] | None = None) -> int:
         gpus = max(1, min(8, torch.cuda.device_count()))
     steps = plan(gpus)
     problems = check_plan(steps, gpus)
-    report = {"schema": SCHEMA, "gpu": reason is None, "reason": reason, "gpus": gpus,
-              "budget_s": TOTAL_BUDGET_S, "plan": [asdict(s) for s in steps],
-              "plan_problems": problems, "steps": {}, "ok": None}
-    print(f"gpu-check plan ({gpus} GPU(s), {sum(s.budget_s for s in steps)} s of "
-          f"{TOTAL_BUDGET_S} s):")
+    report = {
+        "schema": SCHEMA,
+        "gpu": reason is None,
+        "reason": reason,
+        "gpus": gpus,
+        "budget_s": TOTAL_BUDGET_S,
+        "plan": [asdict(s) for s in steps],
+        "plan_problems": problems,
+        "steps": {},
+        "ok": None,
+    }
+    print(
+        f"gpu-check plan ({gpus} GPU(s), {sum(s.budget_s for s in steps)} s of {TOTAL_BUDGET_S} s):"
+    )
     for s in steps:
         print(f"  {s.name:18} {s.budget_s:4d} s  {s.what}")
     print("plan: ok" if not problems else "plan problems:\n  " + "\n  ".join(problems))
     if problems or reason is not None or ARGS.plan:
         ARGS.out.write_text(json.dumps(report, indent=1) + "\n")
         if reason is not None:
-            print(f"no NVIDIA GPU usable here: {reason}; nothing was run (exit {SKIPPED_EXIT}). "
-                  f"Run `make gpu-check` on a machine with one. Wrote {ARGS.out}")
+            print(
+                f"no NVIDIA GPU usable here: {reason}; nothing was run (exit {SKIPPED_EXIT}). "
+                f"Run `make gpu-check` on a machine with one. Wrote {ARGS.out}"
+            )
             return SKIPPED_EXIT if not problems else 1
         return 1 if problems else 0
 
@@ -344,16 +402,20 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:  # noqa: BLE001 - one failed step must not lose the others
             res = {"ok": False, "error": repr(e)}
         report["steps"][s.name] = res
-        print(f"   {'ok' if res.get('ok') else 'FAILED'}: " +
-              json.dumps({k: v for k, v in res.items() if not isinstance(v, (dict, list))})[:400],
-              flush=True)
-        ARGS.out.write_text(json.dumps(report, indent=1) + "\n")   # partial results survive
+        print(
+            f"   {'ok' if res.get('ok') else 'FAILED'}: "
+            + json.dumps({k: v for k, v in res.items() if not isinstance(v, (dict, list))})[:400],
+            flush=True,
+        )
+        ARGS.out.write_text(json.dumps(report, indent=1) + "\n")  # partial results survive
     report["wall_s"] = round(time.monotonic() - t0, 1)
     report["work_dir"] = str(work)
     report["ok"] = all(r.get("ok") for r in report["steps"].values())
     ARGS.out.write_text(json.dumps(report, indent=1) + "\n")
-    print(f"gpu-check {'passed' if report['ok'] else 'FAILED'} in {report['wall_s']} s; "
-          f"wrote {ARGS.out} (logs and run folders in {work})")
+    print(
+        f"gpu-check {'passed' if report['ok'] else 'FAILED'} in {report['wall_s']} s; "
+        f"wrote {ARGS.out} (logs and run folders in {work})"
+    )
     return 0 if report["ok"] else 1
 
 

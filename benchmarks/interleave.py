@@ -30,7 +30,7 @@ from benchmarks import common
 class Side:
     name: str
     cmd: list[str]
-    progress: Path            # one completion time per step (metrics.jsonl rows or plain lines)
+    progress: Path  # one completion time per step (metrics.jsonl rows or plain lines)
     log: Path
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
@@ -45,7 +45,7 @@ class Side:
                 chunk = f.read()
         except FileNotFoundError:
             return 0
-        end = chunk.rfind(b"\n") + 1        # complete lines only
+        end = chunk.rfind(b"\n") + 1  # complete lines only
         self._offset += end
         for line in chunk[:end].decode().splitlines():
             line = line.strip()
@@ -69,8 +69,10 @@ def _wait_steps(side: Side, steps: int, timeout: float) -> None:
     while side.poll() < steps:
         if side.proc is not None and side.proc.poll() is not None:
             tail = side.log.read_text(errors="replace")[-1500:] if side.log.exists() else ""
-            raise common.NotMeasured(f"{side.name} exited ({side.proc.returncode}) after "
-                                     f"{len(side.times)} steps, before step {steps}:\n{tail}")
+            raise common.NotMeasured(
+                f"{side.name} exited ({side.proc.returncode}) after "
+                f"{len(side.times)} steps, before step {steps}:\n{tail}"
+            )
         if time.monotonic() > deadline:
             raise common.NotMeasured(f"{side.name}: step {steps} not reached in {timeout:.0f} s")
         time.sleep(0.01)
@@ -83,17 +85,18 @@ def segment_rate(times: list[float], start: float, end: float) -> float | None:
     return 1.0 / common.median(gaps) if len(gaps) >= 3 else None
 
 
-def run(sides: list[Side], *, warmup: int, segment: int, reps: int,
-        timeout: float = 300) -> dict[str, list[float]]:
+def run(
+    sides: list[Side], *, warmup: int, segment: int, reps: int, timeout: float = 300
+) -> dict[str, list[float]]:
     """Typical steps/s of every side in every repetition: {name: [rate per rep]}."""
     rates: dict[str, list[float]] = {s.name: [] for s in sides}
     try:
-        for s in sides:                        # start one at a time: start-up is not measured
+        for s in sides:  # start one at a time: start-up is not measured
             s.proc = common.launch(s.cmd, s.log, **s.env)
             _wait_steps(s, warmup, timeout)
             s.signal(signal.SIGSTOP)
         for rep in range(reps):
-            order = sides[rep % len(sides):] + sides[:rep % len(sides)]
+            order = sides[rep % len(sides) :] + sides[: rep % len(sides)]
             for s in order:
                 done = s.poll()
                 start = time.time()

@@ -19,8 +19,8 @@ import signal
 import time
 
 from benchmarks import common
-from hpctrain.kernel import jobenv
 from benchmarks.restart import train_entry
+from hpctrain.kernel import jobenv
 
 EVERY = 5
 
@@ -32,7 +32,7 @@ def one(kind: str, at_step: int) -> dict:
     try:
         common.wait_for_step(metrics, at_step, proc, timeout=600)
         if kind == "signal":
-            stop.touch()          # what the batch shell's trap does on USR2
+            stop.touch()  # what the batch shell's trap does on USR2
             rc = proc.wait(timeout=300)
         elif kind == "sigterm":
             common.kill_tree(proc, signal.SIGTERM)  # scancel / node shutdown: every process at once
@@ -40,7 +40,7 @@ def one(kind: str, at_step: int) -> dict:
         else:
             common.kill_tree(proc, signal.SIGKILL)
             rc = proc.wait(timeout=60)
-            time.sleep(0.5)       # the workers' exit is not instantaneous
+            time.sleep(0.5)  # the workers' exit is not instantaneous
     except BaseException:
         common.kill_tree(proc, signal.SIGKILL)
         raise
@@ -49,13 +49,18 @@ def one(kind: str, at_step: int) -> dict:
     events = [e.get("event") for e in common.read_jsonl(d / "events.jsonl")]
     stop.unlink(missing_ok=True)  # the script removes STOP at every start
     common.run(train_entry(d, last + 2, EVERY), timeout=600, **{jobenv.STOP_FILE: str(stop)})
-    new = common.read_jsonl(metrics)[len(rows):]
+    new = common.read_jsonl(metrics)[len(rows) :]
     if not new:
         raise common.NotMeasured(f"the restarted run in {d} logged no step")
     resumed_from = new[0]["step"] - 1
-    return {"stopped_at_step": at_step, "last_logged_step": last, "resumed_from_step": resumed_from,
-            "redone": last - resumed_from, "first_run_rc": rc,
-            "preempted_event_written": "preempted" in events}
+    return {
+        "stopped_at_step": at_step,
+        "last_logged_step": last,
+        "resumed_from_step": resumed_from,
+        "redone": last - resumed_from,
+        "first_run_rc": rc,
+        "preempted_event_written": "preempted" in events,
+    }
 
 
 def run(quick: bool) -> list[dict]:
@@ -66,17 +71,28 @@ def run(quick: bool) -> list[dict]:
         name = f"preemption_steps_redone_{kind}"
         try:
             # a step that is not a checkpoint step, past the first checkpoint
-            trials = [one(kind, rng.choice([s for s in range(EVERY + 1, 3 * EVERY) if s % EVERY]))
-                      for _ in range(reps)]
+            trials = [
+                one(kind, rng.choice([s for s in range(EVERY + 1, 3 * EVERY) if s % EVERY]))
+                for _ in range(reps)
+            ]
         except common.NotMeasured as e:
             rows.append(common.not_measured(name, target, str(e)))
             continue
         worst = max(t["redone"] for t in trials)
-        how = {"signal": "stop file touched (the batch shell's USR2 trap)",
-               "sigterm": "SIGTERM to torchrun and every worker (scancel, node shutdown)",
-               "sigkill": "SIGKILL to torchrun and every worker"}[kind]
-        rows.append(common.measured(
-            name, worst, target, checkpoint_every=EVERY, trials=trials,
-            summary=f"{how}: worst {worst} step(s) redone over {reps} trial(s); "
-                    f"checkpoint every {EVERY} steps"))
+        how = {
+            "signal": "stop file touched (the batch shell's USR2 trap)",
+            "sigterm": "SIGTERM to torchrun and every worker (scancel, node shutdown)",
+            "sigkill": "SIGKILL to torchrun and every worker",
+        }[kind]
+        rows.append(
+            common.measured(
+                name,
+                worst,
+                target,
+                checkpoint_every=EVERY,
+                trials=trials,
+                summary=f"{how}: worst {worst} step(s) redone over {reps} trial(s); "
+                f"checkpoint every {EVERY} steps",
+            )
+        )
     return rows

@@ -20,8 +20,20 @@ LOADED = re.compile(r"resumed from \S+ .*? in ([0-9.]+)\s*s")
 
 
 def train_entry(run_dir, steps: int, every: int) -> list[str]:
-    return [*common.torchrun(2), "-m", "train_entry", "--strategy", "ddp", "--run-dir", str(run_dir),
-            "--max-steps", str(steps), "--checkpoint-every", str(every), *TRAIN_ARGS]
+    return [
+        *common.torchrun(2),
+        "-m",
+        "train_entry",
+        "--strategy",
+        "ddp",
+        "--run-dir",
+        str(run_dir),
+        "--max-steps",
+        str(steps),
+        "--checkpoint-every",
+        str(every),
+        *TRAIN_ARGS,
+    ]
 
 
 def first_step_s(run_dir, steps: int, every: int, skip_rows: int) -> tuple[float, int, int]:
@@ -46,7 +58,9 @@ def run(quick: bool) -> list[dict]:
             f_s, f_step, rows = first_step_s(d, n, n, 0)
             r_s, r_step, _ = first_step_s(d, n + 2, n, rows)
             if f_step != 1 or r_step != n + 1:
-                raise common.NotMeasured(f"expected steps 1 and {n + 1} first, got {f_step} and {r_step}")
+                raise common.NotMeasured(
+                    f"expected steps 1 and {n + 1} first, got {f_step} and {r_step}"
+                )
             m = LOADED.findall((d / "train.log").read_text())
             if not m:
                 raise common.NotMeasured(f"{d}/train.log has no 'resumed from ... in X s' line")
@@ -57,8 +71,18 @@ def run(quick: bool) -> list[dict]:
     except common.NotMeasured as e:
         return [common.not_measured(name, target, str(e))]
     f, r, ld = common.median(fresh), common.median(resumed), common.median(load)
-    return [common.settle(
-        name, ratios, target, train_args=TRAIN_ARGS, steps_before_restart=n, reps=reps,
-        fresh_first_step_s=fresh, resumed_first_step_s=resumed, load_s=load,
-        summary=f"launch to first resumed step {r:.2f} s; launch to first fresh step {f:.2f} s "
-                f"+ checkpoint load {ld:.2f} s")]
+    return [
+        common.settle(
+            name,
+            ratios,
+            target,
+            train_args=TRAIN_ARGS,
+            steps_before_restart=n,
+            reps=reps,
+            fresh_first_step_s=fresh,
+            resumed_first_step_s=resumed,
+            load_s=load,
+            summary=f"launch to first resumed step {r:.2f} s; launch to first fresh step {f:.2f} s "
+            f"+ checkpoint load {ld:.2f} s",
+        )
+    ]

@@ -37,15 +37,15 @@ from benchmarks import common  # noqa: E402
 
 # name -> module; the order is the order of the report.
 BENCHMARKS = {
-    "training": "benchmarks.training",        # 1 steps/s vs plain DDP / FSDP2 / DeepSpeed / Accelerate
-    "checkpoint": "benchmarks.checkpoint",    # 2 save bytes/s vs raw write+fsync, async blocking, load
-    "restart": "benchmarks.restart",          # 3 time to first resumed step
-    "preemption": "benchmarks.preemption",    # 4 steps redone after a signal / SIGKILL
-    "cli": "benchmarks.cli",                  # 5 submit --dry-run vs bare imports; 4,096-node render
-    "collective": "benchmarks.collective",    # 6 doctor's all-reduce bus bandwidth vs bare gloo
-    "scale": "benchmarks.scale",              # 7 4,096-rank commit/verify; runs/status over 1,000
-    "preflight": "benchmarks.preflight",      # 7 preflight gate cost; stall to requeue (live Slurm)
-    "remote": "benchmarks.remote",            # 8 status/logs over SSH vs on the login node; connections
+    "training": "benchmarks.training",  # 1 steps/s vs plain DDP / FSDP2 / DeepSpeed / Accelerate
+    "checkpoint": "benchmarks.checkpoint",  # 2 save bytes/s vs raw write+fsync, async blocking, load
+    "restart": "benchmarks.restart",  # 3 time to first resumed step
+    "preemption": "benchmarks.preemption",  # 4 steps redone after a signal / SIGKILL
+    "cli": "benchmarks.cli",  # 5 submit --dry-run vs bare imports; 4,096-node render
+    "collective": "benchmarks.collective",  # 6 doctor's all-reduce bus bandwidth vs bare gloo
+    "scale": "benchmarks.scale",  # 7 4,096-rank commit/verify; runs/status over 1,000
+    "preflight": "benchmarks.preflight",  # 7 preflight gate cost; stall to requeue (live Slurm)
+    "remote": "benchmarks.remote",  # 8 status/logs over SSH vs on the login node; connections
 }
 
 
@@ -56,8 +56,11 @@ def run_one(name: str, quick: bool) -> list[dict]:
         return module.run(quick=quick)
     except Exception as e:  # noqa: BLE001 - one broken benchmark must not lose the others
         tb = traceback.format_exc().strip().splitlines()[-6:]
-        return [common.result(name, None, "-", False,
-                              not_measured=f"benchmark crashed: {e!r}", traceback=tb)]
+        return [
+            common.result(
+                name, None, "-", False, not_measured=f"benchmark crashed: {e!r}", traceback=tb
+            )
+        ]
 
 
 def fmt_ratio(row: dict) -> str:
@@ -86,8 +89,8 @@ def markdown(rows: list[dict], info: dict) -> str:
         "workers of the killed training sides are not counted).",
         "",
         "Each ratio is the median over repetitions of A/B within one interleaved pair; the spread is "
-        "their interquartile range (the whole range below 4 repetitions). A verdict is \"met\" or "
-        "\"missed\" only when the whole spread is on one side of the target, else \"not settled\".",
+        'their interquartile range (the whole range below 4 repetitions). A verdict is "met" or '
+        '"missed" only when the whole spread is on one side of the target, else "not settled".',
         "",
         "| benchmark | median | spread | target | verdict | note |",
         "|---|---|---|---|---|---|",
@@ -98,23 +101,39 @@ def markdown(rows: list[dict], info: dict) -> str:
         note = str(note).replace("|", "\\|").replace("\n", " ")
         if len(note) > 300:
             note = note[:297] + "..."
-        lines.append(f"| {r['name']} | {fmt_ratio(r)} | {fmt_spread(r)} | {r['target']} | "
-                     f"{fmt_verdict(r)} | {note} |")
+        lines.append(
+            f"| {r['name']} | {fmt_ratio(r)} | {fmt_spread(r)} | {r['target']} | "
+            f"{fmt_verdict(r)} | {note} |"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                                 epilog="example: benchmarks/run.py --quick --only cli")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: benchmarks/run.py --quick --only cli",
+    )
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and steps")
-    ap.add_argument("--only", action="append", choices=list(BENCHMARKS), metavar="NAME",
-                    help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}")
-    ap.add_argument("--reps", type=int, metavar="N",
-                    help="repetitions per benchmark (default: 2-6 by benchmark and mode)")
+    ap.add_argument(
+        "--only",
+        action="append",
+        choices=list(BENCHMARKS),
+        metavar="NAME",
+        help=f"run only this benchmark (repeatable): {', '.join(BENCHMARKS)}",
+    )
+    ap.add_argument(
+        "--reps",
+        type=int,
+        metavar="N",
+        help="repetitions per benchmark (default: 2-6 by benchmark and mode)",
+    )
     ap.add_argument("--out", type=Path, default=HERE / "results", help="results folder")
-    ap.add_argument("--keep-work", action="store_true",
-                    help="keep the run folders under benchmarks/.work (default: removed at the end)")
+    ap.add_argument(
+        "--keep-work",
+        action="store_true",
+        help="keep the run folders under benchmarks/.work (default: removed at the end)",
+    )
     ap.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = ap.parse_args(argv)
     if args.list:
@@ -123,8 +142,13 @@ def main(argv: list[str] | None = None) -> int:
 
     names = args.only or list(BENCHMARKS)
     common.REPS_OVERRIDE = args.reps
-    info = {"date": dt.date.today().isoformat(), "mode": "quick" if args.quick else "full",
-            "machine": common.machine(), "benchmarks": names, "reps": args.reps}
+    info = {
+        "date": dt.date.today().isoformat(),
+        "mode": "quick" if args.quick else "full",
+        "machine": common.machine(),
+        "benchmarks": names,
+        "reps": args.reps,
+    }
     info["load_avg_1min"] = [os.getloadavg()[0]]
     t0 = time.perf_counter()
     rows: list[dict] = []
@@ -134,13 +158,18 @@ def main(argv: list[str] | None = None) -> int:
         for row in run_one(name, args.quick):
             row["details"].setdefault("mode", info["mode"])
             rows.append(row)
-            print(f"  {row['name']}: {fmt_ratio(row)} [{fmt_spread(row)}] (target "
-                  f"{row['target']}) {fmt_verdict(row)}", flush=True)
+            print(
+                f"  {row['name']}: {fmt_ratio(row)} [{fmt_spread(row)}] (target "
+                f"{row['target']}) {fmt_verdict(row)}",
+                flush=True,
+            )
             if row["details"].get("not_measured"):
                 print("    " + str(row["details"]["not_measured"]).replace("\n", "\n    "))
         info["load_avg_1min"].append(os.getloadavg()[0])
-        print(f"  ({time.perf_counter() - t:.0f} s, load average {info['load_avg_1min'][-1]:.1f})",
-              flush=True)
+        print(
+            f"  ({time.perf_counter() - t:.0f} s, load average {info['load_avg_1min'][-1]:.1f})",
+            flush=True,
+        )
     info["wall_s"] = time.perf_counter() - t0
     ru = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
     info["cpu_s"] = sum(r.ru_utime + r.ru_stime for r in ru)
@@ -156,8 +185,11 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(path, ignore_errors=True)
             path.with_name(path.name + ".json").unlink(missing_ok=True)
     counts = {v: sum(fmt_verdict(r) == v for r in rows) for v in common.VERDICTS}
-    print(f"wrote {stem}.json and {stem}.md: " +
-          ", ".join(f"{n} {v}" for v, n in counts.items() if n) + f"; {info['wall_s']:.0f} s")
+    print(
+        f"wrote {stem}.json and {stem}.md: "
+        + ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+        + f"; {info['wall_s']:.0f} s"
+    )
     return 0
 
 

@@ -50,7 +50,7 @@ def synthetic_staging(root: Path, ranks: int, shard: int) -> tuple[Path, dict[st
     put(".metadata", os.urandom(ranks * 64))
     put("train_state.json", b'{"step": 100}')
     put("config.json", b"{}")
-    os.sync()                        # the ranks fsynced their own files before reporting
+    os.sync()  # the ranks fsynced their own files before reporting
     return staging, files
 
 
@@ -76,22 +76,39 @@ def checkpoint_rows(quick: bool) -> list[dict]:
         if manifest is None:
             raise common.NotMeasured(f"the committed synthetic checkpoint does not verify: {why}")
         manifest_bytes = (final / "MANIFEST.json").stat().st_size
-        (final / "MANIFEST.json").unlink()          # back to a staging folder for the next rep
+        (final / "MANIFEST.json").unlink()  # back to a staging folder for the next rep
         os.rename(final, staging)
     shutil.rmtree(root)
     n_files = 2 * ranks + 3
-    paper = ("at 4,096 ranks x 1 GiB shards verification reads 4 TiB: at 2 GB/s per reader that "
-             "is ~35 min on one node, ~0.5 s if each of the 4,096 ranks verifies its own shard")
-    setup = {"ranks": ranks, "files": n_files, "shard_bytes": SHARD,
-             "manifest_bytes": manifest_bytes, "reps": reps, "on_paper": paper}
+    paper = (
+        "at 4,096 ranks x 1 GiB shards verification reads 4 TiB: at 2 GB/s per reader that "
+        "is ~35 min on one node, ~0.5 s if each of the 4,096 ranks verifies its own shard"
+    )
+    setup = {
+        "ranks": ranks,
+        "files": n_files,
+        "shard_bytes": SHARD,
+        "manifest_bytes": manifest_bytes,
+        "reps": reps,
+        "on_paper": paper,
+    }
     return [
-        common.settle("scale_checkpoint_commit_4096_ranks_seconds", t_commit, "< 2.0", **setup,
-                      summary=f"rank 0's commit of a {ranks}-rank save ({n_files} files, manifest "
-                              f"{manifest_bytes / 1e6:.1f} MB): {common.median(t_commit):.3f} s"),
-        common.settle("scale_checkpoint_verify_4096_ranks_seconds", t_verify, "< 5.0", **setup,
-                      summary=f"verify (stat + sha256 of {n_files} files, "
-                              f"{ranks * SHARD / 2**20:.0f} MiB): {common.median(t_verify):.3f} s; "
-                              + paper),
+        common.settle(
+            "scale_checkpoint_commit_4096_ranks_seconds",
+            t_commit,
+            "< 2.0",
+            **setup,
+            summary=f"rank 0's commit of a {ranks}-rank save ({n_files} files, manifest "
+            f"{manifest_bytes / 1e6:.1f} MB): {common.median(t_commit):.3f} s",
+        ),
+        common.settle(
+            "scale_checkpoint_verify_4096_ranks_seconds",
+            t_verify,
+            "< 5.0",
+            **setup,
+            summary=f"verify (stat + sha256 of {n_files} files, "
+            f"{ranks * SHARD / 2**20:.0f} MiB): {common.median(t_verify):.3f} s; " + paper,
+        ),
     ]
 
 
@@ -108,32 +125,66 @@ def runs_rows(quick: bool) -> list[dict]:
     n = 200 if quick else RUNS
     reps = 3
     cwd = common.scratch("scale-runs-")
-    env = {"XDG_CONFIG_HOME": str(cwd / "xdg"), "XDG_CACHE_HOME": str(cwd / "cache"),
-           "XDG_STATE_HOME": str(cwd / "state"), jobenv.SITE_PATH: ""}
-    common.run([HPCTRAIN, "submit", "--profile", "local", "--nodes", "1", "--gpus", "1", "--name",
-                "r0000", "--wait", "--", "--max-steps", "2", "--model.d_model=16",
-                "--model.n_layers=1", "--model.n_heads=2"], timeout=300, cwd=cwd, **env)
+    env = {
+        "XDG_CONFIG_HOME": str(cwd / "xdg"),
+        "XDG_CACHE_HOME": str(cwd / "cache"),
+        "XDG_STATE_HOME": str(cwd / "state"),
+        jobenv.SITE_PATH: "",
+    }
+    common.run(
+        [
+            HPCTRAIN,
+            "submit",
+            "--profile",
+            "local",
+            "--nodes",
+            "1",
+            "--gpus",
+            "1",
+            "--name",
+            "r0000",
+            "--wait",
+            "--",
+            "--max-steps",
+            "2",
+            "--model.d_model=16",
+            "--model.n_layers=1",
+            "--model.n_heads=2",
+        ],
+        timeout=300,
+        cwd=cwd,
+        **env,
+    )
     runs = cwd / "runs"
     for i in range(1, n):
         # hard links: the same bytes in every folder, made in a fraction of a copy's time
         shutil.copytree(runs / "r0000", runs / f"r{i:04d}", symlinks=True, copy_function=os.link)
     rows = []
-    for name, cmd in (("scale_runs_1000_runs_cpu_seconds", [HPCTRAIN, "runs", "--runs-dir",
-                                                             str(runs)]),
-                      ("scale_status_1000_runs_cpu_seconds", [HPCTRAIN, "status", "--runs-dir",
-                                                               str(runs)])):
+    for name, cmd in (
+        ("scale_runs_1000_runs_cpu_seconds", [HPCTRAIN, "runs", "--runs-dir", str(runs)]),
+        ("scale_status_1000_runs_cpu_seconds", [HPCTRAIN, "status", "--runs-dir", str(runs)]),
+    ):
         cpu, wall = [], []
         for _ in range(reps):
             c, w = cpu_and_wall(cmd, cwd, **env)
             cpu.append(c)
             wall.append(w)
-        rows.append(common.settle(
-            name, cpu, "< 2.0", runs=n, reps=reps, cpu_s=cpu, wall_s=wall,
-            summary=f"`hpctrain {cmd[1]}` over {n} local run "
-                    f"folders: {common.median(cpu):.2f} s CPU, {common.median(wall):.2f} s wall "
-                    "(local runs: no sacct; a Slurm run costs one sacct call each, see details)",
-            slurm_note="status/runs ask sacct once per Slurm run (hpctrain/dispatch/slurm.py); "
-                       "1,000 Slurm runs need a batched query (not done)"))
+        rows.append(
+            common.settle(
+                name,
+                cpu,
+                "< 2.0",
+                runs=n,
+                reps=reps,
+                cpu_s=cpu,
+                wall_s=wall,
+                summary=f"`hpctrain {cmd[1]}` over {n} local run "
+                f"folders: {common.median(cpu):.2f} s CPU, {common.median(wall):.2f} s wall "
+                "(local runs: no sacct; a Slurm run costs one sacct call each, see details)",
+                slurm_note="status/runs ask sacct once per Slurm run (hpctrain/dispatch/slurm.py); "
+                "1,000 Slurm runs need a batched query (not done)",
+            )
+        )
     return rows
 
 
@@ -142,12 +193,18 @@ def run(quick: bool) -> list[dict]:
     try:
         rows += checkpoint_rows(quick)
     except common.NotMeasured as e:
-        rows += [common.not_measured(n, t, str(e)) for n, t in (
-            ("scale_checkpoint_commit_4096_ranks_seconds", "< 2.0"),
-            ("scale_checkpoint_verify_4096_ranks_seconds", "< 5.0"))]
+        rows += [
+            common.not_measured(n, t, str(e))
+            for n, t in (
+                ("scale_checkpoint_commit_4096_ranks_seconds", "< 2.0"),
+                ("scale_checkpoint_verify_4096_ranks_seconds", "< 5.0"),
+            )
+        ]
     try:
         rows += runs_rows(quick)
     except common.NotMeasured as e:
-        rows += [common.not_measured(n, "< 2.0", str(e)) for n in (
-            "scale_runs_1000_runs_cpu_seconds", "scale_status_1000_runs_cpu_seconds")]
+        rows += [
+            common.not_measured(n, "< 2.0", str(e))
+            for n in ("scale_runs_1000_runs_cpu_seconds", "scale_status_1000_runs_cpu_seconds")
+        ]
     return rows

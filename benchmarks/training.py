@@ -20,69 +20,151 @@ from benchmarks import common, interleave
 
 # A model big enough that a step is real work (the shared notes' measuring size), small enough for
 # 2 shared cores. Both sides get exactly these overrides.
-TRAIN_ARGS = ["--model.d_model=256", "--model.n_layers=4", "--model.n_heads=4",
-              "--model.seq_len=64", "--train.global_batch=16", "--train.micro_batch=8",
-              "--train.log_every=1"]
-MAX_STEPS = 100_000   # the sides are killed once measured
+TRAIN_ARGS = [
+    "--model.d_model=256",
+    "--model.n_layers=4",
+    "--model.n_heads=4",
+    "--model.seq_len=64",
+    "--train.global_batch=16",
+    "--train.micro_batch=8",
+    "--train.log_every=1",
+]
+MAX_STEPS = 100_000  # the sides are killed once measured
 
 
 def train_entry_side(strategy: str) -> interleave.Side:
     d = common.scratch(f"train-{strategy}-")
     return interleave.Side(
-        name="train_entry", progress=d / "metrics.jsonl", log=d / "torchrun.log",
-        cmd=[*common.torchrun(2), "-m", "train_entry", "--strategy", strategy, "--run-dir", str(d),
-             "--max-steps", str(MAX_STEPS), *TRAIN_ARGS])
+        name="train_entry",
+        progress=d / "metrics.jsonl",
+        log=d / "torchrun.log",
+        cmd=[
+            *common.torchrun(2),
+            "-m",
+            "train_entry",
+            "--strategy",
+            strategy,
+            "--run-dir",
+            str(d),
+            "--max-steps",
+            str(MAX_STEPS),
+            *TRAIN_ARGS,
+        ],
+    )
 
 
 def baseline_side(name: str, script: str) -> interleave.Side:
     d = common.scratch(f"base-{name}-")
     return interleave.Side(
-        name=name, progress=d / "progress.txt", log=d / "out.log",
-        cmd=[*common.torchrun(2), str(common.BASELINES / script), "--max-steps", str(MAX_STEPS),
-             "--out", str(d / "steps.json")],
-        env={"BENCH_TRAIN_ARGS": json.dumps([*TRAIN_ARGS, f"--train.max_steps={MAX_STEPS}"]),
-             "BENCH_PROGRESS": str(d / "progress.txt")})
+        name=name,
+        progress=d / "progress.txt",
+        log=d / "out.log",
+        cmd=[
+            *common.torchrun(2),
+            str(common.BASELINES / script),
+            "--max-steps",
+            str(MAX_STEPS),
+            "--out",
+            str(d / "steps.json"),
+        ],
+        env={
+            "BENCH_TRAIN_ARGS": json.dumps([*TRAIN_ARGS, f"--train.max_steps={MAX_STEPS}"]),
+            "BENCH_PROGRESS": str(d / "progress.txt"),
+        },
+    )
 
 
-def row(name: str, target: str, label: str, rates: dict[str, list[float]], a: str, b: str,
-        setup: dict) -> dict:
+def row(
+    name: str, target: str, label: str, rates: dict[str, list[float]], a: str, b: str, setup: dict
+) -> dict:
     per_rep = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
     ma, mb = common.median(rates[a]), common.median(rates[b])
     return common.settle(
-        name, per_rep, target, **setup, steps_per_s_typical={a: rates[a], b: rates[b]},
+        name,
+        per_rep,
+        target,
+        **setup,
+        steps_per_s_typical={a: rates[a], b: rates[b]},
         summary=f"{label}: {ma:.2f} vs {mb:.2f} steps/s (median over segments of the "
-                f"typical rate, 1 / median step interval)")
+        f"typical rate, 1 / median step interval)",
+    )
 
 
 def run(quick: bool) -> list[dict]:
     reps, segment, warmup = (3, 8, 5) if quick else (5, 8, 6)
     reps = max(3, common.reps(reps))
-    setup = {"train_args": TRAIN_ARGS, "processes": 2, "backend": "gloo", "reps": reps,
-             "segment_steps": segment, "warmup_steps_skipped": warmup,
-             "method": "one launch per side, interleaved segments (SIGSTOP/SIGCONT)"}
+    setup = {
+        "train_args": TRAIN_ARGS,
+        "processes": 2,
+        "backend": "gloo",
+        "reps": reps,
+        "segment_steps": segment,
+        "warmup_steps_skipped": warmup,
+        "method": "one launch per side, interleaved segments (SIGSTOP/SIGCONT)",
+    }
     rows = []
 
     # DDP, plain DDP and Accelerate interleaved: the train_entry segments serve both ratios.
     try:
-        rates = interleave.run([train_entry_side("ddp"), baseline_side("plain_ddp", "plain_ddp.py"),
-                                baseline_side("accelerate", "accelerate_loop.py")],
-                               warmup=warmup, segment=segment, reps=reps)
-        rows.append(row("training_ddp_vs_plain_ddp", ">= 0.98", "train_entry DDP vs plain DDP",
-                        rates, "train_entry", "plain_ddp", setup))
-        rows.append(row("training_ddp_vs_accelerate", ">= 1.0", "train_entry DDP vs Accelerate",
-                        rates, "train_entry", "accelerate", setup))
+        rates = interleave.run(
+            [
+                train_entry_side("ddp"),
+                baseline_side("plain_ddp", "plain_ddp.py"),
+                baseline_side("accelerate", "accelerate_loop.py"),
+            ],
+            warmup=warmup,
+            segment=segment,
+            reps=reps,
+        )
+        rows.append(
+            row(
+                "training_ddp_vs_plain_ddp",
+                ">= 0.98",
+                "train_entry DDP vs plain DDP",
+                rates,
+                "train_entry",
+                "plain_ddp",
+                setup,
+            )
+        )
+        rows.append(
+            row(
+                "training_ddp_vs_accelerate",
+                ">= 1.0",
+                "train_entry DDP vs Accelerate",
+                rates,
+                "train_entry",
+                "accelerate",
+                setup,
+            )
+        )
     except common.NotMeasured as e:
         rows.append(common.not_measured("training_ddp_vs_plain_ddp", ">= 0.98", str(e)))
         rows.append(common.not_measured("training_ddp_vs_accelerate", ">= 1.0", str(e)))
 
-    for strategy, script, label in (("fsdp", "plain_fsdp.py", "FSDP2"),
-                                    ("deepspeed", "plain_deepspeed.py", "DeepSpeed")):
+    for strategy, script, label in (
+        ("fsdp", "plain_fsdp.py", "FSDP2"),
+        ("deepspeed", "plain_deepspeed.py", "DeepSpeed"),
+    ):
         name, base = f"training_{strategy}_vs_plain_{strategy}", f"plain_{strategy}"
         try:
-            rates = interleave.run([train_entry_side(strategy), baseline_side(base, script)],
-                                   warmup=warmup, segment=segment, reps=reps)
-            rows.append(row(name, ">= 0.98", f"train_entry {label} vs plain {label}", rates,
-                            "train_entry", base, setup))
+            rates = interleave.run(
+                [train_entry_side(strategy), baseline_side(base, script)],
+                warmup=warmup,
+                segment=segment,
+                reps=reps,
+            )
+            rows.append(
+                row(
+                    name,
+                    ">= 0.98",
+                    f"train_entry {label} vs plain {label}",
+                    rates,
+                    "train_entry",
+                    base,
+                    setup,
+                )
+            )
         except common.NotMeasured as e:
             rows.append(common.not_measured(name, ">= 0.98", str(e)))
     return rows

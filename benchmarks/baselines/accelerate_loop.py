@@ -26,8 +26,9 @@ accelerator.gradient_accumulation_steps = d.accum
 opt = d.optimizer(d.model.parameters())
 sched = d.scheduler(opt)
 # The global batch is the same as train_entry's: Accelerate shards this loader across ranks.
-loader = DataLoader(d.dataset, batch_size=d.micro_batch, shuffle=True, drop_last=True,
-                    collate_fn=d.collate)
+loader = DataLoader(
+    d.dataset, batch_size=d.micro_batch, shuffle=True, drop_last=True, collate_fn=d.collate
+)
 if sched:
     model, opt, loader, sched = accelerator.prepare(d.model, opt, loader, sched)
 else:

@@ -38,8 +38,14 @@ for size in map(int, args.sizes.split(",")):
     dist.barrier()
     t = (time.perf_counter() - t0) / iters
     algbw = x.numel() * 4 / t
-    rows.append({"bytes": x.numel() * 4, "time_s": t, "algbw_Bps": algbw,
-                 "busbw_Bps": algbw * 2 * (n - 1) / n})
+    rows.append(
+        {
+            "bytes": x.numel() * 4,
+            "time_s": t,
+            "algbw_Bps": algbw,
+            "busbw_Bps": algbw * 2 * (n - 1) / n,
+        }
+    )
 if dist.get_rank() == 0:
     with open(args.out, "w") as f:
         json.dump({"world_size": n, "sizes": rows}, f)

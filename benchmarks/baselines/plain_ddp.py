@@ -32,12 +32,13 @@ model = DDP(d.model)
 opt = d.optimizer(model.parameters())
 sched = d.scheduler(opt)
 sampler = DistributedSampler(d.dataset, shuffle=True, seed=d.seed, drop_last=True)
-loader = DataLoader(d.dataset, batch_size=d.micro_batch, sampler=sampler, drop_last=True,
-                    collate_fn=d.collate)
+loader = DataLoader(
+    d.dataset, batch_size=d.micro_batch, sampler=sampler, drop_last=True, collate_fn=d.collate
+)
 batches = demo.forever(loader, sampler)
 
 clock = demo.StepClock()
-for step in range(args.max_steps):
+for _step in range(args.max_steps):
     for micro in range(d.accum):
         sync = micro == d.accum - 1
         with contextlib.nullcontext() if sync else model.no_sync():

@@ -24,17 +24,18 @@ demo.no_deepspeed_builds()
 deepspeed.init_distributed(dist_backend="gloo")
 d = demo.build()
 opt = d.optimizer(d.model.parameters())
-engine, _, _, sched = deepspeed.initialize(model=d.model, optimizer=opt,
-                                           lr_scheduler=d.scheduler(opt),
-                                           config=d.deepspeed_config())
+engine, _, _, sched = deepspeed.initialize(
+    model=d.model, optimizer=opt, lr_scheduler=d.scheduler(opt), config=d.deepspeed_config()
+)
 sampler = DistributedSampler(d.dataset, shuffle=True, seed=d.seed, drop_last=True)
-loader = DataLoader(d.dataset, batch_size=d.micro_batch, sampler=sampler, drop_last=True,
-                    collate_fn=d.collate)
+loader = DataLoader(
+    d.dataset, batch_size=d.micro_batch, sampler=sampler, drop_last=True, collate_fn=d.collate
+)
 batches = demo.forever(loader, sampler)
 
 clock = demo.StepClock()
-for step in range(args.max_steps):
-    for micro in range(d.accum):
+for _step in range(args.max_steps):
+    for _micro in range(d.accum):
         loss = d.loss(engine, next(batches))
         engine.backward(loss)
         engine.step()  # DeepSpeed steps the optimizer only at the accumulation boundary

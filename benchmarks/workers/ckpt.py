@@ -53,10 +53,10 @@ for _ in range(args.reps):
 
     box = {}
 
-    def async_then_train():
+    def async_then_train(box=box):
         t0 = time.perf_counter()
         ckpt.save(j.state, sync=False)
-        box["call"] = time.perf_counter() - t0   # until the loop has it back (the GIL included)
+        box["call"] = time.perf_counter() - t0  # until the loop has it back (the GIL included)
         j.train(args.steps)
 
     async_section = timed(async_then_train)
@@ -66,21 +66,35 @@ for _ in range(args.reps):
     async_phases = ckpt.timings[-1].get("phases", {})
     j.train(1)
     box = {}
-    sync_s = timed(lambda: box.setdefault("path", ckpt.save(j.state, sync=True)))
+    sync_s = timed(lambda box=box: box.setdefault("path", ckpt.save(j.state, sync=True)))
     nbytes = folder_bytes(box["path"])
     raw = raw_write(nbytes, args.run_dir) if rank == 0 else None
     dist.barrier()
-    load_s = timed(lambda: Checkpointer(args.run_dir, strategy=j.cfg.strategy,
-                                        log=lambda m: None).load_latest(j.state))
-    rows.append({"plain_steps_s": plain, "async_save_plus_steps_s": async_section,
-                 "async_call_blocked_s": call_blocked, "async_hook_wait_s": hook_wait,
-                 "async_wait_after_steps_s": wait_s, "async_phases": async_phases,
-                 "sync_phases": ckpt.timings[-1].get("phases", {}),
-                 "sync_save_s": sync_s, "bytes": nbytes, "load_s": load_s,
-                 "raw_write_s": raw and raw["write_s"], "raw_read_s": raw and raw["read_s"]})
+    load_s = timed(
+        lambda: Checkpointer(args.run_dir, strategy=j.cfg.strategy, log=lambda m: None).load_latest(
+            j.state
+        )
+    )
+    rows.append(
+        {
+            "plain_steps_s": plain,
+            "async_save_plus_steps_s": async_section,
+            "async_call_blocked_s": call_blocked,
+            "async_hook_wait_s": hook_wait,
+            "async_wait_after_steps_s": wait_s,
+            "async_phases": async_phases,
+            "sync_phases": ckpt.timings[-1].get("phases", {}),
+            "sync_save_s": sync_s,
+            "bytes": nbytes,
+            "load_s": load_s,
+            "raw_write_s": raw and raw["write_s"],
+            "raw_read_s": raw and raw["read_s"],
+        }
+    )
 if rank == 0:
-    Path(args.out).write_text(json.dumps({"steps_after_async": args.steps, "world_size":
-                                          j.info.world_size, "reps": rows}))
+    Path(args.out).write_text(
+        json.dumps({"steps_after_async": args.steps, "world_size": j.info.world_size, "reps": rows})
+    )
 dist.destroy_process_group()
 # gloo can abort a finished worker at interpreter exit (train_entry.dist.exit_now)
 sys.stdout.flush()

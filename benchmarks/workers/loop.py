@@ -12,8 +12,8 @@ from typing import Any
 class Job:
     cfg: Any
     info: Any
-    w: Any            # train_entry.strategies.Wrapped
-    state: Any        # train_entry.state.TrainState
+    w: Any  # train_entry.strategies.Wrapped
+    state: Any  # train_entry.state.TrainState
     batches: Any
     accum: int
 
@@ -44,6 +44,11 @@ def job() -> Job:
     model = build_model(cfg, rank=info.rank, world_size=info.world_size)
     w = wrap(model, cfg=cfg, device=info.device, grad_accum=accum)
     batches = build_batches(cfg, rank=info.rank, world_size=info.world_size)
-    state = TrainState(model=w.model, optimizer=w.optimizer, scheduler=w.scheduler, scaler=w.scaler,
-                       config=cfg.model_dump(mode="json"))
+    state = TrainState(
+        model=w.model,
+        optimizer=w.optimizer,
+        scheduler=w.scheduler,
+        scaler=w.scaler,
+        config=cfg.model_dump(mode="json"),
+    )
     return Job(cfg, info, w, state, batches, accum)
