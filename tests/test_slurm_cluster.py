@@ -24,7 +24,11 @@ def test_two_nodes_each_with_own_hostname_resolving_on_loopback(slurm_cluster, t
     )
     assert slurm_cluster.wait_done(job) == "COMPLETED"
     lines = sorted(line.strip() for line in (tmp_path / "out.txt").read_text().splitlines())
-    assert lines == ["n1 0 127.0.0.2 n1 127.0.0.3 n2", "n2 1 127.0.0.2 n1 127.0.0.3 n2"]
+    # Each node also answers to its suffixed name (n1i, n2i) for rendezvous.host_suffix profiles.
+    assert lines == [
+        "n1 0 127.0.0.2 n1 n1i 127.0.0.3 n2 n2i",
+        "n2 1 127.0.0.2 n1 n1i 127.0.0.3 n2 n2i",
+    ]
 
 
 @pytest.mark.parametrize("gpus, visible", [(2, "0,1"), (1, "0")])
