@@ -3,23 +3,19 @@
 Templates and profiles pass one trust check (owner, group/world write, every folder above, symlink
 targets, the folder they were found in); templates see plain data only and run in a bounded
 sandbox; `locked:` is a list or an error; a lock covers every key that sets the same thing; bad
-YAML values are one located line, never a traceback. docs/security.md describes the model.
-"""
+YAML values are one located line, never a traceback. docs/security.md describes the model."""
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from _trust_common import cli, render_local, site_template, write
 
-from hpctrain.cli import main
-from hpctrain.errors import UserError, ValidationError
+from hpctrain.errors import UserError
 from hpctrain.kernel import jobenv
 from hpctrain.profiles import resolve
-from hpctrain.render import render
 from hpctrain.request import JobRequest
 
 
@@ -33,38 +29,6 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.delenv(jobenv.SITE_PATH, raising=False)
     monkeypatch.setenv(jobenv.PYTHON, "/opt/py/bin/python")
     return home
-
-
-def write(path: Path, text: str, mode: int = 0o644) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    os.chmod(path, mode)
-    return path
-
-
-def cli(*args: str):
-    result = CliRunner().invoke(main, list(args))
-    assert "Traceback" not in result.output, result.output
-    if result.exit_code not in (0, 2):
-        raise AssertionError(f"exit {result.exit_code}: {result.output}\n{result.exception!r}")
-    return result
-
-
-def site_template(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, body: str, files: dict[str, str] | None = None
-) -> Path:
-    site = tmp_path / "site"
-    write(site / "templates" / "sbatch.sh.j2", '{% extends "hpctrain/sbatch.sh.j2" %}\n' + body)
-    for name, text in (files or {}).items():
-        write(site / "templates" / name, text)
-    monkeypatch.setenv(jobenv.SITE_PATH, str(site))
-    return site
-
-
-def render_local(**flags: object) -> str:
-    profile = resolve("local", dict(flags))
-    req = JobRequest.build(profile, name="t", nodes=1)
-    return render(profile, req, "/tmp/runs/t")
 
 
 # --- templates: trust for every template loaded, plain data only ----------------------------------
@@ -292,239 +256,3 @@ def test_publish_over_a_folder_or_into_a_read_only_mount(tmp_path) -> None:
         assert "Read-only file system" in result.output
     finally:
         os.system(f"umount {ro}")
-
-
-# --- locks cover every path that sets the same thing ----------------------------------------------
-
-LOCKED_NET = (
-    "name: site\nscheduler: slurm\nnetwork:\n  socket_ifname: ib0\n  env:\n    NCCL_IB_TC: '106'\n"
-    "environment:\n  env:\n    NCCL_NET: IB\nslurm:\n  partition: gpu\n"
-    "locked: [network, slurm.partition]\n"
-)
-
-
-@pytest.fixture
-def locked_site(tmp_path, monkeypatch) -> Path:
-    site = tmp_path / "siteprof"
-    write(site / "site.yaml", LOCKED_NET)
-    os.chmod(site, 0o755)
-    monkeypatch.setenv(jobenv.SITE_PATH, str(site))
-    return site
-
-
-@pytest.mark.parametrize(
-    "key, value",
-    [
-        ("environment.env.NCCL_IB_TC", "0"),
-        ("environment.env.NCCL_NET", "Socket"),
-        ("network.env.NCCL_IB_TC", "1"),
-        ("environment.env.FI_PROVIDER", "tcp"),
-        ("scheduler", "local"),
-    ],
-)
-def test_lock_covers_other_keys_from_a_flag(locked_site, key, value) -> None:
-    with pytest.raises(ValidationError, match=r"is locked by profile .*site.yaml"):
-        resolve("site", {key: value})
-    assert resolve("site", {"environment.env.MY_VAR": "1"}).environment.env["MY_VAR"] == "1"
-    assert (
-        resolve("site", {"environment.env.NCCL_NET": "IB"}).name == "site"
-    )  # the same value is fine
-
-
-def test_lock_covers_other_keys_from_user_config_and_child(locked_site, isolated, tmp_path) -> None:
-    write(
-        isolated / "hpctrain" / "config.yaml",
-        "overrides:\n  environment:\n    env:\n      NCCL_NET: Socket\n",
-    )
-    with pytest.raises(
-        ValidationError, match=r"config.yaml:4: environment.env.NCCL_NET: network is locked"
-    ):
-        resolve("site")
-    (isolated / "hpctrain" / "config.yaml").unlink()
-    child = write(tmp_path / "child" / "c.yaml", "name: c\nextends: site\nscheduler: local\n")
-    os.chmod(tmp_path / "child", 0o755)
-    result = cli("profiles", "validate", str(child))
-    assert (
-        result.exit_code == 2 and "c.yaml:3: scheduler: slurm.partition is locked" in result.output
-    )
-
-
-def test_user_profile_shadowing_a_locked_site_profile_is_refused(locked_site, isolated) -> None:
-    mine = write(isolated / "hpctrain" / "profiles" / "site.yaml", "name: site\nscheduler: local\n")
-    with pytest.raises(UserError, match="would silently drop those locks"):
-        resolve("site")
-    rows = [r for r in json.loads(cli("profiles", "list", "--json").output) if r["name"] == "site"]
-    assert rows[-1]["kind"] == "user" and "would silently drop those locks" in rows[-1]["error"]
-    write(mine, "name: site\nextends: site\nenvironment: {env: {MY_VAR: '1'}}\n")
-    assert resolve("site").network.socket_ifname == "ib0"  # building on it keeps the locks
-
-
-# --- YAML values that used to be tracebacks -------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    "text, expect",
-    [
-        (
-            "name: x\nscheduler: local\nslurm:\n  <<: {partition: a}\n",
-            "x.yaml:4: slurm: the YAML merge key <<",
-        ),
-        (
-            "name: x\nscheduler: local\nslurm:\n  max_nodes: " + "9" * 5000 + "\n",
-            "x.yaml:4: slurm.max_nodes: the number",
-        ),
-        ("name: x\nscheduler: local\nslurm:\n  max_nodes: " + "9" * 30 + "\n", "larger than"),
-        ('name: x\nscheduler: local\ndescription: "a\\x01b"\n', "x.yaml:3: description"),
-        ('name: x\nscheduler: local\ndescription: "a\\ud800b"\n', "x.yaml:3: description"),
-        ("name: x\nscheduler: local\nslurm:\n  gpu_mem_gib: .inf\n", "not a finite number"),
-        ("name: x\nscheduler: local\nslurm:\n  default_time_min: 1:30\n", "(got '1:30')"),
-        (
-            "name: x\nscheduler: local\nslurm:\n  exclusive: 'true'\n",
-            "x.yaml:4: slurm.exclusive: 'true' is quoted text; "
-            "fix: write true or false without quotes",
-        ),
-        (
-            "name: x\nscheduler: local\nslurm:\n  max_nodes: '4'\n",
-            "x.yaml:4: slurm.max_nodes: '4' is quoted text; "
-            "fix: write a whole number without quotes",
-        ),
-    ],
-)
-def test_bad_yaml_values_are_located_errors(tmp_path, text, expect) -> None:
-    path = write(tmp_path / "p" / "x.yaml", text)
-    result = cli("profiles", "validate", str(path))
-    assert result.exit_code == 2, result.output
-    assert expect in result.output
-
-
-def test_sexagesimal_is_text_in_env_values(tmp_path) -> None:
-    path = write(
-        tmp_path / "p" / "x.yaml", "name: x\nscheduler: local\nenvironment:\n  env:\n    T: 1:30\n"
-    )
-    assert resolve(str(path)).environment.env["T"] == "1:30"
-
-
-@pytest.mark.parametrize(
-    "value, expect",
-    [
-        ("slurm.max_nodes=" + "9" * 5000, "far too large"),
-        ("environment.env.X=a\x01b", "control character"),
-        ("environment.env.X=a\udcffb", "not valid Unicode"),
-        ("environment.env.T=1:30", None),
-        ("slurm=3", None),
-    ],
-)
-def test_bad_set_values_are_one_line(value, expect) -> None:
-    result = cli("render", "--profile", "local", "--name", "t", "--set", value)
-    if expect is None:
-        assert result.exit_code in (0, 2)
-        if value.endswith("1:30"):
-            assert 'export T="1:30"' in result.output
-        return
-    assert result.exit_code == 2 and expect in result.output and "command line" in result.output
-
-
-def test_one_bad_file_does_not_break_profiles_list(tmp_path, monkeypatch) -> None:
-    site = tmp_path / "site"
-    write(site / "merge.yaml", "name: merge\n<<: {scheduler: local}\n")
-    write(site / "digits.yaml", "name: digits\nslurm: {max_nodes: " + "9" * 5000 + "}\n")
-    write(site / "good.yaml", "name: good\nscheduler: local\n")
-    os.chmod(site, 0o755)
-    loop = tmp_path / "loop"
-    loop.symlink_to(loop)
-    monkeypatch.setenv(jobenv.SITE_PATH, f"{site}:{loop}:{tmp_path / 'missing'}")
-    result = cli("profiles", "list", "--json")
-    assert result.exit_code == 0, result.output
-    rows = {r["name"]: r for r in json.loads(result.output)}
-    assert rows["good"]["error"] is None
-    assert "merge key" in rows["merge"]["error"] and "far too large" in rows["digits"]["error"]
-
-
-# --- options that undo the site's policy, wherever an option list appears -------------------------
-
-POLICY = [
-    "--partition=debug",
-    "--account=other",
-    "--qos=high",
-    "--export=NONE",
-    "--mem-per-cpu=1",
-    "--clusters=other",
-    "--uid=0",
-    "--oversubscribe",
-    "--exclusive",
-    "--env=NCCL_NET=Socket",
-]
-
-
-@pytest.mark.parametrize(
-    "where", ["slurm.srun_args", "slurm.extra_sbatch", "environment.container.flags"]
-)
-@pytest.mark.parametrize("option", POLICY)
-def test_policy_options_are_refused_in_every_option_list(tmp_path, where, option) -> None:
-    if where == "slurm.extra_sbatch" and option.startswith("--env="):
-        option = "--export-file=/tmp/x"
-    container = "  container: {kind: pyxis, image: nvcr.io#nvidia/pytorch:24.05-py3, flags: [%s]}\n"
-    body = {
-        "slurm.srun_args": f"slurm:\n  srun_args: ['{option}']\n",
-        "slurm.extra_sbatch": f"slurm:\n  extra_sbatch: ['{option}']\n",
-        "environment.container.flags": "environment:\n" + container % f"'{option}'",
-    }[where]
-    path = write(tmp_path / "p" / "x.yaml", "name: x\nscheduler: slurm\n" + body)
-    result = cli("profiles", "validate", str(path))
-    assert result.exit_code == 2, result.output
-    assert "hpctrain sets --" in result.output or "abbreviates" in result.output
-
-
-@pytest.mark.parametrize(
-    "body, expect",
-    [
-        ("environment: {env: {IFS: x}}", "IFS would change how the job script itself runs"),
-        ("environment: {env: {BASH_ENV: /tmp/x}}", "BASH_ENV would change"),
-        ("environment: {env: {LD_PRELOAD: /tmp/x.so}}", "LD_PRELOAD would change"),
-        ("environment: {env: {ENV: /tmp/x}}", "ENV would change"),
-        ("environment: {modules: ['-q']}", "not a module name"),
-        ("environment: {container: {kind: apptainer, image: '-x'}}", "not starting with -"),
-        ("environment: {container: {kind: shifter, image: a, modules: ['-x']}}", "not a name"),
-    ],
-)
-def test_env_that_subverts_the_script_and_option_like_values_are_refused(
-    tmp_path, body, expect
-) -> None:
-    path = write(tmp_path / "p" / "x.yaml", f"name: x\nscheduler: slurm\n{body}\n")
-    result = cli("profiles", "validate", str(path))
-    assert (
-        result.exit_code == 2
-        and "x.yaml:3: environment." in result.output
-        and expect in result.output
-    )
-    flag = cli(
-        "render", "--profile", "local", "--name", "t", "--set", "environment.env.BASH_ENV=/tmp/x"
-    )
-    assert flag.exit_code == 2 and "BASH_ENV would change" in flag.output
-
-
-def test_unreadable_site_folder_is_a_row_not_a_crash(tmp_path, monkeypatch) -> None:
-    """Root reads every folder, so the OS answer is stood in for: EACCES from listing the folder."""
-    site = tmp_path / "locked-site"
-    site.mkdir(mode=0o700)
-    real_iterdir = Path.iterdir
-
-    def iterdir(self):
-        if self == site:
-            raise PermissionError(13, "Permission denied", str(self))
-        return real_iterdir(self)
-
-    monkeypatch.setattr(Path, "iterdir", iterdir)
-    monkeypatch.setenv(jobenv.SITE_PATH, str(site))
-    rows = json.loads(cli("profiles", "list", "--json").output)
-    assert any(
-        "cannot read search folder" in (r["error"] or "") and "Permission denied" in r["error"]
-        for r in rows
-    )
-    assert any(r["name"] == "local" and r["error"] is None for r in rows)
-    assert resolve("local").name == "local"
-
-
-def test_lock_covers_per_task_environment_too(locked_site) -> None:
-    with pytest.raises(ValidationError, match="network is locked"):
-        resolve("site", {"environment.task_env.NCCL_NET": "Socket"})
