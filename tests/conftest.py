@@ -3,7 +3,7 @@
 Live tests are marked `@pytest.mark.slurm` and take the `slurm_cluster` fixture. `make test` and
 `make test-slurm` start the cluster first and stop it after. Run alone as root, the fixture starts
 it itself and stops it at the end of the session. With CI=true a cluster that is not up fails the
-test, and any skipped slurm test is reported as a failure: in CI the live tests never skip.
+test, and any skipped test is reported as a failure: in CI nothing skips, live tests included.
 """
 
 from __future__ import annotations
@@ -146,16 +146,13 @@ def slurm_cluster():
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
-    """CI rule: a live Slurm test that skips is a failure, whatever made it skip. Also keeps each
+    """CI rule: a test that skips is a failure, whatever made it skip (a skip would count as a pass
+    in a green run). Also keeps each
     phase's report on the item (item.rep_call) so fixtures can print logs when a test failed."""
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
-    if (
-        IN_CI
-        and report.skipped
-        and not hasattr(report, "wasxfail")
-        and item.get_closest_marker("slurm") is not None
-    ):
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail"):
         report.outcome = "failed"
-        report.longrepr = f"live Slurm test skipped under CI=true (not allowed): {report.longrepr}"
+        kind = "live Slurm test" if item.get_closest_marker("slurm") is not None else "test"
+        report.longrepr = f"{kind} skipped under CI=true (not allowed): {report.longrepr}"

@@ -1,6 +1,6 @@
 """The live-test rules of tests/conftest.py, checked without a cluster: outside CI a non-root user
-gets a skip that says how to run the live tests; with CI=true the same situation, or any skip of a
-slurm-marked test, is a failure."""
+gets a skip that says how to run the live tests; with CI=true the same situation, or any skip at
+all, is a failure."""
 
 from __future__ import annotations
 
@@ -76,4 +76,5 @@ def test_in_ci_a_missing_cluster_or_a_skip_fails(tmp_path, ci):
     assert "CI=true: live Slurm tests must run" in out.stdout
     assert "FAILED test_live.py::test_skips_by_itself" in out.stdout
     assert "skipped under CI=true (not allowed)" in out.stdout
-    assert "SKIPPED" in out.stdout and "not a slurm test" in out.stdout  # other tests may skip
+    assert "FAILED test_live.py::test_not_live" in out.stdout  # no test may skip in CI
+    assert "test skipped under CI=true (not allowed)" in out.stdout
