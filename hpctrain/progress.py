@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hpctrain.kernel.files import jsonl_records
+
 METRICS = "metrics.jsonl"
 TAIL_BYTES = 16384  # enough for the last ~40 metric lines; a long run's file is never read whole
 
@@ -193,15 +195,7 @@ def _read_lines(path: Path, limit: int = 2_000_000) -> list[str]:
 
 
 def _jsonl(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in _read_lines(path):
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(item, dict):
-            out.append(item)
-    return out
+    return jsonl_records(_read_lines(path))
 
 
 # ---------------------------------------------------------------- following a run

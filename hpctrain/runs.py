@@ -19,7 +19,7 @@ from typing import Any
 from hpctrain import __version__
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
-from hpctrain.kernel.files import append_jsonl, utc_now
+from hpctrain.kernel.files import append_jsonl, read_jsonl, utc_now
 from hpctrain.kernel.rundir import RunFolder
 
 FINISHED = "COMPLETED"
@@ -74,22 +74,6 @@ LOW_SPACE = 1 << 20  # a run folder needs at least this much room to start
 def _index_file() -> Path:
     state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(state) / "hpctrain" / "runs.jsonl"
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text(errors="replace") if path.is_file() else ""
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash: skip it, keep the rest
-        if isinstance(item, dict):
-            out.append(item)
-    return out
 
 
 def _append_jsonl(path: Path, item: dict[str, Any]) -> None:
@@ -230,7 +214,7 @@ class RunDir(RunFolder):
             self._failed_early = (
                 state in FAILED_EARLY_STATES
                 and not self.newest_checkpoint_step()
-                and not any("step" in r for r in _read_jsonl(self.path / "metrics.jsonl"))
+                and not any("step" in r for r in read_jsonl(self.path / "metrics.jsonl"))
                 and not any((self.path / "checkpoints").glob("step-*"))
             )
         return bool(getattr(self, "_failed_early", False))
@@ -274,7 +258,7 @@ class RunDir(RunFolder):
         (`--user=me` cancels every job of yours)."""
         return [
             j
-            for j in _read_jsonl(self.path / "jobs.jsonl")
+            for j in read_jsonl(self.path / "jobs.jsonl")
             if JOB_ID_RE.match(str(j.get("job_id", ""))) and not isinstance(j.get("job_id"), bool)
         ]
 
@@ -295,10 +279,10 @@ class RunDir(RunFolder):
         return str(jobs[-1]["job_id"]) if jobs else None
 
     def restarts(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.path / "restarts.jsonl")
+        return read_jsonl(self.path / "restarts.jsonl")
 
     def events(self) -> list[dict[str, Any]]:
-        return _read_jsonl(self.path / "events.jsonl")
+        return read_jsonl(self.path / "events.jsonl")
 
     def local_state(self) -> dict[str, Any] | None:
         try:
@@ -369,7 +353,7 @@ def find_run(ref: str, runs_dir: Path | None = None) -> RunDir:
         where = sweep.point_dir(found, point) if found else None
         if where is not None and (where / "run.yaml").is_file():
             return RunDir(where)
-    for item in reversed(_read_jsonl(_index_file())):
+    for item in reversed(read_jsonl(_index_file())):
         if item.get("name") == ref and (Path(item.get("path", "")) / "run.yaml").is_file():
             return RunDir(item["path"])
     raise UserError(
@@ -392,7 +376,7 @@ def all_runs(runs_dir: Path | None = None) -> list[RunDir]:
                 seen.setdefault(child.resolve(), RunDir(child.resolve()))
         except (OSError, RuntimeError):
             continue  # a symlink loop or an unreadable entry is not a run
-    for item in _read_jsonl(_index_file()):
+    for item in read_jsonl(_index_file()):
         try:
             p = Path(str(item.get("path", "")))
             if (p / "run.yaml").is_file():

@@ -176,9 +176,10 @@ def point_dir(sweep_dir: Path, which: str) -> Path | None:
 
 
 def _index() -> list[dict[str, Any]]:
-    from hpctrain.runs import _index_file, _read_jsonl
+    from hpctrain.kernel.files import read_jsonl
+    from hpctrain.runs import _index_file
 
-    return _read_jsonl(_index_file())
+    return read_jsonl(_index_file())
 
 
 def record(name: str, sweep_dir: Path) -> None:

@@ -59,6 +59,28 @@ def write_atomic(
         fsync_path(path.parent)
 
 
+def jsonl_records(lines: list[str]) -> list[dict[str, Any]]:
+    """The JSON objects among `lines`; a line cut short by a crash (or not an object) is skipped."""
+    out = []
+    for line in lines:
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Every JSON object of a JSON-lines file; a missing or unreadable file has none."""
+    try:
+        text = path.read_text(errors="replace") if path.is_file() else ""
+    except OSError:
+        return []
+    return jsonl_records(text.splitlines())
+
+
 def append_jsonl(path: Path, record: dict[str, Any], *, sort_keys: bool = True) -> None:
     """Append one JSON object as one line, in one write (O_APPEND: lines of concurrent writers
     never interleave below the pipe-buffer size)."""

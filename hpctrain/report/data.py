@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.kernel import layout
+from hpctrain.kernel.files import read_jsonl
 
 # Run-folder files read here (hpctrain.kernel.layout).
 METRICS, RESTARTS, EVENTS, JOBS, SAVES = (
@@ -54,20 +55,7 @@ class RunData:
         return int(self.request.get("nodes") or 1) * int(self.request.get("gpus") or 1)
 
 
-def jsonl(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue  # a line cut short by a crash
-        if isinstance(item, dict):
-            out.append(item)
-    return out
+jsonl = read_jsonl  # the kernel's tolerant JSON-lines reader
 
 
 def timestamp(value: Any) -> float | None:

@@ -13,22 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.kernel import strategies as strategy_names
-from hpctrain.kernel.checkpoint import (  # noqa: F401  (the format lives in the kernel; re-exported)
-    FORMAT,
-    LATEST,
+from hpctrain.kernel.checkpoint import (
     MANIFEST,
     STAGING_PREFIX,
-    STEP_RE,
-    fsync_path,
-    list_files,
     newest_verified,
-    sha256_file,
     staging_name,
     step_folders,
     step_name,
     step_of,
-    verify,
-    write_atomic,
 )
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.strategies import engine_checkpoint
