@@ -21,6 +21,8 @@ from pathlib import Path
 from hpctrain.kernel import jobenv
 from hpctrain.kernel.files import write_atomic
 
+WARMUP, ITERS = 5, 20  # nccl-tests' -w and -n defaults
+
 
 def _write(path: Path, data: dict) -> None:
     write_atomic(path, json.dumps(data, indent=2), durable=False)
@@ -96,20 +98,24 @@ def sweep(out: Path, max_bytes: int, timeout_s: float) -> int:
             count = nbytes // 4
             buf = torch.empty(count, dtype=torch.float32, device=device)
             buf.fill_(1.0)
-            dist.all_reduce(buf)  # warm-up: connections, buffers
-            sync()
-            # as many iterations as fit in about 0.2 s (2..50); every rank must agree on the count
+            # nccl-tests' method: warm-up, then `iters` timed calls between barriers; 20 calls
+            # (its -n default) unless the probe says that takes over 1 s (large sizes on CPU)
             t1 = time.perf_counter()
-            dist.all_reduce(buf)
+            dist.all_reduce(buf)  # the first call sets up connections and buffers
             sync()
             probe = torch.tensor([time.perf_counter() - t1], dtype=torch.float64, device=device)
-            dist.all_reduce(probe, op=dist.ReduceOp.MAX)
-            iters = max(2, min(50, int(0.2 / max(float(probe.item()), 1e-6))))
+            dist.all_reduce(probe, op=dist.ReduceOp.MAX)  # every rank must agree on the counts
+            each = max(float(probe.item()), 1e-6)
+            iters = max(3, min(ITERS, int(1.0 / each)))
+            for _ in range(min(WARMUP, iters)):
+                dist.all_reduce(buf)
+            sync()
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(iters):
                 dist.all_reduce(buf)
             sync()
+            dist.barrier()
             elapsed = torch.tensor(
                 [(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device
             )
