@@ -7,18 +7,18 @@ verified checkpoint (train_entry does that at every start). The script's chain b
 makes a segment that gets the time-limit warning save and end without requeueing itself, so the
 next segment takes over; a segment that finds training complete, or completes it, cancels the
 segments after it. `hpctrain status` shows the chain; `cancel` cancels every segment left.
+
+This module plans and reads a chain (from the run folder alone, below hpctrain.runs); submitting
+the segments and asking Slurm about them is hpctrain.dispatch.slurm's (submit_chain, chain_states).
 """
 
 from __future__ import annotations
 
 import math
-import subprocess
 from dataclasses import dataclass
 from typing import Any
 
-from hpctrain.errors import UserError
-from hpctrain.kernel.files import write_atomic
-from hpctrain.kernel.layout import CHAIN as CHAIN_FILE  # the template reads it too
+from hpctrain.kernel.errors import UserError
 
 KIND = "chain"  # jobs.jsonl kind of a segment
 
@@ -63,35 +63,6 @@ def describe(segments: list[Segment]) -> list[str]:
     return lines
 
 
-def submit(run: Any, segments: list[Segment]) -> list[str]:
-    """Submit every segment of run.job_sh; returns the job ids in order."""
-    from hpctrain.dispatch.submitit_api import submit_sbatch
-
-    script = run.job_sh.read_text()
-    ids: list[str] = []
-    try:
-        for s in segments:
-            extra = [
-                f"--time={s.time_min}",
-                "--hold" if s.after is None else f"--dependency=afterany:{ids[-1]}",
-            ]
-            ids.append(submit_sbatch(run.submitit, script, extra))
-    except Exception as e:  # submitit raises several kinds; none may leave half a chain queued
-        if ids:
-            subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
-        raise UserError(f"sbatch refused a segment of the chain: {str(e).strip()}") from None
-    write_atomic(run.path / CHAIN_FILE, "".join(f"{i}\n" for i in ids))
-    for job_id in ids:
-        run.add_job(job_id, kind=KIND, scheduler="slurm")
-    proc = subprocess.run(
-        ["scontrol", "release", ids[0]], capture_output=True, text=True, timeout=60
-    )
-    if proc.returncode != 0:
-        subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
-        raise UserError(f"scontrol release {ids[0]} failed: {proc.stderr.strip()}")
-    return ids
-
-
 def ids(run: Any) -> list[str]:
     """The segments' job ids of the run's newest submission, if it was a chain."""
     jobs = run.jobs()
@@ -123,13 +94,3 @@ def cancel_ids(run: Any) -> list[str]:
     if not seg:
         return []
     return seg[seg.index(current(run, seg)) :]
-
-
-def states(run: Any) -> list[dict[str, str]]:
-    """[{"job_id", "state"}] of every segment, in order ([] when the run is not a chain)."""
-    seg = ids(run)
-    if not seg:
-        return []
-    from hpctrain.dispatch import slurm
-
-    return [{"job_id": job_id, "state": slurm.state(job_id)} for job_id in seg]

@@ -1,7 +1,7 @@
 """RunDir: one run folder per run name, stable across requeues and resumes (design.md "Run folder").
 
-Runs are found by path, in a runs folder, or through a small index of created runs in the user's state
-dir ($XDG_STATE_HOME/hpctrain/runs.jsonl), so `hpctrain status NAME` works from any directory.
+Runs are found by path, in a runs folder, or through the run index of created runs in the user's state
+dir (hpctrain/runindex.py), so `hpctrain status NAME` works from any directory.
 Nothing here ever deletes a run folder: replacing a finished run moves the old folder aside.
 """
 
@@ -16,10 +16,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from hpctrain import __version__
+from hpctrain import __version__, chain, runindex, sweepdir
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
-from hpctrain.kernel.files import append_jsonl, read_jsonl, utc_now
+from hpctrain.kernel.files import read_jsonl, utc_now
 from hpctrain.kernel.rundir import RunFolder
 
 FINISHED = "COMPLETED"
@@ -69,16 +69,6 @@ class BrokenRun(UserError):
 
 JOB_ID_RE = re.compile(r"[0-9]{1,18}([_+][0-9]{1,9})?\Z")
 LOW_SPACE = 1 << 20  # a run folder needs at least this much room to start
-
-
-def _index_file() -> Path:
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state) / "hpctrain" / "runs.jsonl"
-
-
-def _append_jsonl(path: Path, item: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    append_jsonl(path, item)
 
 
 class RunDir(RunFolder):
@@ -195,7 +185,7 @@ class RunDir(RunFolder):
         }
         self.write(layout.RUN_YAML, yaml.safe_dump(frozen, sort_keys=True))
         self.write_script(script)
-        _append_jsonl(_index_file(), {"name": self.name, "path": str(self.path), "time": now()})
+        runindex.record({"name": self.name, "path": str(self.path), "time": now()})
 
     def freeze(self, frozen: dict[str, Any]) -> None:
         """Replace run.yaml (resume: a new request, the same run)."""
@@ -272,9 +262,7 @@ class RunDir(RunFolder):
         """The job to ask about: the newest submission's (a chain's current segment). A line
         without a job_id (hand-edited, cut short) is skipped."""
         jobs = self.jobs()
-        if jobs and jobs[-1].get("kind") == "chain":
-            from hpctrain import chain
-
+        if jobs and jobs[-1].get("kind") == chain.KIND:
             return chain.current(self, chain.ids(self))
         return str(jobs[-1]["job_id"]) if jobs else None
 
@@ -347,13 +335,11 @@ def find_run(ref: str, runs_dir: Path | None = None) -> RunDir:
             return RunDir(c.resolve())
     head, sep, point = ref.rpartition("/")
     if sep and head and point:  # SWEEP/<index> or SWEEP/<point folder> (SWEEP a name or a path)
-        from hpctrain import sweep
-
-        found = sweep.find(head, runs_dir)
-        where = sweep.point_dir(found, point) if found else None
+        found = sweepdir.find(head, runs_dir)
+        where = sweepdir.point_dir(found, point) if found else None
         if where is not None and (where / "run.yaml").is_file():
             return RunDir(where)
-    for item in reversed(read_jsonl(_index_file())):
+    for item in reversed(runindex.entries()):
         if item.get("name") == ref and (Path(item.get("path", "")) / "run.yaml").is_file():
             return RunDir(item["path"])
     raise UserError(
@@ -376,7 +362,7 @@ def all_runs(runs_dir: Path | None = None) -> list[RunDir]:
                 seen.setdefault(child.resolve(), RunDir(child.resolve()))
         except (OSError, RuntimeError):
             continue  # a symlink loop or an unreadable entry is not a run
-    for item in read_jsonl(_index_file()):
+    for item in runindex.entries():
         try:
             p = Path(str(item.get("path", "")))
             if (p / "run.yaml").is_file():

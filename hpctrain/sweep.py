@@ -24,12 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.errors import UserError
+from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.rundir import RunFolder
+from hpctrain.sweepdir import ARRAY_FILE, KIND, is_sweep, read, record, write
 
-SWEEP_FILE = "sweep.json"
-ARRAY_FILE = "array.sh"
-KIND = "sweep"  # jobs.jsonl kind of a point's array task
 # Point states `resume SWEEP` brings back (a point never started locally shows WAITING).
 RESUMABLE = {
     "FAILED",
@@ -131,76 +129,6 @@ def array_script(
 def _quoted(text: str) -> str:
     """Always single-quoted (shlex leaves `a,b` bare, which shellcheck reads as a mistake)."""
     return "'" + text.replace("'", "'\\''") + "'"
-
-
-# -- the sweep folder -----------------------------------------------------------------------------
-def is_sweep(path: Path) -> bool:
-    return (path / SWEEP_FILE).is_file()
-
-
-def read(sweep_dir: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((sweep_dir / SWEEP_FILE).read_text())
-    except (OSError, ValueError) as e:
-        raise UserError(
-            f"{sweep_dir / SWEEP_FILE} cannot be read ({e}); the sweep's points are "
-            "still run folders of their own"
-        ) from None
-    return data if isinstance(data, dict) else {}
-
-
-def write(sweep_dir: Path, data: dict[str, Any]) -> None:
-    RunFolder(sweep_dir).write(SWEEP_FILE, json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def find(ref: str, runs_dir: Path | None = None) -> Path | None:
-    """The sweep folder for a sweep name or path, if REF is one."""
-    candidates = [Path(ref)]
-    if "/" not in ref:
-        candidates.append((runs_dir or Path("runs")) / ref)
-    for c in candidates:
-        if is_sweep(c):
-            return c.resolve()
-    for item in reversed(_index()):
-        if item.get("kind") == KIND and item.get("name") == ref and is_sweep(Path(item["path"])):
-            return Path(item["path"])
-    return None
-
-
-def point_dir(sweep_dir: Path, which: str) -> Path | None:
-    """A point by its index (`3`) or its folder name (`3-lr=0.1`)."""
-    for p in read(sweep_dir).get("points", []):
-        if which in (str(p.get("index")), p.get("folder")):
-            return sweep_dir / str(p["folder"])
-    return None
-
-
-def _index() -> list[dict[str, Any]]:
-    from hpctrain.kernel.files import read_jsonl
-    from hpctrain.runs import _index_file
-
-    return read_jsonl(_index_file())
-
-
-def record(name: str, sweep_dir: Path) -> None:
-    from hpctrain.runs import _append_jsonl, _index_file, now
-
-    _append_jsonl(
-        _index_file(), {"name": name, "path": str(sweep_dir), "kind": KIND, "time": now()}
-    )
-
-
-def all_sweeps(runs_dir: Path | None = None) -> list[Path]:
-    seen: dict[Path, None] = {}
-    base = runs_dir or Path("runs")
-    if base.is_dir():
-        for child in sorted(base.iterdir()):
-            if is_sweep(child):
-                seen.setdefault(child.resolve())
-    for item in _index():
-        if item.get("kind") == KIND and is_sweep(Path(item.get("path", ""))):
-            seen.setdefault(Path(item["path"]))
-    return list(seen)
 
 
 # -- what a sweep shows ---------------------------------------------------------------------------

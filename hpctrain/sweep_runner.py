@@ -15,13 +15,13 @@ from pathlib import Path
 
 
 def main(sweep_dir: Path) -> int:
-    from hpctrain import dispatch, sweep
+    from hpctrain import dispatch, sweep, sweepdir
     from hpctrain.profiles import Profile
     from hpctrain.runs import TERMINAL, RunDir
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    data = sweep.read(sweep_dir)
+    data = sweepdir.read(sweep_dir)
     limit = max(1, int(data.get("max_parallel") or 1))
     waiting = [
         RunDir(sweep_dir / str(r["point"]))
@@ -36,7 +36,7 @@ def main(sweep_dir: Path) -> int:
             frozen = run.frozen()
             profile = Profile.model_validate(frozen["profile"])
             time_min = int(frozen.get("request", {}).get("time_min") or 60)
-            job_id = dispatch.submit(run, profile, time_min=time_min, kind=sweep.KIND)
+            job_id = dispatch.submit(run, profile, time_min=time_min, kind=sweepdir.KIND)
             print(f"started point {run.name}: job {job_id}", flush=True)
             running.append(run)
         time.sleep(1)

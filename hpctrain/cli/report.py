@@ -30,12 +30,12 @@ def report(runs: tuple[str, ...], runs_dir: Path | None, as_json: bool, no_plots
       hpctrain report demo demo.old-20261201-101500     # overlay two runs
       hpctrain report lr                                # a sweep: its points as a table
     """
-    from hpctrain import sweep as sweeps
+    from hpctrain import sweepdir
     from hpctrain.remote.forward import maybe_forward
 
     if len(runs) == 1:
         maybe_forward("report", runs[0], runs_dir)  # a run on a remote site: its report there
-        found = sweeps.find(runs[0], runs_dir)
+        found = sweepdir.find(runs[0], runs_dir)
         if found is not None:
             from hpctrain.cli.sweep import show
 

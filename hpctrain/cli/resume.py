@@ -64,13 +64,14 @@ def resume(
 
     maybe_forward("resume", run, runs_dir)
     from hpctrain import sweep as sweeps
+    from hpctrain import sweepdir
 
-    found = sweeps.find(run, runs_dir)
-    if found is not None and sweeps.read(found).get("scheduler") == "local":
+    found = sweepdir.find(run, runs_dir)
+    if found is not None and sweepdir.read(found).get("scheduler") == "local":
         n = sweeps.resume_local(found)
         click.echo(
             f"sweep {found.name}: {n} point(s) to run again, "
-            f"{sweeps.read(found).get('max_parallel') or 1} at a time (local runner)"
+            f"{sweepdir.read(found).get('max_parallel') or 1} at a time (local runner)"
         )
         return
     if found is not None:  # every point that stopped before finishing
@@ -149,9 +150,9 @@ def preempt(run: str, sig: str | None, runs_dir: Path | None) -> None:
     from hpctrain.remote.forward import maybe_forward
 
     maybe_forward("preempt", run, runs_dir)
-    from hpctrain import sweep as sweeps
+    from hpctrain import sweepdir
 
-    if sweeps.find(run, runs_dir) is not None:
+    if sweepdir.find(run, runs_dir) is not None:
         raise UserError(f"{run} is a sweep: preempt one point, e.g. `hpctrain preempt {run}/0`")
     from hpctrain.runs import find_run
     from hpctrain.service.resume import preempt as send

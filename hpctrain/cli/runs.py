@@ -34,9 +34,9 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
     from hpctrain.remote.forward import maybe_forward
 
     maybe_forward("status", run, runs_dir)
-    from hpctrain import sweep as sweeps
+    from hpctrain import sweepdir
 
-    found = sweeps.find(run, runs_dir) if run else None
+    found = sweepdir.find(run, runs_dir) if run else None
     if found is not None:
         from hpctrain.cli.sweep import show
 
@@ -114,9 +114,9 @@ def runs(runs_dir: Path | None, as_json: bool) -> None:
         click.echo(json.dumps(items, indent=2))
         return
     _table(items)
-    from hpctrain import sweep as sweeps
+    from hpctrain import sweepdir
 
-    for found in sweeps.all_sweeps(runs_dir):
+    for found in sweepdir.all_sweeps(runs_dir):
         from hpctrain.cli.sweep import show
 
         click.echo("")
@@ -185,9 +185,9 @@ def logs(run: str, rank: int | None, node: int | None, follow: bool, runs_dir: P
     from hpctrain.remote.forward import maybe_forward
 
     maybe_forward("logs", run, runs_dir)
-    from hpctrain import sweep as sweeps
+    from hpctrain import sweepdir
 
-    if sweeps.find(run, runs_dir) is not None:
+    if sweepdir.find(run, runs_dir) is not None:
         raise UserError(
             f"{run} is a sweep: give one point, e.g. `hpctrain logs {run}/0` "
             f"(`hpctrain status {run}` lists them)"

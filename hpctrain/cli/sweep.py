@@ -48,6 +48,7 @@ def sweep(grid: tuple[str, ...], max_parallel: int | None, dry_run: bool, **o: A
       hpctrain status lr; hpctrain logs lr/1; hpctrain preempt lr/0; hpctrain resume lr
     """
     from hpctrain import sweep as sweeps
+    from hpctrain import sweepdir
     from hpctrain.cli.jobs import resolve_profile
 
     profile = resolve_profile(o)
@@ -78,7 +79,7 @@ def sweep(grid: tuple[str, ...], max_parallel: int | None, dry_run: bool, **o: A
     click.echo(plain_table(["index", "point", "entry arguments added"], rows), nl=False)
     if dry_run:
         if plan.array:
-            click.echo(f"==> {plan.sweep_dir / sweeps.ARRAY_FILE} <==\n{plan.array}", nl=False)
+            click.echo(f"==> {plan.sweep_dir / sweepdir.ARRAY_FILE} <==\n{plan.array}", nl=False)
         click.echo("nothing was written")
         return
     job = sweeps.create_and_submit(plan, code)

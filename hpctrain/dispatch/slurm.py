@@ -12,7 +12,9 @@ import logging
 import subprocess
 from typing import Any
 
+from hpctrain import chain
 from hpctrain.dispatch.submitit_api import sacct_state, submit_sbatch
+from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
 from hpctrain.runs import RunDir
 
@@ -33,6 +35,40 @@ def sbatch(
 
 def submit(run: RunDir) -> str:
     return sbatch(run.submitit, run.job_sh.read_text())
+
+
+def submit_chain(run: RunDir, segments: list[chain.Segment]) -> list[str]:
+    """Submit every segment of run.job_sh (hpctrain.chain.plan): the first held, each next one
+    `--dependency=afterany:<previous>`, the ids to chain.txt and jobs.jsonl, then the first
+    released; returns the job ids in order. A refusal leaves no segment queued."""
+    script = run.job_sh.read_text()
+    ids: list[str] = []
+    try:
+        for s in segments:
+            extra = [
+                f"--time={s.time_min}",
+                "--hold" if s.after is None else f"--dependency=afterany:{ids[-1]}",
+            ]
+            ids.append(submit_sbatch(run.submitit, script, extra))
+    except Exception as e:  # submitit raises several kinds; none may leave half a chain queued
+        if ids:
+            subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+        raise UserError(f"sbatch refused a segment of the chain: {str(e).strip()}") from None
+    run.write(layout.CHAIN, "".join(f"{i}\n" for i in ids))  # the template reads it too
+    for job_id in ids:
+        run.add_job(job_id, kind=chain.KIND, scheduler="slurm")
+    proc = subprocess.run(
+        ["scontrol", "release", ids[0]], capture_output=True, text=True, timeout=60
+    )
+    if proc.returncode != 0:
+        subprocess.run(["scancel", *ids], capture_output=True, timeout=60)
+        raise UserError(f"scontrol release {ids[0]} failed: {proc.stderr.strip()}")
+    return ids
+
+
+def chain_states(run: RunDir) -> list[dict[str, str]]:
+    """[{"job_id", "state"}] of every segment, in order ([] when the run is not a chain)."""
+    return [{"job_id": job_id, "state": state(job_id)} for job_id in chain.ids(run)]
 
 
 def state(job_id: str) -> str:
@@ -70,8 +106,6 @@ class Slurm:
         return state(job_id) if job_id else "UNKNOWN"
 
     def cancel(self, run: RunDir) -> str:
-        from hpctrain import chain
-
         for job_id in chain.cancel_ids(run) or [run.last_job_id()]:  # a chain: every segment left
             if job_id:
                 cancel(job_id)

@@ -13,10 +13,10 @@ from hpctrain.remote.ssh import Login, RemoteError
 
 
 def is_local(ref: str, runs_dir: Path | None) -> bool:
-    from hpctrain import sweep
+    from hpctrain import sweepdir
     from hpctrain.runs import find_run
 
-    if sweep.find(ref, runs_dir) is not None:
+    if sweepdir.find(ref, runs_dir) is not None:
         return True
 
     try:

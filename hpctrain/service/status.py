@@ -74,13 +74,16 @@ def detail(r: Any) -> dict[str, Any]:
     info = summary(r)
     if info["state"] == "BROKEN":
         raise UserError(info["reason"])
-    from hpctrain import chain
     from hpctrain.preflight.gate import health
     from hpctrain.progress import root_cause, snapshot
 
     info["history"] = r.restarts()
     info["jobs"] = r.jobs()
-    segments = chain.states(r)
+    segments = []
+    if r.scheduler() == "slurm":
+        from hpctrain.dispatch.slurm import chain_states
+
+        segments = chain_states(r)
     if segments:
         info["chain"] = segments
     info["progress"] = snapshot(r.path)
@@ -93,13 +96,12 @@ def detail(r: Any) -> dict[str, Any]:
 def cancel(ref: str, runs_dir: Any = None) -> dict[str, Any]:
     """Cancel a run's current job (or every point of a sweep). {"sweep": name, "points": [(point,
     state)]} or {"name", "before", "after"} (after None: it was not running)."""
-    from hpctrain import dispatch
-    from hpctrain import sweep as sweeps
+    from hpctrain import dispatch, sweep, sweepdir
     from hpctrain.runs import TERMINAL, find_run
 
-    found = sweeps.find(ref, runs_dir)
+    found = sweepdir.find(ref, runs_dir)
     if found is not None:
-        return {"sweep": found.name, "points": sweeps.cancel(found)}
+        return {"sweep": found.name, "points": sweep.cancel(found)}
     r = find_run(ref, runs_dir)
     before = dispatch.state(r)
     if before in TERMINAL:

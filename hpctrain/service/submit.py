@@ -129,9 +129,9 @@ def start(
     if plan is not None:
         run.write(layout.PLAN, plan.to_json() + "\n")
     if segments and len(segments) > 1:
-        from hpctrain import chain
+        from hpctrain.dispatch.slurm import submit_chain
 
-        return " -> ".join(chain.submit(run, segments))
+        return " -> ".join(submit_chain(run, segments))
     return dispatch.submit(run, profile, time_min=request.time_min)
 
 
