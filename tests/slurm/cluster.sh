@@ -4,6 +4,7 @@
 #   sudo bash tests/slurm/cluster.sh up       # install what is missing, start, wait until n1 n2 are idle
 #   sudo bash tests/slurm/cluster.sh status   # each daemon we started, then sinfo
 #   sudo bash tests/slurm/cluster.sh down     # cancel jobs, stop exactly the daemons we started
+#   bash tests/slurm/cluster.sh check-link    # may `up` point /etc/slurm/slurm.conf here? (exit 2: no)
 #
 # Debian 12's slurm-wlm 22.05 + munge + slurmdbd on MariaDB (so sacct is real). Two slurmd "nodes",
 # n1 (127.0.0.2) and n2 (127.0.0.3), each in its own UTS + mount namespace with its own hostname and
@@ -15,7 +16,9 @@
 #
 # All state (config, spool, logs, database, pid files) lives in $HPCTRAIN_SLURM_STATE (default
 # tests/slurm/.state, gitignored). Clients find the config through /etc/slurm/slurm.conf, a symlink
-# into that folder that `up` creates only when no other slurm.conf is there and `down` removes.
+# into that folder that `up` creates only when no other slurm.conf is there and `down` removes. `up`
+# re-points an existing link only when it is stale or its cluster is not running: a link to another
+# state folder whose cluster runs is refused (exit 2; export HPCTRAIN_SLURM_STATE=<that folder>).
 #
 # `up --optional` (used by `make test`): outside CI and without root, say how to run the live tests
 # and exit 0 so the rest of the suite runs; the slurm-marked tests then skip. In CI it never skips.
@@ -23,11 +26,12 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 STATE=${HPCTRAIN_SLURM_STATE:-$HERE/.state}
+STATE=$(realpath -m -- "$STATE")   # absolute: the link in /etc/slurm must not be relative
 ETC=$STATE/etc
 RUN=$STATE/run
 LOG=$STATE/log
 CONF=$ETC/slurm.conf
-SYS_CONF=/etc/slurm/slurm.conf
+SYS_CONF=${HPCTRAIN_SLURM_SYS_CONF:-/etc/slurm/slurm.conf}   # the override: tests of check-link only
 CLUSTER=hpctrain
 CTLD_PORT=6817
 DBD_PORT=6819
@@ -88,6 +92,50 @@ wait_for() {
         sleep 0.2
     done
     return 1
+}
+
+# ---------- the one /etc/slurm/slurm.conf ----------
+
+# other_state: the state folder $SYS_CONF points into when it is one of ours (TARGET = STATE/etc/
+# slurm.conf and written by this script), else empty.
+other_state() {
+    local target
+    target=$(readlink -- "$SYS_CONF") || return 0
+    [[ $target == /*/etc/slurm.conf && -f $target ]] || return 0
+    head -1 -- "$target" | grep -q '^# Written by tests/slurm/cluster.sh' || return 0
+    dirname -- "$(dirname -- "$target")"
+}
+
+# cluster_running STATE_DIR: a daemon of the cluster whose state is STATE_DIR is alive.
+cluster_running() {
+    local f
+    for f in "$1"/run/slurmctld.pid "$1"/run/slurmdbd.pid; do
+        alive "$f" "$(basename "$f" .pid)" && return 0
+    done
+    for f in "$1"/run/slurmd-*.pid; do alive "$f" slurmd && return 0; done
+    return 1
+}
+
+# check_link: may `up` point $SYS_CONF at this state folder? Yes when there is no link, when it
+# already points here, when its target is gone (stale) or is a cluster of ours that is not running.
+# No (exit 2, one message, nothing changed) when it points at another state folder whose cluster
+# still runs, or at a config this script did not write.
+check_link() {
+    local target other
+    [[ -L $SYS_CONF ]] || return 0
+    target=$(readlink -- "$SYS_CONF")
+    [[ $target == "$CONF" || $target -ef $CONF || ! -e $target ]] && return 0
+    other=$(other_state)
+    if [[ -z $other ]]; then
+        printf 'cluster: error: %s points to %s, which this script did not write; fix: move that link away, or run on a machine without a Slurm config\n' \
+            "$SYS_CONF" "$target" >&2
+        exit 2
+    fi
+    if cluster_running "$other"; then
+        printf 'cluster: error: %s points to %s, whose test cluster is running; fix: export HPCTRAIN_SLURM_STATE=%s to use that cluster (or stop it: HPCTRAIN_SLURM_STATE=%s %s down)\n' \
+            "$SYS_CONF" "$other" "$other" "$other" "$0" >&2
+        exit 2
+    fi
 }
 
 # ---------- install ----------
@@ -220,8 +268,9 @@ EOF
     } >"$ETC/hosts"
 
     # Clients (sbatch, squeue, sacct, scontrol inside jobs) read /etc/slurm/slurm.conf.
-    mkdir -p /etc/slurm
+    mkdir -p "$(dirname "$SYS_CONF")"
     if [[ -L $SYS_CONF ]]; then
+        check_link   # up checked it before it started; a cluster started since must not lose it
         ln -sfn "$CONF" "$SYS_CONF"
     elif [[ -e $SYS_CONF ]]; then
         die "$SYS_CONF exists and is not ours; move it away or run on a machine without a Slurm config"
@@ -317,6 +366,7 @@ up() {
         fi
         die "the test cluster needs root; $how"
     fi
+    check_link
     mkdir -p "$STATE" "$RUN" "$LOG"
     install_packages
     CONF_CHANGED=""
@@ -362,7 +412,10 @@ down() {
     stop slurmdbd "$RUN/slurmdbd.pid" slurmdbd
     stop mariadb "$RUN/mariadb.pid" mariadbd
     stop munged "$RUN/munged.pid" munged
-    [[ -L $SYS_CONF && $(readlink "$SYS_CONF") == "$CONF" ]] && rm -f "$SYS_CONF"
+    if [[ -L $SYS_CONF && ($(readlink -- "$SYS_CONF") == "$CONF" || $SYS_CONF -ef $CONF) ]]; then
+        rm -f -- "$SYS_CONF"   # ours; a link to another state folder is that cluster's
+        say "removed $SYS_CONF"
+    fi
     say "down in $(elapsed) s"
 }
 
@@ -397,5 +450,6 @@ case $cmd in
     up) up ;;
     down) down ;;
     status) status ;;
-    *) echo "usage: $0 up [--optional] | down | status" >&2; exit 2 ;;
+    check-link) check_link; echo "cluster: $SYS_CONF may point to $CONF" ;;
+    *) echo "usage: $0 up [--optional] | down | status | check-link" >&2; exit 2 ;;
 esac
