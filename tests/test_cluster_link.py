@@ -1,7 +1,7 @@
 """tests/slurm/cluster.sh and the one /etc/slurm/slurm.conf link: `up` may point it at its own state
 folder only when there is no link, it is stale, it points here already, or its cluster is not
 running. Tested through `cluster.sh check-link` (the same function `up` runs first) with the link
-in a temporary folder (HPCTRAIN_SLURM_SYS_CONF), so the shared live cluster is never touched."""
+in a temporary folder (jobenv.SLURM_SYS_CONF), so the shared live cluster is never touched."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
+from hpctrain.kernel import jobenv
 
 CLUSTER_SH = Path(__file__).resolve().parent / "slurm" / "cluster.sh"
 HEADER = "# Written by tests/slurm/cluster.sh: a two-node test cluster on loopback.\n"
@@ -26,7 +28,7 @@ def state(root: Path, name: str) -> Path:
 
 
 def check(link: Path, mine: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HPCTRAIN_SLURM_STATE": str(mine), "HPCTRAIN_SLURM_SYS_CONF": str(link)}
+    env = {**os.environ, jobenv.SLURM_STATE: str(mine), jobenv.SLURM_SYS_CONF: str(link)}
     return subprocess.run(
         ["bash", str(CLUSTER_SH), "check-link"], env=env, capture_output=True, text=True
     )
@@ -60,7 +62,7 @@ def test_up_refuses_a_link_to_another_running_cluster_and_allows_dead_or_stale(t
     assert out.returncode == 2, out
     assert out.stderr.count("\n") == 1 and "Traceback" not in out.stderr
     assert f"points to {other}, whose test cluster is running" in out.stderr
-    assert f"export HPCTRAIN_SLURM_STATE={other}" in out.stderr
+    assert f"export {jobenv.SLURM_STATE}={other}" in out.stderr
     assert link.readlink() == other / "etc" / "slurm.conf"  # nothing changed
     assert not (mine / "log").exists()
 
@@ -85,7 +87,7 @@ def test_down_removes_only_the_link_it_created(tmp_path):
     mine, other = state(tmp_path, "mine"), state(tmp_path, "other")
     link = tmp_path / "etc-slurm" / "slurm.conf"
     link.parent.mkdir()
-    env = {**os.environ, "HPCTRAIN_SLURM_STATE": str(mine), "HPCTRAIN_SLURM_SYS_CONF": str(link)}
+    env = {**os.environ, jobenv.SLURM_STATE: str(mine), jobenv.SLURM_SYS_CONF: str(link)}
 
     def down() -> subprocess.CompletedProcess:
         return subprocess.run(

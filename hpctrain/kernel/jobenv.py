@@ -181,6 +181,12 @@ VARS: tuple[Var, ...] = (
         "SLURM_STATE", "the loopback Slurm cluster's state folder", TESTS, "tests/slurm/cluster.sh"
     ),
     Var("SLURM_DB_PORT", "the loopback cluster's database port", TESTS, "tests/slurm/cluster.sh"),
+    Var(
+        "SLURM_SYS_CONF",
+        "the slurm.conf link `cluster.sh check-link`/`down` look at (default /etc/slurm/slurm.conf)",
+        TESTS,
+        "tests/test_cluster_link.py",
+    ),
 )
 BY_KEY: dict[str, Var] = {v.key: v for v in VARS}
 
@@ -212,6 +218,7 @@ TEST_STATE = BY_KEY["TEST_STATE"].name
 UPDATE_GOLDEN = BY_KEY["UPDATE_GOLDEN"].name
 SLURM_STATE = BY_KEY["SLURM_STATE"].name
 SLURM_DB_PORT = BY_KEY["SLURM_DB_PORT"].name
+SLURM_SYS_CONF = BY_KEY["SLURM_SYS_CONF"].name
 
 # Cleared from a child's environment when a tool starts a fresh run inside a run (check-resume).
 RUN_SCOPED = (STOP_FILE, STOP_AT_STEP, RUN_DIR)
