@@ -67,7 +67,10 @@ def run(quick: bool) -> list[dict]:
     }
     save_bw, raw_bw = m["bytes"] / m["sync_save_s"], m["bytes"] / m["raw_write_s"]
     blocked = [
-        x["async_call_blocked_s"] + x.get("async_hook_wait_s", 0.0) + x["async_wait_after_steps_s"]
+        x.get("async_blocked_s")
+        or x["async_call_blocked_s"]
+        + x.get("async_hook_wait_s", 0.0)
+        + x["async_wait_after_steps_s"]
         for x in r
     ]
     mb = m["bytes"] / 1e6

@@ -194,7 +194,8 @@ def test_a_failed_async_save_is_reported_at_wait_and_retried(tmpfs) -> None:
 
 def test_a_prune_killed_half_way_never_leaves_a_damaged_step_folder(tmp_path, monkeypatch) -> None:
     """SIGKILL during the pruning rmtree left step-N with its MANIFEST but not all its files (seen
-    by the 10-SIGKILL resume test); the stand-in rmtree deletes one file, then 'dies'."""
+    by the 10-SIGKILL resume test); the stand-in rmtree deletes one file, then 'dies' (the delete
+    runs on the prune's thread, which wait() joins)."""
     import shutil as real_shutil
 
     import torch
@@ -219,22 +220,27 @@ def test_a_prune_killed_half_way_never_leaves_a_damaged_step_folder(tmp_path, mo
         ckpt.maybe_save(state)
     rmtree = real_shutil.rmtree
 
+    died = []
+
     def dies_half_way(path, *a, **k):
         victim = next(
             p for p in sorted(Path(path).rglob("*")) if p.is_file() and p.name != "MANIFEST.json"
         )
         victim.unlink()
+        died.append(path)
         raise Killed
 
     monkeypatch.setattr(real_shutil, "rmtree", dies_half_way)
     state.step = 3
-    with pytest.raises(Killed):
-        ckpt.maybe_save(state)  # commits step 3, then prunes step 1 and "dies"
+    ckpt.maybe_save(state)  # commits step 3, then prunes step 1 and "dies"
+    ckpt.wait()
+    assert died
     monkeypatch.setattr(real_shutil, "rmtree", rmtree)
     ck = tmp_path / "run" / "checkpoints"
     for folder in ck.glob("step-*"):
         assert verify(folder)[1] is None, folder
     state.step = 4
     ckpt.maybe_save(state)  # the next prune finishes the half-deleted one
+    ckpt.wait()
     assert not list(ck.glob(".pruning-*"))
     assert sorted(p.name for p in ck.glob("step-*")) == ["step-00000003", "step-00000004"]

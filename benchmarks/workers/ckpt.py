@@ -6,6 +6,9 @@
 Each repetition, in turn: K plain training steps; an async save then K steps (the training time the
 async save costs is this minus the plain K steps); a sync save; rank 0 writes and fsyncs the same
 number of bytes raw into the same folder; a fresh Checkpointer loads the newest checkpoint.
+
+The time a save blocks the loop is each rank's own (from a barrier to the call's return, with no
+barrier after it), the slowest rank's taken (an all-reduce MAX).
 """
 
 import argparse
@@ -16,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from benchmarks.baselines.raw_write import raw_write  # noqa: E402
@@ -43,6 +47,21 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
+def slowest(*seconds: float) -> list[float]:
+    """Each figure's maximum over the ranks."""
+    t = torch.tensor(seconds, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def own(fn) -> float:
+    """This rank's seconds in fn, from a barrier (the ranks start together) to fn's return."""
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def folder_bytes(p: Path) -> int:
     return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
 
@@ -60,13 +79,16 @@ for _ in range(args.reps):
         j.train(args.steps)
 
     async_section = timed(async_then_train)
-    call_blocked = box["call"]
     hook_wait = ckpt.timings[-1].get("hook_wait_s", 0.0)
-    wait_s = timed(ckpt.wait)
+    wait_s = own(ckpt.wait)
+    call_blocked, hook_wait, wait_s, blocked = slowest(
+        box["call"], hook_wait, wait_s, box["call"] + hook_wait + wait_s
+    )
     async_phases = ckpt.timings[-1].get("phases", {})
     j.train(1)
     box = {}
-    sync_s = timed(lambda box=box: box.setdefault("path", ckpt.save(j.state, sync=True)))
+    (sync_s,) = slowest(own(lambda box=box: box.setdefault("path", ckpt.save(j.state, sync=True))))
+    ckpt.wait()  # the pruned folder's delete (on a thread) is over before the raw write starts
     nbytes = folder_bytes(box["path"])
     raw = raw_write(nbytes, args.run_dir) if rank == 0 else None
     dist.barrier()
@@ -82,6 +104,7 @@ for _ in range(args.reps):
             "async_call_blocked_s": call_blocked,
             "async_hook_wait_s": hook_wait,
             "async_wait_after_steps_s": wait_s,
+            "async_blocked_s": blocked,
             "async_phases": async_phases,
             "sync_phases": ckpt.timings[-1].get("phases", {}),
             "sync_save_s": sync_s,

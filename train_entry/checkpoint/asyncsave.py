@@ -1,9 +1,10 @@
-"""Async saves: the loop is blocked only for the state dict and the copy of model buffers; the
-parameters and optimizer state (which only the optimizer's step changes) are copied into reusable
-CPU buffers (pinned, on a side stream, on GPU) on the save's writer thread, and the optimizer's next
-step waits for that copy (a pre-step hook); the write, the checksums and rank 0's commit follow on
-the same thread, their collectives on a gloo group of their own. `wait()` joins it and makes every
-rank agree on the outcome (SaveFailed on all of them when any failed)."""
+"""Async saves: the loop is blocked only for the state dict (cached while live) and the copy of
+model buffers; the parameters and optimizer state (which only the optimizer's step changes) are
+copied into reusable CPU buffers (pinned, on a side stream, on GPU) on the save's writer thread, and
+the optimizer's next step waits for that copy (a pre-step hook); the write (with the cached plan),
+the checksums, rank 0's commit and the agreement on the outcome follow on the same thread, their
+collectives on a gloo group of their own. `wait()` joins it and raises SaveFailed on every rank when
+any failed (they all got the same answer)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train_entry.checkpoint.common import SaveFailed, attempt, planner
+from train_entry.checkpoint.common import SaveFailed, attempt
 
 
 @dataclass
@@ -27,6 +28,7 @@ class _Pending:
     staged: threading.Event
     thread: threading.Thread | None = None
     error: BaseException | None = None
+    failed: bool = False  # agreed by every rank's writer thread: some rank's save failed
     phases: dict = None  # type: ignore[assignment]
 
 
@@ -91,54 +93,43 @@ class AsyncSaves:
         self, p: _Pending, texts: dict[str, str], final: Path, rank: int, world: int
     ) -> None:
         """The writer thread of an async save (collectives on the save's own gloo group)."""
-        import torch.distributed.checkpoint as dcp
-
         from train_entry.checkpoint.writer import HashingWriter, SyncedFiles
 
-        error: BaseException | None = None
+        group = self._async_group
         staged = None
         t = time.perf_counter()
         try:
             staged = self._stager.finish()
         except BaseException as exc:  # noqa: BLE001 - reported by wait()
-            error = exc
+            p.error = exc
         finally:
             p.phases["staging_s"] = time.perf_counter() - t
             p.staged.set()
         try:
             t = time.perf_counter()
+            plan, changed = (
+                self._plans.planner(staged, rank) if staged is not None else (None, True)
+            )
+            p.phases["planning_s"] = time.perf_counter() - t
+            t = time.perf_counter()
             prepared = attempt(self._prepare, final, p.staging) if rank == 0 else None
-            if self._any_rank_on(self._async_group, prepared is not None):
+            not_prepared, not_staged, replan = self._any_rank(
+                prepared is not None, staged is None, changed, group=group
+            )
+            if not_prepared:
                 raise prepared or RuntimeError("rank 0 could not prepare the staging folder")
             p.phases["prepare_s"] = time.perf_counter() - t
             side = SyncedFiles(p.staging)
-            error = attempt(self._write_texts, side, texts) or error
-            if self._any_rank_on(self._async_group, staged is None):
+            error = attempt(self._write_texts, side, texts) or p.error
+            writer, results, entries = None, None, None
+            if not_staged:
                 error = error or RuntimeError("another rank could not stage its state")
-                entries = None
             else:
                 writer = HashingWriter(p.staging)
-                t = time.perf_counter()
-                error = (
-                    attempt(
-                        dcp.save,
-                        {"app": staged},
-                        storage_writer=writer,
-                        planner=planner(),
-                        process_group=self._async_group,
-                    )
-                    or error
+                failed, results = self._write_weights(
+                    writer, staged, plan, replan, p.phases, group=group
                 )
-                p.phases["planning_s"] = max(
-                    0.0, time.perf_counter() - t - writer.phases.get("write_data_s", 0.0)
-                )
-                p.phases.update(
-                    {
-                        k: v
-                        for k, v in writer.phases.items()
-                        if k in ("write_s", "hash_s", "fsync_s")
-                    }
-                )
+                error = failed or error
                 entries = writer.entries
             error = attempt(side.wait) or error
             if entries is not None:
@@ -152,20 +143,15 @@ class AsyncSaves:
                 entries,
                 error,
                 p.phases,
-                group=self._async_group,
+                group,
+                writer,
+                results,
             )
         except BaseException as exc:  # noqa: BLE001 - reported by wait() on the main thread
             p.error = exc
-
-    def _any_rank_on(self, group: Any, flag: bool) -> bool:
-        dist, _, _ = self._dist()
-        if dist is None:
-            return flag
-        import torch
-
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        return bool(t.item())
+        finally:
+            # every rank's thread ends here, so every rank learns the same outcome
+            p.failed = self._any_rank(p.error is not None, group=group)
 
     def _hook(self, optimizer: Any) -> None:
         """The optimizer's step waits until an async save has copied what the step changes."""
@@ -188,28 +174,27 @@ class AsyncSaves:
         self._hooked = optimizer
 
     def wait(self) -> None:
-        """Block until the pending async save is written and committed (on every rank); SaveFailed
-        on every rank when it could not be."""
+        """Block until the pending async save is written and committed (on every rank), and any
+        pruned folder deleted; SaveFailed on every rank when the save failed on any."""
         pending, self._pending = self._pending, None
         if pending is None:
+            self._join_purge()
             return
         t0 = time.monotonic()
         pending.staged.wait()
         if pending.thread is not None:
             pending.thread.join()
-        error = pending.error
+        self._join_purge()
         for row in reversed(self.timings):
             if row["step"] == pending.step:
                 row["total_s"] = time.monotonic() - pending.started
                 row["wait_blocked_s"] = time.monotonic() - t0
                 row["blocked_s"] += row["wait_blocked_s"]
                 break
-        try:
-            self._agree(error, pending.step)
-        except SaveFailed:
+        if pending.failed:
             self._failed(pending.staging, self._dist()[1])
             self._last_step = None
-            raise
+            raise SaveFailed(pending.step, self.dir, pending.error)
 
 
 def deferrable(model: Any, optimizer: Any) -> set[int]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -26,7 +27,15 @@ from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.strategies import engine_checkpoint
 from train_entry.checkpoint.asyncsave import AsyncSaves, _Pending
 from train_entry.checkpoint.commit import commit
-from train_entry.checkpoint.common import AppState, SaveFailed, attempt, planner, stderr
+from train_entry.checkpoint.common import (
+    AppState,
+    PlanCache,
+    SaveFailed,
+    StateDicts,
+    attempt,
+    planner,
+    stderr,
+)
 
 STRATEGIES = strategy_names.NAMES
 
@@ -70,6 +79,9 @@ class Checkpointer(AsyncSaves):
         self._async_group: Any = None
         self._stager: Any = None  # async saves: CPU copies of the state, kept between saves
         self._hooked: Any = None  # the optimizer whose step waits for an async staging copy
+        self._state_dicts = StateDicts()  # the last save's state dict, reused while still live
+        self._plans = PlanCache()  # the last save's DCP plan, reused while unchanged
+        self._purging: threading.Thread | None = None  # deleting pruned folders
         self.timings: list[dict] = []  # per save: step, blocked_s (training time lost), total_s,
         #                                 phases (seconds: prepare, state_dict, staging, planning,
         #                                 write, hash, fsync, side_files, gather, commit)
@@ -98,16 +110,19 @@ class Checkpointer(AsyncSaves):
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def _any_rank(self, flag: bool) -> bool:
+    def _any_rank(self, flag: bool, *more: bool, group: Any = None) -> Any:
+        """Whether any rank's `flag` is set (one all-reduce MAX); with `more` flags, a list of
+        such answers, all in the same all-reduce."""
         dist, _, _ = self._dist()
-        if dist is None:
-            return flag
-        import torch
+        flags = [flag, *more]
+        if dist is not None:
+            import torch
 
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        t = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return bool(t.item())
+            nccl = group is None and dist.get_backend() == "nccl"
+            t = torch.tensor(flags, dtype=torch.int32, device="cuda" if nccl else "cpu")
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+            flags = [bool(x) for x in t.tolist()]
+        return flags if more else bool(flags[0])
 
     def _warn(self, msg: str) -> None:
         if self._dist()[1] == 0:
@@ -216,16 +231,20 @@ class Checkpointer(AsyncSaves):
             )  # frees the space it took; never a checkpoint
         self._last_time = time.monotonic()  # retry after another interval, not every step
 
-    def _agree(self, error: BaseException | None, step: int) -> None:
+    def _agree(self, error: BaseException | None, step: int, *flags: bool) -> list[bool]:
         """A barrier that also agrees on failure: when any rank failed, every rank raises SaveFailed
-        (a rank that raised alone would leave the others waiting in the next collective)."""
-        if self._any_rank(error is not None):
+        (a rank that raised alone would leave the others waiting in the next collective). `flags`
+        ride along in the same all-reduce; the answer is whether any rank set each one."""
+        agreed = self._any_rank(error is not None, *flags, False)
+        if agreed[0]:
             raise SaveFailed(step, self.dir, error)
+        return agreed[1:-1]
 
     def _save(self, state: Any, *, sync: bool) -> Path:
-        """One save: prepare (rank 0), side files, the weights (DCP through HashingWriter, or the
-        DeepSpeed engine), every rank's file checksums gathered to rank 0, rank 0's commit. The
-        ranks agree on failure after the prepare and at the end (three small collectives)."""
+        """One save: the state dict (cached while live), the save plan (cached while unchanged),
+        prepare (rank 0), side files, the weights (DCP through HashingWriter, or the DeepSpeed
+        engine), every rank's file checksums gathered to rank 0, rank 0's commit. The ranks agree
+        on failure (and on whether to plan afresh) after the prepare and at the end."""
         from train_entry.checkpoint.writer import HashingWriter, SyncedFiles
 
         _, rank, world = self._dist()
@@ -233,24 +252,29 @@ class Checkpointer(AsyncSaves):
         name = step_name(state.step)
         final, staging = self.dir / name, self.dir / staging_name(state.step)
         phases: dict[str, float] = {}
-        if not sync and not engine_checkpoint(self.strategy):
+        dcp_state = not engine_checkpoint(self.strategy)
+        holder: dict = {}
+        if dcp_state:
+            holder = self._state_dicts.get(state.model, state.optimizer)
+            phases["state_dict_s"] = time.perf_counter() - t0
+        if not sync and dcp_state:
             texts = self._side_texts(state, rank, world)
-            t = time.perf_counter()
-            holder = AppState(state.model, state.optimizer).state_dict()
-            phases["state_dict_s"] = time.perf_counter() - t
             return self._save_async(state, holder, texts, final, staging, t0, phases)
-        self._agree(attempt(self._prepare, final, staging) if rank == 0 else None, state.step)
-        phases["prepare_s"] = time.perf_counter() - t0
-
         t = time.perf_counter()
+        plan, changed = self._plans.planner(holder, rank) if dcp_state else (None, False)
+        phases["planning_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        prepared = attempt(self._prepare, final, staging) if rank == 0 else None
+        (replan,) = self._agree(prepared, state.step, changed)
+        phases["prepare_s"] = time.perf_counter() - t
+
         texts = self._side_texts(state, rank, world)
-        if not engine_checkpoint(self.strategy):
-            holder = AppState(state.model, state.optimizer).state_dict()
-            phases["state_dict_s"] = time.perf_counter() - t
         side = SyncedFiles(staging)
         error = attempt(self._write_texts, side, texts)
         entries: dict[str, dict] | None = None
-        if engine_checkpoint(self.strategy):
+        writer = None
+        results = None
+        if not dcp_state:
             error = (
                 attempt(
                     state.model.save_checkpoint,
@@ -262,27 +286,19 @@ class Checkpointer(AsyncSaves):
                 or error
             )
         else:
-            import torch.distributed.checkpoint as dcp
-
             writer = HashingWriter(staging)
-            t = time.perf_counter()
-            # every rank enters the collective save even when its side files failed
-            error = (
-                attempt(dcp.save, {"app": holder}, storage_writer=writer, planner=planner())
-                or error
-            )
-            dcp_s = time.perf_counter() - t
-            phases.update(
-                {k: v for k, v in writer.phases.items() if k in ("write_s", "hash_s", "fsync_s")}
-            )
-            phases["planning_s"] = max(0.0, dcp_s - writer.phases.get("write_data_s", 0.0))
+            # every rank writes its weights even when its side files failed (the collectives)
+            failed, results = self._write_weights(writer, holder, plan, replan, phases)
+            error = failed or error
             entries = writer.entries
         t = time.perf_counter()
         error = attempt(side.wait) or error
         phases["side_files_s"] = time.perf_counter() - t
         if entries is not None:
             entries = {**side.entries, **entries}
-        self._finish(staging, final, state.step, world, rank, entries, error, phases)
+        self._finish(
+            staging, final, state.step, world, rank, entries, error, phases, None, writer, results
+        )
         self._last_step, self._last_time = state.step, time.monotonic()
         took = time.perf_counter() - t0
         self.timings.append(
@@ -296,6 +312,47 @@ class Checkpointer(AsyncSaves):
         )
         return final
 
+    def _write_weights(
+        self,
+        writer: Any,
+        sd: dict,
+        plan: Any,
+        replan: bool,
+        phases: dict,
+        group: Any = None,
+    ) -> tuple[BaseException | None, list | None]:
+        """This rank's tensors into its raw file: with the cached plan when no rank's plan changed
+        (no collectives; the offsets go to rank 0 with the checksums, returned here), else
+        through dcp.save, which plans afresh and writes DCP's metadata (returned: None)."""
+        import torch.distributed.checkpoint as dcp
+
+        box: dict[str, Any] = {}
+        t = time.perf_counter()
+        if replan:
+            error = attempt(
+                lambda: box.update(
+                    md=dcp.save(
+                        {"app": sd}, storage_writer=writer, planner=planner(), process_group=group
+                    )
+                )
+            )
+            if error is None and writer.final_plan is not None:
+                self._plans.keep(writer.final_plan, box["md"])
+            else:
+                self._plans.clear()
+            results = None
+        else:
+            error = attempt(lambda: box.update(res=writer.write_plan(self._plans.final, plan)))
+            results = box.get("res", [])
+        took = time.perf_counter() - t
+        phases.update(
+            {k: v for k, v in writer.phases.items() if k in ("write_s", "hash_s", "fsync_s")}
+        )
+        phases["hash_wait_s"] = writer.phases.get("hash_wait_s", 0.0)
+        if replan:  # DCP's own planning and collectives
+            phases["planning_s"] += max(0.0, took - writer.phases.get("write_data_s", 0.0))
+        return error, results
+
     def _finish(
         self,
         staging: Path,
@@ -307,21 +364,30 @@ class Checkpointer(AsyncSaves):
         error: BaseException | None,
         phases: dict,
         group: Any = None,
+        writer: Any = None,
+        results: list | None = None,
     ) -> None:
-        """Every rank's checksums and failure to rank 0; rank 0 commits unless a rank failed;
-        then all agree (on `group` for an async save, whose agreement comes in wait())."""
+        """Every rank's checksums (and, with a cached plan, where its tensors lie) and failure to
+        rank 0; rank 0 writes DCP's metadata if DCP did not, and commits unless a rank failed;
+        then all agree (not here for an async save: its thread agrees on `group`)."""
         t = time.perf_counter()
-        gathered = self._gather((entries, error is not None), group)
+        gathered = self._gather((entries, error is not None, results), group)
         phases["gather_s"] = time.perf_counter() - t
         if rank == 0:
             t = time.perf_counter()
-            if any(failed for _, failed in gathered):
+            if any(failed for _, failed, _ in gathered):
                 error = error or RuntimeError("another rank failed")
             else:
                 files: dict[str, dict] | None = {}
-                for e, _ in gathered:
+                for e, _, _ in gathered:
                     files = None if e is None or files is None else {**files, **e}
-                error = attempt(commit, self, staging, final, step, world, files)
+                if results is not None and files is not None:
+                    error = attempt(
+                        writer.finish, self._plans.metadata, [r for _, _, r in gathered]
+                    )
+                    files.update(writer.entries)
+                if error is None:
+                    error = attempt(commit, self, staging, final, step, world, files)
             phases["commit_s"] = time.perf_counter() - t
         if group is None:
             self._agree(error, step)  # nobody goes on (or exits 75) before the commit
@@ -370,7 +436,9 @@ class Checkpointer(AsyncSaves):
             side.write(rel, text)
 
     def _prune(self, newest: int) -> None:
-        """Drop the oldest step folders beyond `keep`, only after a newer one was committed."""
+        """Drop the oldest step folders beyond `keep`, only after a newer one was committed: each
+        is renamed out of the step-N namespace now and deleted on a thread (`wait()` joins it)."""
+        self._join_purge()
         for staging in self.dir.glob(STAGING_PREFIX + "step-*"):
             # Left by a save that was killed; older than a committed checkpoint, it can never be
             # completed (only the process that wrote it renames it). Not a checkpoint: no manifest.
@@ -378,8 +446,7 @@ class Checkpointer(AsyncSaves):
             if old is not None and old < newest and not (staging / MANIFEST).exists():
                 self._log(f"removing {staging.name}: an older save that never finished")
                 shutil.rmtree(staging, ignore_errors=True)
-        for doomed in self.dir.glob(".pruning-step-*"):  # a prune killed half way: finish it
-            shutil.rmtree(doomed, ignore_errors=True)
+        doomed = list(self.dir.glob(".pruning-step-*"))  # a prune killed half way: finish it
         kept = 0
         for step, folder in step_folders(self.dir):
             if step > newest or not (folder / MANIFEST).exists():
@@ -388,6 +455,22 @@ class Checkpointer(AsyncSaves):
             if kept > self.keep:
                 # out of the step-N namespace first (one atomic rename), then delete: a kill in
                 # the middle of rmtree never leaves a half-deleted folder named like a checkpoint
-                doomed = folder.with_name(f".pruning-{folder.name}")
-                os.rename(folder, doomed)
-                shutil.rmtree(doomed, ignore_errors=True)
+                doomed.append(folder.with_name(f".pruning-{folder.name}"))
+                os.rename(folder, doomed[-1])
+        if doomed:
+            self._purging = threading.Thread(
+                target=self._purge, args=(doomed,), daemon=True, name="hpctrain-prune"
+            )
+            self._purging.start()
+
+    def _purge(self, doomed: list[Path]) -> None:
+        for folder in doomed:
+            try:
+                shutil.rmtree(folder, ignore_errors=True)
+            except BaseException as exc:  # noqa: BLE001 - a thread: say it, the next prune retries
+                self._log(f"could not delete {folder.name} ({exc!r}); the next save retries")
+
+    def _join_purge(self) -> None:
+        purging, self._purging = self._purging, None
+        if purging is not None:
+            purging.join()

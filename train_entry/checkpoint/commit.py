@@ -1,11 +1,10 @@
 """Rank 0's commit of a save: the manifest from every rank's checksums, fsyncs in parallel, the
-rename that makes it a checkpoint, `latest`."""
+rename that makes it a checkpoint, `latest`, the prune."""
 
 from __future__ import annotations
 
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -17,13 +16,17 @@ def commit(
     ck: Any, staging: Path, final: Path, step: int, world: int, files: dict[str, dict] | None = None
 ) -> None:
     """Rank 0: the manifest from every rank's checksums (taken while writing; files nobody
-    hashed, e.g. DeepSpeed's, are read, hashed and fsynced here), the manifest and the folders
-    fsynced in parallel, rename, fsync the checkpoints folder, move `latest`, prune."""
+    hashed, e.g. DeepSpeed's, are read, hashed and fsynced here); the manifest, the files not yet
+    synced, the folders and a new `latest` temp file fsynced in parallel (one fsync each); rename
+    the folder to step-N, replace `latest`, one fsync of the checkpoints folder (it makes both
+    renames durable; journaling filesystems keep their order, and a resume never goes by
+    `latest` but by the newest verified step-N); prune (the delete runs in the background)."""
     import torch
 
     from train_entry.checkpoint.writer import fsync_path as sync_one
-    from train_entry.checkpoint.writer import write_bytes_synced
+    from train_entry.checkpoint.writer import io_pool, write_bytes_synced
 
+    pool = io_pool()
     files = dict(files or {})
     unsynced = [r for r, e in files.items() if e.pop("unsynced", False)]
     rels = list_files(staging)
@@ -37,36 +40,33 @@ def commit(
         sync_one(path)
         return {"size": path.stat().st_size, "sha256": sha256_file(path)}
 
-    workers = max(2, min(8, len(extra) + len(unsynced) + 3))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        files.update(zip(extra, pool.map(synced_entry, extra), strict=True))
-        manifest = {
-            "format": FORMAT,
-            "step": step,
-            "strategy": ck.strategy,
-            "world_size": world,
-            "torch": torch.__version__,
-            "time": utc_now(),
-            "files": dict(sorted(files.items())),
-        }
-        blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
-        fd = os.open(staging / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, blob)
-            dirs = {staging / Path(r).parent for r in rels} | {staging}
-            latest_tmp = ck.dir / f".{LATEST}.tmp-{os.getpid()}"
-            jobs = [
-                pool.submit(os.fsync, fd),
-                *(pool.submit(sync_one, d) for d in dirs),
-                *(pool.submit(sync_one, staging / r) for r in unsynced),
-                pool.submit(write_bytes_synced, latest_tmp, (final.name + "\n").encode()),
-            ]
-            for j in jobs:
-                j.result()
-        finally:
-            os.close(fd)
+    files.update(zip(extra, pool.map(synced_entry, extra), strict=True))
+    manifest = {
+        "format": FORMAT,
+        "step": step,
+        "strategy": ck.strategy,
+        "world_size": world,
+        "torch": torch.__version__,
+        "time": utc_now(),
+        "files": dict(sorted(files.items())),
+    }
+    blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
+    latest_tmp = ck.dir / f".{LATEST}.tmp-{os.getpid()}"
+    fd = os.open(staging / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, blob)
+        dirs = {staging / Path(r).parent for r in rels} | {staging}
+        jobs = [
+            pool.submit(os.fsync, fd),
+            *(pool.submit(sync_one, d) for d in dirs),
+            *(pool.submit(sync_one, staging / r) for r in unsynced),
+            pool.submit(write_bytes_synced, latest_tmp, (final.name + "\n").encode()),
+        ]
+        for j in jobs:
+            j.result()
+    finally:
+        os.close(fd)
     os.rename(staging, final)
-    sync_one(ck.dir)  # the checkpoint is durable from here
     os.replace(latest_tmp, ck.dir / LATEST)
-    sync_one(ck.dir)
+    sync_one(ck.dir)  # the checkpoint (and then `latest`) is durable from here
     ck._prune(step)

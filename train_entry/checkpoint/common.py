@@ -1,5 +1,5 @@
 """What the checkpointer's parts share: the failure every rank agrees on, the DCP holder, the
-planner with plan caching."""
+state dict and save plan caches."""
 
 from __future__ import annotations
 
@@ -90,9 +90,106 @@ class AppState:
             )
 
 
+class StateDicts:
+    """The state dict of the last save, reused while it still holds the live tensors.
+
+    get_state_dict walks every parameter's FQN (milliseconds). Its tensors are the parameters,
+    buffers and optimizer state themselves (or views of them), which training updates in place;
+    so while every one of them keeps its storage, shape and dtype (the fingerprint), the previous
+    result is still the state, once its non-tensor leaves (the param groups' lr, ...) are taken
+    afresh. Anything else (a new tensor, a scalar in the optimizer state, a module with extra
+    state or a post-state-dict hook) builds it again."""
+
+    def __init__(self) -> None:
+        self._key: Any = None
+        self._sd: dict | None = None
+
+    def get(self, model: Any, optimizer: Any) -> dict:
+        key = _fingerprint(model, optimizer)
+        if self._sd is not None and key == self._key:
+            if optimizer is not None:
+                for cached, live in zip(
+                    self._sd["optim"]["param_groups"], optimizer.param_groups, strict=True
+                ):
+                    cached.update((k, v) for k, v in live.items() if k != "params")
+            return self._sd
+        sd = AppState(model, optimizer).state_dict()
+        self._key, self._sd = (key, sd) if _cacheable(model) else (None, None)
+        return sd
+
+
+def _local(t: Any) -> Any:
+    return getattr(t, "_local_tensor", t)
+
+
+def _fingerprint(model: Any, optimizer: Any) -> list:
+    import torch
+
+    out: list = [id(model), id(optimizer)]
+    out.extend(
+        (_local(t).data_ptr(), t.shape, t.dtype) for t in (*model.parameters(), *model.buffers())
+    )
+    if optimizer is not None:
+        for group in optimizer.param_groups:
+            out.append(tuple(map(id, group["params"])))
+            out.append(tuple(group))
+        for param, st in optimizer.state.items():
+            out.append(id(param))
+            out.extend(
+                (k, _local(v).data_ptr(), v.shape, v.dtype)
+                if isinstance(v, torch.Tensor)
+                else (k, v)
+                for k, v in st.items()
+            )
+    return out
+
+
+def _cacheable(model: Any) -> bool:
+    from torch import nn
+
+    return not any(
+        type(m).get_extra_state is not nn.Module.get_extra_state or m._state_dict_hooks
+        for m in model.modules()
+    )
+
+
+class PlanCache:
+    """DCP's plan caching, without DCP's collectives: the first save (and any save whose local
+    plan changed on some rank) goes through dcp.save; after it, each rank keeps its local plan (the
+    key), its final plan (what it writes) and the global metadata. A later save whose local plan
+    is the same on every rank (agreed in the all-reduce the save makes anyway) writes its final
+    plan straight away, and rank 0 writes the metadata with the offsets every rank reports."""
+
+    def __init__(self) -> None:
+        self.local: Any = None
+        self.final: Any = None
+        self.metadata: Any = None
+
+    def planner(self, sd: dict, rank: int) -> tuple[Any, bool]:
+        """A planner set up on `sd` and whether this rank's plan differs from the cached one."""
+        from torch.distributed.checkpoint import DefaultSavePlanner
+
+        p = DefaultSavePlanner()
+        p.set_up_planner({"app": sd}, is_coordinator=rank == 0)
+        local = p.create_local_plan()
+        changed = (
+            self.final is None
+            or local.items != self.local.items
+            or local.planner_data != self.local.planner_data
+        )
+        self._candidate = local
+        return p, changed
+
+    def keep(self, final: Any, metadata: Any) -> None:
+        """After a full dcp.save succeeded on every rank."""
+        self.local, self.final, self.metadata = self._candidate, final, metadata
+
+    def clear(self) -> None:
+        self.local = self.final = self.metadata = None
+
+
 def planner() -> Any:
-    """DCP's default planner, reusing the previous save's plan when the state's layout is unchanged
-    (it compares the plans, so a changed model or optimizer is planned afresh)."""
+    """DCP's default planner for a full save (PlanCache decides when one is needed)."""
     from torch.distributed.checkpoint import DefaultSavePlanner
 
-    return DefaultSavePlanner(enable_plan_caching=True)
+    return DefaultSavePlanner()
