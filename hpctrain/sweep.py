@@ -26,7 +26,7 @@ from typing import Any
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.rundir import RunFolder
-from hpctrain.sweepdir import ARRAY_FILE, KIND, is_sweep, read, record, write
+from hpctrain.sweepdir import KIND, is_sweep, read, record, write, write_array
 
 # Point states `resume SWEEP` brings back (a point never started locally shows WAITING).
 RESUMABLE = {
@@ -98,6 +98,11 @@ def points(grid: list[tuple[str, list[str]]]) -> list[Point]:
 
 def array_spec(n: int, max_parallel: int | None) -> str:
     return f"0-{n - 1}" + (f"%{max_parallel}" if max_parallel else "")
+
+
+def resume_spec(indexes: list[int], max_parallel: int | None) -> str:
+    """`--array=` of only these points (`resume SWEEP`): `1,3,4`, or `1,3,4%2`."""
+    return ",".join(str(i) for i in sorted(indexes)) + (f"%{max_parallel}" if max_parallel else "")
 
 
 def array_script(
@@ -172,11 +177,16 @@ def table(sweep_dir: Path) -> list[dict[str, Any]]:
 
 
 # -- submitting -----------------------------------------------------------------------------------
-def submit_array(sweep_dir: Path, script: str, runs: list[Any], pts: list[Point]) -> str:
-    """Slurm: one sbatch of the array script; every point records `<array>_<i>`."""
+def sbatch_array(sweep_dir: Path, script: str) -> str:
+    """Slurm: one sbatch of an array script; the array's job id."""
     from hpctrain.dispatch.slurm import sbatch
 
-    array_id = sbatch(sweep_dir / "submitit", script, what="the job array").split("_")[0]
+    return sbatch(sweep_dir / "submitit", script, what="the job array").split("_")[0]
+
+
+def submit_array(sweep_dir: Path, script: str, runs: list[Any], pts: list[Point]) -> str:
+    """Slurm: one sbatch of the array script; every point records `<array>_<i>`."""
+    array_id = sbatch_array(sweep_dir, script)
     for run, p in zip(runs, pts, strict=True):
         run.add_job(f"{array_id}_{p.index}", kind=KIND, scheduler="slurm")
     return array_id
@@ -362,7 +372,7 @@ def create_and_submit(plan: Planned, code_dir: Path | None = None) -> str:
     write(plan.sweep_dir, data)
     record(plan.name, plan.sweep_dir)
     if plan.array is not None:
-        RunFolder(plan.sweep_dir).write(ARRAY_FILE, plan.array)
+        write_array(plan.sweep_dir, plan.array)
         job = submit_array(plan.sweep_dir, plan.array, runs, plan.points)
         write(plan.sweep_dir, {**data, "array_job": job})
         return job

@@ -39,6 +39,11 @@ def write(sweep_dir: Path, data: dict[str, Any]) -> None:
     RunFolder(sweep_dir).write(SWEEP_FILE, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def write_array(sweep_dir: Path, script: str) -> None:
+    """The array script, as sbatch gets it (a resume's replaces the one before)."""
+    RunFolder(sweep_dir).write(ARRAY_FILE, script)
+
+
 def find(ref: str, runs_dir: Path | None = None) -> Path | None:
     """The sweep folder for a sweep name or path, if REF is one."""
     candidates = [Path(ref)]

@@ -36,6 +36,7 @@ def hp(tmp_path):
         return out
 
     run.root = tmp_path
+    run.env = env
     return run
 
 
@@ -184,14 +185,17 @@ def test_local_sweep_one_point_at_a_time_cancel_and_resume_by_sweep_name(hp):
 
 
 @pytest.mark.slurm
-@pytest.mark.timeout(420)
-def test_array_element_preempted_requeues_alone_and_resumes(slurm_cluster, hp):
+@pytest.mark.timeout(540)
+def test_array_element_preempted_requeues_alone_and_resume_sweep_is_one_array(slurm_cluster, hp):
+    """A 3-point array: point 0 is preempted and requeues alone; point 1 is cancelled mid-training
+    and point 2 before it starts. `resume arr` then submits ONE job array of exactly indexes 1,2;
+    point 1 resumes from its own checkpoint, point 2 starts, point 0 is not touched."""
     train = [
         *TINY,
         "--model.d_model=128",
         "--model.n_layers=4",
         "--model.seq_len=64",
-        "--max-steps=30",
+        "--max-steps=60",
         "--checkpoint-every=10",
     ]
     out = hp(
@@ -205,49 +209,103 @@ def test_array_element_preempted_requeues_alone_and_resumes(slurm_cluster, hp):
         "--gpus",
         "1",
         "--grid",
-        "optim.lr=1e-3,3e-3",
+        "optim.lr=1e-3,3e-3,1e-2",
         "--",
         *train,
     )
     array = re.search(r"array job (\d+)", out.stdout).group(1)
     sweep = hp.root / "runs" / "arr"
-    first = sweep / "0-optim.lr=1e-3"
+    pts = [sweep / "0-optim.lr=1e-3", sweep / "1-optim.lr=3e-3", sweep / "2-optim.lr=1e-2"]
+    first, second, third = pts
+    again = None
+
+    def table() -> dict:
+        return json.loads(hp("status", "arr", "--json").stdout)
+
+    def ended() -> dict | None:
+        t = table()
+        ends = ("COMPLETED", "FAILED", "CANCELLED", "PREEMPTED")
+        return t if all(r["state"] in ends for r in t["points"]) else None
+
     try:
-        assert lines(first / "jobs.jsonl")[0]["job_id"] == f"{array}_0"
+        assert [lines(p / "jobs.jsonl")[0]["job_id"] for p in pts] == [
+            f"{array}_{i}" for i in range(3)
+        ]
+        # two points fit on the two nodes at once: point 2 waits, and is cancelled before it starts
+        hp("cancel", "arr/2")
         try:
-            until("point 0 trains", lambda: len(lines(first / "metrics.jsonl")) >= 3, 240)
+            until(
+                "points 0 and 1 train",
+                lambda: all(len(lines(p / "metrics.jsonl")) >= 3 for p in (first, second)),
+                240,
+            )
         except AssertionError:
             queue = subprocess.run(["squeue"], capture_output=True, text=True).stdout
             raise AssertionError(
-                f"point 0 did not train in 240 s\n{queue}\n{dump(first)}"
+                f"points 0 and 1 did not train in 240 s\n{queue}\n{dump(first)}\n{dump(second)}"
             ) from None
+        # at once: point 1 is cancelled (TERM: it saves at the next step boundary and stops)
+        # while point 0 is preempted
+        cancel = subprocess.Popen(
+            [*HPCTRAIN, "cancel", "arr/1"], cwd=hp.root, env=hp.env, stdout=subprocess.PIPE
+        )
         assert f"job {array}_0" in hp("preempt", "arr/0").stdout
-        table = until(
-            "both points end",
-            lambda: (
-                (t := json.loads(hp("status", "arr", "--json").stdout))
-                and all(r["state"] in ("COMPLETED", "FAILED", "CANCELLED") for r in t["points"])
-                and t
-            ),
-            240,
+        assert cancel.wait(timeout=120) == 0
+        rows = until("every point ends", ended, 240)["points"]
+        assert [r["state"] for r in rows] == ["COMPLETED", "CANCELLED", "CANCELLED"], "\n".join(
+            dump(p) for p in pts
         )
-        assert [r["state"] for r in table["points"]] == ["COMPLETED", "COMPLETED"], "\n".join(
-            dump(Path(r["path"])) for r in table["points"]
-        )
+        assert not (third / "restarts.jsonl").exists()  # never started
+        saved = rows[1]["checkpoint_step"]
+        assert saved and saved < 60, rows[1]
         # only the preempted task was requeued: its own restarts, the other task ran once
         assert [r["restart_count"] for r in lines(first / "restarts.jsonl")] == [0, 1]
-        assert [
-            r["restart_count"] for r in lines(sweep / "1-optim.lr=3e-3" / "restarts.jsonl")
-        ] == [0]
+        assert [r["restart_count"] for r in lines(second / "restarts.jsonl")] == [0]
         kinds = [e["event"] for e in lines(first / "events.jsonl")]
         assert kinds[:3] == ["signal", "preempted", "requeue"] and kinds[-1] == "done", kinds
-        starts = re.findall(r"step (\d+)/30\n", (first / "train.log").read_text())
+        starts = re.findall(r"step (\d+)/60\n", (first / "train.log").read_text())
         assert len(starts) == 2 and starts[0] == "0" and int(starts[1]) > 0, starts
         sacct = subprocess.run(
             ["sacct", "-X", "-D", "-n", "-P", "-j", array, "-o", "JobID,State"],
             capture_output=True,
             text=True,
         ).stdout.split()
-        assert f"{array}_0|REQUEUED" in sacct and sacct.count(f"{array}_1|COMPLETED") == 1, sacct
+        assert f"{array}_0|REQUEUED" in sacct and sacct.count(f"{array}_0|COMPLETED") == 1, sacct
+
+        # resume SWEEP: the unfinished points only, as one job array
+        before = [len(lines(p / "jobs.jsonl")) for p in pts]
+        out = hp("resume", "arr", "--dry-run")
+        assert "2 point(s), one job array: #SBATCH --array=1,2" in out.stdout, out.stdout
+        assert f"1-optim.lr=3e-3 (CANCELLED): from step-{saved:08d}" in out.stdout, out.stdout
+        assert "0-optim" not in out.stdout and "nothing was written" in out.stdout
+        assert [len(lines(p / "jobs.jsonl")) for p in pts] == before
+        out = hp("resume", "arr")
+        again = re.search(r"resumed as array job (\d+) \(#SBATCH --array=1,2\)", out.stdout)
+        assert again, out.stdout
+        again = again.group(1)
+        assert "#SBATCH --array=1,2\n" in (sweep / "array.sh").read_text()
+        assert [lines(p / "jobs.jsonl")[-1]["job_id"] for p in pts] == [
+            f"{array}_0",
+            f"{again}_1",
+            f"{again}_2",
+        ]
+        assert len(lines(first / "jobs.jsonl")) == before[0]  # the finished point: untouched
+        rows = until("the resumed points end", ended, 240)["points"]
+        assert [r["state"] for r in rows] == ["COMPLETED"] * 3, "\n".join(dump(p) for p in pts)
+        tasks = subprocess.run(
+            ["sacct", "-X", "-n", "-P", "-j", again, "-o", "JobID,State"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert sorted(tasks) == [f"{again}_1|COMPLETED", f"{again}_2|COMPLETED"], tasks
+        # point 1 went on from its own checkpoint; point 2 started from the beginning
+        starts = re.findall(r"step (\d+)/60\n", (second / "train.log").read_text())
+        assert starts == ["0", str(saved)], starts
+        assert re.findall(r"step (\d+)/60\n", (third / "train.log").read_text()) == ["0"]
+        assert [r["restart_count"] for r in lines(first / "restarts.jsonl")] == [0, 1]
+        resumed = [e for e in lines(second / "events.jsonl") if e["event"] == "resume"]
+        assert [(e["job_id"], e["from_checkpoint"]) for e in resumed] == [
+            (f"{again}_1", f"step-{saved:08d}")
+        ]
     finally:
-        subprocess.run(["scancel", array], capture_output=True, timeout=30)
+        subprocess.run(["scancel", array, *([again] if again else [])], capture_output=True)

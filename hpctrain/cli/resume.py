@@ -37,6 +37,12 @@ def _warn(msg: str) -> None:
     help="Another node count (DDP/FSDP only: their checkpoints reshard; DeepSpeed's do not).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the resubmission as JSON.")
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Say what would resume (a sweep: which points, and the job array's --array line); "
+    "write nothing.",
+)
 @_runs_dir_option
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def resume(
@@ -46,12 +52,14 @@ def resume(
     max_steps: int | None,
     nodes: int | None,
     as_json: bool,
+    dry_run: bool,
     runs_dir: Path | None,
     args: tuple[str, ...],
 ) -> None:
     """Resubmit a cancelled, failed, timed-out or preempted run into its own folder: same frozen
     profile and script, training continues from the newest verified checkpoint. Arguments after
-    `--` are appended to the entry's arguments.
+    `--` are appended to the entry's arguments. A sweep: every point that stopped before finishing,
+    on Slurm as one job array of only their indexes; finished points are not touched.
 
     \b
     Examples:
@@ -59,6 +67,7 @@ def resume(
       hpctrain resume demo --time 240 --wait
       hpctrain resume demo --max-steps 2000 --nodes 2     # DDP/FSDP: fewer nodes reshard
       hpctrain resume demo -- --optim.lr=1e-4
+      hpctrain resume lr --dry-run     # a sweep: its unfinished points, as one job array
     """
     from hpctrain.remote.forward import maybe_forward
 
@@ -68,33 +77,64 @@ def resume(
 
     found = sweepdir.find(run, runs_dir)
     if found is not None and sweepdir.read(found).get("scheduler") == "local":
+        if dry_run:
+            left = [r for r in sweeps.table(found) if r["state"] in sweeps.RESUMABLE]
+            for row in left:
+                click.echo(f"  {row['index']}  {row['point']} ({row['state']})")
+            click.echo(
+                f"sweep {found.name}: {len(left)} point(s) would run again; nothing was written"
+            )
+            return
         n = sweeps.resume_local(found)
         click.echo(
             f"sweep {found.name}: {n} point(s) to run again, "
             f"{sweepdir.read(found).get('max_parallel') or 1} at a time (local runner)"
         )
         return
-    if found is not None:  # every point that stopped before finishing
-        rows = [r for r in sweeps.table(found) if r["state"] in sweeps.RESUMABLE]
-        for row in rows:
-            click.echo(f"{found.name}/{row['point']} ({row['state']}):")
-            click.get_current_context().invoke(
-                resume,
-                run=row["path"],
-                wait=False,
-                time_min=time_min,
-                max_steps=max_steps,
-                nodes=nodes,
-                as_json=False,
-                runs_dir=None,
-                args=args,
-            )
-        click.echo(f"sweep {found.name}: {len(rows)} point(s) resumed")
-        return
-    from hpctrain.runs import find_run
     from hpctrain.service import resume as service
 
+    if found is not None:  # every point that stopped before finishing, as one job array
+        out = service.resume_sweep(
+            found,
+            time_min=time_min,
+            max_steps=max_steps,
+            nodes=nodes,
+            args=args,
+            dry_run=dry_run,
+            warn=_warn,
+        )
+        if as_json:
+            click.echo(json.dumps(out, indent=2))
+            return
+        for pt in out["points"]:
+            origin = pt["from_checkpoint"] or "the start (no verified checkpoint yet)"
+            click.echo(f"  {pt['index']}  {pt['point']} ({pt['previous_state']}): from {origin}")
+        n = len(out["points"])
+        if not n:
+            click.echo(f"sweep {found.name}: no point to resume (each is finished or still active)")
+        elif dry_run:
+            click.echo(f"sweep {found.name}: {n} point(s), one job array: {out['array_line']}")
+            click.echo("nothing was written")
+        else:
+            click.echo(
+                f"sweep {found.name}: {n} point(s) resumed as array job {out['array_job']} "
+                f"({out['array_line']})\n  follow: hpctrain status {found.name}"
+            )
+        return
+    from hpctrain.runs import find_run
+
     r = find_run(run, runs_dir)
+    if dry_run:
+        p = service.plan(
+            r, time_min=time_min, max_steps=max_steps, nodes=nodes, args=args, warn=_warn
+        )
+        origin = p.checkpoint[0] if p.checkpoint else "the start (no verified checkpoint yet)"
+        click.echo(
+            f"would resume {r.name} (was {p.previous_state}) from {origin}"
+            + (f"\n  changes: {json.dumps(p.changes)}" if p.changes else "")
+            + "\nnothing was written"
+        )
+        return
     record = service.resume(
         r, time_min=time_min, max_steps=max_steps, nodes=nodes, args=args, warn=_warn
     )

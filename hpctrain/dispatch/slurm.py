@@ -103,12 +103,21 @@ class Slurm:
 
     def state(self, run: RunDir) -> str:
         job_id = run.last_job_id()
-        return state(job_id) if job_id else "UNKNOWN"
+        if not job_id:
+            return "UNKNOWN"
+        value = state(job_id)
+        if value == "UNKNOWN" and any(
+            e.get("event") == "cancel" and e.get("job_id") == job_id for e in run.events()
+        ):
+            # an array task cancelled while pending leaves no record in sacct or scontrol
+            return "CANCELLED"
+        return value
 
     def cancel(self, run: RunDir) -> str:
         for job_id in chain.cancel_ids(run) or [run.last_job_id()]:  # a chain: every segment left
             if job_id:
                 cancel(job_id)
+                run.event("cancel", job_id=job_id)
         return self.state(run)
 
     def signal(self, run: RunDir, name: str) -> str:

@@ -54,8 +54,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         "events.jsonl",
         '{"time", "event": "signal"|"requeue"|"preempted"|"done"|"failed"|"timeout"|"resume"|'
-        '"segment_end"|"chain_cancel", ...}',
-        "batch script, train_entry, resume",
+        '"segment_end"|"chain_cancel"|"cancel", ...}',
+        "batch script, train_entry, resume, cancel (Slurm)",
     ),
     Entry(
         "STOP",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,20 @@ def _max_steps(args: tuple[str, ...] | list[str]) -> int | None:
         return None
 
 
-def resume(
+@dataclass
+class Planned:
+    """A resume checked and ready (nothing written yet): what `resume --dry-run` shows."""
+
+    run: Any
+    previous_state: str
+    checkpoint: tuple[str, dict[str, Any]] | None
+    changes: dict[str, Any]
+    profile: Any
+    request: Any  # the new JobRequest
+    frozen: dict[str, Any]
+
+
+def plan(
     r: Any,
     *,
     time_min: int | None = None,
@@ -51,12 +65,10 @@ def resume(
     nodes: int | None = None,
     args: tuple[str, ...] = (),
     warn: Warn = lambda _: None,
-) -> dict[str, Any]:
-    """Resubmit run `r` (hpctrain.runs.RunDir) from its newest verified checkpoint; the `resume`
-    event as recorded in events.jsonl (time, event, job_id, previous_state, from_checkpoint, changes)."""
+) -> Planned:
+    """Check that run `r` (hpctrain.runs.RunDir) can resume with these changes; writes nothing."""
     from hpctrain import dispatch
     from hpctrain.profiles import Profile
-    from hpctrain.render import render
     from hpctrain.request import JobRequest
 
     frozen = r.frozen()
@@ -126,24 +138,130 @@ def resume(
         from hpctrain.kernel.errors import ValidationError
 
         raise ValidationError(problems)
-    if changes:  # the script changes with the request; both are re-frozen, the old script kept
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        from hpctrain.runs import copy_aside
+    return Planned(r, current, ckpt, changes, profile, new, frozen)
 
-        copy_aside(r.job_sh, f"job.sh.before-resume-{stamp}")  # never over an earlier one
-        r.write_script(render(profile, new, r.path))
-        frozen["request"] = new.to_dict()
-        frozen.setdefault("resumes", []).append({"time": stamp, "changes": changes})
-        r.freeze(frozen)
-    job_id = resubmit(r, profile, time_min=new.time_min)
-    record = r.event(
-        "resume",
-        job_id=job_id,
-        previous_state=current,
-        from_checkpoint=ckpt[0] if ckpt else None,
-        changes=changes,
+
+def apply(p: Planned) -> None:
+    """Re-freeze the request and re-render job.sh when the resume changes them (the old script is
+    kept beside it); nothing when it changes nothing."""
+    if not p.changes:
+        return
+    from hpctrain.render import render
+    from hpctrain.runs import copy_aside
+
+    r, frozen = p.run, p.frozen
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    copy_aside(r.job_sh, f"job.sh.before-resume-{stamp}")  # never over an earlier one
+    r.write_script(render(p.profile, p.request, r.path, python=frozen.get("node_python")))
+    frozen["request"] = p.request.to_dict()
+    frozen.setdefault("resumes", []).append({"time": stamp, "changes": p.changes})
+    r.freeze(frozen)
+
+
+def _record(p: Planned, job_id: str) -> dict[str, Any]:
+    return dict(
+        p.run.event(
+            "resume",
+            job_id=job_id,
+            previous_state=p.previous_state,
+            from_checkpoint=p.checkpoint[0] if p.checkpoint else None,
+            changes=p.changes,
+        )
     )
-    return dict(record)
+
+
+def resume(
+    r: Any,
+    *,
+    time_min: int | None = None,
+    max_steps: int | None = None,
+    nodes: int | None = None,
+    args: tuple[str, ...] = (),
+    warn: Warn = lambda _: None,
+) -> dict[str, Any]:
+    """Resubmit run `r` (hpctrain.runs.RunDir) from its newest verified checkpoint; the `resume`
+    event as recorded in events.jsonl (time, event, job_id, previous_state, from_checkpoint, changes)."""
+    p = plan(r, time_min=time_min, max_steps=max_steps, nodes=nodes, args=args, warn=warn)
+    apply(p)
+    return _record(p, resubmit(r, p.profile, time_min=p.request.time_min))
+
+
+def resume_sweep(
+    sweep_dir: Path,
+    *,
+    time_min: int | None = None,
+    max_steps: int | None = None,
+    nodes: int | None = None,
+    args: tuple[str, ...] = (),
+    dry_run: bool = False,
+    warn: Warn = lambda _: None,
+) -> dict[str, Any]:
+    """A Slurm sweep's unfinished points (hpctrain.sweep.RESUMABLE) as ONE job array of only their
+    indexes (`--array=i,j,k[%K]`, the sweep's --max-parallel): array task i runs point i's own
+    job.sh, which resumes its run folder from its newest verified checkpoint. Finished and active
+    points are not touched. Every point is checked before anything is written.
+    {"sweep", "points": [{"index", "point", "previous_state", "from_checkpoint"}], "array_line",
+    "array_job" (None when dry_run or nothing is left), "script"}."""
+    from hpctrain import sweep, sweepdir
+    from hpctrain.render import sbatch_directives
+    from hpctrain.runs import RunDir, copy_aside
+
+    data = sweepdir.read(sweep_dir)
+    rows = [row for row in sweep.table(sweep_dir) if row["state"] in sweep.RESUMABLE]
+    plans = [
+        plan(
+            RunDir(row["path"]),
+            time_min=time_min,
+            max_steps=max_steps,
+            nodes=nodes,
+            args=args,
+            warn=warn,
+        )
+        for row in rows
+    ]
+    out: dict[str, Any] = {
+        "sweep": sweep_dir.name,
+        "points": [
+            {
+                "index": row["index"],
+                "point": row["point"],
+                "previous_state": p.previous_state,
+                "from_checkpoint": p.checkpoint[0] if p.checkpoint else None,
+            }
+            for row, p in zip(rows, plans, strict=True)
+        ],
+        "array_line": None,
+        "array_job": None,
+        "script": None,
+    }
+    if not plans:
+        return out
+    spec = sweep.resume_spec([int(row["index"]) for row in rows], data.get("max_parallel"))
+    first = plans[0]
+    script = sweep.array_script(
+        str(data.get("name") or sweep_dir.name),
+        sweep_dir,
+        sbatch_directives(first.profile, first.request, str(first.run.path)),
+        [sweep_dir / str(pt["folder"]) for pt in data.get("points", [])],
+        spec,
+    )
+    out |= {"array_line": f"#SBATCH --array={spec}", "script": script}
+    if dry_run:
+        return out
+    for p in plans:
+        apply(p)
+    if (sweep_dir / sweepdir.ARRAY_FILE).is_file():
+        copy_aside(sweep_dir / sweepdir.ARRAY_FILE, f"{sweepdir.ARRAY_FILE}.before-resume")
+    sweepdir.write_array(sweep_dir, script)
+    array_id = sweep.sbatch_array(sweep_dir, script)
+    for row, p in zip(rows, plans, strict=True):
+        job_id = f"{array_id}_{row['index']}"
+        p.run.add_job(job_id, kind="resume", scheduler="slurm")
+        _record(p, job_id)
+    resumes = [*data.get("resumes", []), {"array_job": array_id, "array": spec}]
+    sweepdir.write(sweep_dir, {**data, "array_job": array_id, "resumes": resumes})
+    out["array_job"] = array_id
+    return out
 
 
 def _check_batch(config_json: Path, world: int, nodes: int) -> None:
