@@ -4,11 +4,14 @@ index stay on the site; this machine only keeps a pointer (index.py)."""
 
 from __future__ import annotations
 
+import io
 import json
 import shlex
+import sys
 from typing import Any
 
 from hpctrain.remote.ssh import SSH, Login, RemoteError, remote_word
+from hpctrain.remote.tunnel import Tunnel
 
 # Printed by the site's Python when it cannot start hpctrain (checked on each command's stderr).
 _NO_PYTHON = ("command not found", "no such file or directory", "not found")
@@ -21,10 +24,28 @@ _EXPAND = (
 )
 
 
+def check_started(login: Login, rc: int, stderr: str) -> None:
+    """Raise the one-line error when the site's Python or its hpctrain is missing."""
+    low = stderr.lower()
+    if rc == 127 or (rc != 0 and any(s in low for s in _NO_PYTHON) and "python" in low):
+        raise RemoteError(
+            f"{login.where}: no Python at login.remote_python "
+            f"{login.remote_python!r}; fix: set login.remote_python to the site's "
+            "Python that has hpctrain installed"
+        )
+    if rc != 0 and _NO_HPCTRAIN in low and "hpctrain.remote" not in low:
+        raise RemoteError(
+            f"{login.where}: hpctrain is not installed for "
+            f"{login.remote_python}; fix: `{login.remote_python} -m pip "
+            "install hpctrain` on the site, or point login.remote_python at its venv"
+        )
+
+
 class Site:
     def __init__(self, login: Login) -> None:
         self.login = login
         self.ssh = SSH(login)
+        self.tunnel = Tunnel(self.ssh)
 
     @property
     def python(self) -> str:
@@ -34,37 +55,34 @@ class Site:
         return f"{self.python} -m hpctrain {shlex.join(args)}"
 
     def hpctrain(self, args: list[str]) -> int:
-        """`hpctrain ARGS` on the site, output live here; returns its exit code."""
+        """`hpctrain ARGS` on the site, output live here; returns its exit code. Through the
+        login-node agent when it is up (tunnel.py), else one ssh command."""
+        rc = self.tunnel.run(args, sys.stdout.buffer, sys.stderr.buffer)
+        if rc is not None:
+            return rc
         rc, tail = self.ssh.stream(self.command(args))
         self._check_started(rc, tail)
         return rc
 
     def hpctrain_json(self, args: list[str]) -> Any:
         """`hpctrain ARGS` (a --json command) on the site; its parsed output."""
-        proc = self.ssh.run(self.command(args), check=True)
-        err = proc.stderr.decode(errors="replace")
-        self._check_started(proc.returncode, err)
-        if proc.returncode != 0:
+        out, err_buf = io.BytesIO(), io.BytesIO()
+        rc = self.tunnel.run(args, out, err_buf)
+        if rc is not None:
+            stdout, err = out.getvalue(), err_buf.getvalue().decode(errors="replace")
+        else:
+            proc = self.ssh.run(self.command(args), check=True)
+            rc, stdout, err = proc.returncode, proc.stdout, proc.stderr.decode(errors="replace")
+            self._check_started(rc, err)
+        if rc != 0:
             raise RemoteError(
                 f"{self.login.where}: hpctrain {args[0]} failed: "
-                f"{err.strip().splitlines()[-1] if err.strip() else proc.returncode}"
+                f"{err.strip().splitlines()[-1] if err.strip() else rc}"
             )
-        return json.loads(proc.stdout.decode())
+        return json.loads(stdout.decode())
 
     def _check_started(self, rc: int, stderr: str) -> None:
-        low = stderr.lower()
-        if rc == 127 or (rc != 0 and any(s in low for s in _NO_PYTHON) and "python" in low):
-            raise RemoteError(
-                f"{self.login.where}: no Python at login.remote_python "
-                f"{self.login.remote_python!r}; fix: set login.remote_python to the site's "
-                "Python that has hpctrain installed"
-            )
-        if rc != 0 and _NO_HPCTRAIN in low:
-            raise RemoteError(
-                f"{self.login.where}: hpctrain is not installed for "
-                f"{self.login.remote_python}; fix: `{self.login.remote_python} -m pip "
-                "install hpctrain` on the site, or point login.remote_python at its venv"
-            )
+        check_started(self.login, rc, stderr)
 
     def expand(self, *paths: str) -> list[str]:
         """Absolute paths with the site's $VARS and ~ expanded on the login node. A variable that is

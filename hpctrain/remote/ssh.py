@@ -31,7 +31,7 @@ class RemoteError(UserError):
     """The site could not be reached or refused: one line naming the host and the fix."""
 
 
-FIELDS = ("host", "port", "identity", "remote_python", "workdir", "known_hosts")
+FIELDS = ("host", "port", "identity", "remote_python", "workdir", "known_hosts", "agent")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class Login:
     remote_python: str = "python3"
     workdir: str = "~/.hpctrain"
     known_hosts: str | None = None
+    agent: bool = True  # reach the site's hpctrain through the login-node agent (tunnel.py)
 
     @classmethod
     def of(cls, value: Any) -> Login:
@@ -253,14 +254,19 @@ class SSH:
             )
         return tool
 
-    def close(self) -> None:
-        """Close the control connection now (else it closes after PERSIST_S idle)."""
-        subprocess.run(
-            ["ssh", *self.options(), "-O", "exit", self.login.host],
+    def control(self, op: str, *args: str) -> subprocess.CompletedProcess[bytes]:
+        """`ssh -O OP [ARGS] HOST`: a request to the running control master (check, forward,
+        cancel, exit); it opens no connection."""
+        return subprocess.run(
+            ["ssh", *self.options(), "-O", op, *args, self.login.host],
             capture_output=True,
             stdin=subprocess.DEVNULL,
             timeout=30,
         )
+
+    def close(self) -> None:
+        """Close the control connection now (else it closes after PERSIST_S idle)."""
+        self.control("exit")
 
 
 def _is_ssh_noise(line: str) -> bool:

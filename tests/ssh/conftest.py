@@ -98,36 +98,23 @@ class Laptop:
         return out
 
     def close(self) -> None:
-        """Close the control connection this laptop opened (it would persist for minutes)."""
+        """Stop the login-node agent and close the control connection this laptop opened (both
+        would stay for minutes)."""
+        code = (
+            "import sys; from hpctrain.remote.ssh import SSH, Login; "
+            "from hpctrain.remote.tunnel import Tunnel; "
+            "s = SSH(Login(sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], "
+            "known_hosts=sys.argv[5])); Tunnel(s).stop(); s.close()"
+        )
+        site = self.site
         subprocess.run(
-            [
-                "ssh",
-                "-o",
-                f"ControlPath={control_dir(self.home)}/%C",
-                "-O",
-                "exit",
-                "-o",
-                f"UserKnownHostsFile={self.known_hosts}",
-                "-p",
-                str(self.site.port),
-                self.site.host,
-            ],
+            [sys.executable, "-c", code, site.host, str(site.port), site.identity, VENV_PYTHON]
+            + [str(self.known_hosts)],
             env=self.env,
             capture_output=True,
-            timeout=30,
+            timeout=60,
             stdin=subprocess.DEVNULL,
         )
-
-
-def control_dir(home: Path) -> str:
-    code = "import sys; from hpctrain.remote.ssh import control_dir; print(control_dir())"
-    return subprocess.run(
-        [sys.executable, "-c", code],
-        env={**os.environ, "HOME": str(home)},
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
 
 
 @pytest.fixture

@@ -8,7 +8,10 @@ authorized_keys, a known_hosts entry for `[127.0.0.1]:PORT` (strict host key che
 sshd config and its log (LogLevel VERBOSE: one "Connection from" line per new TCP connection, which
 the benchmark counts). The server listens on loopback only. It runs as the user that starts it
 (root in CI, so the "remote" login is root, as the test cluster's jobs are). Each SSH session gets
-the site's own environment from `SetEnv` (SCRATCH, XDG_STATE_HOME), which the laptop side lacks.
+the site's own environment from `SetEnv` (SCRATCH, XDG_STATE_HOME, and XDG_RUNTIME_DIR, so the
+login-node agents this site's sessions start keep their sockets in DIR/run; `down` stops them).
+Streamlocal forwarding is sshd's default (allowed); `config=` adds lines, e.g.
+`AllowStreamLocalForwarding no` for a site that refuses the agent's forward.
 """
 
 from __future__ import annotations
@@ -65,7 +68,9 @@ def _keygen(path: Path, kind: str = "ed25519") -> None:
     )
 
 
-def up(folder: Path, *, env: dict[str, str] | None = None, timeout: float = 20.0) -> Site:
+def up(
+    folder: Path, *, env: dict[str, str] | None = None, config: str = "", timeout: float = 20.0
+) -> Site:
     """Start sshd in `folder` (created); returns the site's description."""
     folder = folder.resolve()
     folder.mkdir(parents=True, exist_ok=True)
@@ -79,8 +84,14 @@ def up(folder: Path, *, env: dict[str, str] | None = None, timeout: float = 20.0
     scratch, state = folder / "scratch", folder / "site-state"
     scratch.mkdir(exist_ok=True)
     state.mkdir(exist_ok=True)
+    (folder / "run").mkdir(mode=0o700, exist_ok=True)
     port = _free_port()
-    site_env = {"SCRATCH": str(scratch), "XDG_STATE_HOME": str(state), **(env or {})}
+    site_env = {
+        "SCRATCH": str(scratch),
+        "XDG_STATE_HOME": str(state),
+        "XDG_RUNTIME_DIR": str(folder / "run"),
+        **(env or {}),
+    }
     setenv = " ".join(f'"{k}={v}"' for k, v in sorted(site_env.items()))
     log = folder / "sshd.log"
     (folder / "sshd_config").write_text(f"""\
@@ -96,13 +107,14 @@ KbdInteractiveAuthentication no
 UsePAM no
 StrictModes no
 X11Forwarding no
-AllowTcpForwarding no
+AllowTcpForwarding local
 PermitTunnel no
 MaxSessions 64
 MaxStartups 64
 LogLevel VERBOSE
 SetEnv {setenv}
 Subsystem sftp internal-sftp
+{config}
 """)
     host_pub = (folder / "host_key.pub").read_text().split()
     (folder / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_pub[0]} {host_pub[1]}\n")
@@ -139,8 +151,26 @@ Subsystem sftp internal-sftp
     return site
 
 
+def agents(folder: Path) -> list[int]:
+    """Pids of the login-node agents running with their sockets in this site's DIR/run."""
+    out = []
+    for pid_file in sorted((folder / "run" / "hpctrain").glob("*.pid")):
+        try:
+            pid = int(pid_file.read_text().strip())
+            if b"hpctrain.remote.agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                out.append(pid)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def down(folder: Path) -> None:
-    """Stop the sshd whose pid file is in `folder` (and only that one)."""
+    """Stop the sshd whose pid file is in `folder` (and only that one), and this site's agents."""
+    for pid in agents(folder):
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except OSError:
+            pass
     pid_file = folder / "sshd.pid"
     try:
         pid = int(pid_file.read_text().strip())

@@ -1,6 +1,7 @@
 """End to end from a "laptop" (its own HOME, state and folder, no $SCRATCH) to the live two-node
 Slurm cluster behind a real sshd: submit, follow the logs, preempt, resume, and the result is bit
-for bit the one of an uninterrupted run. Every command goes over one SSH connection."""
+for bit the one of an uninterrupted run. Every command goes over one SSH connection, and through one
+login-node agent (hpctrain/remote/agent.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import sshd
 
 TRAIN = [
     "--train.micro_batch=4",
@@ -71,8 +73,10 @@ def test_laptop_submits_follows_preempts_and_resumes_bit_identical(slurm_cluster
     first = accepted(site)
     topo = ["--profile", str(prof), "--nodes", "2", "--gpus", "1"]
     try:
+        before = set(sshd.agents(Path(site.dir)))
         out = laptop.hp("submit", *topo, "--name", "ref", "--", *TRAIN)
         assert re.search(r"submitted ref: job \d+", out.stdout), out.stdout
+        agent = set(sshd.agents(Path(site.dir))) - before  # the login-node agent, started once
         laptop.hp("submit", *topo, "--name", "pre", "--", *TRAIN)
         follow = subprocess.Popen(
             [sys.executable, "-m", "hpctrain", "logs", "pre", "--follow"],
@@ -120,8 +124,9 @@ def test_laptop_submits_follows_preempts_and_resumes_bit_identical(slurm_cluster
         ), listed
         # the laptop keeps no run folder of its own, only the index entry
         assert not (laptop.work / "runs").exists()
-        # one SSH connection served every command above
+        # one SSH connection and one login-node agent served every command above
         assert accepted(site) == first + 1
+        assert len(agent) == 1 and set(sshd.agents(Path(site.dir))) - before == agent
     finally:
         for jobs in runs.glob("*/jobs.jsonl"):
             for line in jobs.read_text().splitlines():

@@ -40,6 +40,13 @@ class Login(Strict):
         "(e.g. published with the profile); null: "
         "~/.ssh/known_hosts. Checking is always strict.",
     )
+    agent: bool = Field(
+        True,
+        description="Keep a small hpctrain agent on the login node for this connection and "
+        "reach it through a socket forwarded over the control connection: a command costs no "
+        "login shell or Python start there. false: every command is one ssh command "
+        "(docs/remote.md).",
+    )
 
     @field_validator("host")
     @classmethod

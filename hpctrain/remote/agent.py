@@ -1,0 +1,434 @@
+"""The login-node agent: the site's hpctrain, started once per laptop connection and kept warm, so a
+command from the laptop costs a fork instead of a login shell and an interpreter start.
+
+    python -m hpctrain.remote.agent start --token T [--idle S] [--replace]
+
+`start` runs from the site user's login shell (one ssh command), so the agent's environment is the
+login node's ($SCRATCH, modules, Slurm on PATH). It imports hpctrain's CLI and the status/logs
+services, listens on a unix socket `<folder>/<T>.sock` (folder 0700: `$XDG_RUNTIME_DIR/hpctrain`,
+else `~/.cache/hpctrain/agent`, else `/tmp/hpctrain-agent-<uid>` when the path is too long for a
+socket), prints one JSON line {"socket", "pid", "version", "proto"} and detaches. When an agent for
+T is already up it prints that one's line instead. The laptop reaches the socket through a
+forwarded stream over its SSH control connection (hpctrain/remote/tunnel.py).
+
+Each connection: the peer's uid (SO_PEERCRED) must be the agent's own; one request frame, then the
+agent forks a session, which forks a worker that runs the CLI's main with the request's argv,
+stdout and stderr on pipes. The session sends them back as frames, then the exit code; when the
+laptop closes the connection (Ctrl-C) the session kills the worker's process group.
+
+Frames: one kind byte, a 4-byte big-endian length, the payload.
+  laptop -> agent  q  {"proto", "version", "argv"} or {"proto", "version", "quit": true}
+  agent -> laptop  s  {"pid", "version"}: the command started     o / e  stdout / stderr bytes
+                   x  the exit code (ASCII)                        r  {"error", ...}: refused
+A request of another protocol is refused and the agent exits, as it does when one of its loaded
+hpctrain source files has changed on disk (an upgrade on the site): the laptop then starts a
+fresh one. It also exits after `--idle` seconds without a connection and when its socket file is
+removed or replaced.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+
+from hpctrain.kernel.files import write_atomic
+
+PROTO = 1
+IDLE_S = 600  # hpctrain.remote.ssh.PERSIST_S: the agent lives as long as an idle connection
+COALESCE_S = 0.003  # output waits this long for more before it is sent
+CHECK_S = 5.0  # how often an idle agent checks that its socket file is still its own
+_HEAD = struct.Struct(">cI")
+_WARM = (
+    "hpctrain.cli",
+    "hpctrain.cli.runs",
+    "hpctrain.cli.resume",
+    "hpctrain.cli.sweep",
+    "hpctrain.runs",
+    "hpctrain.sweep",
+    "hpctrain.progress",
+    "hpctrain.service.status",
+    "hpctrain.service.logs",
+    "hpctrain.preflight.gate",
+    "hpctrain.remote.forward",
+    "hpctrain.chain",
+    "hpctrain.procs",
+    "hpctrain.dispatch.local",
+    "hpctrain.dispatch.slurm",
+    "hpctrain.dispatch.submitit_api",
+    "yaml",
+    "rich.console",
+    "rich.table",
+    "rich._emoji_codes",
+)
+
+
+class AgentError(Exception):
+    pass
+
+
+class _Leave(BaseException):
+    """SIGTERM/SIGINT: stop serving now (raised from the handler, so select returns at once)."""
+
+
+# -- frames (shared with the laptop's end, hpctrain/remote/tunnel.py) --------------------------------
+def send(conn: socket.socket, kind: bytes, payload: bytes = b"") -> None:
+    conn.sendall(_HEAD.pack(kind, len(payload)) + payload)
+
+
+def _exactly(conn: socket.socket, n: int) -> bytes | None:
+    buf = b""
+    while len(buf) < n:
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            return None
+        buf += chunk
+    return buf
+
+
+def recv(conn: socket.socket) -> tuple[bytes, bytes] | None:
+    """One frame (kind, payload), or None at end of stream."""
+    head = _exactly(conn, _HEAD.size)
+    if head is None:
+        return None
+    kind, size = _HEAD.unpack(head)
+    payload = _exactly(conn, size) if size else b""
+    return None if payload is None else (kind, payload)
+
+
+# -- where the socket lives ----------------------------------------------------------------------
+def folder() -> Path:
+    """The agent's private folder on the login node (0700, the user's own)."""
+    base = os.environ.get("XDG_RUNTIME_DIR")
+    path = Path(base) / "hpctrain" if base else Path.home() / ".cache" / "hpctrain" / "agent"
+    if len(str(path)) > 70:  # <path>/<token>.sock must stay within a socket's 108 bytes
+        path = Path("/tmp") / f"hpctrain-agent-{os.getuid()}"
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.lstat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not path.is_dir() or path.is_symlink():
+        raise AgentError(f"{path} is not a folder private to you; fix: chmod 700 {path}")
+    return path
+
+
+def _sources() -> dict[str, tuple[int, int]]:
+    """(mtime, size) of each loaded hpctrain source file: a change means the site upgraded."""
+    out = {}
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None)
+        if path and (name == "hpctrain" or name.startswith("hpctrain.")):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            out[path] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+def _alive(pid_file: Path) -> int | None:
+    """The pid of a running agent recorded in pid_file, else None."""
+    try:
+        pid = int(pid_file.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return None
+    return pid if b"hpctrain.remote.agent" in cmdline else None
+
+
+# -- start -----------------------------------------------------------------------------------------
+def start(token: str, idle: float, replace: bool = False) -> dict[str, object]:
+    """Listen (or find the agent already listening, unless `replace`) and detach; returns the
+    line to print."""
+    from hpctrain import __version__
+
+    if not re.fullmatch(r"[0-9a-f]{8,32}", token):
+        raise AgentError(f"bad token {token!r}: 8-32 hex digits")
+    where = folder()
+    path, pid_file = where / f"{token}.sock", where / f"{token}.pid"
+    info = {"socket": str(path), "version": __version__, "proto": PROTO}
+    old = _alive(pid_file)
+    if old is not None and path.exists() and not replace:
+        return {**info, "pid": old, "reused": True}
+    if old is not None:  # refused the laptop's request, or its socket is gone: it is leaving
+        os.kill(old, signal.SIGTERM)
+        for _ in range(40):
+            if _alive(pid_file) is None:
+                break
+            time.sleep(0.05)
+    for mod in _WARM:
+        try:
+            __import__(mod)
+        except ImportError:
+            pass
+    path.unlink(missing_ok=True)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_mask = os.umask(0o177)
+    try:
+        listener.bind(str(path))
+    finally:
+        os.umask(old_mask)
+    listener.listen(64)
+    sources = _sources()
+    sys.stdout.flush()
+    pid = os.fork()
+    if pid:
+        listener.close()
+        write_atomic(pid_file, f"{pid}\n", mode=0o600, durable=False)
+        return {**info, "pid": pid, "reused": False}
+    try:  # the agent: its own session, no terminal, nothing of the ssh session's open
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDWR)
+        log = os.open(where / f"{token}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(null, 0)
+        os.dup2(null, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        _serve(listener, path, idle, sources, __version__)
+    finally:
+        os._exit(0)
+
+
+def _serve(
+    listener: socket.socket,
+    path: Path,
+    idle: float,
+    sources: dict[str, tuple[int, int]],
+    version: str,
+) -> None:
+    inode = os.stat(path).st_ino
+    me = os.getpid()
+
+    def leave(*_: object) -> None:
+        raise _Leave
+
+    signal.signal(signal.SIGTERM, leave)
+    signal.signal(signal.SIGINT, leave)
+    live: set[int] = set()
+    last = time.monotonic()
+    try:
+        while True:
+            for pid in list(live):
+                try:
+                    done, _ = os.waitpid(pid, os.WNOHANG)
+                except ChildProcessError:
+                    done = pid
+                if done:
+                    live.discard(pid)
+            now = time.monotonic()
+            if live:
+                last = now
+            try:
+                if os.stat(path).st_ino != inode:
+                    break  # replaced by another agent
+            except OSError:
+                break  # removed: nobody can reach us any more
+            if not live and now - last > idle:
+                break
+            try:
+                ready, _, _ = select.select([listener], [], [], min(CHECK_S, max(idle, 0.1)))
+            except InterruptedError:
+                continue
+            if not ready:
+                continue
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            last = time.monotonic()
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            peer_pid, peer_uid, _ = struct.unpack("3i", creds)
+            if peer_uid != os.getuid():
+                print(f"refused a connection from uid {peer_uid} (pid {peer_pid})", file=sys.stderr)
+                conn.close()
+                continue
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                code = 1
+                try:
+                    code = _session(conn, sources, version)
+                finally:
+                    os._exit(code)
+            live.add(pid)
+            conn.close()
+    except _Leave:
+        pass
+    finally:
+        if os.getpid() == me:  # not a session child that got the signal before resetting it
+            try:
+                if os.stat(path).st_ino == inode:
+                    path.unlink()
+            except OSError:
+                pass
+            listener.close()
+
+
+# -- one connection -------------------------------------------------------------------------------
+def _session(conn: socket.socket, sources: dict[str, tuple[int, int]], version: str) -> int:
+    conn.settimeout(30)
+    frame = recv(conn)
+    if frame is None or frame[0] != b"q":
+        return 1
+    req = json.loads(frame[1])
+    refusal = None
+    if req.get("proto") != PROTO:
+        refusal = {"error": "protocol", "proto": PROTO, "version": version}
+    elif _sources() != sources:
+        refusal = {"error": "stale", "proto": PROTO, "version": version}
+    if refusal or req.get("quit"):
+        if refusal:
+            send(conn, b"r", json.dumps(refusal).encode())
+        else:
+            send(conn, b"x", b"0")
+        os.kill(os.getppid(), signal.SIGTERM)  # the agent leaves; the laptop starts a new one
+        return 0
+    conn.settimeout(None)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    worker = os.fork()
+    if worker == 0:
+        conn.close()
+        os.close(out_r)
+        os.close(err_r)
+        _work([str(a) for a in req["argv"]], out_w, err_w)
+    os.close(out_w)
+    os.close(err_w)
+    send(conn, b"s", json.dumps({"pid": worker, "version": version}).encode())
+    kinds = {out_r: b"o", err_r: b"e"}
+    status = None
+    # Output is gathered until the worker pauses for COALESCE_S (or 64 KiB): each frame is a
+    # message through the SSH channel, and a command's many small flushed writes would each pay it.
+    pending: list[tuple[bytes, bytes]] = []
+    size = 0
+
+    def flush(tail: bytes = b"") -> None:
+        nonlocal size
+        conn.sendall(b"".join(_HEAD.pack(k, len(d)) + d for k, d in pending) + tail)
+        pending.clear()
+        size = 0
+
+    try:
+        while kinds:
+            ready, _, _ = select.select([*kinds, conn], [], [], COALESCE_S if pending else 0.5)
+            if conn in ready and not conn.recv(1024):
+                _stop(worker)  # the laptop went away (Ctrl-C, closed): stop the command
+                return 0
+            if not ready and pending:
+                flush()
+                continue
+            for fd in ready:
+                if fd is conn:
+                    continue
+                data = os.read(fd, 65536)
+                if not data:
+                    del kinds[fd]
+                elif pending and pending[-1][0] == kinds[fd]:
+                    pending[-1] = (kinds[fd], pending[-1][1] + data)
+                else:
+                    pending.append((kinds[fd], data))
+                size += len(data)
+            if size >= 65536:
+                flush()
+            if not ready and status is None:
+                done, status_ = os.waitpid(worker, os.WNOHANG)
+                if done:
+                    status = status_
+                    break  # ended; a background child of its own keeps the pipes: stop reading
+        if status is None:
+            _, status = os.waitpid(worker, 0)
+        code = os.waitstatus_to_exitcode(status)
+        exit_code = str(128 - code if code < 0 else code).encode()
+        flush(_HEAD.pack(b"x", len(exit_code)) + exit_code)
+    except OSError:
+        _stop(worker)
+    return 0
+
+
+def _stop(worker: int) -> None:
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(worker, sig)
+        except OSError:
+            pass
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                if os.waitpid(worker, os.WNOHANG)[0]:
+                    return
+            except ChildProcessError:
+                return
+            time.sleep(0.05)
+
+
+def _work(argv: list[str], out_w: int, err_w: int) -> None:
+    """The worker: `hpctrain ARGV` in this warm process, as `python -m hpctrain ARGV` would run."""
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out_w, 1)
+        os.dup2(err_w, 2)
+        for fd in (null, out_w, err_w):
+            os.close(fd)
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+        sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
+        sys.stderr = io.TextIOWrapper(
+            io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+            errors="backslashreplace",
+            line_buffering=True,
+        )
+        sys.argv = ["hpctrain", *argv]
+        from hpctrain.cli import main
+
+        try:
+            main.main(args=argv, prog_name="hpctrain")
+            code = 0
+        except SystemExit as e:
+            if e.code is None or isinstance(e.code, int):
+                code = e.code or 0
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except KeyboardInterrupt:
+            code = 130
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+    finally:
+        os._exit(code)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[0] != "start" or argv[1] != "--token":
+        print(__doc__, file=sys.stderr)
+        return 2
+    idle = float(argv[argv.index("--idle") + 1]) if "--idle" in argv else IDLE_S
+    try:
+        info = start(argv[2], idle, replace="--replace" in argv)
+    except (AgentError, OSError) as e:
+        print(f"hpctrain agent: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(info), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

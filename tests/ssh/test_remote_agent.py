@@ -1,0 +1,296 @@
+"""The login-node agent (hpctrain/remote/agent.py) behind a socket forwarded over the control
+connection (hpctrain/remote/tunnel.py), against the real sshd of tests/ssh/sshd.py and a real
+agent: the same output and exit codes as one ssh command per call, no new SSH connection and no new
+agent for a later command, the fallback where the site refuses the forward, and the agent's own
+guards (another uid, a stale socket, another protocol, idle)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import sshd
+from conftest import VENV_PYTHON, Laptop
+
+from hpctrain.remote import agent as wire
+
+TINY = ["--nodes", "1", "--gpus", "1", "--", "--train.micro_batch=4", "--train.global_batch=4"]
+
+
+def accepted(site) -> int:
+    return Path(site.log).read_text(errors="replace").count("Accepted publickey")
+
+
+def until(what: str, cond, timeout: float, poll: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        time.sleep(poll)
+    return value
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        out += [int(x) for x in task.read_text().split()]
+    return out
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
+
+
+def timeless(value):
+    if isinstance(value, dict):
+        return {k: timeless(v) for k, v in value.items() if k != "age_s"}
+    return [timeless(v) for v in value] if isinstance(value, list) else value
+
+
+def exec_twin(laptop: Laptop, root: Path | Laptop) -> Laptop:
+    """A second laptop with the same run index, its site entries marked `agent: false`: every
+    command is one ssh command (the path before the agent). Call again after a submit."""
+    twin = root if isinstance(root, Laptop) else Laptop(root, laptop.site)
+    index = laptop.root / "state" / "hpctrain" / "remote-runs.jsonl"
+    lines = [json.loads(x) for x in index.read_text().splitlines()]
+    for line in lines:
+        line["login"]["agent"] = False
+    mine = twin.root / "state" / "hpctrain" / "remote-runs.jsonl"
+    mine.parent.mkdir(parents=True, exist_ok=True)
+    mine.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return twin
+
+
+def follow(lap: Laptop, name: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "hpctrain", "logs", name, "--follow"],
+        cwd=lap.work,
+        env=lap.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_status_logs_follow_cancel_through_the_agent_match_ssh_exec(laptop, tmp_path):
+    site = laptop.site
+    prof = laptop.write_profile("agent-local", extends="local")
+    before = set(sshd.agents(Path(site.dir)))
+    laptop.hp("submit", "--profile", str(prof), "--name", "done", "--wait", *TINY, "--max-steps=3")
+    agents = sorted(set(sshd.agents(Path(site.dir))) - before)
+    assert len(agents) == 1, agents  # started by the first command of this connection
+    first = accepted(site)
+    twin = exec_twin(laptop, tmp_path / "twin")
+    try:
+        # a finished run: the same bytes and exit codes both ways (errors from the site included)
+        for args in (
+            ["status", "done"],
+            ["status", "done", "--json"],
+            ["logs", "done"],
+            ["logs", "done", "--rank", "0"],
+            ["logs", "done", "--rank", "7"],  # exit 2: no such log
+            ["cancel", "done"],  # not running: nothing to cancel
+            ["runs", "--json"],
+        ):
+            a, b = laptop.hp(*args, check=False), twin.hp(*args, check=False)
+            if "--json" in args:  # "age_s": seconds since the newest metric, a moving clock
+                a.stdout, b.stdout = (json.dumps(timeless(json.loads(x.stdout))) for x in (a, b))
+            assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr), (
+                args,
+                "".join(difflib.unified_diff(b.stdout.splitlines(True), a.stdout.splitlines(True))),
+                a.stderr,
+                b.stderr,
+            )
+        assert a.returncode == 0 and "Traceback" not in a.stderr
+
+        # a running job: --follow streams, Ctrl-C stops the command on the site, cancel ends it
+        laptop.hp("submit", "--profile", str(prof), "--name", "long", *TINY, "--max-steps=100000")
+        exec_twin(laptop, twin)
+        streams = [follow(laptop, "long"), follow(twin, "long")]
+
+        def started(s: subprocess.Popen) -> None:
+            assert s.stdout is not None
+            for line in s.stdout:
+                if line.startswith("step "):
+                    return
+            raise AssertionError(f"--follow ended before a step line: {s.wait()} {s.stderr}")
+
+        for s in streams:
+            started(s)
+        agent = agents[0]
+        kept = children(agent)
+        assert len(kept) == 1, kept  # one session per command through the agent
+        streams.append(follow(laptop, "long"))
+        started(streams[2])
+        (session,) = set(children(agent)) - set(kept)
+        streams[2].send_signal(signal.SIGINT)
+        assert streams[2].wait(30) == 130
+        until("the interrupted follow's session ends", lambda: gone(session), 15)
+        assert not gone(kept[0])
+        a, b = laptop.hp("cancel", "long"), twin.hp("status", "long", "--json")
+        assert "cancel" in a.stdout and a.returncode == 0, a
+        for s in streams[:2]:
+            s.communicate(timeout=120)  # --follow ends by itself with the job
+        codes = [s.returncode for s in streams[:2]]
+        assert codes[0] == codes[1], codes
+        a, b = laptop.hp("status", "long"), twin.hp("status", "long")
+        assert a.stdout == b.stdout and "CANCELLED" in a.stdout or "FAILED" in a.stdout, a.stdout
+
+        # one SSH connection and one agent served every command of this laptop
+        # (the twin's long HOME puts its control socket in the same /tmp fallback folder: it
+        # shares the connection, so none is new at all)
+        assert accepted(site) == first
+        assert sorted(set(sshd.agents(Path(site.dir))) - before) == agents
+    finally:
+        twin.close()
+        laptop.hp("cancel", "long", check=False)
+
+
+def test_a_site_that_refuses_the_forward_falls_back_to_ssh_with_one_note(tmp_path):
+    site = sshd.up(tmp_path / "site", config="AllowStreamLocalForwarding no")
+    lap = Laptop(tmp_path / "laptop", site)
+    try:
+        args = ["submit", "--profile", str(lap.profile), "--name", "dry", "--dry-run"]
+        outs = [lap.hp(*args, "--", "--max-steps=2") for _ in range(2)]
+        for out in outs:
+            assert f"{site.scratch}/runs/dry" in out.stdout and "Traceback" not in out.stderr
+        notes = [o.stderr.count("the hpctrain agent is not used") for o in outs]
+        assert notes == [1, 0], [o.stderr for o in outs]
+        assert "AllowStreamLocalForwarding" in outs[0].stderr
+        assert "login.agent: false" in outs[0].stderr
+        # the agent it started is told to leave (its socket removed), nothing is left running
+        until("the unreachable agent leaves", lambda: not sshd.agents(Path(site.dir)), 15)
+        assert accepted(site) == 1
+    finally:
+        lap.close()
+        sshd.down(Path(site.dir))
+
+
+def _agent_of(site) -> int:
+    return until("an agent", lambda: sshd.agents(Path(site.dir)), 10)[0]
+
+
+def _runs_through(lap: Laptop) -> subprocess.CompletedProcess:
+    index = lap.root / "state" / "hpctrain" / "remote-runs.jsonl"
+    if not index.exists():
+        index.parent.mkdir(parents=True, exist_ok=True)
+        login = {
+            "host": lap.site.host,
+            "port": lap.site.port,
+            "identity": lap.site.identity,
+            "remote_python": VENV_PYTHON,
+            "workdir": f"{lap.site.dir}/work",
+            "known_hosts": str(lap.known_hosts),
+        }
+        index.write_text(json.dumps({"name": "x", "path": "/x", "login": login}) + "\n")
+    out = lap.hp("runs", "--json")
+    assert "Traceback" not in out.stderr and "not used" not in out.stderr, out.stderr
+    return out
+
+
+def test_a_killed_agent_or_another_protocol_gets_a_fresh_agent(laptop):
+    site = laptop.site
+    _runs_through(laptop)
+    old = _agent_of(site)
+    first = accepted(site)
+    os.kill(old, signal.SIGKILL)  # its socket file stays behind: stale
+    until("the killed agent is gone", lambda: gone(old), 10)
+    _runs_through(laptop)
+    new = _agent_of(site)
+    assert new != old
+    sock = next(Path(site.dir, "run", "hpctrain").glob("*.sock"))
+    # a request of another protocol is refused, and that agent leaves
+    conn = socket.socket(socket.AF_UNIX)
+    conn.connect(str(sock))
+    wire.send(conn, b"q", json.dumps({"proto": 999, "argv": ["runs"]}).encode())
+    kind, payload = wire.recv(conn) or (b"", b"")
+    assert kind == b"r" and json.loads(payload)["error"] == "protocol", (kind, payload)
+    until("the refusing agent leaves", lambda: gone(new), 10)
+    assert not sock.exists()
+    _runs_through(laptop)
+    assert _agent_of(site) not in (old, new)
+    assert accepted(site) == first  # all of it over the one connection
+
+
+def _start(env: dict[str, str], token: str, *extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "hpctrain.remote.agent", "start", "--token", token, *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_the_agent_refuses_another_uid_and_leaves_when_idle_or_its_socket_goes():
+    runtime = Path(tempfile.mkdtemp(prefix="hpctrain-agent-test-", dir="/tmp"))
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime)}
+    pids: list[int] = []
+    try:
+        idle = json.loads(_start(env, "a" * 16, "--idle", "1").stdout)
+        kept = json.loads(_start(env, "b" * 16).stdout)
+        pids = [idle["pid"], kept["pid"]]
+        folder = runtime / "hpctrain"
+        assert folder.stat().st_mode & 0o777 == 0o700
+        assert Path(kept["socket"]).stat().st_mode & 0o777 == 0o600
+        again = json.loads(_start(env, "b" * 16).stdout)
+        assert again["pid"] == kept["pid"] and again["reused"]  # an agent per token, not per call
+
+        # another uid reaching the socket (the folders opened up for the test) is turned away
+        os.chmod(runtime, 0o711)
+        os.chmod(folder, 0o711)
+        os.chmod(kept["socket"], 0o666)
+        probe = (
+            "import socket, sys\ns = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+            "try:\n s.sendall(bytes.fromhex(sys.argv[2])); print(repr(s.recv(100)))\n"
+            "except OSError as e:\n print('closed', e.errno)"
+        )
+        hello = json.dumps({"proto": wire.PROTO, "argv": ["--version"]})
+        frame = (wire._HEAD.pack(b"q", len(hello)) + hello.encode()).hex()
+        other = subprocess.run(
+            ["/usr/bin/python3", "-c", probe, kept["socket"], frame],
+            user="nobody",
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert other.stdout.strip() in ("b''", "closed 32", "closed 104"), other  # no answer
+        log = (folder / f"{'b' * 16}.log").read_text()
+        assert "refused a connection from uid 65534" in log, log
+        # its own uid is served: output and exit code framed
+        conn = socket.socket(socket.AF_UNIX)
+        conn.connect(kept["socket"])
+        wire.send(conn, b"q", hello.encode())
+        frames = []
+        while (f := wire.recv(conn)) is not None:
+            frames.append(f)
+        assert [k for k, _ in frames] == [b"s", b"o", b"x"], frames
+        assert frames[1][1].startswith(b"hpctrain, version") and frames[2][1] == b"0"
+
+        # a folder that others can enter is refused at start
+        os.chmod(folder, 0o755)
+        refused = _start(env, "c" * 16)
+        assert refused.returncode == 2 and "not a folder private to you" in refused.stderr
+        os.chmod(folder, 0o700)
+
+        # idle: leaves by itself; socket removed: leaves too
+        Path(kept["socket"]).unlink()
+        until("the idle agent leaves", lambda: gone(idle["pid"]), 10)
+        assert not Path(idle["socket"]).exists()
+        until("the agent without a socket leaves", lambda: gone(kept["pid"]), 15)
+    finally:
+        for pid in pids:
+            if not gone(pid):
+                os.kill(pid, signal.SIGKILL)
+        subprocess.run(["rm", "-rf", str(runtime)], check=False)
