@@ -1,5 +1,6 @@
-"""Chains past the time limit (`submit --time T --chain`): segments that hand over through the
-newest checkpoint, on the live cluster with a test profile whose max_time_min is 1."""
+"""Chains past the time limit (`submit --time T --chain`): segments ended by Slurm's own time limit
+that hand over through the newest checkpoint, on the live cluster with a test profile whose
+max_time_min is 1."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ def hp(tmp_path):
         "XDG_STATE_HOME": str(tmp_path / "state"),
         "XDG_CONFIG_HOME": str(tmp_path / "cfg"),
         "OMP_NUM_THREADS": "1",
+        # the tests' own data factory (slowdata.py), for the submit-time check and the jobs
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
     }
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -102,64 +105,140 @@ def until(what: str, cond, timeout: float):
     return value
 
 
+# A map-style dataset that takes a fixed time per sample (the demo task's samples, 50 ms each), so a
+# step takes ~0.2 s whatever else the machine runs: how far a segment gets is set by Slurm's clock.
+SLOW_DATA = """
+import time
+
+from train_entry.data import Progressions
+
+
+class Slow(Progressions):
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return super().__getitem__(i)
+
+
+def build(config):
+    m = config.model
+    return Slow(vocab_size=m.vocab_size, seq_len=m.seq_len, num_samples=config.data.num_samples,
+                seed=config.train.seed)
+"""
+STEPS = 220  # ~50 s of training: more than one segment can hold (time limit 60 s, less start-up)
+SLOW = [
+    "--train.micro_batch=4",
+    "--train.global_batch=8",
+    "--train.log_every=1",
+    "--model.d_model=32",
+    "--model.n_layers=1",
+    "--model.seq_len=16",
+    "--data=slowdata:build",
+    f"--max-steps={STEPS}",
+    "--checkpoint-every=50",
+]
+
+
 @pytest.mark.slurm
-@pytest.mark.timeout(420)
-def test_three_segment_chain_hands_over_and_cancels_the_rest(slurm_cluster, hp):
+@pytest.mark.timeout(540)
+def test_three_segment_chain_ends_each_segment_by_the_time_limit_bit_identical(slurm_cluster, hp):
+    """`--time 3 --chain` under max_time_min 1: every segment but the one that finishes training
+    is ended by Slurm's own time-limit warning (--signal=B:USR2@warning_s): it saves and ends, the
+    next one (afterany) resumes from that checkpoint. The final parameters are bit-identical to an
+    unchained run's. A segment that starts and finds training complete (segment 1 requeued after
+    the chain ended) ends at once and cancels the segments after it."""
+    (hp.root / "slowdata.py").write_text(SLOW_DATA)
+    topo = ["--nodes", "2", "--gpus", "1"]
+    # the unchained reference, at the same world size, beside the chain (the loopback profile
+    # allows --time 5 in one job)
+    ref = hp("submit", "--profile", "loopback", *topo, "--time", "5", "--name", "ref", "--", *SLOW)
+    ref_id = re.search(r"job (\d+)", ref.stdout).group(1)
     out = hp(
         "submit",
         "--profile",
         "./loopchain.yaml",
-        "--nodes",
-        "2",
-        "--gpus",
-        "1",
+        *topo,
         "--time",
         "3",
         "--chain",
         "--name",
         "long",
         "--",
-        *TRAIN,
+        *SLOW,
     )
     ids = re.search(r"job (\d+) -> (\d+) -> (\d+)", out.stdout)
     assert ids, out.stdout
-    first, second, third = ids.groups()
+    segs = list(ids.groups())
     run = hp.root / "runs" / "long"
     try:
-        assert (run / "chain.txt").read_text().split() == [first, second, third]
+        assert (run / "chain.txt").read_text().split() == segs
         deps = subprocess.run(
-            ["scontrol", "show", "job", "-o", third], capture_output=True, text=True
+            ["scontrol", "show", "job", "-o", segs[2]], capture_output=True, text=True
         ).stdout
-        assert f"Dependency=afterany:{second}" in deps and "TimeLimit=00:01:00" in deps, deps
-        until("segment 1 trains", lambda: len(lines(run / "metrics.jsonl")) >= 3, 240)
-        # The time-limit warning and a preemption are the same signal to the batch shell (USR2)
-        hp("preempt", "long")
+        assert f"Dependency=afterany:{segs[1]}" in deps and "TimeLimit=00:01:00" in deps, deps
         info = until(
             "the chain ends",
             lambda: (
                 (s := json.loads(hp("status", "long", "--json").stdout))["state"]
-                in ("COMPLETED", "FAILED", "CANCELLED")
+                in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+                and s
+            ),
+            400,
+        )
+        events = lines(run / "events.jsonl")
+        assert info["state"] == "COMPLETED", (info, events)
+        chain = [(c["job_id"], c["state"]) for c in info["chain"]]
+        done = [e["job_id"] for e in events if e["event"] == "done"]
+        assert len(done) == 1 and done[0] in segs[1:], events
+        k = segs.index(done[0])  # the segment that finished training
+        # each segment before it got Slurm's time-limit warning (nothing here signalled it), saved
+        # and ended its part without a requeue; the next one resumed from that checkpoint
+        handed = [e for e in events if e["event"] in ("signal", "preempted", "segment_end")]
+        assert [(e["event"], e["job_id"]) for e in handed if e["event"] != "preempted"] == [
+            x for j in segs[:k] for x in (("signal", j), ("segment_end", j))
+        ], events
+        assert all(e["signal"] == "USR2" for e in handed if e["event"] == "signal"), events
+        assert "requeue" not in [e["event"] for e in events], events
+        saved = [e["step"] for e in events if e["event"] == "preempted"]
+        starts = re.findall(rf"step (\d+)/{STEPS}\n", (run / "train.log").read_text())
+        assert starts == ["0", *map(str, saved)] and len(saved) == k, (starts, events)
+        assert saved == sorted(set(saved)) and all(0 < x < STEPS for x in saved), saved
+        assert chain[: k + 1] == [(j, "COMPLETED") for j in segs[: k + 1]], chain
+        assert chain[k + 1 :] == [(j, "CANCELLED") for j in segs[k + 1 :]], chain
+        if k == 1:  # segment 2 finished training and cancelled segment 3
+            assert ("chain_cancel", segs[1]) in [(e["event"], e["job_id"]) for e in events]
+        assert "chain: 3 jobs, one after another" in hp("status", "long").stdout
+
+        ref_info = until(
+            "the reference ends",
+            lambda: (
+                (s := json.loads(hp("status", "ref", "--json").stdout))["state"]
+                in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
                 and s
             ),
             240,
         )
-        assert info["state"] == "COMPLETED", info
-        chain = [(c["job_id"], c["state"]) for c in info["chain"]]
-        events = [(e["event"], e.get("job_id")) for e in lines(run / "events.jsonl")]
-        done = [j for e, j in events if e == "done"]
-        assert len(done) == 1 and done[0] in (second, third), events
-        # segment 1 saved and handed over; the next resumed; the one that finished training
-        # (segment 2, unless its own time-limit warning came first) cancelled the segments after it
-        k = [first, second, third].index(done[0])
-        assert chain[: k + 1] == [(j, "COMPLETED") for j in [first, second, third][: k + 1]], chain
-        assert chain[k + 1 :] == [(j, "CANCELLED") for j in [first, second, third][k + 1 :]], chain
-        assert all(("segment_end", j) in events for j in [first, second, third][:k]), events
-        assert "requeue" not in [e for e, _ in events], events
-        if k == 1:
-            assert ("chain_cancel", second) in events, events
-        starts = re.findall(r"step (\d+)/30\n", (run / "train.log").read_text())
-        saved = next(e["step"] for e in lines(run / "events.jsonl") if e["event"] == "preempted")
-        assert starts[:2] == ["0", str(saved)] and len(starts) == k + 1, starts
-        assert "chain: 3 jobs, one after another" in hp("status", "long").stdout
+        assert ref_info["state"] == "COMPLETED", ref_info
+        assert (run / "final_params.sha256").read_text() == (
+            hp.root / "runs" / "ref" / "final_params.sha256"
+        ).read_text()
+
+        # segment 1 starts again (a requeue of the finished job, its id still in chain.txt):
+        # it finds training complete, ends at once and cancels the segments after it
+        subprocess.run(["scontrol", "requeue", segs[0]], check=True, capture_output=True)
+        until(
+            "segment 1 ends again",
+            lambda: (
+                len([e for e in lines(run / "events.jsonl") if e["event"] == "chain_cancel"])
+                > (1 if k == 1 else 0)
+                and subprocess.run(
+                    ["scontrol", "show", "job", "-o", segs[0]], capture_output=True, text=True
+                ).stdout.count("JobState=COMPLETED")
+            ),
+            120,
+        )
+        again = [e for e in lines(run / "events.jsonl") if e["event"] == "chain_cancel"][-1]
+        assert again["job_id"] == segs[0] and again["jobs"] == " ".join(segs[1:]), again
+        assert "training is already complete" in (run / "logs" / "batch.log").read_text()
+        assert re.findall(rf"step (\d+)/{STEPS}\n", (run / "train.log").read_text()) == starts
     finally:
-        subprocess.run(["scancel", first, second, third], capture_output=True, timeout=30)
+        subprocess.run(["scancel", *segs, ref_id], capture_output=True, timeout=30)
