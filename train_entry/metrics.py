@@ -122,13 +122,27 @@ class Metrics:
             "mem_peak_gib": [round(r[2], 3) for r in rows],
         }
 
-    def step(self, step: int, *, loss: float, lr: float, samples: int, grad_norm: float) -> None:
+    def step(
+        self,
+        step: int,
+        *,
+        loss: float,
+        lr: float,
+        samples: int,
+        grad_norm: float,
+        memory: dict | None = None,
+        perf: float | None = None,
+        wall: float | None = None,
+    ) -> None:
+        """`memory`, `perf` and `wall`: the GPU memory per rank and the step's completion times when
+        the caller gathered them (train_entry.stepsync writes a step's line one step later)."""
         if step % self.log_every and step != self.max_steps:
             return
-        mem = self._memory()  # a collective on GPU: every rank calls step()
+        # without `memory`: a collective on GPU, so every rank calls step()
+        mem = self._memory() if memory is None else memory
         if not self.main:
             return
-        now = time.perf_counter()
+        now = time.perf_counter() if perf is None else perf
         n = step - self.last_step
         dt = (now - self.last_t) / max(1, n)
         self.last_t, self.last_step = now, step
@@ -142,7 +156,7 @@ class Metrics:
             "samples_per_s": rate,
             "step_time_s": dt,
             "max_steps": self.max_steps,
-            "time": time.time(),
+            "time": time.time() if wall is None else wall,
             **mem,
         }
         if self.tokens_per_sample:

@@ -5,6 +5,8 @@ the batch shell only; its trap touches the STOP_FILE (hpctrain/kernel/jobenv.py)
 boundary. A signal that does reach a rank (SIGTERM from torchrun, a direct kill -USR2) sets the same
 flag. The handlers only set a flag: saving happens in the training loop, at a step boundary, after
 `agreed()` made every rank see the same answer (an all-reduce MAX), so all ranks save the same step.
+train_entry's own loop does not call `agreed()`: it carries `vote()` in the step's one collective,
+read one step later (train_entry/stepsync.py), and stops at once on `reached(step)`.
 
 For tests and `hpctrain check-resume`, the job environment's STOP_AT_STEP=N raises the flag once N optimizer
 steps are done (pass `step=` to `agreed`).
@@ -94,6 +96,18 @@ class StopFlag:
         ):
             self.raise_(f"{jobenv.STOP_AT_STEP}={self.stop_at_step}")
         return self._raised
+
+    def vote(self) -> bool:
+        """This rank's own wish to stop (a signal or the flag file), to be agreed by all ranks
+        (train_entry.stepsync carries it in the step's one collective)."""
+        return self.local(None)
+
+    def reached(self, step: int) -> bool:
+        """STOP_AT_STEP reached: every rank has the same value and step, so it needs no agreement."""
+        if self.stop_at_step is None or step < self.stop_at_step:
+            return False
+        self.raise_(f"{jobenv.STOP_AT_STEP}={self.stop_at_step}")
+        return True
 
     def agreed(self, device: torch.device | str = "cpu", step: int | None = None) -> bool:
         """True on every rank when any rank wants to stop. A collective: every rank calls it."""

@@ -3,8 +3,9 @@
     torchrun --standalone --nproc-per-node 2 -m train_entry --strategy ddp --run-dir runs/demo --max-steps 60
     python -m train_entry --run-dir runs/cpu1 --max-steps 20            # one process, CPU
 
-Preemption: the stop flag (signal or the STOP file) is agreed by all ranks at every step boundary;
-then every rank saves the same step synchronously and exits 75. A restart resumes by itself from the
+Preemption: the stop flag (signal or the STOP file) is agreed by all ranks: each rank's vote rides in
+the step's one collective (train_entry/stepsync.py), read at the next step boundary, so every rank
+stops at the same step; then every rank saves that step synchronously and exits 75. A restart resumes by itself from the
 newest verified checkpoint: model, optimizer, schedule, scaler, RNG and the exact data position.
 """
 
@@ -17,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from hpctrain.kernel import layout
 from hpctrain.kernel.rundir import RunFolder
@@ -29,6 +29,7 @@ from train_entry.metrics import GpuSampler, Metrics, profiler, rank_logger
 from train_entry.model import build_model, compute_loss
 from train_entry.preempt import PREEMPTED_EXIT, StopFlag
 from train_entry.state import TrainState
+from train_entry.stepsync import Boundary, StepSync
 from train_entry.strategies import wrap
 from train_entry.watchdog import Watchdog, pg_timeout_min
 
@@ -194,24 +195,25 @@ class Trainer:
             )
 
             # ---- the loop: one optimizer step per iteration
+            sync = StepSync(device, rank=info.rank, world_size=info.world_size)
             while state.step < t.max_steps:
                 loss_sum, grad_norm = self.train_step(w, batches, metrics)
                 state.step += 1
                 state.epoch, state.data = batches.epoch, batches.position
-
-                # metrics: the loss averaged over micro-steps and ranks
-                if state.step % t.log_every == 0 or state.step == t.max_steps:
-                    dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-                    mean = loss_sum.item() / (self.accum * info.world_size)
-                    metrics.step(
-                        state.step,
-                        loss=mean,
-                        lr=w.lr(),
-                        samples=t.global_batch,
-                        grad_norm=grad_norm,
-                    )
+                here = Boundary(
+                    step=state.step,
+                    loss_sum=loss_sum,
+                    grad_norm=grad_norm,
+                    lr=w.lr(),
+                    vote=stop.vote(),
+                    log=state.step % t.log_every == 0 or state.step == t.max_steps,
+                )
                 if prof is not None:
                     prof.step()
+                # the previous step's reduction (launched one step ago): its metrics, its votes
+                before = sync.collect()
+                if before is not None:
+                    self._log(metrics, before, t.global_batch, info.world_size)
                 saved = self._try_save(
                     lambda: ckpt.maybe_save(state), rank=info.rank, metrics=metrics, log=log
                 )
@@ -219,20 +221,30 @@ class Trainer:
                     self._record_saves(ckpt, info.rank)
                 beat.beat(state.step)
 
-                # preemption: every rank sees the same answer, so all save the same step
-                if stop.agreed(device, step=state.step):
-                    if not saved:
-                        ckpt.save(state, sync=True)
-                    ckpt.wait()
-                    self._record_saves(ckpt, info.rank)
-                    why = f"stopped at step {state.step} ({stop.reason}): checkpoint saved, exit 75"
-                    metrics.line(why)
-                    log.info(why)
-                    if info.rank == 0:
-                        self._event(
-                            {"event": "preempted", "step": state.step, "reason": stop.reason}
-                        )
-                    return PREEMPTED_EXIT
+                # preemption: every rank read the same votes, so all stop at the same step
+                stopping = (
+                    stop.reached(state.step)
+                    or (before is not None and before.votes > 0)
+                    or (info.world_size == 1 and here.vote)
+                )
+                if not stopping and state.step < t.max_steps:
+                    sync.launch(here)
+                    continue
+                # a stop or the last step: this step's metrics line now, before the checkpoint
+                self._log(metrics, sync.now(here), t.global_batch, info.world_size)
+                if not stopping:
+                    break
+                stop.raise_("another rank")  # keeps this rank's own reason when it has one
+                if not saved:
+                    ckpt.save(state, sync=True)
+                ckpt.wait()
+                self._record_saves(ckpt, info.rank)
+                why = f"stopped at step {state.step} ({stop.reason}): checkpoint saved, exit 75"
+                metrics.line(why)
+                log.info(why)
+                if info.rank == 0:
+                    self._event({"event": "preempted", "step": state.step, "reason": stop.reason})
+                return PREEMPTED_EXIT
 
             # ---- the end: last checkpoint, wait for async saves, the final params hash
             ckpt.maybe_save(state, last=True)
@@ -245,6 +257,20 @@ class Trainer:
             metrics.line(done)
             log.info(done)
             return 0
+
+    def _log(self, metrics: Any, b: Boundary, samples: int, world: int) -> None:
+        """The metrics line of a reduced boundary: the loss averaged over micro-steps and ranks."""
+        if b.log:
+            metrics.step(
+                b.step,
+                loss=b.loss / (self.accum * world),
+                lr=b.lr,
+                samples=samples,
+                grad_norm=b.grad_norm,
+                memory=b.memory,
+                perf=b.perf,
+                wall=b.wall,
+            )
 
     def _record_saves(self, ckpt: Any, rank: int) -> None:
         """saves.jsonl: how long each save held the loop (`hpctrain report` sums it)."""
