@@ -37,6 +37,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -203,6 +204,8 @@ def _serve(
     sources: dict[str, tuple[int, int]],
     version: str,
 ) -> None:
+    """Keep one spare child waiting in accept(): a connection finds a process already forked, which
+    runs the command itself. The agent forks the next spare while it does."""
     inode = os.stat(path).st_ino
     me = os.getpid()
 
@@ -211,7 +214,8 @@ def _serve(
 
     signal.signal(signal.SIGTERM, leave)
     signal.signal(signal.SIGINT, leave)
-    live: set[int] = set()
+    live: set[int] = set()  # spares that took a connection and still run its command
+    spare: tuple[int, int] | None = None  # (pid, read end of the pipe it reports on)
     last = time.monotonic()
     try:
         while True:
@@ -222,6 +226,8 @@ def _serve(
                     done = pid
                 if done:
                     live.discard(pid)
+            if spare is None:
+                spare = _spawn(listener, sources, version)
             now = time.monotonic()
             if live:
                 last = now
@@ -233,44 +239,62 @@ def _serve(
             if not live and now - last > idle:
                 break
             try:
-                ready, _, _ = select.select([listener], [], [], min(CHECK_S, max(idle, 0.1)))
+                ready, _, _ = select.select([spare[1]], [], [], min(CHECK_S, max(idle, 0.1)))
             except InterruptedError:
                 continue
-            if not ready:
-                continue
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                continue
-            last = time.monotonic()
-            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-            peer_pid, peer_uid, _ = struct.unpack("3i", creds)
-            if peer_uid != os.getuid():
-                print(f"refused a connection from uid {peer_uid} (pid {peer_pid})", file=sys.stderr)
-                conn.close()
-                continue
-            pid = os.fork()
-            if pid == 0:
-                listener.close()
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                code = 1
-                try:
-                    code = _session(conn, sources, version)
-                finally:
-                    os._exit(code)
-            live.add(pid)
-            conn.close()
+            if ready:  # the spare took a connection (or died): it is a session now
+                took = os.read(spare[1], 1)
+                os.close(spare[1])
+                live.add(spare[0])
+                spare = None
+                last = time.monotonic()
+                if not took:
+                    time.sleep(1.0)  # it died waiting: do not fork in a tight loop
     except _Leave:
         pass
     finally:
-        if os.getpid() == me:  # not a session child that got the signal before resetting it
+        if os.getpid() == me:  # not a child that got the signal before resetting it
+            if spare is not None:
+                try:
+                    os.kill(spare[0], signal.SIGTERM)
+                    os.waitpid(spare[0], 0)
+                except OSError:
+                    pass
             try:
                 if os.stat(path).st_ino == inode:
                     path.unlink()
             except OSError:
                 pass
             listener.close()
+
+
+def _spawn(
+    listener: socket.socket, sources: dict[str, tuple[int, int]], version: str
+) -> tuple[int, int]:
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid:
+        os.close(w)
+        return pid, r
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.close(r)
+        while True:
+            conn, _ = listener.accept()
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            peer_pid, peer_uid, _ = struct.unpack("3i", creds)
+            if peer_uid == os.getuid():
+                break
+            print(f"refused a connection from uid {peer_uid} (pid {peer_pid})", file=sys.stderr)
+            conn.close()
+        os.write(w, b"1")
+        os.close(w)
+        listener.close()
+        code = _session(conn, sources, version)
+    finally:
+        os._exit(code)
 
 
 # -- one connection -------------------------------------------------------------------------------
@@ -293,39 +317,40 @@ def _session(conn: socket.socket, sources: dict[str, tuple[int, int]], version: 
         os.kill(os.getppid(), signal.SIGTERM)  # the agent leaves; the laptop starts a new one
         return 0
     conn.settimeout(None)
+    os.setpgid(0, 0)  # the command and its children: one group to stop when the laptop leaves
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    worker = os.fork()
-    if worker == 0:
-        conn.close()
-        os.close(out_r)
-        os.close(err_r)
-        _work([str(a) for a in req["argv"]], out_w, err_w)
-    os.close(out_w)
-    os.close(err_w)
-    send(conn, b"s", json.dumps({"pid": worker, "version": version}).encode())
-    kinds = {out_r: b"o", err_r: b"e"}
-    status = None
-    # Output is gathered until the worker pauses for COALESCE_S (or 64 KiB): each frame is a
-    # message through the SSH channel, and a command's many small flushed writes would each pay it.
+    send(conn, b"s", json.dumps({"pid": os.getpid(), "version": version}).encode())
+    done = threading.Event()
+    pump = threading.Thread(target=_pump, args=(conn, {out_r: b"o", err_r: b"e"}, done))
+    pump.start()
+    code = _work([str(a) for a in req["argv"]], out_w, err_w)
+    done.set()
+    pump.join()
+    try:
+        send(conn, b"x", str(code).encode())
+    except OSError:
+        pass
+    return 0
+
+
+def _pump(conn: socket.socket, kinds: dict[int, bytes], done: threading.Event) -> None:
+    """Send the command's output as frames until its pipes close (or, once it has returned, until
+    they stay quiet: a background child of its own may keep them open). Output is gathered until
+    the command pauses for COALESCE_S (or 64 KiB): each frame is a message through the SSH channel,
+    and a command's many small flushed writes would each pay for one. When the laptop goes away
+    (Ctrl-C, a closed connection), the command's process group is stopped."""
     pending: list[tuple[bytes, bytes]] = []
     size = 0
-
-    def flush(tail: bytes = b"") -> None:
-        nonlocal size
-        conn.sendall(b"".join(_HEAD.pack(k, len(d)) + d for k, d in pending) + tail)
-        pending.clear()
-        size = 0
-
     try:
         while kinds:
-            ready, _, _ = select.select([*kinds, conn], [], [], COALESCE_S if pending else 0.5)
+            wait = COALESCE_S if pending else (0.5 if done.is_set() else None)
+            ready, _, _ = select.select([*kinds, conn], [], [], wait)
             if conn in ready and not conn.recv(1024):
-                _stop(worker)  # the laptop went away (Ctrl-C, closed): stop the command
-                return 0
-            if not ready and pending:
-                flush()
-                continue
+                os.killpg(0, signal.SIGTERM)
+                return
+            if not ready and not pending:
+                break  # returned, and the pipes stay open but quiet
             for fd in ready:
                 if fd is conn:
                     continue
@@ -337,83 +362,59 @@ def _session(conn: socket.socket, sources: dict[str, tuple[int, int]], version: 
                 else:
                     pending.append((kinds[fd], data))
                 size += len(data)
-            if size >= 65536:
-                flush()
-            if not ready and status is None:
-                done, status_ = os.waitpid(worker, os.WNOHANG)
-                if done:
-                    status = status_
-                    break  # ended; a background child of its own keeps the pipes: stop reading
-        if status is None:
-            _, status = os.waitpid(worker, 0)
-        code = os.waitstatus_to_exitcode(status)
-        exit_code = str(128 - code if code < 0 else code).encode()
-        flush(_HEAD.pack(b"x", len(exit_code)) + exit_code)
+            if pending and (not ready or size >= 65536 or not kinds):
+                conn.sendall(b"".join(_HEAD.pack(k, len(d)) + d for k, d in pending))
+                pending.clear()
+                size = 0
     except OSError:
-        _stop(worker)
-    return 0
+        os.killpg(0, signal.SIGTERM)
 
 
-def _stop(worker: int) -> None:
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        try:
-            os.killpg(worker, sig)
-        except OSError:
-            pass
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            try:
-                if os.waitpid(worker, os.WNOHANG)[0]:
-                    return
-            except ChildProcessError:
-                return
-            time.sleep(0.05)
-
-
-def _work(argv: list[str], out_w: int, err_w: int) -> None:
-    """The worker: `hpctrain ARGV` in this warm process, as `python -m hpctrain ARGV` would run."""
+def _work(argv: list[str], out_w: int, err_w: int) -> int:
+    """`hpctrain ARGV` in this warm process, as `python -m hpctrain ARGV` would run it, with its
+    stdin empty and its stdout/stderr on the pipes; its exit code. Its fds 1 and 2 are closed
+    after, so the pipes end."""
     code = 1
+    null = os.open(os.devnull, os.O_RDWR)
+    os.dup2(null, 0)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    os.close(out_w)
+    os.close(err_w)
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
+    sys.stderr = io.TextIOWrapper(
+        io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
+        errors="backslashreplace",
+        line_buffering=True,
+    )
+    sys.argv = ["hpctrain", *argv]
     try:
-        os.setpgid(0, 0)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out_w, 1)
-        os.dup2(err_w, 2)
-        for fd in (null, out_w, err_w):
-            os.close(fd)
-        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
-        sys.stdout = io.TextIOWrapper(io.BufferedWriter(io.FileIO(1, "w", closefd=False)))
-        sys.stderr = io.TextIOWrapper(
-            io.BufferedWriter(io.FileIO(2, "w", closefd=False)),
-            errors="backslashreplace",
-            line_buffering=True,
-        )
-        sys.argv = ["hpctrain", *argv]
         from hpctrain.cli import main
 
-        try:
-            main.main(args=argv, prog_name="hpctrain")
-            code = 0
-        except SystemExit as e:
-            if e.code is None or isinstance(e.code, int):
-                code = e.code or 0
-            else:
-                print(e.code, file=sys.stderr)
-                code = 1
-        except KeyboardInterrupt:
-            code = 130
-        except BaseException:
-            import traceback
-
-            traceback.print_exc()
+        main.main(args=argv, prog_name="hpctrain")
+        code = 0
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
             code = 1
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):
-                pass
-    finally:
-        os._exit(code)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os.dup2(null, 1)
+    os.dup2(null, 2)
+    return code
 
 
 def main(argv: list[str]) -> int:

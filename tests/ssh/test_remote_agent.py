@@ -37,10 +37,18 @@ def until(what: str, cond, timeout: float, poll: float = 0.1):
     return value
 
 
-def children(pid: int) -> list[int]:
+def sessions(agent: int) -> list[int]:
+    """The agent's children that run a command (each leads its own process group; the one spare
+    waiting for the next connection does not)."""
     out = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        out += [int(x) for x in task.read_text().split()]
+    for task in Path(f"/proc/{agent}/task").glob("*/children"):
+        for pid in task.read_text().split():
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if stat[2] == pid:  # pgrp
+                out.append(int(pid))
     return out
 
 
@@ -129,11 +137,11 @@ def test_status_logs_follow_cancel_through_the_agent_match_ssh_exec(laptop, tmp_
         for s in streams:
             started(s)
         agent = agents[0]
-        kept = children(agent)
+        kept = sessions(agent)
         assert len(kept) == 1, kept  # one session per command through the agent
         streams.append(follow(laptop, "long"))
         started(streams[2])
-        (session,) = set(children(agent)) - set(kept)
+        (session,) = set(sessions(agent)) - set(kept)
         streams[2].send_signal(signal.SIGINT)
         assert streams[2].wait(30) == 130
         until("the interrupted follow's session ends", lambda: gone(session), 15)
