@@ -8,6 +8,11 @@ this machine (needs root and openssh-server). The laptop has its own HOME, confi
 run is a short local-profile run submitted from the laptop over SSH (no Slurm needed), so both sides
 read the same finished run folder; the site side gives the run folder's path, the laptop its name.
 Repetitions interleaved (laptop, site, laptop, site, ...); a repetition's ratio is laptop / site.
+
+The laptop reaches the site's hpctrain through the login-node agent (hpctrain/remote/agent.py),
+started by the first command over the control connection, behind a socket the control master
+forwards (hpctrain/remote/tunnel.py): a later command costs the laptop's own start-up plus one
+agent round trip, with no login shell and no interpreter start on the site. Both are reported.
 """
 
 from __future__ import annotations
@@ -118,31 +123,39 @@ def run(quick: bool) -> list[dict]:
                 t[k]["laptop"].append(wall(far, laptop / "work", **env))
                 t[k]["site"].append(wall(near, Path(site.scratch), XDG_STATE_HOME=site.state))
         opened = accepted(site) - before
-        # What the login node's shell costs before any command runs (its ~/.bashrc: on this
-        # machine pyenv's init), over the same control connection: part of both ratios.
+        # Where the time goes, measured from the laptop over the same connection: the agent round
+        # trip of each command (local socket -> control master -> sshd -> agent, the command's own
+        # work in the agent's warm process, the output back), and what one ssh command costs
+        # before anything runs (the login node's shell: on this machine ~/.bashrc runs pyenv
+        # init), which is what every command paid before the agent and still pays without it.
         probe = (
-            "import sys, time; from hpctrain.remote.ssh import SSH, Login; "
-            "s = SSH(Login(sys.argv[1], int(sys.argv[2]), sys.argv[3], known_hosts=sys.argv[4]));"
-            "t = [];\nfor _ in range(5):\n t0 = time.perf_counter(); s.run('true');"
-            " t.append(time.perf_counter() - t0)\nprint(sorted(t)[2])"
+            "import io, json, sys, time\n"
+            "from hpctrain.remote import index\n"
+            "from hpctrain.remote.site import Site\n"
+            "from hpctrain.remote.ssh import Login\n"
+            "entry, path = index.find('bench')\n"
+            "site = Site(Login.of(entry['login']))\n"
+            "def med(f, n=7):\n"
+            "    t = []\n"
+            "    for _ in range(n):\n"
+            "        t0 = time.perf_counter(); f(); t.append(time.perf_counter() - t0)\n"
+            "    return sorted(t)[n // 2]\n"
+            "out = {k: med(lambda k=k: site.tunnel.run([k, path], io.BytesIO(), io.BytesIO()))"
+            " for k in ('status', 'logs')}\n"
+            "out['ssh_true'] = med(lambda: site.ssh.run('true'), 5)\n"
+            "print(json.dumps(out))\n"
         )
-        shell_s = float(
-            common.run(
-                [
-                    common.PY,
-                    "-c",
-                    probe,
-                    site.host,
-                    str(site.port),
-                    site.identity,
-                    site.known_hosts,
-                ],
-                timeout=120,
-                **env,
-            ).stdout.strip()
+        probed = json.loads(
+            common.run([common.PY, "-c", probe], timeout=120, cwd=laptop / "work", **env).stdout
         )
+        shell_s = probed["ssh_true"]
         for k in sides:
             per_rep = [a / b for a, b in zip(t[k]["laptop"], t[k]["site"], strict=True)]
+            far, near, trip = (
+                common.median(t[k]["laptop"]),
+                common.median(t[k]["site"]),
+                probed[k],
+            )
             rows.append(
                 common.settle(
                     names[k],
@@ -150,11 +163,14 @@ def run(quick: bool) -> list[dict]:
                     "<= 1.5",
                     reps=reps,
                     seconds=t[k],
+                    agent_round_trip_s=trip,
                     ssh_true_s=shell_s,
-                    summary=f"`hpctrain {k}` over SSH {common.median(t[k]['laptop']):.3f} s; "
-                    f"on the login node {common.median(t[k]['site']):.3f} s; of the difference, "
-                    f"`ssh HOST true` over the open connection (the site shell's start-up) "
-                    f"takes {shell_s:.3f} s",
+                    summary=f"`hpctrain {k}` from the laptop {far:.3f} s: the agent round trip "
+                    f"(forwarded socket, the command in the agent's warm process, output back) "
+                    f"{trip:.3f} s, the laptop's own start-up (interpreter, imports, run index) "
+                    f"the other {max(far - trip, 0):.3f} s; on the login node {near:.3f} s. "
+                    f"Without the agent each command would also pay `ssh HOST true` "
+                    f"({shell_s:.3f} s: the site's login shell) and a Python start there",
                 )
             )
         rows.append(
@@ -164,8 +180,10 @@ def run(quick: bool) -> list[dict]:
                 "== 0",
                 commands=2 * reps,
                 connections=opened,
+                agents=len(sshd.agents(Path(site.dir))),
                 summary=f"{opened} new SSH connection(s) for {2 * reps} commands after the first "
-                "(ControlMaster=auto, ControlPersist)",
+                f"(ControlMaster=auto, ControlPersist); {len(sshd.agents(Path(site.dir)))} "
+                "login-node agent(s) served them",
             )
         )
         index = laptop / "state" / "hpctrain" / "remote-runs.jsonl"
