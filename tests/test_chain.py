@@ -21,7 +21,9 @@ slurm:
   max_time_min: 1
   default_time_min: 1
 preemption:
-  warning_s: 5              # Slurm's ~30 s limit checks may still warn a segment early
+  warning_s: 5              # Slurm checks time limits every 30 s: the warning comes 5-35 s early
+preflight:
+  enabled: false            # not what is tested here: a shorter start for each segment
 """
 TRAIN = [
     "--train.micro_batch=4",
@@ -124,7 +126,12 @@ def build(config):
     return Slow(vocab_size=m.vocab_size, seq_len=m.seq_len, num_samples=config.data.num_samples,
                 seed=config.train.seed)
 """
-STEPS = 220  # ~50 s of training: more than one segment can hold (time limit 60 s, less start-up)
+# ~50 s of training (0.22 s a step): more than the first segment can hold (it gets the warning
+# 25-55 s after its start, and starting takes ~10 s: at most ~205 steps); each later segment starts
+# just after one of Slurm's 30 s checks, so it gets the warning ~27 s in (~80 steps). When the first
+# segment was long the second finishes and cancels the third, else the third finishes; only on a
+# slow start does the last segment need its own requeue (the profile's, as without a chain).
+STEPS = 230
 SLOW = [
     "--train.micro_batch=4",
     "--train.global_batch=8",
@@ -192,16 +199,20 @@ def test_three_segment_chain_ends_each_segment_by_the_time_limit_bit_identical(s
         k = segs.index(done[0])  # the segment that finished training
         # each segment before it got Slurm's time-limit warning (nothing here signalled it), saved
         # and ended its part without a requeue; the next one resumed from that checkpoint
-        handed = [e for e in events if e["event"] in ("signal", "preempted", "segment_end")]
-        assert [(e["event"], e["job_id"]) for e in handed if e["event"] != "preempted"] == [
-            x for j in segs[:k] for x in (("signal", j), ("segment_end", j))
-        ], events
-        assert all(e["signal"] == "USR2" for e in handed if e["event"] == "signal"), events
-        assert "requeue" not in [e["event"] for e in events], events
+        for j in segs[:k]:
+            mine = [e for e in events if e.get("job_id") == j]
+            assert [e["event"] for e in mine] == ["signal", "segment_end"], events
+            assert mine[0]["signal"] == "USR2", events
+        requeued = [e["job_id"] for e in events if e["event"] == "requeue"]
+        assert requeued == [] or (k == 2 and set(requeued) == {segs[2]}), events
         saved = [e["step"] for e in events if e["event"] == "preempted"]
         starts = re.findall(rf"step (\d+)/{STEPS}\n", (run / "train.log").read_text())
-        assert starts == ["0", *map(str, saved)] and len(saved) == k, (starts, events)
-        assert saved == sorted(set(saved)) and all(0 < x < STEPS for x in saved), saved
+        assert starts == ["0", *map(str, saved)] and len(saved) == k + len(requeued), (
+            starts,
+            events,
+        )
+        # (a warning at the very last step saves step STEPS and the next start just finishes)
+        assert saved == sorted(set(saved)) and all(0 < x <= STEPS for x in saved), saved
         assert chain[: k + 1] == [(j, "COMPLETED") for j in segs[: k + 1]], chain
         assert chain[k + 1 :] == [(j, "CANCELLED") for j in segs[k + 1 :]], chain
         if k == 1:  # segment 2 finished training and cancelled segment 3
