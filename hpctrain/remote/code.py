@@ -1,12 +1,19 @@
 """The user's code for a remote run: the committed tree of their git repository (`git archive HEAD`,
 so what runs is exactly a commit), or an explicit folder (`--sync DIR`). It lands in the run folder
-on the site as `code/`."""
+on the site as `code/`.
+
+The repository is the one holding the `--script`, or for `--module pkg.mod` the one holding the
+folder it is imported from here, found the way the local run would import it: the current folder,
+then PYTHONPATH, then this Python's path (an editable install points into its repository). That
+folder, relative to code/, is the import root on the site: the job's PYTHONPATH starts with it."""
 
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,18 +27,60 @@ class Code:
     source: str  # "git <repo> <commit>", "folder <dir>"
     script: str | None  # the --script path relative to code/
     warning: str | None = None
+    root: str | None = None  # --module: the import root relative to code/ ("" for code/ itself)
 
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True)
 
 
+def import_root(module: str, cwd: Path | None = None) -> Path | None:
+    """The folder `python -m MODULE` would import MODULE's top package from, run here: the current
+    folder, PYTHONPATH, then this interpreter's path. Nothing is imported (no package code runs)."""
+    from importlib.machinery import PathFinder
+
+    here = Path(cwd or Path.cwd())
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    entries = [str(here), *(str(here / p) for p in extra), *sys.path[1:]]
+    spec = PathFinder.find_spec(module.split(".")[0], entries)
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:  # a package (regular or namespace): root/pkg/
+        return Path(list(spec.submodule_search_locations)[0]).resolve().parent
+    return Path(spec.origin).resolve().parent if spec.origin else None
+
+
+def _module_path(root: Path, module: str) -> Path | None:
+    """MODULE's file or package folder under ROOT, if it is there."""
+    base = root.joinpath(*module.split("."))
+    for candidate in (base.with_name(base.name + ".py"), base):
+        if candidate.exists():
+            return candidate
+    return None
+
+
 def pack(
-    dest: Path, *, script: str | None, sync: str | None, cwd: Path | None = None
+    dest: Path,
+    *,
+    script: str | None,
+    sync: str | None,
+    module: str | None = None,
+    cwd: Path | None = None,
 ) -> Code | None:
     """Put the code into `dest` (an empty folder); None when the run needs none (train_entry
     without --sync)."""
     script_path = Path(script).expanduser().resolve() if script else None
+    mod_root = mod_path = None
+    if module:
+        mod_root = import_root(module, cwd)
+        mod_path = _module_path(mod_root, module) if mod_root is not None else None
+        if mod_path is None and not sync:
+            raise UserError(
+                f"--module {module} cannot be imported from here (the current folder, "
+                "PYTHONPATH, this Python's path), so there is no code to send; fix: run from "
+                "the folder that holds its package or set PYTHONPATH, or send a folder with "
+                "--sync DIR"
+            )
     if sync:
         root = Path(sync).expanduser().resolve()
         if not root.is_dir():
@@ -44,6 +93,17 @@ def pack(
                     "inside the folder that is sent"
                 )
             rel = str(script_path.relative_to(root))
+        import_rel = None
+        if module:
+            if mod_path is not None and mod_root is not None and mod_root.is_relative_to(root):
+                import_rel = _norm(str(mod_root.relative_to(root)))
+            elif _module_path(root, module) is not None:
+                import_rel = ""  # DIR holds the package: DIR is the import root
+            else:
+                raise UserError(
+                    f"--module {module} is not inside --sync {sync}; fix: send the folder "
+                    "that holds its package"
+                )
         shutil.copytree(
             root,
             dest,
@@ -51,22 +111,32 @@ def pack(
             dirs_exist_ok=True,
             ignore=shutil.ignore_patterns(".git", "__pycache__", "runs"),
         )
-        return Code(f"folder {root}", rel)
-    if script_path is None:
+        return Code(f"folder {root}", rel, root=import_rel)
+    target = script_path or mod_path
+    if target is None:
         return None
-    where = script_path.parent
-    top = _git(where, "rev-parse", "--show-toplevel")
+    what = f"--script {script}" if script_path is not None else f"--module {module}"
+    top = _git(target.parent, "rev-parse", "--show-toplevel")
     if top.returncode != 0:
         raise UserError(
-            f"--script {script} is not in a git repository, and only committed code is "
-            "sent to a remote site; fix: commit it in a repository, or send a folder "
-            "with --sync DIR"
+            f"{what} is not in a git repository"
+            + ("" if script_path is not None else f" (it is imported from {target})")
+            + ", and only committed code is sent to a remote site; fix: commit it in a "
+            "repository, or send a folder with --sync DIR"
         )
-    repo = Path(top.stdout.decode().strip())
-    rel = str(script_path.relative_to(repo.resolve()))
+    repo = Path(top.stdout.decode().strip()).resolve()
+    rel = str(target.relative_to(repo))
+    root_rel = None
+    if mod_root is not None and script_path is None:
+        if not mod_root.is_relative_to(repo):
+            raise UserError(
+                f"--module {module} is imported from {mod_root}, outside its repository {repo}; "
+                "fix: send the folder that holds its package with --sync DIR"
+            )
+        root_rel = _norm(str(mod_root.relative_to(repo)))
     if _git(repo, "cat-file", "-e", f"HEAD:{rel}").returncode != 0:
         raise UserError(
-            f"--script {script} is not in the last commit of {repo}; fix: "
+            f"{what} ({rel}) is not in the last commit of {repo}; fix: "
             f"`git add {rel} && git commit`, or send the folder with --sync DIR"
         )
     commit = _git(repo, "rev-parse", "HEAD").stdout.decode().strip()
@@ -81,7 +151,21 @@ def pack(
         if dirty
         else None
     )
-    return Code(f"git {repo} {commit[:12]}", rel, warning)
+    return Code(
+        f"git {repo} {commit[:12]}", rel if script_path is not None else None, warning, root_rel
+    )
+
+
+def _norm(rel: str) -> str:
+    return "" if rel == "." else rel
+
+
+def pythonpath(site_code: str, code: Code, env: dict[str, str]) -> str:
+    """The job's PYTHONPATH for a --module run: the import root in the run's code/ on the site,
+    then whatever the profile's environment.env or the node's environment already has."""
+    root = site_code + (f"/{code.root}" if code.root else "")
+    rest = env.get("PYTHONPATH") or "${PYTHONPATH:-}"
+    return f"{root}:{rest}"
 
 
 # -- on the site: the uploaded code becomes the run folder's code/ ---------------------------------

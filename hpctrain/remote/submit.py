@@ -21,7 +21,7 @@ from typing import Any
 
 from hpctrain.errors import UserError
 from hpctrain.remote import index
-from hpctrain.remote.code import pack
+from hpctrain.remote.code import pack, pythonpath
 from hpctrain.remote.site import Site
 from hpctrain.remote.ssh import Login
 
@@ -117,16 +117,26 @@ def submit(
     incoming = f"{workdir}/incoming/{req.name}-{secrets.token_hex(4)}"
     with tempfile.TemporaryDirectory(prefix="hpctrain-upload-") as tmp:
         stage = Path(tmp)
-        (stage / "profile.yaml").write_text(
-            yaml.safe_dump(site_profile(profile, runs_dir), sort_keys=True)
+        code = pack(
+            stage / "code", script=o.get("script"), sync=o.get("sync"), module=o.get("module")
         )
-        code = pack(stage / "code", script=o.get("script"), sync=o.get("sync"))
+        data = site_profile(profile, runs_dir)
+        if code and code.root is not None:  # --module: imported from the run's code/ on the site
+            env = data["environment"].get("env") or {}
+            site_code = f"{runs_dir}/{req.name}/code"  # a sweep's code/ is in its folder too
+            data["environment"]["env"] = {**env, "PYTHONPATH": pythonpath(site_code, code, env)}
+        (stage / "profile.yaml").write_text(yaml.safe_dump(data, sort_keys=True))
         if code and code.warning:
             echo(f"warning: {code.warning}")
         tool = site.ssh.upload(stage, incoming)
     echo(
         f"site {login.where}: run folder {runs_dir}/{req.name}"
         + (f"; code {code.source} sent with {tool}" if code else "")
+        + (
+            f"; --module {o['module']} imported from code/{code.root}"
+            if code and code.root is not None
+            else ""
+        )
     )
     args = [command, "--profile", f"{incoming}/profile.yaml", "--name", req.name]
     for key, flag in _PASS:

@@ -145,6 +145,58 @@ def test_a_script_travels_as_the_committed_tree_and_runs_from_the_run_folder(lap
     assert f"ran from {run}/code data committed" in logs, logs
 
 
+def test_a_module_travels_as_the_committed_tree_of_the_repo_it_is_imported_from(laptop):
+    """--module pkg.mod: the repository is the one holding the folder the module is imported from
+    here (PYTHONPATH=<repo>/src), its committed tree is sent, and the job imports the module from
+    the run's code/src. A module outside any git repository is refused before anything is sent."""
+    repo = laptop.root / "modrepo"
+    (repo / "src" / "mypkg").mkdir(parents=True)
+    (repo / "src" / "mypkg" / "__init__.py").write_text("")
+    (repo / "src" / "mypkg" / "train.py").write_text(
+        "import pathlib\nhere = pathlib.Path(__file__).resolve().parent\n"
+        "print('module from', here, 'data', (here.parents[1] / 'data.txt').read_text().strip(),"
+        " flush=True)\n"
+    )
+    (repo / "data.txt").write_text("committed\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "code"]):
+        subprocess.run([*git, *args], check=True, capture_output=True)
+    prof = laptop.write_profile("modsite", extends="local")
+    topo = ["--nodes", "1", "--gpus", "1"]
+
+    (laptop.work / "loose").mkdir()  # importable from the current folder, but in no repository
+    (laptop.work / "loose" / "__init__.py").write_text("")
+    out = laptop.hp(
+        "submit", "--profile", str(prof), "--module", "loose", "--name", "l", *topo, check=False
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out
+    assert "--module loose is not in a git repository" in out.stderr, out.stderr
+    assert "--sync DIR" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+    laptop.env["PYTHONPATH"] = str(repo / "src")  # how the local run would import it
+    try:
+        out = laptop.hp(
+            "submit",
+            "--profile",
+            str(prof),
+            "--module",
+            "mypkg.train",
+            "--name",
+            "mod",
+            *topo,
+            "--wait",
+            timeout=180,
+        )
+    finally:
+        del laptop.env["PYTHONPATH"]
+    assert re.search(r"code git .*modrepo [0-9a-f]{12} sent with rsync", out.stdout), out.stdout
+    assert "--module mypkg.train imported from code/src" in out.stdout, out.stdout
+    run = Path(laptop.site.scratch) / "runs" / "mod"
+    assert (run / "code" / "data.txt").read_text() == "committed\n"
+    logs = laptop.hp("logs", "mod", "--rank", "0").stdout
+    assert f"module from {run}/code/src/mypkg data committed" in logs, logs
+
+
 def test_runs_names_a_site_it_cannot_reach_and_goes_on(laptop):
     index = laptop.root / "state" / "hpctrain" / "remote-runs.jsonl"
     index.parent.mkdir(parents=True, exist_ok=True)
