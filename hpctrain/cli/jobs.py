@@ -118,7 +118,7 @@ def render(**o: Any) -> None:
     "--sync",
     type=click.Path(file_okay=False, exists=True),
     help="Remote site (profile with login:): send this folder as the run's code/ instead of "
-    "the committed tree of your --script's git repository.",
+    "the committed tree of your --script's (or --module's) git repository.",
 )
 @click.option(
     "--chain",
