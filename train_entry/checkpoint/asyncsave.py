@@ -8,6 +8,7 @@ any failed (they all got the same answer)."""
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ class _Pending:
     step: int
     started: float
     staged: threading.Event
-    thread: threading.Thread | None = None
+    done: threading.Event
     error: BaseException | None = None
     failed: bool = False  # agreed by every rank's writer thread: some rank's save failed
     phases: dict = None  # type: ignore[assignment]
@@ -40,6 +41,14 @@ class AsyncSaves:
         if dist is not None and self._async_group is None:
             # The background write runs collectives; keep them off the training group.
             self._async_group = dist.new_group(backend="gloo")
+        if self._writer is None:
+            # one writer thread for every async save: a thread start per save cost the loop
+            # milliseconds (the new thread takes the GIL before the call returns)
+            self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+            self._writer = threading.Thread(
+                target=self._writer_loop, daemon=True, name="hpctrain-async-save"
+            )
+            self._writer.start()
         if self._stager is None:
             # Import here what the writer thread uses: an import on that thread holds the GIL
             # while the loop wants it back (measured: +30 ms on the first save's call).
@@ -55,7 +64,7 @@ class AsyncSaves:
         self,
         state: Any,
         holder: dict,
-        texts: dict[str, str],
+        texts: dict[str, Any],
         final: Path,
         staging: Path,
         t0: float,
@@ -66,18 +75,25 @@ class AsyncSaves:
         _, rank, world = self._dist()
         self._async_setup()
         t = time.perf_counter()
-        self._stager.begin(holder, deferrable(state.model, state.optimizer))
-        phases["staging_now_s"] = time.perf_counter() - t
-        pending = _Pending(staging, state.step, time.monotonic(), threading.Event(), phases=phases)
-        self._hook(state.optimizer)
-        pending.thread = threading.Thread(
-            target=self._write_async,
-            daemon=True,
-            args=(pending, texts, final, rank, world),
-            name=f"hpctrain-save-{final.name}",
+        self._stager.begin(
+            holder,
+            lambda: deferrable(state.model, state.optimizer),
+            same=self._state_dicts.reused,
         )
+        phases["staging_now_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        pending = _Pending(
+            staging,
+            state.step,
+            time.monotonic(),
+            threading.Event(),
+            threading.Event(),
+            phases=phases,
+        )
+        self._hook(state.optimizer)
         self._pending = pending
-        pending.thread.start()
+        self._jobs.put((pending, texts, final, rank, world))
+        phases["start_s"] = time.perf_counter() - t
         self._last_step, self._last_time = state.step, time.monotonic()
         self.timings.append(
             {
@@ -89,8 +105,16 @@ class AsyncSaves:
         )
         return final
 
+    def _writer_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                self._write_async(*job)
+            finally:
+                job[0].done.set()
+
     def _write_async(
-        self, p: _Pending, texts: dict[str, str], final: Path, rank: int, world: int
+        self, p: _Pending, texts: dict[str, Any], final: Path, rank: int, world: int
     ) -> None:
         """The writer thread of an async save (collectives on the save's own gloo group)."""
         from train_entry.checkpoint.writer import HashingWriter, SyncedFiles
@@ -131,7 +155,6 @@ class AsyncSaves:
                 )
                 error = failed or error
                 entries = writer.entries
-            error = attempt(side.wait) or error
             if entries is not None:
                 entries = {**side.entries, **entries}
             self._finish(
@@ -144,6 +167,7 @@ class AsyncSaves:
                 error,
                 p.phases,
                 group,
+                side,
                 writer,
                 results,
             )
@@ -182,8 +206,7 @@ class AsyncSaves:
             return
         t0 = time.monotonic()
         pending.staged.wait()
-        if pending.thread is not None:
-            pending.thread.join()
+        pending.done.wait()
         self._join_purge()
         for row in reversed(self.timings):
             if row["step"] == pending.step:

@@ -26,7 +26,6 @@ from hpctrain.kernel.checkpoint import (
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.strategies import engine_checkpoint
 from train_entry.checkpoint.asyncsave import AsyncSaves, _Pending
-from train_entry.checkpoint.commit import commit
 from train_entry.checkpoint.common import (
     AppState,
     PlanCache,
@@ -78,6 +77,7 @@ class Checkpointer(AsyncSaves):
         self._pending: _Pending | None = None
         self._async_group: Any = None
         self._stager: Any = None  # async saves: CPU copies of the state, kept between saves
+        self._writer: threading.Thread | None = None  # async saves: the one writer thread
         self._hooked: Any = None  # the optimizer whose step waits for an async staging copy
         self._state_dicts = StateDicts()  # the last save's state dict, reused while still live
         self._plans = PlanCache()  # the last save's DCP plan, reused while unchanged
@@ -225,10 +225,11 @@ class Checkpointer(AsyncSaves):
             raise
 
     def _failed(self, staging: Path, rank: int) -> None:
+        from train_entry.checkpoint.commit import latest_tmp
+
         if rank == 0:
-            shutil.rmtree(
-                staging, ignore_errors=True
-            )  # frees the space it took; never a checkpoint
+            shutil.rmtree(staging, ignore_errors=True)  # frees the space; never a checkpoint
+            latest_tmp(self).unlink(missing_ok=True)
         self._last_time = time.monotonic()  # retry after another interval, not every step
 
     def _agree(self, error: BaseException | None, step: int, *flags: bool) -> list[bool]:
@@ -258,7 +259,9 @@ class Checkpointer(AsyncSaves):
             holder = self._state_dicts.get(state.model, state.optimizer)
             phases["state_dict_s"] = time.perf_counter() - t0
         if not sync and dcp_state:
-            texts = self._side_texts(state, rank, world)
+            t = time.perf_counter()
+            texts = self._side_texts(state, rank, world, later=True)
+            phases["side_texts_s"] = time.perf_counter() - t
             return self._save_async(state, holder, texts, final, staging, t0, phases)
         t = time.perf_counter()
         plan, changed = self._plans.planner(holder, rank) if dcp_state else (None, False)
@@ -291,13 +294,21 @@ class Checkpointer(AsyncSaves):
             failed, results = self._write_weights(writer, holder, plan, replan, phases)
             error = failed or error
             entries = writer.entries
-        t = time.perf_counter()
-        error = attempt(side.wait) or error
-        phases["side_files_s"] = time.perf_counter() - t
         if entries is not None:
             entries = {**side.entries, **entries}
         self._finish(
-            staging, final, state.step, world, rank, entries, error, phases, None, writer, results
+            staging,
+            final,
+            state.step,
+            world,
+            rank,
+            entries,
+            error,
+            phases,
+            None,
+            side,
+            writer,
+            results,
         )
         self._last_step, self._last_time = state.step, time.monotonic()
         took = time.perf_counter() - t0
@@ -345,9 +356,7 @@ class Checkpointer(AsyncSaves):
             error = attempt(lambda: box.update(res=writer.write_plan(self._plans.final, plan)))
             results = box.get("res", [])
         took = time.perf_counter() - t
-        phases.update(
-            {k: v for k, v in writer.phases.items() if k in ("write_s", "hash_s", "fsync_s")}
-        )
+        phases.update({k: v for k, v in writer.phases.items() if k in ("write_s", "hash_s")})
         phases["hash_wait_s"] = writer.phases.get("hash_wait_s", 0.0)
         if replan:  # DCP's own planning and collectives
             phases["planning_s"] += max(0.0, took - writer.phases.get("write_data_s", 0.0))
@@ -364,17 +373,22 @@ class Checkpointer(AsyncSaves):
         error: BaseException | None,
         phases: dict,
         group: Any = None,
+        side: Any = None,
         writer: Any = None,
         results: list | None = None,
     ) -> None:
-        """Every rank's checksums (and, with a cached plan, where its tensors lie) and failure to
-        rank 0; rank 0 writes DCP's metadata if DCP did not, and commits unless a rank failed;
-        then all agree (not here for an async save: its thread agrees on `group`)."""
+        """Every rank's checksums (and, with a cached plan, where its tensors lie) and failure go
+        to rank 0, which writes DCP's metadata if DCP did not and the manifest, while each rank's
+        own fsyncs finish; once all ranks agree their files are durable, rank 0 publishes the
+        checkpoint; then all agree on the outcome (on `group` for an async save, whose thread
+        raises; the sync save raises SaveFailed on every rank)."""
+        from train_entry.checkpoint.commit import publish, write_manifest
+
         t = time.perf_counter()
         gathered = self._gather((entries, error is not None, results), group)
         phases["gather_s"] = time.perf_counter() - t
+        t = time.perf_counter()
         if rank == 0:
-            t = time.perf_counter()
             if any(failed for _, failed, _ in gathered):
                 error = error or RuntimeError("another rank failed")
             else:
@@ -387,12 +401,35 @@ class Checkpointer(AsyncSaves):
                     )
                     files.update(writer.entries)
                 if error is None:
-                    error = attempt(commit, self, staging, final, step, world, files)
-            phases["commit_s"] = time.perf_counter() - t
+                    error = attempt(write_manifest, self, staging, final, step, world, files)
+            phases["manifest_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        if side is not None:
+            error = attempt(side.wait) or error
+        if writer is not None:
+            error = attempt(writer.durable) or error
+            phases.update(
+                {k: v for k, v in writer.phases.items() if k in ("fsync_s", "fsync_wait_s")}
+            )
+        phases["durable_wait_s"] = time.perf_counter() - t
+        # every file of the folder is durable on every rank before rank 0 renames it
+        self._agree_on(error, step, group)
+        if rank == 0:
+            t = time.perf_counter()
+            error = attempt(publish, self, staging, final, step)
+            phases["commit_s"] = time.perf_counter() - t + phases.get("manifest_s", 0.0)
         if group is None:
             self._agree(error, step)  # nobody goes on (or exits 75) before the commit
         elif error is not None:
             raise error
+
+    def _agree_on(self, error: BaseException | None, step: int, group: Any) -> None:
+        """`_agree` for a sync save; on an async save's group, every rank raises (the thread's
+        own agreement then makes every rank's wait() raise SaveFailed)."""
+        if group is None:
+            self._agree(error, step)
+        elif self._any_rank(error is not None, group=group):
+            raise error or RuntimeError("another rank failed")
 
     def _gather(self, obj: Any, group: Any = None) -> list[Any]:
         dist, rank, world = self._dist()
@@ -419,11 +456,16 @@ class Checkpointer(AsyncSaves):
         # commit's fsyncs make the finished one durable
         (staging / "rng").mkdir(parents=True)
 
-    def _side_texts(self, state: Any, rank: int, world: int) -> dict[str, str]:
-        """This rank's generators, and on rank 0 the loop state and config, as of now."""
+    def _side_texts(self, state: Any, rank: int, world: int, later: bool = False) -> dict:
+        """This rank's generators, and on rank 0 the loop state and config, as of now. `later`:
+        the generators' states are taken now (new objects) and encoded when written (on an async
+        save's thread)."""
         from train_entry import state as st
 
-        texts = {f"rng/rank-{rank:05d}.json": st.dumps(st.capture_rng())}
+        rng = st.capture_rng()
+        texts: dict[str, Any] = {
+            f"rng/rank-{rank:05d}.json": (lambda: st.dumps(rng)) if later else st.dumps(rng)
+        }
         if rank == 0:
             loop = state.loop_state() | {"world_size": world, "strategy": self.strategy}
             texts["train_state.json"] = st.dumps(loop)
@@ -431,9 +473,9 @@ class Checkpointer(AsyncSaves):
         return texts
 
     @staticmethod
-    def _write_texts(side: Any, texts: dict[str, str]) -> None:
+    def _write_texts(side: Any, texts: dict[str, Any]) -> None:
         for rel, text in texts.items():
-            side.write(rel, text)
+            side.write(rel, text() if callable(text) else text)
 
     def _prune(self, newest: int) -> None:
         """Drop the oldest step folders beyond `keep`, only after a newer one was committed: each

@@ -1,5 +1,7 @@
-"""Rank 0's commit of a save: the manifest from every rank's checksums, fsyncs in parallel, the
-rename that makes it a checkpoint, `latest`, the prune."""
+"""Rank 0's commit of a save, in two halves: `write_manifest` (the manifest from every rank's
+checksums, fsynced with the folders while the ranks' own fsyncs may still run) and, once every rank
+says its files are durable, `publish` (the rename that makes it a checkpoint, `latest`, the
+prune)."""
 
 from __future__ import annotations
 
@@ -15,12 +17,22 @@ from hpctrain.kernel.files import utc_now
 def commit(
     ck: Any, staging: Path, final: Path, step: int, world: int, files: dict[str, dict] | None = None
 ) -> None:
+    """Both halves, for a caller whose files are all durable already."""
+    write_manifest(ck, staging, final, step, world, files)
+    publish(ck, staging, final, step)
+
+
+def latest_tmp(ck: Any) -> Path:
+    return ck.dir / f".{LATEST}.tmp-{os.getpid()}"
+
+
+def write_manifest(
+    ck: Any, staging: Path, final: Path, step: int, world: int, files: dict[str, dict] | None = None
+) -> None:
     """Rank 0: the manifest from every rank's checksums (taken while writing; files nobody
     hashed, e.g. DeepSpeed's, are read, hashed and fsynced here); the manifest, the files not yet
-    synced, the folders and a new `latest` temp file fsynced in parallel (one fsync each); rename
-    the folder to step-N, replace `latest`, one fsync of the checkpoints folder (it makes both
-    renames durable; journaling filesystems keep their order, and a resume never goes by
-    `latest` but by the newest verified step-N); prune (the delete runs in the background)."""
+    synced, the folders and a new `latest` temp file fsynced in parallel (one fsync each). The
+    folder is still `.staging-*`: nothing counts it before `publish`."""
     import torch
 
     from train_entry.checkpoint.writer import fsync_path as sync_one
@@ -51,7 +63,7 @@ def commit(
         "files": dict(sorted(files.items())),
     }
     blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
-    latest_tmp = ck.dir / f".{LATEST}.tmp-{os.getpid()}"
+    tmp = latest_tmp(ck)
     fd = os.open(staging / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         os.write(fd, blob)
@@ -60,13 +72,22 @@ def commit(
             pool.submit(os.fsync, fd),
             *(pool.submit(sync_one, d) for d in dirs),
             *(pool.submit(sync_one, staging / r) for r in unsynced),
-            pool.submit(write_bytes_synced, latest_tmp, (final.name + "\n").encode()),
+            pool.submit(write_bytes_synced, tmp, (final.name + "\n").encode()),
         ]
         for j in jobs:
             j.result()
     finally:
         os.close(fd)
+
+
+def publish(ck: Any, staging: Path, final: Path, step: int) -> None:
+    """Rank 0, once every file of the folder is durable: rename it to step-N, replace `latest`,
+    one fsync of the checkpoints folder (it makes both renames durable; journaling filesystems
+    keep their order, and a resume goes by the newest verified step-N, never by `latest`); then
+    prune (the delete runs on a thread)."""
+    from train_entry.checkpoint.writer import fsync_path as sync_one
+
     os.rename(staging, final)
-    os.replace(latest_tmp, ck.dir / LATEST)
+    os.replace(latest_tmp(ck), ck.dir / LATEST)
     sync_one(ck.dir)  # the checkpoint (and then `latest`) is durable from here
     ck._prune(step)

@@ -103,10 +103,13 @@ class StateDicts:
     def __init__(self) -> None:
         self._key: Any = None
         self._sd: dict | None = None
+        self.reused = False  # the last get() returned the previous state dict (same tensors)
 
     def get(self, model: Any, optimizer: Any) -> dict:
         key = _fingerprint(model, optimizer)
-        if self._sd is not None and key == self._key:
+        self.reused = self._sd is not None and key == self._key
+        if self.reused:
+            assert self._sd is not None
             if optimizer is not None:
                 for cached, live in zip(
                     self._sd["optim"]["param_groups"], optimizer.param_groups, strict=True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ class Stager:
     """Copies a state dict into CPU buffers allocated at the first save and reused while its
     layout stays the same (pinned when the state is on a GPU, copied on a side stream).
 
-    `begin(sd, movable)` copies now the tensors `movable` does not name (model buffers, which a
+    `begin(sd, movable)` copies now the tensors `movable()` does not name (model buffers, which a
     forward pass may change in place) and returns; `finish()` (on the writer thread) copies the
     rest: parameters and optimizer state, which only the optimizer's step changes, so the copy
     overlaps the next step's forward and backward and the step waits for it (`Checkpointer`
@@ -50,48 +51,44 @@ class Stager:
         self._stream: Any = None
         self._ready: Any = None
         self._sd: Any = None
-        self._movable: Any = None
+        self._pairs: Any = None  # for the last sd: (now src, now dst), (later src, later dst)
 
-    def begin(self, sd: dict, movable: set[int]) -> None:
+    def begin(self, sd: dict, movable: Callable[[], set[int]], same: bool = False) -> None:
+        """`same`: `sd` is the last save's state dict, holding the same tensors (StateDicts)."""
         from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 
-        layout = _layout(sd)
-        cuda = any(str(d).startswith("cuda") for d in _devices(sd))
-        if layout != self.layout:
-            self.layout, self.cache = layout, _create_cpu_state_dict(sd, pin_memory=cuda)
-        if cuda:
+        if not (same and sd is self._sd and self._pairs is not None):
+            layout = _layout(sd)
+            self._cuda = any(str(d).startswith("cuda") for d in _devices(sd))
+            if layout != self.layout:
+                self.layout, self.cache = layout, _create_cpu_state_dict(sd, pin_memory=self._cuda)
+            moves = movable()
+            now = _select(sd, lambda t: _local(t).data_ptr() not in moves)
+            later = _select(sd, lambda t: _local(t).data_ptr() in moves)
+            self._pairs = tuple(
+                (_prune_none(part), _prune_none(_select_like(self.cache, part)))
+                for part in (now, later)
+            )
+            self._sd = sd
+        if self._cuda:
             self._stream = self._stream or torch.cuda.Stream()
             self._ready = torch.cuda.Event()
             self._ready.record()  # the step's kernels before the copy
-        now = _select(sd, lambda t: _local(t).data_ptr() not in movable)
-        _copy_state_dict(
-            _prune_none(now), _prune_none(_select_like(self.cache, now)), type_check=False
-        )
-        self._sd, self._movable = sd, movable
+        _copy_state_dict(*self._pairs[0], type_check=False)
 
     def finish(self) -> dict:
         from torch.distributed._state_dict_utils import _copy_state_dict
 
-        sd, movable = self._sd, self._movable
-        later = _select(sd, lambda t: _local(t).data_ptr() in movable)
+        src, dst = self._pairs[1]
         if self._stream is not None:
             self._stream.wait_event(self._ready)
             with torch.cuda.stream(self._stream):
-                _copy_state_dict(
-                    _prune_none(later),
-                    _prune_none(_select_like(self.cache, later)),
-                    non_blocking=True,
-                    type_check=False,
-                )
+                _copy_state_dict(src, dst, non_blocking=True, type_check=False)
             self._stream.synchronize()
         else:
-            _copy_state_dict(
-                _prune_none(later), _prune_none(_select_like(self.cache, later)), type_check=False
-            )
+            _copy_state_dict(src, dst, type_check=False)
         # the full structure: staged tensors, the scalars as they were at begin()
-        out = _merge_staged(sd, self.cache)
-        self._sd = self._movable = None
-        return out
+        return _merge_staged(self._sd, self.cache)
 
 
 def _devices(obj: Any) -> set[str]:

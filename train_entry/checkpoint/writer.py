@@ -4,13 +4,14 @@ DCP's FileSystemWriter serialises every tensor with torch.save (a small zip arch
 the checkpointer then read every file back to checksum it. This writer puts each rank's tensors'
 raw bytes, one after the other (64-byte aligned), into a single `__<rank>_0.raw` file, hashing each
 buffer with sha256 on a second thread as it is written (hashlib and file writes release the GIL),
-fsyncs the file once, and remembers (size, sha256) for the manifest, so nothing is read back. The
+fsyncs the file once (on the I/O pool, while the checksums already go to rank 0), and
+remembers (size, sha256) for the manifest, so nothing is read back. The
 `.metadata` file (DCP's plan and where each tensor lies) is still DCP's own pickle, written the
 same way. `RawReader` loads such files (and DCP's own `.distcp` files, so older checkpoints still
 load); the shape and dtype of each stored chunk come from DCP's metadata.
 
-Also here: `SyncedFiles`, small side files (RNG, loop state, config, the manifest) written with
-their checksum taken from memory and their fsyncs run in parallel threads.
+Also here: `SyncedFiles`, small side files (RNG, loop state, config) written with their checksum
+taken from memory and their fsyncs run on the I/O pool.
 """
 
 from __future__ import annotations
@@ -112,6 +113,17 @@ class HashingWriter(_FileSystemWriter):
         self.entries: dict[str, dict[str, Any]] = {}
         self.phases: dict[str, float] = {}
         self.final_plan: SavePlan | None = None
+        self._fsync: _CFuture | None = None
+
+    def durable(self) -> None:
+        """Wait until this rank's raw file is fsynced (started by `write_plan`)."""
+        fsync, self._fsync = self._fsync, None
+        if fsync is not None:
+            t0 = time.perf_counter()
+            try:
+                self.phases["fsync_s"] = fsync.result()
+            finally:
+                self.phases["fsync_wait_s"] = time.perf_counter() - t0
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
         Path(self.path).mkdir(parents=True, exist_ok=True)  # no existing-checkpoint probe
@@ -173,18 +185,18 @@ class HashingWriter(_FileSystemWriter):
                     offset += len(buf)
                 if pending:
                     put(pending)
-            t0 = time.perf_counter()
-            os.fsync(fd)
-            fsync_s = time.perf_counter() - t0
-        finally:
+        except BaseException:
             os.close(fd)
+            hasher.hexdigest()  # ends its thread
+            raise
+        # the fsync runs on the I/O pool while the checksums go to rank 0 (`durable()` waits)
+        self._fsync = io_pool().submit(_fsync_close, fd)
         t0 = time.perf_counter()
         digest = hasher.hexdigest()
         self.entries[name] = {"size": offset, "sha256": digest}
         self.final_plan = plan
         self.phases.update(
             write_s=write_s,
-            fsync_s=fsync_s,
             hash_s=hasher.busy_s,
             hash_wait_s=time.perf_counter() - t0,
             write_data_s=time.perf_counter() - t_start,
@@ -284,6 +296,15 @@ def load_plain(folder: str | os.PathLike) -> dict[str, Any]:
     return sd
 
 
+def _fsync_close(fd: int) -> float:
+    try:
+        t0 = time.perf_counter()
+        os.fsync(fd)
+        return time.perf_counter() - t0
+    finally:
+        os.close(fd)
+
+
 def write_bytes_synced(path: Path, data: bytes) -> None:
     with open(path, "wb") as f:
         f.write(data)
@@ -324,9 +345,18 @@ class SyncedFiles:
         self._futures: list[_CFuture] = []
 
     def write(self, rel: str, data: bytes | str) -> None:
+        """Written now (so the file is there when rank 0 lists the folder), fsynced on the pool."""
         blob = data.encode() if isinstance(data, str) else data
         self.entries[rel] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
-        self._futures.append(self._pool.submit(write_bytes_synced, self.root / rel, blob))
+        fd = os.open(self.root / rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(blob)
+            while view:
+                view = view[os.write(fd, view) :]
+        except BaseException:
+            os.close(fd)
+            raise
+        self._futures.append(self._pool.submit(_fsync_close, fd))
 
     def sync_dir(self, rel: str = "") -> None:
         self._futures.append(self._pool.submit(fsync_path, self.root / rel if rel else self.root))
