@@ -132,6 +132,12 @@ class Tunnel:
                     stream.flush()
         except KeyboardInterrupt:
             return 130  # closing the connection stops the command on the site
+        except BrokenPipeError:  # our reader went away (`| head`): stop quietly, as a pipe would
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+            except (OSError, ValueError):
+                pass
+            return 141
         finally:
             conn.close()
 

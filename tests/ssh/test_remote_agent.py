@@ -227,8 +227,28 @@ def test_a_killed_agent_or_another_protocol_gets_a_fresh_agent(laptop):
     until("the refusing agent leaves", lambda: gone(new), 10)
     assert not sock.exists()
     _runs_through(laptop)
-    assert _agent_of(site) not in (old, new)
+    third = _agent_of(site)
+    assert third not in (old, new)
     assert accepted(site) == first  # all of it over the one connection
+    # the control connection closed: its forwarded socket on the laptop is gone or stale; the
+    # next command opens one connection and forwards again to the agent still running there
+    ssh = [*_ssh_options(laptop), "-O", "exit", site.host]
+    subprocess.run(["ssh", *ssh], env=laptop.env, capture_output=True, timeout=30, check=True)
+    _runs_through(laptop)
+    assert _agent_of(site) == third and accepted(site) == first + 1
+
+
+def _ssh_options(lap: Laptop) -> list[str]:
+    code = (
+        "import json, sys; from hpctrain.remote.ssh import SSH, Login; "
+        "print(json.dumps(SSH(Login(*sys.argv[1:3], sys.argv[3], sys.argv[4], "
+        "known_hosts=sys.argv[5])).options()))"
+    )
+    args = [lap.site.host, str(lap.site.port), lap.site.identity, VENV_PYTHON, str(lap.known_hosts)]
+    out = subprocess.run(
+        [sys.executable, "-c", code, *args], env=lap.env, capture_output=True, text=True
+    )
+    return json.loads(out.stdout)
 
 
 def _start(env: dict[str, str], token: str, *extra: str) -> subprocess.CompletedProcess:
