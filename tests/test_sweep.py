@@ -233,24 +233,18 @@ def test_array_element_preempted_requeues_alone_and_resume_sweep_is_one_array(sl
         ]
         # two points fit on the two nodes at once: point 2 waits, and is cancelled before it starts
         hp("cancel", "arr/2")
-        try:
-            until(
-                "points 0 and 1 train",
-                lambda: all(len(lines(p / "metrics.jsonl")) >= 3 for p in (first, second)),
-                240,
-            )
-        except AssertionError:
-            queue = subprocess.run(["squeue"], capture_output=True, text=True).stdout
-            raise AssertionError(
-                f"points 0 and 1 did not train in 240 s\n{queue}\n{dump(first)}\n{dump(second)}"
-            ) from None
-        # at once: point 1 is cancelled (TERM: it saves at the next step boundary and stops)
-        # while point 0 is preempted
-        cancel = subprocess.Popen(
-            [*HPCTRAIN, "cancel", "arr/1"], cwd=hp.root, env=hp.env, stdout=subprocess.PIPE
-        )
-        assert f"job {array}_0" in hp("preempt", "arr/0").stdout
-        assert cancel.wait(timeout=120) == 0
+        for p in (first, second):  # each point is stopped as soon as it trains
+            try:
+                until(f"{p.name} trains", lambda p=p: len(lines(p / "metrics.jsonl")) >= 3, 240)
+            except AssertionError:
+                queue = subprocess.run(["squeue"], capture_output=True, text=True).stdout
+                raise AssertionError(
+                    f"{p.name} did not train in 240 s\n{queue}\n{dump(p)}"
+                ) from None
+            if p == first:
+                assert f"job {array}_0" in hp("preempt", "arr/0").stdout
+            else:  # TERM: it saves at the next step boundary and stops
+                hp("cancel", "arr/1")
         rows = until("every point ends", ended, 240)["points"]
         assert [r["state"] for r in rows] == ["COMPLETED", "CANCELLED", "CANCELLED"], "\n".join(
             dump(p) for p in pts
@@ -309,3 +303,10 @@ def test_array_element_preempted_requeues_alone_and_resume_sweep_is_one_array(sl
         ]
     finally:
         subprocess.run(["scancel", array, *([again] if again else [])], capture_output=True)
+
+
+def test_resume_array_line_names_only_the_given_points_and_keeps_max_parallel():
+    from hpctrain.sweep import array_spec, resume_spec
+
+    assert resume_spec([4, 1, 3], 2) == "1,3,4%2" and resume_spec([2], None) == "2"
+    assert array_spec(6, 3) == "0-5%3"
