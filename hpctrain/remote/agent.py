@@ -1,5 +1,5 @@
 """The login-node agent: the site's hpctrain, started once per laptop connection and kept warm, so a
-command from the laptop costs a fork instead of a login shell and an interpreter start.
+command from the laptop costs neither a login shell nor an interpreter start on the site.
 
     python -m hpctrain.remote.agent start --token T [--idle S] [--replace]
 
@@ -11,10 +11,11 @@ socket), prints one JSON line {"socket", "pid", "version", "proto"} and detaches
 T is already up it prints that one's line instead. The laptop reaches the socket through a
 forwarded stream over its SSH control connection (hpctrain/remote/tunnel.py).
 
-Each connection: the peer's uid (SO_PEERCRED) must be the agent's own; one request frame, then the
-agent forks a session, which forks a worker that runs the CLI's main with the request's argv,
-stdout and stderr on pipes. The session sends them back as frames, then the exit code; when the
-laptop closes the connection (Ctrl-C) the session kills the worker's process group.
+Each connection is taken by a spare process, forked from the warm agent ahead of time and waiting
+in accept(): it checks the peer's uid (SO_PEERCRED: the agent's own, else it is turned away), reads
+one request frame and runs the CLI's main with the request's argv itself, its stdout and stderr on
+pipes that a thread sends back as frames, then the exit code. The agent forks the next spare
+meanwhile. When the laptop closes the connection (Ctrl-C) the command's process group is stopped.
 
 Frames: one kind byte, a 4-byte big-endian length, the payload.
   laptop -> agent  q  {"proto", "version", "argv"} or {"proto", "version", "quit": true}
