@@ -5,11 +5,12 @@ command from the laptop costs neither a login shell nor an interpreter start on 
 
 `start` runs from the site user's login shell (one ssh command), so the agent's environment is the
 login node's ($SCRATCH, modules, Slurm on PATH). It imports hpctrain's CLI and the status/logs
-services, listens on a unix socket `<folder>/<T>.sock` (folder 0700: `$XDG_RUNTIME_DIR/hpctrain`,
-else `~/.cache/hpctrain/agent`, else `/tmp/hpctrain-agent-<uid>` when the path is too long for a
-socket), prints one JSON line {"socket", "pid", "version", "proto"} and detaches. When an agent for
-T is already up it prints that one's line instead. The laptop reaches the socket through a
-forwarded stream over its SSH control connection (hpctrain/remote/tunnel.py).
+services, listens on a unix socket `<folder>/<T>-<host>.sock` (folder 0700:
+`$XDG_RUNTIME_DIR/hpctrain`, else `~/.cache/hpctrain/agent`, else `/tmp/hpctrain-agent-<uid>` when
+the path is too long for a socket; <host> is the login node's short hostname, for homes shared by
+several login nodes), prints one JSON line {"socket", "pid", "version", "proto"} and detaches.
+When an agent for T is already up there it prints that one's line instead. The laptop reaches the
+socket through a forwarded stream over its SSH control connection (hpctrain/remote/tunnel.py).
 
 Each connection is taken by a spare process, forked from the warm agent ahead of time and waiting
 in accept(): it checks the peer's uid (SO_PEERCRED: the agent's own, else it is turned away), reads
@@ -111,7 +112,7 @@ def folder() -> Path:
     """The agent's private folder on the login node (0700, the user's own)."""
     base = os.environ.get("XDG_RUNTIME_DIR")
     path = Path(base) / "hpctrain" if base else Path.home() / ".cache" / "hpctrain" / "agent"
-    if len(str(path)) > 70:  # <path>/<token>.sock must stay within a socket's 108 bytes
+    if len(str(path)) > 60:  # <path>/<token>-<host>.sock must stay within a socket's 108 bytes
         path = Path("/tmp") / f"hpctrain-agent-{os.getuid()}"
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
     st = path.lstat()
@@ -153,7 +154,10 @@ def start(token: str, idle: float, replace: bool = False) -> dict[str, object]:
     if not re.fullmatch(r"[0-9a-f]{8,32}", token):
         raise AgentError(f"bad token {token!r}: 8-32 hex digits")
     where = folder()
-    path, pid_file = where / f"{token}.sock", where / f"{token}.pid"
+    # one agent per token and login node: a home folder shared by several login nodes holds each
+    # node's own socket, and none replaces another's
+    name = f"{token}-{socket.gethostname().split('.')[0][:16]}"
+    path, pid_file = where / f"{name}.sock", where / f"{name}.pid"
     info = {"socket": str(path), "version": __version__, "proto": PROTO}
     old = _alive(pid_file)
     if old is not None and path.exists() and not replace:
@@ -187,7 +191,7 @@ def start(token: str, idle: float, replace: bool = False) -> dict[str, object]:
     try:  # the agent: its own session, no terminal, nothing of the ssh session's open
         os.setsid()
         null = os.open(os.devnull, os.O_RDWR)
-        log = os.open(where / f"{token}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        log = os.open(where / f"{name}.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(null, 0)
         os.dup2(null, 1)
         os.dup2(log, 2)
@@ -255,18 +259,18 @@ def _serve(
         pass
     finally:
         if os.getpid() == me:  # not a child that got the signal before resetting it
-            if spare is not None:
-                try:
-                    os.kill(spare[0], signal.SIGTERM)
-                    os.waitpid(spare[0], 0)
-                except OSError:
-                    pass
             try:
                 if os.stat(path).st_ino == inode:
                     path.unlink()
             except OSError:
                 pass
             listener.close()
+            if spare is not None and not select.select([spare[1]], [], [], 0)[0]:
+                try:  # still waiting for a connection (one that took one runs it to the end)
+                    os.kill(spare[0], signal.SIGTERM)
+                    os.waitpid(spare[0], 0)
+                except OSError:
+                    pass
 
 
 def _spawn(

@@ -37,7 +37,14 @@ class Tunnel:
         self.ssh = ssh
         login = ssh.login
         ident = json.dumps(
-            [login.host, login.port, login.identity, login.remote_python, str(control_dir())]
+            [
+                login.host,
+                login.port,
+                login.identity,
+                login.remote_python,
+                str(control_dir()),
+                os.path.expanduser("~"),
+            ]
         )
         self.token = hashlib.sha256(ident.encode()).hexdigest()[:16]
         self.local = control_dir() / f"agent-{self.token}.sock"
