@@ -5,9 +5,12 @@ repetition: a sync save; rank 0's raw sequential write + fsync of the same numbe
 same folder (benchmarks/baselines/raw_write.py); an async save followed by training steps; a load.
 The first repetition is a warm-up (first-save planning, the async save's process group) and is
 dropped. Figures:
-  - save bandwidth: bytes/s of a sync save over bytes/s of the raw write+fsync (>= 0.5);
-  - async blocking: training time the loop spends blocked by an async save (the save call plus any
-    wait for it afterwards) over the time of a sync save (<= 0.1);
+  - save bandwidth: bytes/s of a sync save (the slowest rank's time from a common start) over
+    bytes/s of the raw write+fsync (>= 0.5); before each, the journal is committed so that neither
+    pays for the previous prune's deletes; rank 0's phases are in the details;
+  - async blocking: training time the loop spends blocked by an async save (the save call, the next
+    optimizer step's wait for the staging copy and the wait for the save afterwards; each rank's
+    own time, the slowest rank's taken) over the time of a sync save (<= 0.1);
   - steps/s during a background save vs none: K steps with no save over the same K steps right
     after an async save call (stated; noisy on a shared machine);
   - load: seconds to verify and load the newest checkpoint, over a raw read of the same bytes

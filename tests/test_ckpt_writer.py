@@ -100,3 +100,60 @@ def test_async_save_copies_buffers_at_the_call_and_params_before_the_next_step(t
     assert set(saved) == set(want) and all(torch.equal(saved[k], want[k]) for k in want)
     assert not torch.equal(model.seen, want["seen"])
     assert ckpt.timings[0]["async"] and "staging_s" in ckpt.timings[0]["phases"]
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_cached_state_dict_and_plan_follow_the_live_state(tmp_path, async_save) -> None:
+    """Later saves reuse the first one's state dict and DCP plan while every tensor is the same;
+    what they write is still the state as of each save (lr from the scheduler, optimizer moments),
+    and a changed layout (a new param group) is planned afresh."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(model[0].parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    state = TrainState(model=model, optimizer=opt, scheduler=sched, data={}, config={})
+    ckpt = Checkpointer(tmp_path, strategy="ddp", async_save=async_save, log=lambda m: None)
+
+    def step() -> None:
+        model(torch.randn(3, 4)).pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if state.scheduler is not None:
+            sched.step()
+        state.step += 1
+
+    def saved_matches() -> None:
+        lrs = [g["lr"] for g in opt.param_groups]
+        moments = [s["exp_avg"].clone() for s in opt.state.values()]
+        snapshot = {k: v.clone() for k, v in model.state_dict().items()}
+        ckpt.save(state, sync=not async_save)
+        step()  # training goes on while an async save writes
+        ckpt.wait()
+        folder = tmp_path / "checkpoints" / f"step-{state.step - 1:08d}"
+        assert verify(folder)[1] is None
+        got = load_plain(folder)["app"]
+        assert all(torch.equal(got["model"][k], snapshot[k]) for k in snapshot)
+        assert [g["lr"] for g in got["optim"]["param_groups"]] == lrs
+        assert len(got["optim"]["state"]) == len(moments)
+        assert all(
+            any(torch.equal(m, s["exp_avg"]) for s in got["optim"]["state"].values())
+            for m in moments
+        )
+
+    for _ in range(3):
+        step()
+        saved_matches()
+    assert ckpt._state_dicts.reused and ckpt._plans.final is not None
+    opt.add_param_group({"params": model[1].parameters(), "lr": 0.05})
+    state.scheduler = None  # LambdaLR has one lambda per group
+    step()
+    saved_matches()  # a new layout: the state dict and the plan are built again
+    assert not ckpt._state_dicts.reused
+    assert (
+        len(
+            load_plain(tmp_path / "checkpoints" / f"step-{state.step - 1:08d}")["app"]["optim"][
+                "param_groups"
+            ]
+        )
+        == 2
+    )

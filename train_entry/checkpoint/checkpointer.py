@@ -83,8 +83,7 @@ class Checkpointer(AsyncSaves):
         self._plans = PlanCache()  # the last save's DCP plan, reused while unchanged
         self._purging: threading.Thread | None = None  # deleting pruned folders
         self.timings: list[dict] = []  # per save: step, blocked_s (training time lost), total_s,
-        #                                 phases (seconds: prepare, state_dict, staging, planning,
-        #                                 write, hash, fsync, side_files, gather, commit)
+        #                                 phases (seconds per phase; docs/checkpoint-resume.md)
         if self.async_save:
             self._async_setup()  # here, not in the first save's blocked time
 
@@ -357,6 +356,7 @@ class Checkpointer(AsyncSaves):
             results = box.get("res", [])
         took = time.perf_counter() - t
         phases.update({k: v for k, v in writer.phases.items() if k in ("write_s", "hash_s")})
+        phases["write_plan_s"] = writer.phases.get("write_data_s", 0.0)
         phases["hash_wait_s"] = writer.phases.get("hash_wait_s", 0.0)
         if replan:  # DCP's own planning and collectives
             phases["planning_s"] += max(0.0, took - writer.phases.get("write_data_s", 0.0))
@@ -419,7 +419,9 @@ class Checkpointer(AsyncSaves):
             error = attempt(publish, self, staging, final, step)
             phases["commit_s"] = time.perf_counter() - t + phases.get("manifest_s", 0.0)
         if group is None:
+            t = time.perf_counter()
             self._agree(error, step)  # nobody goes on (or exits 75) before the commit
+            phases["agree_s"] = time.perf_counter() - t
         elif error is not None:
             raise error
 
