@@ -263,7 +263,11 @@ class Checkpointer(AsyncSaves):
             phases["side_texts_s"] = time.perf_counter() - t
             return self._save_async(state, holder, texts, final, staging, t0, phases)
         t = time.perf_counter()
-        plan, changed = self._plans.planner(holder, rank) if dcp_state else (None, False)
+        plan, changed = (
+            self._plans.planner(holder, rank, same=self._state_dicts.reused)
+            if dcp_state
+            else (None, False)
+        )
         phases["planning_s"] = time.perf_counter() - t
         t = time.perf_counter()
         prepared = attempt(self._prepare, final, staging) if rank == 0 else None

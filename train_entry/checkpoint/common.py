@@ -135,7 +135,7 @@ def _fingerprint(model: Any, optimizer: Any) -> list:
     if optimizer is not None:
         for group in optimizer.param_groups:
             out.append(tuple(map(id, group["params"])))
-            out.append(tuple(group))
+            out.append(tuple((k, type(v)) for k, v in group.items()))
         for param, st in optimizer.state.items():
             out.append(id(param))
             out.extend(
@@ -167,11 +167,21 @@ class PlanCache:
         self.local: Any = None
         self.final: Any = None
         self.metadata: Any = None
+        self._planner: Any = None  # set up on `_sd` (the StateDicts result the plan was made of)
+        self._sd: Any = None
 
-    def planner(self, sd: dict, rank: int) -> tuple[Any, bool]:
-        """A planner set up on `sd` and whether this rank's plan differs from the cached one."""
+    def planner(self, sd: dict, rank: int, same: bool | None = None) -> tuple[Any, bool]:
+        """A planner set up on `sd` and whether this rank's plan differs from the cached one.
+        `same`: `sd` is the StateDicts result, True when its tensors are unchanged (reused); then
+        a planner set up on it before is reused, its non-tensor leaves taken afresh. None (an
+        async save's staged copy, new each time): the planner is not kept."""
         from torch.distributed.checkpoint import DefaultSavePlanner
 
+        if same and self.final is not None and self._planner is not None and sd is self._sd:
+            p = self._planner
+            for fqn, path in self._leaves:
+                p.state_dict[fqn] = _at({"app": sd}, path)
+            return p, False
         p = DefaultSavePlanner()
         p.set_up_planner({"app": sd}, is_coordinator=rank == 0)
         local = p.create_local_plan()
@@ -180,15 +190,33 @@ class PlanCache:
             or local.items != self.local.items
             or local.planner_data != self.local.planner_data
         )
-        self._candidate = local
+        self._candidate = (local, p, sd)
+        if not changed and same is not None:
+            self._planner, self._sd = p, sd
+            self._leaves = _leaves(p)
         return p, changed
 
     def keep(self, final: Any, metadata: Any) -> None:
         """After a full dcp.save succeeded on every rank."""
-        self.local, self.final, self.metadata = self._candidate, final, metadata
+        self.local, self._planner, self._sd = self._candidate
+        self._leaves = _leaves(self._planner)
+        self.final, self.metadata = final, metadata
 
     def clear(self) -> None:
-        self.local = self.final = self.metadata = None
+        self.local = self.final = self.metadata = self._planner = self._sd = None
+
+
+def _leaves(p: Any) -> list[tuple[str, tuple]]:
+    """The planner's non-tensor leaves (fqn, path in the state dict): what changes in place."""
+    import torch
+
+    return [(k, p.mappings[k]) for k, v in p.state_dict.items() if not isinstance(v, torch.Tensor)]
+
+
+def _at(obj: Any, path: tuple) -> Any:
+    for key in path:
+        obj = obj[key]
+    return obj
 
 
 def planner() -> Any:
