@@ -5,6 +5,23 @@ hand-written loop of each kind (benchmarks/baselines/plain_*.py) and against Hug
 driving the same model. Same model, data, batch and optimizer on both sides (benchmarks/demo.py
 builds them with train_entry's own config and factories).
 
+What each side does per optimizer step (TRAIN_ARGS: d_model 256, 4 layers, seq 64, global batch 16
+= 2 ranks x micro 8 x accum 1, fp32, AdamW, warmup + cosine schedule, clip at 1.0):
+  - every side: the same demo GPT and seed, the same Progressions samples through a torch
+    DataLoader (num_workers 0, default collate) with a shuffled DistributedSampler(seed,
+    drop_last) and set_epoch (Accelerate: its own sharded loader of the same data), forward,
+    backward with the gradient all-reduce (DDP, torch defaults: 25 MiB buckets; FSDP2:
+    fully_shard per block then the root, reduce-scatter; DeepSpeed: ZeRO-2, torch AdamW as a
+    client optimizer), the global grad-norm clip, the optimizer and LR schedule steps, zero_grad;
+  - the baselines: `loss.item()` of the rank's loss and one line with the completion time on rank 0
+    (the progress file this harness follows);
+  - train_entry: everything a run does at log_every=1: the loss averaged over ranks and the
+    preemption stop votes in one all-reduce (launched without waiting, read at the next step,
+    train_entry/stepsync.py), one metrics.jsonl line, one train.log line and one stdout line on
+    rank 0, the checkpoint trigger check, the stall heartbeat; its DDP uses
+    gradient_as_bucket_view (a train_entry default) and a bucket layout fixed at start (exact
+    resume). No checkpoint is saved while measured (none is due).
+
 Interleaved by pausing (benchmarks/interleave.py): each side is launched once and warmed up, then
 the sides run in turn, one segment of K steps each per repetition, the others stopped. A
 repetition's ratio is train_entry's typical steps/s (1 / the median step interval inside its
@@ -30,6 +47,24 @@ TRAIN_ARGS = [
     "--train.log_every=1",
 ]
 MAX_STEPS = 100_000  # the sides are killed once measured
+
+_COMMON = (
+    "demo GPT, DataLoader + DistributedSampler(shuffle, seed), forward, backward with the "
+    "gradient all-reduce, clip 1.0, AdamW, LR schedule, zero_grad"
+)
+SIDES = {  # what each side does per optimizer step (the module's docstring has the whole list)
+    "train_entry": f"{_COMMON}; one async all-reduce of [loss sum, stop votes] read at the next "
+    "step; metrics.jsonl + train.log + stdout line on rank 0; heartbeat and checkpoint trigger "
+    "checks; DDP: gradient_as_bucket_view, fixed bucket layout",
+    "plain_ddp": f"{_COMMON}; DDP(model) with torch defaults, no_sync on non-final micro-steps; "
+    "loss.item(); one progress line on rank 0",
+    "accelerate": f"{_COMMON} (Accelerate's sharded loader); accelerator.prepare (DDP with torch "
+    "defaults), accumulate(), accelerator.backward/clip_grad_norm_; loss.item(); one progress line",
+    "plain_fsdp": f"{_COMMON}; fully_shard per block then the root; set_requires_gradient_sync; "
+    "loss.item(); one progress line",
+    "plain_deepspeed": f"{_COMMON}; deepspeed.initialize (ZeRO-2, torch AdamW client optimizer, "
+    "gradient_clipping 1.0), engine.backward/step; loss.item(); one progress line",
+}
 
 
 def train_entry_side(strategy: str) -> interleave.Side:
@@ -85,13 +120,15 @@ def row(
         target,
         **setup,
         steps_per_s_typical={a: rates[a], b: rates[b]},
-        summary=f"{label}: {ma:.2f} vs {mb:.2f} steps/s (median over segments of the "
-        f"typical rate, 1 / median step interval)",
+        sides={a: SIDES[a], b: SIDES[b]},
+        summary=f"{label}: {ma:.2f} vs {mb:.2f} steps/s (median over segments of 1 / median "
+        f"step interval). Same model, data, batch, optimizer, clip; train_entry also averages "
+        f"the loss over ranks with the stop votes (one async all-reduce) and logs every step",
     )
 
 
 def run(quick: bool) -> list[dict]:
-    reps, segment, warmup = (3, 8, 5) if quick else (5, 8, 6)
+    reps, segment, warmup = (3, 8, 5) if quick else (7, 8, 6)
     reps = max(3, common.reps(reps))
     setup = {
         "train_args": TRAIN_ARGS,
