@@ -27,11 +27,21 @@ the sides run in turn, one segment of K steps each per repetition, the others st
 repetition's ratio is train_entry's typical steps/s (1 / the median step interval inside its
 segment) over the baseline's in the same repetition; the row is the median of those ratios with
 their spread, "not settled" when the spread straddles the target.
+
+Each row's details also give the CPU time per step of each side (user + system of torchrun and
+both ranks, summed over the measured segments): the machine's load moves it far less than the
+steps/s, so it shows whether a side does more work even when the ratio cannot settle. It is a
+stated figure, not the verdict: waiting (a collective the other rank is late to) costs no CPU.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 from benchmarks import common, interleave
 
@@ -67,9 +77,51 @@ SIDES = {  # what each side does per optimizer step (the module's docstring has 
 }
 
 
-def train_entry_side(strategy: str) -> interleave.Side:
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and everything below it (0 for those gone)."""
+    total = 0
+    for p in [pid, *common.descendants(pid)]:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / _TICK
+
+
+@dataclass
+class Side(interleave.Side):
+    """A side that also counts the CPU time its processes (torchrun and both ranks) spend inside
+    the measured segments: a figure the machine's load barely moves, unlike steps/s. Summed
+    over every segment, a step cut by a pause is counted once (its parts fall in two segments)."""
+
+    cpu_s: float = 0.0
+    steps: int = 0
+    _since: tuple[float, int] | None = None
+
+    def signal(self, sig: int) -> None:
+        if sig == signal.SIGSTOP and self._since is not None and self.proc is not None:
+            super().signal(sig)
+            time.sleep(0.02)  # let the stop land
+            cpu0, steps0 = self._since
+            self.cpu_s += _cpu_s(self.proc.pid) - cpu0
+            self.steps += self.poll() - steps0
+            self._since = None
+            return
+        super().signal(sig)
+        if sig == signal.SIGCONT and self.proc is not None and self.proc.poll() is None:
+            self._since = (_cpu_s(self.proc.pid), self.poll())
+
+    def cpu_ms_per_step(self) -> float | None:
+        return 1000 * self.cpu_s / self.steps if self.steps else None
+
+
+def train_entry_side(strategy: str) -> Side:
     d = common.scratch(f"train-{strategy}-")
-    return interleave.Side(
+    return Side(
         name="train_entry",
         progress=d / "metrics.jsonl",
         log=d / "torchrun.log",
@@ -88,9 +140,9 @@ def train_entry_side(strategy: str) -> interleave.Side:
     )
 
 
-def baseline_side(name: str, script: str) -> interleave.Side:
+def baseline_side(name: str, script: str) -> Side:
     d = common.scratch(f"base-{name}-")
-    return interleave.Side(
+    return Side(
         name=name,
         progress=d / "progress.txt",
         log=d / "out.log",
@@ -110,20 +162,35 @@ def baseline_side(name: str, script: str) -> interleave.Side:
 
 
 def row(
-    name: str, target: str, label: str, rates: dict[str, list[float]], a: str, b: str, setup: dict
+    name: str,
+    target: str,
+    label: str,
+    rates: dict[str, list[float]],
+    sides: list[Side],
+    a: str,
+    b: str,
+    setup: dict,
 ) -> dict:
     per_rep = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
     ma, mb = common.median(rates[a]), common.median(rates[b])
+    cpu = {s.name: s.cpu_ms_per_step() for s in sides if s.name in (a, b)}
+    cpu_text = (
+        f"; CPU {cpu[a]:.0f} vs {cpu[b]:.0f} ms/step (both ranks)"
+        if cpu.get(a) and cpu.get(b)
+        else ""
+    )
     return common.settle(
         name,
         per_rep,
         target,
         **setup,
         steps_per_s_typical={a: rates[a], b: rates[b]},
+        cpu_ms_per_step=cpu,
+        cpu_ratio_b_over_a=round(cpu[b] / cpu[a], 4) if cpu.get(a) and cpu.get(b) else None,
         sides={a: SIDES[a], b: SIDES[b]},
         summary=f"{label}: {ma:.2f} vs {mb:.2f} steps/s (median over segments of 1 / median "
-        f"step interval). Same model, data, batch, optimizer, clip; train_entry also averages "
-        f"the loss over ranks with the stop votes (one async all-reduce) and logs every step",
+        f"step interval){cpu_text}. Same model, data, batch, optimizer, clip; train_entry also "
+        f"averages the loss over ranks with its stop votes (one async all-reduce), logs each step",
     )
 
 
@@ -143,12 +210,13 @@ def run(quick: bool) -> list[dict]:
 
     # DDP, plain DDP and Accelerate interleaved: the train_entry segments serve both ratios.
     try:
+        sides = [
+            train_entry_side("ddp"),
+            baseline_side("plain_ddp", "plain_ddp.py"),
+            baseline_side("accelerate", "accelerate_loop.py"),
+        ]
         rates = interleave.run(
-            [
-                train_entry_side("ddp"),
-                baseline_side("plain_ddp", "plain_ddp.py"),
-                baseline_side("accelerate", "accelerate_loop.py"),
-            ],
+            list(sides),
             warmup=warmup,
             segment=segment,
             reps=reps,
@@ -159,6 +227,7 @@ def run(quick: bool) -> list[dict]:
                 ">= 0.98",
                 "train_entry DDP vs plain DDP",
                 rates,
+                sides,
                 "train_entry",
                 "plain_ddp",
                 setup,
@@ -170,6 +239,7 @@ def run(quick: bool) -> list[dict]:
                 ">= 1.0",
                 "train_entry DDP vs Accelerate",
                 rates,
+                sides,
                 "train_entry",
                 "accelerate",
                 setup,
@@ -185,8 +255,9 @@ def run(quick: bool) -> list[dict]:
     ):
         name, base = f"training_{strategy}_vs_plain_{strategy}", f"plain_{strategy}"
         try:
+            sides = [train_entry_side(strategy), baseline_side(base, script)]
             rates = interleave.run(
-                [train_entry_side(strategy), baseline_side(base, script)],
+                list(sides),
                 warmup=warmup,
                 segment=segment,
                 reps=reps,
@@ -197,6 +268,7 @@ def run(quick: bool) -> list[dict]:
                     ">= 0.98",
                     f"train_entry {label} vs plain {label}",
                     rates,
+                    sides,
                     "train_entry",
                     base,
                     setup,
