@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
-import json
 import os
 import random
 import shutil
@@ -281,34 +280,19 @@ class Checkpoint:
     def _commit(
         self, fmt: Any, staging: Path, final: Path, step: int, world: int, torch_version: str
     ) -> None:
-        files = {}
-        for rel in fmt.list_files(staging):
-            path = staging / rel
-            fmt.fsync_path(path)
-            files[rel] = {"size": path.stat().st_size, "sha256": fmt.sha256_file(path)}
-        for root, _, _ in os.walk(staging):
-            fmt.fsync_path(Path(root))
-        manifest = {
-            "format": fmt.FORMAT,
+        """Rank 0, every rank's files written: the kernel's commit sequence, as train_entry's
+        (the manifest with every file hashed and fsynced, rename, `latest`, rename-then-delete
+        prune)."""
+        fields = {
             "step": step,
             "strategy": self.strategy,
             "world_size": world,
             "torch": torch_version,
             "time": utc_now(),
-            "files": files,
         }
-        _write(staging / fmt.MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
-        fmt.fsync_path(staging)
-        os.rename(staging, final)
-        fmt.fsync_path(self.dir)
-        fmt.write_atomic(self.dir / fmt.LATEST, final.name + "\n")
-        kept = 0
-        for s, folder in fmt.step_folders(self.dir):
-            if s > step or not (folder / fmt.MANIFEST).exists():
-                continue
-            kept += 1
-            if kept > self.keep:
-                shutil.rmtree(folder)
+        fmt.write_manifest(staging, final, fields)
+        fmt.publish(staging, final)
+        fmt.prune(self.dir, step, self.keep, log=_warn)
 
     # ------------------------------------------------------------ load
     def load(self, *, restore_rng: bool = True) -> Found | None:

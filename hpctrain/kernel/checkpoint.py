@@ -7,8 +7,9 @@
                                  strategy, step, torch version
 
 A checkpoint verifies when every file the manifest lists has its size and checksum. A truncated or
-corrupted one is reported and skipped, never deleted. The writer (train_entry/checkpoint.py) owns
-staging, fsync order and pruning; this module owns the names and the verification.
+corrupted one is reported and skipped, never deleted. This module owns the names, the verification
+and the commit sequence (`write_manifest`, `publish`, `prune`), which train_entry's Checkpointer
+and the runtime API (hpctrain/runtime.py) both call; the writers own what goes into staging.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import stat
 from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from hpctrain.kernel.files import fsync_path, write_atomic  # noqa: F401  (part of the format's API)
+from hpctrain.kernel.files import fsync_path, utc_now, write_atomic  # noqa: F401  (the format's API)
 
 STEP_RE = re.compile(r"^step-(\d{8})$")
 STAGING_PREFIX = ".staging-"
@@ -133,6 +136,120 @@ def read_latest(ckpt_dir: Path) -> int | None:
     except OSError:
         return None
     return step_of(name)
+
+
+# ---------------------------------------------------------------- the commit sequence
+def latest_tmp(ckpt_dir: Path) -> Path:
+    """The temporary `latest` a commit writes before `publish` renames it over `latest`."""
+    return ckpt_dir / f".{LATEST}.tmp-{os.getpid()}"
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_manifest(
+    staging: Path,
+    final: Path,
+    fields: dict[str, Any],
+    files: dict[str, dict[str, Any]] | None = None,
+    *,
+    pool: Executor | None = None,
+) -> None:
+    """The first half of a commit: the manifest (`fields` plus every file with its size and
+    sha256) into the staging folder. `files` holds the entries the writers took from memory
+    (an entry with "unsynced": True still needs its fsync); any other file there is read, hashed
+    and fsynced here. The manifest, those files, the folders and a new `latest` temp file are
+    fsynced in parallel (one fsync each). Nothing counts the folder before `publish`."""
+    files = {rel: dict(e) for rel, e in (files or {}).items()}
+    unsynced = [r for r, e in files.items() if e.pop("unsynced", False)]
+    rels = list_files(staging)
+    extra = [r for r in rels if r not in files]
+    missing = sorted(set(files) - set(rels))
+    if missing:
+        raise OSError(f"{staging}: {missing[0]} was written but is not there")
+
+    def synced_entry(rel: str) -> dict[str, Any]:
+        path = staging / rel
+        fsync_path(path)
+        return {"size": path.stat().st_size, "sha256": sha256_file(path)}
+
+    own = pool is None
+    ex: Executor = pool if pool is not None else ThreadPoolExecutor(8, "hpctrain-commit")
+    try:
+        files.update(zip(extra, ex.map(synced_entry, extra), strict=True))
+        manifest = {"format": FORMAT, **fields, "files": dict(sorted(files.items()))}
+        blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
+        fd = os.open(staging / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, blob)
+            dirs = {staging / Path(r).parent for r in rels} | {staging}
+            tmp = latest_tmp(final.parent)
+            jobs = [
+                ex.submit(os.fsync, fd),
+                *(ex.submit(fsync_path, d) for d in dirs),
+                *(ex.submit(fsync_path, staging / r) for r in unsynced),
+                ex.submit(_write_synced, tmp, (final.name + "\n").encode()),
+            ]
+            for j in jobs:
+                j.result()
+        finally:
+            os.close(fd)
+    finally:
+        if own:
+            ex.shutdown()
+
+
+def publish(staging: Path, final: Path) -> None:
+    """The second half, once every file of the folder is durable: rename it to step-N, replace
+    `latest`, one fsync of the checkpoints folder (it makes both renames durable; journaling
+    filesystems keep their order, and a resume goes by the newest verified step-N, never by
+    `latest`)."""
+    ckpt_dir = final.parent
+    os.rename(staging, final)
+    os.replace(latest_tmp(ckpt_dir), ckpt_dir / LATEST)
+    fsync_path(ckpt_dir)  # the checkpoint (and then `latest`) is durable from here
+
+
+def prune(
+    ckpt_dir: Path,
+    newest: int,
+    keep: int,
+    *,
+    log: Callable[[str], None] = lambda m: None,
+    delete: Callable[[list[Path]], None] | None = None,
+) -> None:
+    """After step `newest` was published: drop stale staging folders older than it and the step
+    folders beyond the newest `keep`. Each doomed step folder first leaves the step-N namespace
+    (one atomic rename to .pruning-step-N), then is deleted by `delete` (default: now): a kill in
+    the middle of a delete never leaves a half-deleted folder named like a checkpoint, and the
+    next prune finishes it."""
+    for staging in ckpt_dir.glob(STAGING_PREFIX + "step-*"):
+        # Left by a save that was killed; older than a committed checkpoint, it can never be
+        # completed (only the process that wrote it renames it). Not a checkpoint: no manifest.
+        old = step_of(staging.name)
+        if old is not None and old < newest and not (staging / MANIFEST).exists():
+            log(f"removing {staging.name}: an older save that never finished")
+            shutil.rmtree(staging, ignore_errors=True)
+    doomed = list(ckpt_dir.glob(".pruning-step-*"))  # a prune killed half way: finish it
+    kept = 0
+    for step, folder in step_folders(ckpt_dir):
+        if step > newest or not (folder / MANIFEST).exists():
+            continue
+        kept += 1
+        if kept > keep:
+            doomed.append(folder.with_name(f".pruning-{folder.name}"))
+            os.rename(folder, doomed[-1])
+    if doomed:
+        (delete or _delete)(doomed)
+
+
+def _delete(folders: list[Path]) -> None:
+    for folder in folders:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":  # python -m hpctrain.kernel.checkpoint verify DIR

@@ -14,15 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.kernel import strategies as strategy_names
-from hpctrain.kernel.checkpoint import (
-    MANIFEST,
-    STAGING_PREFIX,
-    newest_verified,
-    staging_name,
-    step_folders,
-    step_name,
-    step_of,
-)
+from hpctrain.kernel.checkpoint import newest_verified, prune, staging_name, step_name
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.strategies import engine_checkpoint
 from train_entry.checkpoint.asyncsave import AsyncSaves, _Pending
@@ -487,29 +479,13 @@ class Checkpointer(AsyncSaves):
         """Drop the oldest step folders beyond `keep`, only after a newer one was committed: each
         is renamed out of the step-N namespace now and deleted on a thread (`wait()` joins it)."""
         self._join_purge()
-        for staging in self.dir.glob(STAGING_PREFIX + "step-*"):
-            # Left by a save that was killed; older than a committed checkpoint, it can never be
-            # completed (only the process that wrote it renames it). Not a checkpoint: no manifest.
-            old = step_of(staging.name)
-            if old is not None and old < newest and not (staging / MANIFEST).exists():
-                self._log(f"removing {staging.name}: an older save that never finished")
-                shutil.rmtree(staging, ignore_errors=True)
-        doomed = list(self.dir.glob(".pruning-step-*"))  # a prune killed half way: finish it
-        kept = 0
-        for step, folder in step_folders(self.dir):
-            if step > newest or not (folder / MANIFEST).exists():
-                continue
-            kept += 1
-            if kept > self.keep:
-                # out of the step-N namespace first (one atomic rename), then delete: a kill in
-                # the middle of rmtree never leaves a half-deleted folder named like a checkpoint
-                doomed.append(folder.with_name(f".pruning-{folder.name}"))
-                os.rename(folder, doomed[-1])
-        if doomed:
-            self._purging = threading.Thread(
-                target=self._purge, args=(doomed,), daemon=True, name="hpctrain-prune"
-            )
-            self._purging.start()
+        prune(self.dir, newest, self.keep, log=self._log, delete=self._purge_later)
+
+    def _purge_later(self, doomed: list[Path]) -> None:
+        self._purging = threading.Thread(
+            target=self._purge, args=(doomed,), daemon=True, name="hpctrain-prune"
+        )
+        self._purging.start()
 
     def _purge(self, doomed: list[Path]) -> None:
         for folder in doomed:
