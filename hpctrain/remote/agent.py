@@ -50,6 +50,7 @@ IDLE_S = 600  # hpctrain.remote.ssh.PERSIST_S: the agent lives as long as an idl
 COALESCE_S = 0.003  # output waits this long for more before it is sent
 CHECK_S = 5.0  # how often an idle agent checks that its socket file is still its own
 _HEAD = struct.Struct(">cI")
+_LEAVE_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 _WARM = (
     "hpctrain.cli",
     "hpctrain.cli.runs",
@@ -232,7 +233,12 @@ def _serve(
                 if done:
                     live.discard(pid)
             if spare is None:
-                spare = _spawn(listener, sources, version)
+                # no SIGTERM between the fork and `spare` being set: leaving would miss it
+                signal.pthread_sigmask(signal.SIG_BLOCK, _LEAVE_SIGNALS)
+                try:
+                    spare = _spawn(listener, sources, version)
+                finally:
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, _LEAVE_SIGNALS)
             now = time.monotonic()
             if live:
                 last = now
@@ -282,12 +288,20 @@ def _spawn(
         os.close(w)
         return pid, r
     code = 1
+    agent = os.getppid()
     try:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _LEAVE_SIGNALS)
         os.close(r)
+        listener.settimeout(CHECK_S)
         while True:
-            conn, _ = listener.accept()
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                if os.getppid() != agent:
+                    return  # the agent is gone without stopping us: leave too
+                continue
             creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
             peer_pid, peer_uid, _ = struct.unpack("3i", creds)
             if peer_uid == os.getuid():

@@ -52,6 +52,20 @@ def sessions(agent: int) -> list[int]:
     return out
 
 
+def with_token(token: str) -> list[int]:
+    """Live processes of the agent started with this token (the agent, its spare, sessions)."""
+    out = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if f"--token\0{token}".encode() in cmdline.read_bytes():
+                pid = int(cmdline.parent.name)
+                if not gone(pid):
+                    out.append(pid)
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def gone(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
@@ -318,6 +332,8 @@ def test_the_agent_refuses_another_uid_and_leaves_when_idle_or_its_socket_goes()
         until("the idle agent leaves", lambda: gone(idle["pid"]), 10)
         assert not Path(idle["socket"]).exists()
         until("the agent without a socket leaves", lambda: gone(kept["pid"]), 15)
+        # and nothing of either is left: no spare still waiting for a connection
+        until("their spares leave", lambda: not with_token("a" * 16) + with_token("b" * 16), 10)
     finally:
         for pid in pids:
             if not gone(pid):
