@@ -193,6 +193,11 @@ def test_a_site_that_refuses_the_forward_falls_back_to_ssh_with_one_note(tmp_pat
         assert "login.agent: false" in outs[0].stderr
         # the agent it started is told to leave (its socket removed), nothing is left running
         until("the unreachable agent leaves", lambda: not sshd.agents(Path(site.dir)), 15)
+        # `login.agent: false` in the profile: ssh exec from the start, no agent, no note
+        off = lap.write_profile("noagent", agent="false")
+        out = lap.hp("submit", "--profile", str(off), "--name", "dry", "--dry-run")
+        assert f"{site.scratch}/runs/dry" in out.stdout and out.stderr.strip() == "", out.stderr
+        assert not sshd.agents(Path(site.dir))
         assert accepted(site) == 1
     finally:
         lap.close()
