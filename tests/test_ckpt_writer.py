@@ -5,10 +5,12 @@ files still load, and an async save snapshots model buffers at the call."""
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+import xxhash
 from torch import nn
 
 from train_entry.checkpoint import Checkpointer, verify
@@ -47,7 +49,11 @@ def test_raw_files_round_trip_every_dtype_and_carry_their_checksums(tmp_path) ->
     assert sorted(writer.entries) == [".metadata", "__0_0.raw"]
     for rel, entry in writer.entries.items():
         data = (tmp_path / rel).read_bytes()
-        assert entry["size"] == len(data) and entry["sha256"] == hashlib.sha256(data).hexdigest()
+        assert entry["size"] == len(data)
+        if rel.endswith(".raw"):  # the weights: xxh3_128, the rest sha256 (both verify)
+            assert entry["xxh3_128"] == xxhash.xxh3_128(data).hexdigest() and "sha256" not in entry
+        else:
+            assert entry["sha256"] == hashlib.sha256(data).hexdigest()
     into = {"app": {k: torch.empty_like(v) for k, v in sd.items() if isinstance(v, torch.Tensor)}}
     dcp.load(into, storage_reader=RawReader(str(tmp_path)))
     assert same(
@@ -55,6 +61,37 @@ def test_raw_files_round_trip_every_dtype_and_carry_their_checksums(tmp_path) ->
         {k: v for k, v in sd.items() if k != "meta"},
     )
     assert same(load_plain(tmp_path)["app"], sd)
+
+
+def test_a_manifest_of_sha256_entries_still_verifies_and_a_changed_byte_fails(tmp_path) -> None:
+    """The weights files' entries name xxh3_128, the others sha256; checkpoints from before list
+    sha256 for every file and still verify; a flipped byte fails either."""
+    from hpctrain.kernel.checkpoint import MANIFEST
+
+    state = TrainState(model=nn.Linear(4, 2), optimizer=None, scheduler=None, data={}, config={})
+    state.step = 1
+    Checkpointer(tmp_path, strategy="ddp", log=lambda m: None).save(state)
+    folder = tmp_path / "checkpoints" / "step-00000001"
+    manifest = json.loads((folder / MANIFEST).read_text())
+    kinds = {a for e in manifest["files"].values() for a in e if a != "size"}
+    assert kinds == {"sha256", "xxh3_128"} and verify(folder)[1] is None
+    raw = next(folder.glob("__*_0.raw"))
+    good = raw.read_bytes()
+
+    def flipped() -> str:
+        raw.write_bytes(good[:-1] + bytes([good[-1] ^ 1]))
+        why = verify(folder)[1] or ""
+        raw.write_bytes(good)
+        return why
+
+    assert "does not match its xxh3_128 checksum" in flipped()
+    for rel, entry in manifest["files"].items():  # as the writer before issue 13 wrote it
+        entry.pop("xxh3_128", None)
+        entry["sha256"] = hashlib.sha256((folder / rel).read_bytes()).hexdigest()
+    (folder / MANIFEST).write_text(json.dumps(manifest))
+    assert verify(folder)[1] is None
+    assert "does not match its sha256 checksum" in flipped()
+    assert verify(folder)[1] is None
 
 
 def test_checkpoints_in_dcp_own_format_still_load(tmp_path) -> None:

@@ -353,7 +353,6 @@ class Checkpointer(AsyncSaves):
         took = time.perf_counter() - t
         phases.update({k: v for k, v in writer.phases.items() if k in ("write_s", "hash_s")})
         phases["write_plan_s"] = writer.phases.get("write_data_s", 0.0)
-        phases["hash_wait_s"] = writer.phases.get("hash_wait_s", 0.0)
         if replan:  # DCP's own planning and collectives
             phases["planning_s"] += max(0.0, took - writer.phases.get("write_data_s", 0.0))
         return error, results
