@@ -271,6 +271,14 @@ def _serve(
             except OSError:
                 pass
             listener.close()
+            pid_file, log = path.with_suffix(".pid"), path.with_suffix(".log")
+            try:  # this agent's own pid file, and its log when nothing was written to it
+                if pid_file.read_text().strip() == str(me):
+                    pid_file.unlink()
+                if log.stat().st_size == 0:
+                    log.unlink()
+            except (OSError, ValueError):
+                pass
             if spare is not None and not select.select([spare[1]], [], [], 0)[0]:
                 try:  # still waiting for a connection (one that took one runs it to the end)
                     os.kill(spare[0], signal.SIGTERM)

@@ -9,7 +9,8 @@ sshd config and its log (LogLevel VERBOSE: one "Connection from" line per new TC
 the benchmark counts). The server listens on loopback only. It runs as the user that starts it
 (root in CI, so the "remote" login is root, as the test cluster's jobs are). Each SSH session gets
 the site's own environment from `SetEnv` (SCRATCH, XDG_STATE_HOME, and XDG_RUNTIME_DIR, so the
-login-node agents this site's sessions start keep their sockets in DIR/run; `down` stops them).
+login-node agents this site's sessions start keep their sockets in DIR/run, or in a short folder
+in /tmp when DIR is too deep for a socket path; `down` stops them and removes that folder).
 Streamlocal forwarding is sshd's default (allowed); `config=` adds lines, e.g.
 `AllowStreamLocalForwarding no` for a site that refuses the agent's forward.
 """
@@ -23,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -84,12 +86,16 @@ def up(
     scratch, state = folder / "scratch", folder / "site-state"
     scratch.mkdir(exist_ok=True)
     state.mkdir(exist_ok=True)
-    (folder / "run").mkdir(mode=0o700, exist_ok=True)
+    run_dir = folder / "run"
+    if len(str(run_dir)) > 50:  # the agent would fall back to the shared /tmp/hpctrain-agent-<uid>
+        run_dir = Path(tempfile.mkdtemp(prefix="hpctrain-site-", dir="/tmp"))
+    run_dir.mkdir(mode=0o700, exist_ok=True)
+    (folder / "runtime").write_text(f"{run_dir}\n")
     port = _free_port()
     site_env = {
         "SCRATCH": str(scratch),
         "XDG_STATE_HOME": str(state),
-        "XDG_RUNTIME_DIR": str(folder / "run"),
+        "XDG_RUNTIME_DIR": str(run_dir),
         **(env or {}),
     }
     setenv = " ".join(f'"{k}={v}"' for k, v in sorted(site_env.items()))
@@ -151,10 +157,18 @@ Subsystem sftp internal-sftp
     return site
 
 
+def runtime(folder: Path) -> Path:
+    """The site's $XDG_RUNTIME_DIR: DIR/run, or a short folder in /tmp when DIR is deep."""
+    try:
+        return Path((folder / "runtime").read_text().strip())
+    except OSError:
+        return folder / "run"
+
+
 def agents(folder: Path) -> list[int]:
-    """Pids of the login-node agents running with their sockets in this site's DIR/run."""
+    """Pids of the login-node agents running with their sockets in this site's runtime folder."""
     out = []
-    for pid_file in sorted((folder / "run" / "hpctrain").glob("*.pid")):
+    for pid_file in sorted((runtime(folder) / "hpctrain").glob("*.pid")):
         try:
             pid = int(pid_file.read_text().strip())
             if b"hpctrain.remote.agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
@@ -171,6 +185,9 @@ def down(folder: Path) -> None:
             os.kill(pid, signal.SIGTERM)
         except OSError:
             pass
+    run_dir = runtime(folder)
+    if folder not in run_dir.parents and run_dir.name.startswith("hpctrain-site-"):
+        shutil.rmtree(run_dir, ignore_errors=True)  # the /tmp one; agents leave when it goes
     pid_file = folder / "sshd.pid"
     try:
         pid = int(pid_file.read_text().strip())

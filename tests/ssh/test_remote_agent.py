@@ -236,7 +236,7 @@ def test_a_killed_agent_or_another_protocol_gets_a_fresh_agent(laptop):
     _runs_through(laptop)
     new = _agent_of(site)
     assert new != old
-    sock = next(Path(site.dir, "run", "hpctrain").glob("*.sock"))
+    sock = next((sshd.runtime(Path(site.dir)) / "hpctrain").glob("*.sock"))
     # a request of another protocol is refused, and that agent leaves
     conn = socket.socket(socket.AF_UNIX)
     conn.connect(str(sock))
