@@ -10,35 +10,14 @@ import shlex
 import sys
 from typing import Any
 
-from hpctrain.remote.ssh import SSH, Login, RemoteError, remote_word
+from hpctrain.remote.ssh import SSH, Login, RemoteError, check_started, remote_word
 from hpctrain.remote.tunnel import Tunnel
-
-# Printed by the site's Python when it cannot start hpctrain (checked on each command's stderr).
-_NO_PYTHON = ("command not found", "no such file or directory", "not found")
-_NO_HPCTRAIN = "no module named hpctrain"
 
 # Expand one profile path ($VAR, ~) the way the site's shell would, without running a shell on it.
 _EXPAND = (
     "import json, os, sys; print(json.dumps([os.path.abspath(os.path.expanduser("
     "os.path.expandvars(p))) for p in sys.argv[1:]]))"
 )
-
-
-def check_started(login: Login, rc: int, stderr: str) -> None:
-    """Raise the one-line error when the site's Python or its hpctrain is missing."""
-    low = stderr.lower()
-    if rc == 127 or (rc != 0 and any(s in low for s in _NO_PYTHON) and "python" in low):
-        raise RemoteError(
-            f"{login.where}: no Python at login.remote_python "
-            f"{login.remote_python!r}; fix: set login.remote_python to the site's "
-            "Python that has hpctrain installed"
-        )
-    if rc != 0 and _NO_HPCTRAIN in low and "hpctrain.remote" not in low:
-        raise RemoteError(
-            f"{login.where}: hpctrain is not installed for "
-            f"{login.remote_python}; fix: `{login.remote_python} -m pip "
-            "install hpctrain` on the site, or point login.remote_python at its venv"
-        )
 
 
 class Site:

@@ -27,7 +27,14 @@ from typing import BinaryIO
 from hpctrain import __version__
 from hpctrain.kernel.files import write_atomic
 from hpctrain.remote import agent as wire
-from hpctrain.remote.ssh import PERSIST_S, SSH, RemoteError, control_dir, remote_word
+from hpctrain.remote.ssh import (
+    PERSIST_S,
+    SSH,
+    RemoteError,
+    check_started,
+    control_dir,
+    remote_word,
+)
 
 _CONNECT_TIMEOUT_S = 60.0  # until the agent says the command started
 
@@ -206,8 +213,6 @@ class Tunnel:
         except ValueError:
             info = {}
         if proc.returncode != 0 or not isinstance(info, dict) or "socket" not in info:
-            from hpctrain.remote.site import check_started
-
             err = proc.stderr.decode(errors="replace")
             check_started(login, proc.returncode, err)  # no Python / no hpctrain: that error
             last = err.strip().splitlines()[-1] if err.strip() else f"exit {proc.returncode}"
