@@ -1,6 +1,7 @@
 """6. Collective bandwidth: the bus bandwidth `hpctrain doctor` reports for its all-reduce sweep, over
 a bare gloo all-reduce script (benchmarks/baselines/gloo_allreduce.py, nccl-tests' method: 5 warm-up
-calls, 20 timed ones, busbw = algbw * 2(n-1)/n) on the same sizes (target >= 0.95).
+calls, 20 timed ones, busbw = algbw * 2(n-1)/n) on the same sizes (target >= 0.95); doctor times
+its sweep the same way. 9 repetitions in the full run (3 with --quick).
 
 `hpctrain doctor --profile local --json` runs 2 gloo workers under torchrun on this machine; the
 baseline runs 2 workers of its own on the sizes doctor reported. Repetitions are interleaved. The
@@ -59,7 +60,7 @@ def bare(sizes: list[int], cwd: Path) -> dict[int, float]:
 
 def run(quick: bool) -> list[dict]:
     name, target = "collective_doctor_busbw_vs_bare_gloo", ">= 0.95"
-    reps, max_mib = (3, 4) if quick else (5, 8)
+    reps, max_mib = (3, 4) if quick else (9, 8)
     reps = common.reps(reps)
     cwd = common.scratch("coll-")
     try:
