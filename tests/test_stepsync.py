@@ -1,5 +1,5 @@
 """train_entry/stepsync.py: the step's one collective (loss sum + stop votes), read one step later,
-and the stop it carries seen by every rank at the same step."""
+and the stop it carries seen by every rank at the same step; the CPU heap setting of dist.py."""
 
 from __future__ import annotations
 
@@ -99,3 +99,13 @@ def test_a_vote_on_one_rank_stops_every_rank_at_the_same_next_step(tmp_path):
     seen = "['1:3:0', '2:3:0', '3:3:1', '4:last']"
     assert (tmp_path / "rank-1").read_text() == f"4 SIGUSR2 {seen}"
     assert (tmp_path / "rank-0").read_text() == f"4 another rank {seen}"
+
+
+def test_cpu_runs_keep_freed_memory_in_the_heap(monkeypatch):
+    """train_entry.dist.keep_freed_memory: glibc's mallopt applied on Linux, left to the user's
+    own MALLOC_MMAP_THRESHOLD_ when set."""
+    from train_entry.dist import keep_freed_memory
+
+    assert keep_freed_memory() is sys.platform.startswith("linux")
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1048576")
+    assert keep_freed_memory() is False
