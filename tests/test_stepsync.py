@@ -109,3 +109,20 @@ def test_cpu_runs_keep_freed_memory_in_the_heap(monkeypatch):
     assert keep_freed_memory() is sys.platform.startswith("linux")
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "1048576")
     assert keep_freed_memory() is False
+
+
+@pytest.mark.slow
+def test_a_stop_at_the_last_step_finds_the_training_complete(tmp_path):
+    """A stop asked at the last step (a time-limit warning that comes just then) ends the run as
+    done, exit 0 with the final parameters' hash, not as preempted (75) for a restart to finish."""
+    run = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "train_entry", "--run-dir", str(run), "--max-steps", "3"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1", jobenv.STOP_AT_STEP: "3"},
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert len((run / "final_params.sha256").read_text().strip()) == 64
+    assert "stopped at step" not in (run / "train.log").read_text()

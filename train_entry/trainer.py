@@ -232,8 +232,8 @@ class Trainer:
                     continue
                 # a stop or the last step: this step's metrics line now, before the checkpoint
                 self._log(metrics, sync.now(here), t.global_batch, info.world_size)
-                if not stopping:
-                    break
+                if not stopping or state.step >= t.max_steps:
+                    break  # a stop asked at the last step finds the training complete: exit 0
                 stop.raise_("another rank")  # keeps this rank's own reason when it has one
                 if not saved:
                     ckpt.save(state, sync=True)
