@@ -19,8 +19,6 @@ def test_metrics_jsonl_and_train_log(tmp_path, capsys):
     m = Metrics(
         tmp_path,
         rank=0,
-        world_size=2,
-        device=torch.device("cpu"),
         max_steps=4,
         log_every=2,
         tensorboard=False,
@@ -46,8 +44,6 @@ def test_other_ranks_write_nothing(tmp_path):
     m = Metrics(
         tmp_path,
         rank=1,
-        world_size=2,
-        device=torch.device("cpu"),
         max_steps=2,
         log_every=1,
         tensorboard=False,

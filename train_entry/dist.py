@@ -28,10 +28,6 @@ class DistInfo:
     device: torch.device
     backend: str
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
 
 def pick_device() -> str:
     """cuda when the node has GPUs and the job environment's DEVICE does not say cpu (we re-check

@@ -40,15 +40,14 @@ def _fmt_time(s: float) -> str:
 
 
 class Metrics:
-    """Call `step(...)` after every optimizer step on every rank (GPU memory is gathered from all)."""
+    """Call `step(...)` after every optimizer step on every rank; rank 0 writes (GPU memory per rank
+    comes with the step, from train_entry.stepsync)."""
 
     def __init__(
         self,
         run_dir: Path,
         *,
         rank: int,
-        world_size: int,
-        device: torch.device,
         max_steps: int,
         log_every: int,
         tensorboard: bool,
@@ -57,7 +56,7 @@ class Metrics:
         tracker_project: str | None = None,
         config: dict | None = None,
     ) -> None:
-        self.run_dir, self.rank, self.world, self.device = run_dir, rank, world_size, device
+        self.run_dir = run_dir
         self.max_steps, self.log_every = max_steps, log_every
         self.tokens_per_sample = tokens_per_sample
         self.start(0)
@@ -101,27 +100,6 @@ class Metrics:
         else:
             self.bar.console.print(text, markup=False, highlight=False)
 
-    def _memory(self) -> dict:
-        if self.device.type != "cuda":
-            return {}
-        gib = 2**30
-        mine = torch.tensor(
-            [
-                torch.cuda.memory_allocated(self.device) / gib,
-                torch.cuda.memory_reserved(self.device) / gib,
-                torch.cuda.max_memory_allocated(self.device) / gib,
-            ],
-            device=self.device,
-        )
-        every = [torch.zeros_like(mine) for _ in range(self.world)]
-        torch.distributed.all_gather(every, mine)
-        rows = torch.stack(every).cpu().tolist()
-        return {
-            "mem_allocated_gib": [round(r[0], 3) for r in rows],
-            "mem_reserved_gib": [round(r[1], 3) for r in rows],
-            "mem_peak_gib": [round(r[2], 3) for r in rows],
-        }
-
     def step(
         self,
         step: int,
@@ -138,8 +116,7 @@ class Metrics:
         the caller gathered them (train_entry.stepsync writes a step's line one step later)."""
         if step % self.log_every and step != self.max_steps:
             return
-        # without `memory`: a collective on GPU, so every rank calls step()
-        mem = self._memory() if memory is None else memory
+        mem = memory or {}
         if not self.main:
             return
         now = time.perf_counter() if perf is None else perf

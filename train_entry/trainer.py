@@ -155,8 +155,6 @@ class Trainer:
         metrics = Metrics(
             self.run_dir,
             rank=info.rank,
-            world_size=info.world_size,
-            device=device,
             max_steps=t.max_steps,
             log_every=t.log_every,
             tensorboard=t.tensorboard,

@@ -152,15 +152,6 @@ def newest_verified(
     return None
 
 
-def read_latest(ckpt_dir: Path) -> int | None:
-    """The step named by checkpoints/latest (no verification: see newest_verified), or None."""
-    try:
-        name = (ckpt_dir / LATEST).read_text().strip()
-    except OSError:
-        return None
-    return step_of(name)
-
-
 # ---------------------------------------------------------------- the commit sequence
 def latest_tmp(ckpt_dir: Path) -> Path:
     """The temporary `latest` a commit writes before `publish` renames it over `latest`."""

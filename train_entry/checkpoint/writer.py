@@ -280,13 +280,6 @@ def _fsync_close(fd: int) -> float:
         os.close(fd)
 
 
-def write_bytes_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
 def fsync_path(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -332,9 +325,6 @@ class SyncedFiles:
             os.close(fd)
             raise
         self._futures.append(self._pool.submit(_fsync_close, fd))
-
-    def sync_dir(self, rel: str = "") -> None:
-        self._futures.append(self._pool.submit(fsync_path, self.root / rel if rel else self.root))
 
     def wait(self) -> dict[str, dict[str, Any]]:
         futures, self._futures = self._futures, []
