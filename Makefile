@@ -1,6 +1,8 @@
 # Every target sets itself up on a fresh machine: the venv, torch (the CPU build on local disk,
 # installed first so nothing pulls a CUDA build), DeepSpeed (built against that torch), hpctrain.
-PY      ?= python3.11
+# Every version comes from hpctrain/kernel/support.py (MAIN here, LANE for the compatibility lane).
+SUPPORT := python3 hpctrain/kernel/support.py
+PY      ?= python$(shell $(SUPPORT) main python)
 VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.installed-stamp
@@ -9,17 +11,55 @@ export OMP_NUM_THREADS ?= 1
 export DS_ACCELERATOR ?= cpu
 export DS_BUILD_OPS ?= 0
 
-.PHONY: venv sysdeps demo lint golden docs test test-fast test-slurm cluster-up cluster-down bench bench-quick gpu-check wheel clean
+.PHONY: venv venv-compat test-compat sysdeps demo lint golden docs test test-fast test-slurm cluster-up cluster-down bench bench-quick gpu-check wheel clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q --no-build-isolation 'deepspeed==0.19.8'
+	$(BIN)/pip install -q torch==$(shell $(SUPPORT) main torch)
+	$(BIN)/pip install -q --no-build-isolation deepspeed==$(shell $(SUPPORT) main deepspeed)
 	$(BIN)/pip install -q -e '.[test,deepspeed]'
 	touch $@
+
+# The compatibility lane (issue 21): the oldest supported torch and DeepSpeed on the newest supported
+# Python (support.py LANE) in a venv of its own, running the tests that touch torch's API under it:
+# checkpoints (save, load, resume, resharding, a failed save, the format), the strategies through
+# exact resume, the runtime API, and a checkpoint crossing between its torch and the main venv's,
+# both ways. Its torch is a CUDA build from PyPI (it runs on the CPU): ~3.3 GB of wheels the first
+# time, then pip's cache.
+LANE_VENV  := .venv-compat
+LANE_STAMP := $(LANE_VENV)/.installed-stamp
+LANE_PYVER  = $(shell $(SUPPORT) lane python)
+LANE_PY    ?= $(or $(shell p="$$(pyenv prefix $(LANE_PYVER) 2>/dev/null)/bin/python$(LANE_PYVER)"; \
+                [ -x "$$p" ] && echo "$$p"),$(shell command -v python$(LANE_PYVER)))
+# What `make test` runs in the lane (each seen passing there): of these files, every test that is
+# not `slow`, and the slow ones marked `lane` (the essential cases: CI's time; `make test-compat
+# LANE_MARKS=` runs them all).
+LANE_TESTS ?= tests/test_support.py tests/test_ckpt_writer.py tests/test_checkpoint.py \
+              tests/test_faults.py tests/test_runtime.py tests/test_resume_exact.py \
+              tests/test_export.py tests/test_export_mesh.py tests/test_compat.py
+LANE_MARKS ?= not slow or lane
+
+venv-compat: $(LANE_STAMP)
+
+$(LANE_STAMP): pyproject.toml hpctrain/kernel/support.py
+	@test -n "$(LANE_PY)" || { echo "the compatibility lane needs python$(LANE_PYVER): pyenv install \
+	$(LANE_PYVER), or make LANE_PY=/path/to/python$(LANE_PYVER)"; exit 2; }
+	test -x $(LANE_VENV)/bin/python || $(LANE_PY) -m venv $(LANE_VENV)
+	$(LANE_VENV)/bin/pip install -q --upgrade pip setuptools wheel
+	$(LANE_VENV)/bin/pip install -q torch==$(shell $(SUPPORT) lane torch)
+	$(LANE_VENV)/bin/pip install -q --no-build-isolation deepspeed==$(shell $(SUPPORT) lane deepspeed)
+	$(LANE_VENV)/bin/pip install -q -e '.[deepspeed]' 'pytest>=8' 'pytest-timeout>=2.3'
+	touch $@
+
+# The lane's tests under its torch (the `compat` ones against the main venv's torch too).
+test-compat: $(LANE_STAMP) $(STAMP)
+	@start=$$(date +%s); $(LANE_VENV)/bin/python -m pytest -q -x --durations=10 \
+	$(if $(LANE_MARKS),-m "$(LANE_MARKS)") $(LANE_TESTS); \
+	rc=$$?; echo "compatibility lane (torch $$($(SUPPORT) lane torch)): $$(( $$(date +%s) - start )) s"; \
+	exit $$rc
 
 # System packages the tests need besides the venv: shellcheck lints every rendered script; a real
 # OpenSSH server and client (and rsync) front the live cluster for the remote tests (tests/ssh/).
@@ -50,19 +90,30 @@ golden: $(STAMP)
 # The generated documents: contract tables in docs/design.md, the profile key reference.
 docs: $(STAMP)
 	$(BIN)/python -m hpctrain.kernel.docs docs/design.md
+	$(BIN)/python -m hpctrain.profiles.docs --design docs/design.md
 	$(BIN)/python -m hpctrain.profiles.docs > docs/site-profiles.md
 
 # The live Slurm tests need root (CI runs as root). The cluster is stopped whatever happens.
-test: $(STAMP) sysdeps lint
+# Two streams at once: the compatibility lane (its own venv, the oldest supported torch; its output
+# in .test-compat.log, printed at the end) and every test here on two pytest-xdist workers, the
+# live tests in order on one (they share the cluster's two nodes), the rest beside them
+# (tests/conftest.py). So the live suite always runs with both cores busy, as on a shared CI machine.
+# TEST_LOG: one line per test as it ends (outcome, seconds, id).
+TEST_LOG ?= $(CURDIR)/.test-times.log
+test: $(STAMP) $(LANE_STAMP) sysdeps lint
 	bash tests/slurm/cluster.sh up --optional
-	$(PYTEST) -q -x --durations=15 tests; rc=$$?; bash tests/slurm/cluster.sh down; exit $$rc
+	@$(MAKE) --no-print-directory test-compat >.test-compat.log 2>&1 & lane=$$!; \
+	rm -f $(TEST_LOG); HPCTRAIN_TEST_LOG=$(TEST_LOG) $(PYTEST) -q -x -n 2 --durations=25 \
+	  -m "not compat" tests; rc=$$?; bash tests/slurm/cluster.sh down; \
+	wait $$lane; lane_rc=$$?; echo "--- the compatibility lane (exit $$lane_rc):"; \
+	tail -n 40 .test-compat.log; [ $$rc -eq 0 ] && [ $$lane_rc -eq 0 ]
 
 test-fast: $(STAMP) sysdeps
-	$(PYTEST) -q -m "not slurm and not slow" tests
+	$(PYTEST) -q -m "not slurm and not slow and not compat" tests
 
 test-slurm: $(STAMP)
 	bash tests/slurm/cluster.sh up
-	$(PYTEST) -q -m slurm --durations=0 tests; rc=$$?; bash tests/slurm/cluster.sh down; exit $$rc
+	$(PYTEST) -q -m "slurm and not compat" --durations=0 tests; rc=$$?; bash tests/slurm/cluster.sh down; exit $$rc
 
 cluster-up:
 	bash tests/slurm/cluster.sh up
@@ -86,4 +137,4 @@ wheel: $(STAMP)
 	$(BIN)/python -m build --wheel --no-isolation --outdir dist .
 
 clean:
-	rm -rf $(VENV) dist build runs .pytest_cache
+	rm -rf $(VENV) $(LANE_VENV) dist build runs .pytest_cache

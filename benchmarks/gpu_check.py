@@ -207,6 +207,8 @@ def run_step(step: Step, work: Path, gpus: int) -> dict:
             "sweep": sweep,
             "report": report,
         }
+    if step.name == "tp_fsdp" and step.strategy is None:
+        return {"ok": True, "skipped": f"tensor parallel needs 2 GPUs; this machine has {gpus}"}
     if step.name == "preempt_resume":
         t0 = time.monotonic()
         ref = train(step, work, gpus, limit / 3, run_dir=work / "ref")

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 HPCTRAIN = str(Path(PY).with_name("hpctrain"))
 SCHEMA = 1
-TOTAL_BUDGET_S = 300
+TOTAL_BUDGET_S = 335
 SKIPPED_EXIT = 77  # the automake / CTest convention for "skipped"
 # job environment names (train_entry reads them; kept in one place here)
 ENV_DEVICE = jobenv.DEVICE
@@ -101,6 +101,7 @@ def plan(gpus: int) -> list[Step]:
             [*BIG_ARGS, gb],
             25,
         ),
+        tp_fsdp(gpus, g),
         Step("doctor_nccl", 30, "hpctrain doctor --json: NCCL all-reduce sweep"),
         Step(
             "preempt_resume",
@@ -113,6 +114,15 @@ def plan(gpus: int) -> list[Step]:
     ]
 
 
+def tp_fsdp(gpus: int, global_batch: str) -> Step:
+    """FSDP2 x TP (tp 2, dp the rest) on the GPUs found; on an odd count (one GPU) a step that
+    only says why it is skipped (strategy None: run_step reports it)."""
+    what = "train_entry FSDP2 x TP (tp 2 inside the node, dp the rest) on NCCL"
+    if gpus < 2 or gpus % 2:
+        return Step("tp_fsdp", 1, f"{what}: skipped, it needs an even number of GPUs ({gpus})")
+    return Step("tp_fsdp", 35, what, "fsdp", [*SMALL, global_batch, "--parallel.tp=2"], 12)
+
+
 def check_plan(steps: list[Step], gpus: int) -> list[str]:
     """Problems with the plan itself (empty when it is sound); runs nothing."""
     problems = []
@@ -121,7 +131,7 @@ def check_plan(steps: list[Step], gpus: int) -> list[str]:
         problems.append(f"time limits add up to {total} s, more than {TOTAL_BUDGET_S} s")
     if len({s.name for s in steps}) != len(steps):
         problems.append("two steps share a name")
-    from hpctrain.errors import UserError, ValidationError
+    from hpctrain.kernel.errors import UserError, ValidationError
     from train_entry.config import check_sizes, load_config
 
     for s in steps:

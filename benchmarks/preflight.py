@@ -1,5 +1,9 @@
-"""7. Bad nodes, on the live loopback Slurm cluster (2 nodes x 1 rank; skipped as "not measured"
-without one):
+"""7. Bad nodes. Without a cluster: the gate's checkpoint round trip (issue 21) on one node, a fresh
+node process checking the imports with it over the same process without it, repetitions
+interleaved (target <= 1.5: the round trip costs at most half of the import check it follows);
+the details split its cold seconds from a second, warm round trip in the same process.
+
+On the live loopback Slurm cluster (2 nodes x 1 rank; skipped as "not measured" without one):
 
 - the preflight gate's cost: time from the allocation (the batch script's start, restarts.jsonl)
   to the first training step (metrics.jsonl), with the gate on over the same run with it off,
@@ -45,6 +49,63 @@ def hang(self, step):
 watchdog.Watchdog.beat = hang
 exit_now(main())
 """
+
+
+# One node's local import check (hpctrain/checks/preflight/node.py) in a fresh process, timed from
+# the first import; with a scratch folder it includes the checkpoint round trip, then a second,
+# warm round trip (not in the timed figure) says what of the first one was imports.
+ROUND_TRIP = """import json, sys, tempfile, time
+t0 = time.perf_counter()
+from pathlib import Path
+from hpctrain.checks.preflight.node import check_imports
+scratch = Path(tempfile.mkdtemp(dir=sys.argv[2])) / "ckpt" if sys.argv[1] == "on" else None
+rows, _ = check_imports("train_entry", "train_entry", scratch)
+out = {"s": time.perf_counter() - t0, "rows": rows}
+if scratch is not None:
+    from train_entry.checkpoint.roundtrip import round_trip
+    t1 = time.perf_counter()
+    round_trip(scratch)
+    out["warm_s"] = time.perf_counter() - t1
+print(json.dumps(out))
+"""
+
+
+def round_trip_cost(root: Path, reps: int) -> dict:
+    name, target = "preflight_checkpoint_round_trip_vs_import_check", "<= 1.5"
+    sides: dict[str, list[float]] = {"off": [], "on": []}
+    warm, own, ratios = [], [], []
+    for _ in range(reps):
+        for side in ("off", "on"):  # interleaved: one of each per repetition
+            out = common.run(
+                [common.PY, "-W", "ignore", "-c", ROUND_TRIP, side, str(root)], timeout=300
+            )
+            got = json.loads(out.stdout.strip().splitlines()[-1])
+            bad = [r for r in got["rows"] if r["status"] != "pass"]
+            if bad:
+                raise common.NotMeasured(f"the import check failed: {bad}")
+            sides[side].append(got["s"])
+            if side == "on":
+                warm.append(got["warm_s"])
+                detail = next(r["detail"] for r in got["rows"] if r["name"] == "checkpoint")
+                own.append(float(re.search(r"in ([0-9.]+) s", detail).group(1)))
+        ratios.append(sides["on"][-1] / sides["off"][-1])
+    off_s, on_s = common.median(sides["off"]), common.median(sides["on"])
+    return common.settle(
+        name,
+        ratios,
+        target,
+        off_s=[round(x, 2) for x in sides["off"]],
+        on_s=[round(x, 2) for x in sides["on"]],
+        round_trip_s=[round(x, 2) for x in own],
+        warm_round_trip_s=[round(x, 3) for x in warm],
+        summary=(
+            f"one node's import check (torch, train_entry.trainer) {off_s:.2f} s; with the "
+            f"checkpoint round trip {on_s:.2f} s: the round trip {common.median(own):.2f} s cold, "
+            f"{common.median(warm):.2f} s when run again in the same process (the rest is the "
+            "imports it triggers, torch._dynamo by the optimizer's constructor)"
+        ),
+        how="fresh process per side, timed from its first import; no cluster needed",
+    )
 
 
 def _t(stamp: str) -> float:
@@ -181,17 +242,23 @@ def stall_to_requeue(root: Path) -> dict:
 
 
 def run(quick: bool) -> list[dict]:
+    root = common.scratch("preflight-")
+    try:
+        first = [round_trip_cost(root, common.reps(3 if quick else 5))]
+    except common.NotMeasured as e:
+        first = [
+            common.not_measured("preflight_checkpoint_round_trip_vs_import_check", "<= 1.5", str(e))
+        ]
     names = ("preflight_gate_alloc_to_first_step_vs_off", "stall_to_requeue_vs_stall_s_plus_30")
     if (
         not shutil.which("sinfo")
         or subprocess.run(["sinfo"], capture_output=True, timeout=30).returncode
     ):
-        return [
+        return first + [
             common.not_measured(n, t, "no live Slurm cluster (make cluster-up)")
             for n, t in zip(names, ("<= 1.3", "<= 1.0"), strict=True)
         ]
-    root = common.scratch("preflight-")
-    rows = []
+    rows: list[dict] = []
     for fn in (
         # live Slurm jobs queue behind others: make bench <= 15 min
         lambda: gate_cost(root, common.reps(2)),
@@ -203,4 +270,4 @@ def run(quick: bool) -> list[dict]:
             rows.append(
                 common.not_measured(names[len(rows)], ("<= 1.3", "<= 1.0")[len(rows)], str(e))
             )
-    return rows
+    return first + rows

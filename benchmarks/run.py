@@ -38,14 +38,16 @@ from benchmarks import common  # noqa: E402
 # name -> module; the order is the order of the report.
 BENCHMARKS = {
     "training": "benchmarks.training",  # 1 steps/s vs plain DDP / FSDP2 / DeepSpeed / Accelerate
+    "hf_trainer": "benchmarks.hf_trainer",  # 1 HF Trainer steps/s with our callback vs without
     "checkpoint": "benchmarks.checkpoint",  # 2 save bytes/s vs raw write+fsync, async blocking, load
     "restart": "benchmarks.restart",  # 3 time to first resumed step
     "preemption": "benchmarks.preemption",  # 4 steps redone after a signal / SIGKILL
     "cli": "benchmarks.cli",  # 5 submit --dry-run vs bare imports; 4,096-node render
     "collective": "benchmarks.collective",  # 6 doctor's all-reduce bus bandwidth vs bare gloo
     "scale": "benchmarks.scale",  # 7 4,096-rank commit/verify; runs/status over 1,000
-    "preflight": "benchmarks.preflight",  # 7 preflight gate cost; stall to requeue (live Slurm)
+    "preflight": "benchmarks.preflight",  # 7 the gate's checkpoint round trip; gate cost, stall to requeue (live Slurm)
     "remote": "benchmarks.remote",  # 8 status/logs over SSH vs on the login node; connections
+    "parallel": "benchmarks.parallel",  # 9 tp 2 / pp 2 vs plain mesh loops; the pipeline bubble
 }
 
 

@@ -34,17 +34,18 @@ import io
 import os
 import random
 import shutil
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpctrain.kernel import checkpoint as fmt  # the format: step names, manifest, verify, latest
 from hpctrain.kernel import exitcodes, jobenv, layout
 from hpctrain.kernel.files import utc_now
 from hpctrain.kernel.rundir import RunFolder
+from hpctrain.kernel.stopflag import DEFAULT_SIGNALS, StopFlag
+from hpctrain.kernel.stopflag import die_with_launcher as die_with_launcher  # public here too
 
 # The job environment this module reads (set by the rendered batch script, docs/design.md).
 ENV_RUN_DIR = jobenv.RUN_DIR
@@ -52,23 +53,16 @@ ENV_STOP_FILE = jobenv.STOP_FILE
 ENV_RESTART_COUNT = jobenv.RESTART_COUNT
 
 PREEMPTED = exitcodes.PREEMPTED  # a verified checkpoint was saved because the stop flag was raised
-STOP_SIGNALS = ("SIGUSR2", "SIGUSR1", "SIGTERM")
+STOP_SIGNALS = DEFAULT_SIGNALS
 STATE_FILE = "state.pt"
 SAVES = layout.SAVES  # one line per save: what `hpctrain report` sums
-
-
-def _format() -> Any:
-    """The checkpoint format (step folder names, manifest, verify, latest): one source."""
-    from hpctrain.kernel import checkpoint as fmt
-
-    return fmt
 
 
 # ---------------------------------------------------------------- where am I
 _chosen: list[Path] = []  # the folder a first run_dir(default) call chose, outside hpctrain
 
 
-def run_dir(default: str | os.PathLike | None = None) -> Path:
+def run_dir(default: str | os.PathLike[str] | None = None) -> Path:
     """The run folder: the job environment's RUN_DIR under hpctrain, else `default`
     (remembered for later calls, e.g. from log_metrics), created if missing."""
     raw = os.environ.get(ENV_RUN_DIR)
@@ -100,25 +94,22 @@ def rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def exit(code: int = 0) -> None:  # noqa: A001 - runtime.exit reads as what it does
-    """Leave now. With PREEMPTED, rank 0 first records a `preempted` event (the step of the last
-    save) in events.jsonl, as train_entry does. Then: destroy the process group, flush, os._exit
-    (torch 2.13 + gloo can abort at interpreter exit after a finished run, which torchrun would
-    report as a failure)."""
-    if code == PREEMPTED and rank() == 0 and _saved:
-        _event({"event": "preempted", "step": _saved[-1], "reason": _flag.reason})
-    dist = _dist()
-    if dist is not None:
-        try:
-            dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - leaving anyway
-            pass
+def exit(code: int = 0, *, step: int | None = None) -> None:  # noqa: A001 - reads as what it does
+    """Leave now. With PREEMPTED, rank 0 first records a `preempted` event (`step`, else the step of
+    the last Checkpoint.save) in events.jsonl, as train_entry does. Then: flush, os._exit (torch
+    2.13 + gloo can abort at interpreter exit after a finished run, which torchrun would report as
+    a failure). The process group is not destroyed: the exit closes its connections, and under
+    torch 2.7.1 gloo's destroy_process_group hangs one rank after the stop votes in 2 of 4
+    two-rank runs (the job would sit there until its time limit)."""
+    step = step if step is not None else (_saved[-1] if _saved else None)
+    if code == PREEMPTED and rank() == 0 and step is not None:
+        _event({"event": "preempted", "step": step, "reason": _flag.reason})
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
-def _event(record: dict) -> None:
+def _event(record: dict[str, Any]) -> None:
     try:
         folder = run_dir()
     except RuntimeError:
@@ -131,32 +122,8 @@ _saved: list[int] = []  # steps this process saved (the last one goes into the p
 
 
 # ---------------------------------------------------------------- the stop flag
-class _Flag:
-    def __init__(self) -> None:
-        self.reason: str | None = None
-        self.installed = False
-
-    def install(self) -> None:
-        if self.installed or threading.current_thread() is not threading.main_thread():
-            return
-        self.installed = True
-        die_with_launcher()
-        for name in STOP_SIGNALS:
-            signal.signal(getattr(signal, name), self._handle)
-
-    def _handle(self, signum: int, frame: object) -> None:
-        # Set a flag only: the save happens in the loop, at a step boundary, on every rank alike.
-        self.reason = self.reason or signal.Signals(signum).name
-
-    def local(self) -> bool:
-        if self.reason is None:
-            stop = os.environ.get(ENV_STOP_FILE)
-            if stop and os.path.exists(stop):
-                self.reason = f"stop file {stop}"
-        return self.reason is not None
-
-
-_flag = _Flag()
+# the torch-free flag train_entry uses too; should_stop() below is its agreement
+_flag = StopFlag(STOP_SIGNALS)
 
 
 def install() -> None:
@@ -169,50 +136,65 @@ def stop_reason() -> str | None:
     return _flag.reason
 
 
-def should_stop() -> bool:
+def should_stop(*, wait: bool = True) -> bool:
     """True when the run must save and stop: the batch shell's STOP file exists (the scheduler's
     warning signal, `hpctrain preempt`) or SIGUSR1/USR2/TERM arrived. With torch.distributed
-    initialised it is a collective: every rank gets the same answer (all-reduce MAX)."""
+    initialised it is a collective: every rank gets the same answer (all-reduce MAX).
+
+    wait=False holds no step: each call starts this boundary's vote (async) and answers the
+    previous call's, so a stop lands one boundary later, still at the same step on every rank."""
     _flag.install()
     mine = _flag.local()
     dist = _dist()
     if dist is None:
         return mine
-    import torch
+    torch = _torch()
+    flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device=_device(dist))
+    if wait:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return _agreed(bool(flag.item()), mine)
+    before = _pending[:]
+    _pending[:] = [(dist.all_reduce(flag, op=dist.ReduceOp.MAX, async_op=True), flag)]
+    if not before:
+        return False
+    work, old = before[0]
+    work.wait()
+    return _agreed(bool(old.item()), mine)
 
-    device = _device(dist)
-    flag = torch.tensor([1 if mine else 0], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    agreed = bool(flag.item())
+
+_pending: list[Any] = []  # should_stop(wait=False): the vote started at the previous boundary
+
+
+def _agreed(agreed: bool, mine: bool) -> bool:
     if agreed and not mine:
-        _flag.reason = "another rank"
+        _flag.raise_("another rank")  # keeps this rank's own reason when it has one
     return agreed
 
 
-def die_with_launcher() -> None:
-    """Under torchrun, die with it (SIGKILL) instead of training on as an orphan. Linux only."""
-    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
-        return
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:
-        os.kill(os.getpid(), signal.SIGKILL)
+def barrier() -> None:
+    """Wait for every rank (no-op without a process group): e.g. before leaving after a save."""
+    _barrier(_dist())
 
 
 def _dist() -> Any:
     """torch.distributed when torch is already imported and a process group is up, else None."""
     if sys.modules.get("torch") is None:  # never imported (or blocked): no process group either
         return None
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch is loaded (checked above); run_dir() needs none
 
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def _device(dist: Any) -> Any:
-    import torch
+def _torch() -> Any:
+    """torch, on first use: should_stop(), run_dir(), restart_count() and exit() need none (a script
+    may call them before importing torch, and the launcher's tools import this module)."""
+    import torch  # lazy: torch on a torch-free path (this module's torch-free half)
 
+    return torch
+
+
+def _device(dist: Any) -> Any:
+    torch = _torch()
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -222,7 +204,7 @@ def _device(dist: Any) -> Any:
 @dataclass
 class Found:
     step: int
-    state: dict
+    state: dict[str, Any]
     path: Path
 
 
@@ -236,7 +218,11 @@ class Checkpoint:
     """
 
     def __init__(
-        self, folder: str | os.PathLike | None = None, *, keep: int = 2, strategy: str = "script"
+        self,
+        folder: str | os.PathLike[str] | None = None,
+        *,
+        keep: int = 2,
+        strategy: str = "script",
     ) -> None:
         if keep < 2:
             raise ValueError(f"keep={keep}: keep at least 2 (the newest may be half written)")
@@ -245,10 +231,8 @@ class Checkpoint:
         self.blocked_s: list[float] = []  # seconds each save held the loop
 
     # ------------------------------------------------------------ save
-    def save(self, step: int, state: dict) -> Path:
-        import torch
-
-        fmt = _format()
+    def save(self, step: int, state: dict[str, Any]) -> Path:
+        torch = _torch()
         t0 = time.monotonic()
         dist = _dist()
         me, world = (dist.get_rank(), dist.get_world_size()) if dist else (0, 1)
@@ -297,9 +281,7 @@ class Checkpoint:
     # ------------------------------------------------------------ load
     def load(self, *, restore_rng: bool = True) -> Found | None:
         """The newest verified checkpoint (state on CPU), or None when there is none yet."""
-        import torch
-
-        fmt = _format()
+        torch = _torch()
         dist = _dist()
         me = dist.get_rank() if dist else rank()  # before init_process_group (Lightning): RANK
         choice = None
@@ -317,7 +299,9 @@ class Checkpoint:
         rng = folder / "rng" / f"rank-{me:05d}.pt"
         if restore_rng and rng.exists():
             _restore_rng(torch.load(rng, map_location="cpu", weights_only=False))
-        step = int(fmt.STEP_RE.match(folder.name).group(1))
+        m = fmt.STEP_RE.match(folder.name)
+        assert m is not None  # newest_verified only returns step folders
+        step = int(m.group(1))
         if me == 0:
             _warn(f"resuming from {folder} (step {step})")
         return Found(step, state, folder)
@@ -351,8 +335,7 @@ def log_metrics(
 def params_sha256(module_or_state: Any) -> str:
     """sha256 over every tensor of a module's state dict (or a state dict), in name order, with
     wrapper prefixes ("module.") stripped: two runs end bit-identical when the hashes match."""
-    import torch
-
+    torch = _torch()
     sd = module_or_state.state_dict() if hasattr(module_or_state, "state_dict") else module_or_state
     h = hashlib.sha256()
     for key in sorted(sd, key=lambda k: k.removeprefix("module.")):
@@ -374,8 +357,7 @@ def _barrier(dist: Any) -> None:
 
 
 def _to_bytes(obj: Any) -> bytes:
-    import torch
-
+    torch = _torch()
     buf = io.BytesIO()
     torch.save(obj, buf)
     return buf.getvalue()
@@ -388,26 +370,22 @@ def _write(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _capture_rng() -> dict:
-    import torch
-
+def _capture_rng() -> dict[str, Any]:
+    torch = _torch()
     out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if "numpy" in sys.modules:
-        import numpy as np
-
-        out["numpy"] = np.random.get_state()
+    if "numpy" in sys.modules:  # the script uses numpy: its generator is part of the state
+        out["numpy"] = sys.modules["numpy"].random.get_state()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         out["cuda"] = torch.cuda.get_rng_state_all()
     return out
 
 
-def _restore_rng(saved: dict) -> None:
-    import torch
-
+def _restore_rng(saved: dict[str, Any]) -> None:
+    torch = _torch()
     random.setstate(saved["python"])
     torch.set_rng_state(saved["torch"])
     if "numpy" in saved:
-        import numpy as np
+        import numpy as np  # lazy: numpy only for a state that holds its generator
 
         np.random.set_state(saved["numpy"])
     if "cuda" in saved and torch.cuda.is_available():

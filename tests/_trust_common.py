@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from hpctrain.cli import main
+from hpctrain.jobs.request import JobRequest
 from hpctrain.kernel import jobenv
 from hpctrain.profiles import resolve
-from hpctrain.render import render
-from hpctrain.request import JobRequest
+from hpctrain.render.script import render
 
 
 def write(path: Path, text: str, mode: int = 0o644) -> Path:

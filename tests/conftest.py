@@ -8,6 +8,7 @@ test, and any skipped test is reported as a failure: in CI nothing skips, live t
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import subprocess
@@ -144,6 +145,36 @@ def slurm_cluster():
         _cluster("down", 120)
 
 
+@functools.cache  # xdist asks once per test id
+def _live(file: str) -> bool:
+    """A test file that meets the one live cluster: a slurm-marked test, the sshd of tests/ssh/,
+    or test_cluster_link (it points the cluster's link)."""
+    path = REPO / file
+    if "ssh" in path.parts or path.stem == "test_cluster_link":
+        return True
+    try:
+        return "mark.slurm" in path.read_text()
+    except OSError:
+        return False
+
+
+@pytest.hookimpl(optionalhook=True)  # the compatibility lane's venv has no pytest-xdist
+@pytest.hookimpl(optionalhook=True)  # the compatibility lane's venv has no pytest-xdist
+def pytest_xdist_make_scheduler(config, log):
+    """Under pytest-xdist (`make test` runs `-n 2`): every live test file in one scope, in order on
+    one worker, so two live jobs never wait behind each other on the cluster's two nodes; any other
+    file is a scope of its own (its module fixtures, reference runs, are built once; xdist's
+    `--dist loadgroup` set each of them up twice)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LiveInOrder(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "live" if _live(file) else file
+
+    return LiveInOrder(config, log)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """CI rule: a test that skips is a failure, whatever made it skip (a skip would count as a pass
@@ -156,3 +187,14 @@ def pytest_runtest_makereport(item, call):
         report.outcome = "failed"
         kind = "live Slurm test" if item.get_closest_marker("slurm") is not None else "test"
         report.longrepr = f"{kind} skipped under CI=true (not allowed): {report.longrepr}"
+
+
+def pytest_runtest_logreport(report):
+    """jobenv.TEST_LOG=PATH: one line per test phase as it ends (outcome, seconds, id), so a long
+    run can be read while it goes and timeouts sized from what it measured."""
+    path = os.environ.get(jobenv.TEST_LOG)
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # the controller writes what every worker reports
+        return
+    if path and (report.when == "call" or report.outcome != "passed" or report.duration > 5):
+        with open(path, "a") as f:
+            f.write(f"{report.outcome:7} {report.duration:8.1f} {report.when:8} {report.nodeid}\n")

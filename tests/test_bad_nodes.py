@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.checks.preflight import gate
 from hpctrain.kernel import jobenv
-from hpctrain.preflight import gate
 
 # --- the gate's decisions, from report files -----------------------------------------------
 
@@ -146,6 +146,32 @@ def test_gate_decides_shrink_requeue_or_fail():
         [], {"n1": "x", "n2": "y"}, min_nodes=1, on_fail="shrink", can_requeue=True, excluded=[]
     )
     assert action == "fail" and "the environment or the profile" in reason
+    # a requeue without n2 on a 2-node partition for a 2-node job could never start (Slurm kept
+    # such a job PENDING, BadConstraints, for good): it fails and says so
+    action, reason, exclude = gate.decide(
+        ["n1"],
+        bad,
+        min_nodes=2,
+        on_fail="shrink",
+        can_requeue=True,
+        excluded=[],
+        partition=["n1", "n2"],
+    )
+    assert action == "fail" and exclude == ["n2"], reason
+    assert "the partition has 1 node(s) for a job of at least 2" in reason and "fix:" in reason
+    three = ["n1", "n2", "n3"]
+    assert (
+        gate.decide(
+            ["n1"],
+            bad,
+            min_nodes=2,
+            on_fail="requeue",
+            can_requeue=True,
+            excluded=[],
+            partition=three,
+        )[0]
+        == "requeue"
+    )
     upd = gate.requeue_update(["n2"], {"ExcNodeList": ["n7"], "ReqNodeList": ["n1", "n2"]}, 1, 2)
     assert upd == ["ExcNodeList=n2,n7", "ReqNodeList=n1", "NumNodes=1-2"]
 
@@ -159,7 +185,7 @@ def test_gate_cli_prints_shell_and_writes_the_event(tmp_path):
         [
             sys.executable,
             "-m",
-            "hpctrain.preflight.gate",
+            "hpctrain.checks.preflight.gate",
             str(folder),
             "--nodes",
             "n1,n2",
@@ -188,7 +214,7 @@ def test_gate_cli_prints_shell_and_writes_the_event(tmp_path):
 
 
 def test_bisect_halves_to_the_node_that_breaks_a_set():
-    from hpctrain.preflight.bisect import Probe, bisect
+    from hpctrain.checks.preflight.bisect import Probe, bisect
 
     nodes = [f"n{i}" for i in range(1, 9)]
     seen = []
@@ -235,10 +261,10 @@ stuck_in_here()
 
 
 def test_min_nodes_renders_a_range_and_deepspeed_cannot_shrink(tmp_path):
-    from hpctrain.errors import ValidationError
+    from hpctrain.jobs.request import JobRequest
+    from hpctrain.kernel.errors import ValidationError
     from hpctrain.profiles import resolve
-    from hpctrain.render import render
-    from hpctrain.request import JobRequest
+    from hpctrain.render.script import render
 
     profile = resolve("loopback", {})
     req = JobRequest.build(profile, name="r", nodes=2, gpus=1, min_nodes=1, exclude=["n7,n9"])

@@ -134,3 +134,17 @@ def test_run_writes_json_and_markdown(tmp_path):
     assert "| benchmark | median | spread | target | verdict | note |" in text
     assert "cores" in text and "torch" in text
     assert all(r["name"] in text for r in rows)
+
+
+def test_bubble_fit_recovers_the_formula_from_pass_times():
+    from benchmarks.parallel import fit_bubble
+
+    assert "parallel" in harness.BENCHMARKS
+    # an ideal pipeline of p = 4 stages: (m + p - 1) slots of 0.1 s each
+    s, rows = fit_bubble({m: (m + 3) * 0.1 for m in (2, 4, 8)}, 4)
+    assert s == pytest.approx(0.1)
+    for m, row in rows.items():
+        assert row["measured_idle"] == pytest.approx(3 / (m + 3), abs=1e-4) == row["formula"]
+    # a fixed cost per pass (sends, schedule set-up) shows as more idle time than the formula
+    _, slow = fit_bubble({m: (m + 3) * 0.1 + 0.05 for m in (2, 4, 8)}, 4)
+    assert all(r["measured_idle"] > r["formula"] for r in slow.values())

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from hpctrain.errors import UserError
 from hpctrain.kernel import jobenv
+from hpctrain.kernel.errors import UserError
 from train_entry.checkpoint import Checkpointer, newest_verified, step_folders, verify
 from train_entry.preempt import StopFlag
 from train_entry.state import TrainState, capture_rng, dumps, loads, params_sha256, restore_rng

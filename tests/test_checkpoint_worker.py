@@ -27,6 +27,7 @@ from torch import nn
 
 from hpctrain.kernel import jobenv
 from train_entry.checkpoint import Checkpointer
+from train_entry.dist import teardown
 from train_entry.preempt import PREEMPTED_EXIT, StopFlag
 from train_entry.state import TrainState, params_sha256
 
@@ -171,7 +172,7 @@ def main() -> int:
                 (Path(a.run_dir) / "preempted.json").write_text(
                     json.dumps({"step": state.step, "reason": stop.reason})
                 )
-            dist.destroy_process_group()
+            teardown()
             return PREEMPTED_EXIT
         ckpt.maybe_save(state)
     ckpt.maybe_save(state, last=True)
@@ -182,7 +183,7 @@ def main() -> int:
         (Path(a.run_dir) / f"timings-{int(time.time_ns())}.json").write_text(
             json.dumps(ckpt.timings)
         )
-    dist.destroy_process_group()
+    teardown()
     return 0
 
 

@@ -93,10 +93,10 @@ def test_local_run_end_to_end_render_equals_submit(cli):
     run = cli.tmp / "runs" / "g"
     assert (run / "job.sh").read_text() == rendered  # byte for byte what the local executor ran
     # run.yaml freezes everything needed to render the same script again (what a resume relies on)
+    from hpctrain.jobs.request import JobRequest
     from hpctrain.profiles import Profile
-    from hpctrain.render import render
-    from hpctrain.request import JobRequest
-    from hpctrain.runs import RunDir
+    from hpctrain.render.script import render
+    from hpctrain.runs.folder import RunDir
 
     frozen = RunDir(run).frozen()
     again = render(
@@ -204,7 +204,8 @@ def test_slurm_submit_hands_over_the_rendered_script(cli):
         "sbatch": 'cp "$1" "$RECORD/submitted.sh"; echo "Submitted batch job 77"',
         "sacct": 'if [ -e "$RECORD/no-sacct" ]; then echo "accounting disabled" >&2; exit 1; fi\n'
         'printf "JobID|State|NodeList\\n77|RUNNING|n[1-2]\\n77.batch|RUNNING|n1\\n"',
-        "scontrol": 'echo "JobId=77 JobName=s JobState=PENDING Reason=Priority"',
+        # the controller's state: RUNNING, or what the test wrote to $RECORD/ctl
+        "scontrol": 'echo "JobId=77 JobName=s JobState=$(cat "$RECORD/ctl" 2>/dev/null || echo RUNNING)"',
         "scancel": 'echo "$@" >"$RECORD/scancel"',
     }
     for name, body in scripts.items():
@@ -238,7 +239,8 @@ def test_slurm_submit_hands_over_the_rendered_script(cli):
     assert "#SBATCH --nodes=2" in rendered and "#SBATCH --gpus-per-node=2" in rendered
     assert json.loads((run / "jobs.jsonl").read_text())["job_id"] == "77"
     assert json.loads(ok(cli("status", "s", "--json", extra_env=env)).stdout)["state"] == "RUNNING"
-    (cli.tmp / "no-sacct").touch()
+    (cli.tmp / "no-sacct").touch()  # accounting off: the controller's state alone
+    (cli.tmp / "ctl").write_text("PENDING\n")
     assert json.loads(ok(cli("status", "s", "--json", extra_env=env)).stdout)["state"] == "PENDING"
     ok(cli("cancel", "s", extra_env=env))
     assert (cli.tmp / "scancel").read_text().strip() == "77"
@@ -333,10 +335,10 @@ def test_help_has_examples(invoke):
 
 
 def test_replace_finished_moves_the_old_run_aside(tmp_path, monkeypatch):
-    from hpctrain.errors import UserError
+    from hpctrain.jobs.request import JobRequest
+    from hpctrain.kernel.errors import UserError
     from hpctrain.profiles import resolve
-    from hpctrain.request import JobRequest
-    from hpctrain.runs import RunDir
+    from hpctrain.runs.folder import RunDir
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     profile = resolve("local", {})
@@ -381,6 +383,8 @@ def test_plan_args():
     assert plan_args(P(strategy="deepspeed", zero_stage=1, offload="none")) == [
         "--deepspeed.zero_stage=1"
     ]
+    mesh = P(strategy="fsdp", zero_stage=None, offload="none", tp=8, pp=16, schedule="1f1b")
+    assert plan_args(mesh) == ["--parallel.tp=8", "--parallel.pp=16", "--parallel.schedule=1f1b"]
 
 
 def test_cli_never_imports_torch(cli):

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain import doctor as d
+from hpctrain.checks import doctor as d
 
 HPCTRAIN = [sys.executable, "-m", "hpctrain"]
 

@@ -1,5 +1,5 @@
 """hpctrain doctor on the live two-node loopback cluster: a real job through the rendered script
-(entry `python -m hpctrain.doctor_worker`), node checks on n1 and n2, a 4-rank gloo sweep."""
+(entry `python -m hpctrain.checks.doctor.worker`), node checks on n1 and n2, a 4-rank gloo sweep."""
 
 from __future__ import annotations
 
@@ -50,7 +50,9 @@ def test_doctor_job_on_two_nodes_passes(slurm_cluster, tmp_path):
     rep = json.loads(out.stdout)
     assert rep["ok"] and rep["job_id"] and rep["scheduler"] == "slurm"
     run = Path(rep["run_dir"])
-    assert (run / "job.sh").read_text().count("hpctrain.doctor_worker") == 1  # the normal script
+    assert (run / "job.sh").read_text().count(
+        "hpctrain.checks.doctor.worker"
+    ) == 1  # the normal script
     hosts = sorted(r["host"] for r in rep["node_reports"])
     assert hosts == list(slurm_cluster.nodes)
     for r in rep["node_reports"]:

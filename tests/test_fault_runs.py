@@ -144,9 +144,9 @@ def invoke(*args: str):
 
 
 def make_run(home: Path, name: str) -> Path:
+    from hpctrain.jobs.request import JobRequest
     from hpctrain.profiles import resolve
-    from hpctrain.request import JobRequest
-    from hpctrain.runs import RunDir
+    from hpctrain.runs.folder import RunDir
 
     profile = resolve("local", {})
     run = RunDir(home / "runs" / name)
@@ -191,7 +191,7 @@ def test_jobs_lines_without_job_id_and_manifests_that_are_lists(home) -> None:
     ck.mkdir(parents=True)
     (ck / "MANIFEST.json").write_text("[1, 2, 3]")
     (run / "checkpoints" / "latest").write_text("step-00000005\n")
-    from hpctrain.runs import RunDir
+    from hpctrain.runs.folder import RunDir
     from hpctrain.service.resume import newest_checkpoint as _newest_checkpoint
 
     assert _newest_checkpoint(RunDir(run)) is None  # what resume starts from: not the list
@@ -256,7 +256,7 @@ def test_runs_dir_that_is_a_file_a_loop_or_read_only(home) -> None:
 
 
 def test_names_moved_aside_are_never_overwritten(home) -> None:
-    from hpctrain.runs import copy_aside, move_aside
+    from hpctrain.runs.folder import copy_aside, move_aside
 
     run = make_run(home, "r")
     (home / "runs" / "r.old-X").mkdir()  # an empty folder: rename(2) would replace it

@@ -116,7 +116,7 @@ def fake_run(tmp_path, monkeypatch):
         json.dumps({"job_id": "1", "kind": "submit", "scheduler": "local"}) + "\n"
     )
     other = subprocess.Popen(["setsid", "sleep", "60"])
-    from hpctrain.procs import start_time
+    from hpctrain.runs.procs import start_time
 
     wait_for(lambda: start_time(other.pid) is not None, 10)
     try:
@@ -128,7 +128,7 @@ def fake_run(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("recorded", ["same-start-wrong-command", "old-format"])
 def test_cancel_and_preempt_never_signal_a_reused_pid(fake_run, recorded) -> None:
-    from hpctrain.procs import start_time
+    from hpctrain.runs.procs import start_time
 
     run, other = fake_run
     st = {"state": "RUNNING", "pid": other.pid, "pgid": other.pid, "exit_code": None}

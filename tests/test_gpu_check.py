@@ -46,10 +46,11 @@ def test_without_a_gpu_it_checks_its_plan_and_exits_77(tmp_path: Path) -> None:
         "deepspeed_zero2",
         "deepspeed_zero3",
         "big_gpt",
+        "tp_fsdp",
         "doctor_nccl",
         "preempt_resume",
     ]
-    assert sum(s["budget_s"] for s in report["plan"]) <= 300
+    assert sum(s["budget_s"] for s in report["plan"]) <= 335
     assert set((REPO / "benchmarks").glob("gpu-check-*")) == before  # no work folder made
 
 
@@ -59,9 +60,21 @@ def test_the_plan_check_catches_a_bad_step() -> None:
     steps[1].args = [*steps[1].args, "--train.global_batch=12"]  # 12 % (3 x 8)
     steps.append(gpu_check.Step("extra", 30, "too long", "ddp", ["--model.no_such_key=1"], 5))
     problems = gpu_check.check_plan(steps, 3)
-    assert any("more than 300 s" in p for p in problems)
+    assert any("more than 335 s" in p for p in problems)
     assert any(p.startswith("ddp:") and "global_batch" in p for p in problems)
     assert any(p.startswith("extra:") and "no_such_key" in p for p in problems)
+
+
+def test_tp_fsdp_runs_on_an_even_gpu_count_and_says_why_not_on_one() -> None:
+    two = {s.name: s for s in gpu_check.plan(2)}["tp_fsdp"]
+    assert two.strategy == "fsdp" and "--parallel.tp=2" in two.args
+    assert gpu_check.check_plan(gpu_check.plan(8), 8) == []  # dp 4 x tp 2, sizes valid
+    one = {s.name: s for s in gpu_check.plan(1)}["tp_fsdp"]
+    assert one.strategy is None and "skipped" in one.what
+    assert gpu_check.run_step(one, Path("."), 1) == {
+        "ok": True,
+        "skipped": "tensor parallel needs 2 GPUs; this machine has 1",
+    }
 
 
 def test_mfu_arithmetic() -> None:

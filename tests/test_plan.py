@@ -75,7 +75,7 @@ def test_decision_tree_moves_to_sharding_then_offload_as_the_model_grows():
 
 
 def test_nothing_fits_is_a_user_error_and_plan_exits_1():
-    from hpctrain.errors import UserError
+    from hpctrain.kernel.errors import UserError
 
     with pytest.raises(UserError, match="pipeline/tensor"):
         recommend(params=400_000_000_000, gpus=1, gpu_mem_gib=8, layers=1)
@@ -185,7 +185,7 @@ def test_table_output_marks_the_choice():
     )
     assert res.exit_code == 0, res.output
     assert "ddp *" in res.output and "recommended: ddp" in res.output and "why:" in res.output
-    assert "activations not counted" in res.output
+    assert "assumed from the parameter count: give --layers" in res.output
 
 
 def test_model_factory_counted_on_meta_device(tmp_path, monkeypatch):

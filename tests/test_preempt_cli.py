@@ -18,7 +18,7 @@ import pytest
 
 from hpctrain import dispatch
 from hpctrain.kernel import jobenv
-from hpctrain.runs import RunDir
+from hpctrain.runs.folder import RunDir
 from train_entry.checkpoint import newest_verified, verify
 
 pytestmark = pytest.mark.slow

@@ -13,8 +13,8 @@ import pytest
 from click.testing import CliRunner
 
 from hpctrain.cli import main
-from hpctrain.errors import ValidationError
 from hpctrain.kernel import jobenv
+from hpctrain.kernel.errors import ValidationError
 from hpctrain.profiles import Profile, cache, resolve
 from hpctrain.profiles.cache import ProfileView
 

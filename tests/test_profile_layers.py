@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from _profiles_common import REPO, SHIPPED, cli, invalid, write
 
-from hpctrain.errors import UserError, ValidationError
 from hpctrain.kernel import jobenv
+from hpctrain.kernel.errors import UserError, ValidationError
 from hpctrain.profiles import discover, resolve
 
 
@@ -303,6 +303,18 @@ def test_docs_match_the_schema() -> None:
         assert f"| `{key}` |" in committed
 
 
+def test_design_doc_profile_shape_matches_the_schema() -> None:
+    from hpctrain.profiles.docs import fill_design
+
+    design = (REPO / "docs" / "design.md").read_text(encoding="utf-8")
+    assert "<!-- generated: profile-keys -->" in design
+    assert design == fill_design(design), (
+        "docs/design.md's profile keys are out of date; refresh them with: make docs"
+    )
+    for line in ("launcher: torchrun | srun", "  port_min: int", "kind: "):
+        assert line in design
+
+
 def test_profiles_path_never_imports_torch() -> None:
     code = (
         "import sys; from hpctrain.cli import main; from hpctrain.profiles import resolve; "
@@ -376,7 +388,7 @@ def test_bundled_profile_more_writable_than_the_code_is_refused(
 
     bundle = tmp_path / "bundle"
     write(bundle / "local.yaml", "name: local\nscheduler: local\n", 0o666)
-    monkeypatch.setattr("hpctrain.resources.bundled", lambda name: bundle)
+    monkeypatch.setattr("hpctrain.kernel.resources.bundled", lambda name: bundle)
     assert load._is_bundled(bundle / "local.yaml")
     with pytest.raises(UserError, match="Bad permissions 0666 on file"):
         resolve("local")

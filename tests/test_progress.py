@@ -8,7 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from hpctrain.progress import Follower, describe, root_cause, snapshot
+from hpctrain.runs.progress import Follower, describe, root_cause, snapshot
 
 WRAPPER = """Traceback (most recent call last):
   File "/usr/lib/python3.11/runpy.py", line 198, in _run_module_as_main

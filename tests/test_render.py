@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.errors import UserError, ValidationError
+from hpctrain.jobs.request import JobRequest
 from hpctrain.kernel import jobenv
+from hpctrain.kernel.errors import UserError, ValidationError
 from hpctrain.profiles import resolve
-from hpctrain.render import _shvalue, render
-from hpctrain.request import JobRequest
-from hpctrain.runs import runs_dir_of
+from hpctrain.render.script import _shvalue, render
+from hpctrain.runs.folder import runs_dir_of
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "golden"
@@ -239,6 +239,10 @@ if [ "$1 $2" = "show hostnames" ]; then echo localhost; echo otherhost; fi
 
 @pytest.fixture
 def standins(tmp_path):
+    return make_standins(tmp_path)
+
+
+def make_standins(tmp_path):
     bin_ = tmp_path / "bin"
     rec = tmp_path / "record"
     bin_.mkdir()
@@ -364,17 +368,25 @@ def test_port_policy_skips_29500_and_fails_in_ephemeral_range(tmp_path, standins
     assert "no free rendezvous port" in out.stderr and "ephemeral range" in out.stderr
 
 
-def test_local_preemption_relaunches_and_slurm_requeues(tmp_path, standins):
-    """A USR2 during the run: locally the script starts again with RESTART_COUNT+1; on Slurm
-    it calls `scontrol requeue $SLURM_JOB_ID` from the batch shell."""
+# The entry's first start: 3 s of "training", then what a real entry does on a stop (exit 75 after
+# its save) or what one that trained to its end does (exit 0).
+AFTER_STOP = (
+    "import time\n"
+    f"if os.environ[{jobenv.RESTART_COUNT!r}] == '0':\n"
+    "    time.sleep(3)\n"
+    f"    if os.path.exists(os.environ[{jobenv.STOP_FILE!r}]): sys.exit({{code}})\n"
+    "sys.exit("
+)
+
+
+@pytest.mark.parametrize("code", [75, 0])
+def test_local_preemption_relaunches_and_slurm_requeues(tmp_path, standins, code):
+    """A USR2 during the run, the entry saves and leaves with 75: locally the script starts again
+    with RESTART_COUNT+1; on Slurm it calls `scontrol requeue $SLURM_JOB_ID` from the batch shell.
+    The entry leaves with 0 instead (it finished): COMPLETED at once, one start, no requeue."""
     bin_, rec = standins
     slow = bin_ / "python"
-    slow.write_text(
-        STANDIN_PYTHON.replace(
-            "sys.exit(",
-            f"import time; time.sleep(3 if os.environ[{jobenv.RESTART_COUNT!r}] == '0' else 0); sys.exit(",
-        )
-    )
+    slow.write_text(STANDIN_PYTHON.replace("sys.exit(", AFTER_STOP.format(code=code)))
     for scheduler, env in (("local", {}), ("loopback", SLURM_ENV)):
         run_dir = tmp_path / scheduler / "h"
         text = render_with(scheduler, {}, [], str(run_dir), standins)
@@ -401,6 +413,13 @@ def test_local_preemption_relaunches_and_slurm_requeues(tmp_path, standins):
         ]
         starts = [json.loads(x) for x in (run_dir / "restarts.jsonl").read_text().splitlines()]
         (rec / "node-0.json").unlink()
+        if code == 0:  # a run that finished is finished
+            assert proc.returncode == 0 and events == ["signal", "done"], events
+            calls = rec / "scontrol.calls"
+            assert len(starts) == 1 and "requeue" not in (
+                calls.read_text() if calls.exists() else ""
+            )
+            continue
         if scheduler == "local":
             assert proc.returncode == 0
             assert events == ["signal", "requeue", "done"]

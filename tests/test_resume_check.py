@@ -71,6 +71,19 @@ def test_check_resume_proves_the_demo_config_and_finds_a_leak(tmp_path):
     assert "generator" in diff["hint"]
 
 
+@pytest.mark.slow
+def test_check_resume_covers_tensor_and_pipeline_parallel(tmp_path):
+    """A layout after `--` (docs/parallel.md): pp 2 x tp 2 on 4 ranks, interrupted and resumed."""
+    out = check(
+        tmp_path,
+        *("--strategy", "fsdp", "--nproc", "4", "--steps", "3"),
+        *("--", "--parallel.tp", "2", "--parallel.pp", "2"),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    verdict = json.loads(out.stdout)
+    assert verdict["identical"] and verdict["stopped_at"] == 1
+
+
 def test_resume_commands_do_not_import_torch(tmp_path):
     code = (
         "import sys\n"
@@ -97,7 +110,7 @@ def test_resume_commands_do_not_import_torch(tmp_path):
 
 
 def test_resume_to_another_node_count_checks_the_batch_arithmetic(tmp_path):
-    from hpctrain.errors import UserError
+    from hpctrain.kernel.errors import UserError
     from hpctrain.service.resume import _check_batch
 
     cfg = tmp_path / "config.json"

@@ -109,6 +109,7 @@ def test_ddp_stop_at_a_step_boundary_and_a_negative_control(tmp_path, reference)
     assert final_hash(tmp_path / "control") != reference("ddp")
 
 
+@pytest.mark.lane  # async saves use torch's staging helpers (train_entry/compat.py)
 def test_ddp_sigkill_during_accumulation_with_async_saves(tmp_path, reference):
     """SIGKILL in micro-step 1 of step 6, async saves every 2 steps: back to step 4 (or 2 when the
     async save of step 4 was not committed yet), and bit-identical at the end."""
@@ -119,10 +120,13 @@ def test_ddp_sigkill_during_accumulation_with_async_saves(tmp_path, reference):
     assert final_hash(tmp_path) == reference("ddp")
 
 
+@pytest.mark.lane
 def test_fsdp_signal_during_accumulation_then_reshard_to_one_rank(tmp_path, reference):
     """SIGUSR2 in the middle of step 5's accumulation: the step finishes, every rank saves step 5,
-    nothing is redone; resumed bit-identical (and equal to DDP: the hash ignores the strategy).
-    The same checkpoint loads on 1 rank with the same parameters and goes on from step 5."""
+    nothing is redone; resumed bit-identical to an uninterrupted FSDP run. (Not to DDP's: the
+    hash ignores the strategy, but torch 2.7's FSDP2 reduces gradients to other last bits than DDP
+    does, while 2.13's give DDP's; the resume is exact under both.) The same checkpoint loads on
+    1 rank with the same parameters and goes on from step 5."""
     run = tmp_path / "run"
     first = torchrun(run, "fsdp", env={jobenv.TEST_SIGNAL_AT: "4:1"})
     assert first.returncode != 0
@@ -131,7 +135,7 @@ def test_fsdp_signal_during_accumulation_then_reshard_to_one_rank(tmp_path, refe
     second = torchrun(run, "fsdp")
     assert second.returncode == 0, second.stderr[-3000:]
     assert (run / "resumed-5-world2.sha256").exists()
-    assert final_hash(run) == reference("ddp")
+    assert final_hash(run) == reference("fsdp")
 
     one = tmp_path / "one"
     single = torchrun(one, "fsdp", nproc=1)
@@ -144,6 +148,7 @@ def test_fsdp_signal_during_accumulation_then_reshard_to_one_rank(tmp_path, refe
     assert steps == [1, 2, 3, 4, 5, 6, 7, 8]  # continued where it stopped, nothing redone
 
 
+@pytest.mark.lane
 def test_deepspeed_signal_during_accumulation(tmp_path, reference):
     stopped = interrupt_then_resume(tmp_path, "deepspeed", {jobenv.TEST_SIGNAL_AT: "2:1"})
     assert stopped == {"step": 3, "reason": "SIGUSR2"}

@@ -143,7 +143,7 @@ while step < 50:
     step += 1
     if rank == 1 and step == 3:
         os.kill(os.getpid(), signal.SIGUSR2)   # only rank 1 is told
-    if runtime.should_stop():
+    if runtime.should_stop(wait=os.environ.get("WAIT", "1") == "1"):
         break
 open(os.path.join(sys.argv[1], f"rank-{rank}"), "w").write(f"{step} {runtime.stop_reason()}")
 runtime.exit(0)
@@ -151,7 +151,9 @@ runtime.exit(0)
 
 
 @pytest.mark.slow
-def test_should_stop_is_agreed_by_all_ranks(tmp_path):
+@pytest.mark.lane
+@pytest.mark.parametrize("wait", [True, False])
+def test_should_stop_is_agreed_by_all_ranks(tmp_path, wait):
     (tmp_path / "worker.py").write_text(WORKER)
     env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHELASTIC")}
     out = subprocess.run(
@@ -168,8 +170,10 @@ def test_should_stop_is_agreed_by_all_ranks(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
-        env={**env, "OMP_NUM_THREADS": "1"},
+        env={**env, "OMP_NUM_THREADS": "1", "WAIT": "1" if wait else "0"},
     )
     assert out.returncode == 0, out.stderr[-3000:]
-    assert (tmp_path / "rank-1").read_text() == "3 SIGUSR2"
-    assert (tmp_path / "rank-0").read_text() == "3 another rank"  # same step, told by rank 1
+    # wait=False: the vote started at step 3 is read at step 4, on both ranks alike
+    at = 3 if wait else 4
+    assert (tmp_path / "rank-1").read_text() == f"{at} SIGUSR2"
+    assert (tmp_path / "rank-0").read_text() == f"{at} another rank"  # same step, told by rank 1

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.jobs.request import JobRequest
 from hpctrain.kernel import jobenv
 from hpctrain.profiles import resolve
-from hpctrain.render import render
-from hpctrain.request import JobRequest
+from hpctrain.render.script import render
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "site_configs" / "examples"

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from hpctrain.errors import UserError, ValidationError
+from hpctrain.jobs.request import JobRequest
 from hpctrain.kernel import jobenv
+from hpctrain.kernel.errors import UserError, ValidationError
 from hpctrain.profiles import resolve
-from hpctrain.render import render
-from hpctrain.request import JobRequest
+from hpctrain.render.script import render
 from tests.test_render import SLURM_ENV, isolated, run_script, standins  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -397,7 +397,8 @@ def test_a_user_script_runs_under_launcher_srun(tmp_path, standins, monkeypatch)
         profile, name="u", nodes=2, gpus=1, script=str(user), args=[str(out_dir)]
     )
     text = render(profile, req, str(tmp_path / "runs" / "u"))
-    out = run_script(text, standins, env={**SLURM_ENV, jobenv.PYTHON: sys.executable}, timeout=120)
+    # a real gloo job (gate + 2 ranks importing torch): 25 s at load 6, over 135 s at load 27
+    out = run_script(text, standins, env={**SLURM_ENV, jobenv.PYTHON: sys.executable}, timeout=420)
     logs = "".join(p.read_text() for p in (tmp_path / "runs" / "u" / "logs").glob("*.log"))
     assert out.returncode == 0, out.stderr + logs
     assert "--ntasks-per-node=1" in (rec / "srun.args").read_text()

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from hpctrain.kernel import jobenv
+
 CONFTEST = Path(__file__).with_name("conftest.py")
 
 LIVE_TESTS = """
@@ -36,7 +38,8 @@ def _run(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_live.py").write_text(LIVE_TESTS)
     (tmp_path / "notroot.py").write_text("import os\nos.geteuid = lambda: 1000\n")
     (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slurm: live\n")
-    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    # not CI, and not the outer run's test log (the inner run's tests are not this suite's)
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", jobenv.TEST_LOG)}
     if ci is not None:
         env["CI"] = ci
     env["PYTHONPATH"] = str(tmp_path)

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hpctrain.errors import UserError, ValidationError
 from hpctrain.kernel import jobenv
+from hpctrain.kernel.errors import UserError, ValidationError
 from train_entry.cli import main, parse
 from train_entry.config import TrainConfig, all_keys, check_sizes, load_config
 

@@ -95,3 +95,17 @@ def test_lr_schedule(decay, mid, end):
     assert lr_factor(4, cfg) == 1.0
     assert math.isclose(lr_factor(54, cfg), mid, rel_tol=1e-9)  # half way through decay
     assert math.isclose(lr_factor(104, cfg), end, rel_tol=1e-9)
+
+
+def test_mfu_needs_a_known_device_and_counts_6n_plus_attention():
+    import torch
+
+    from train_entry import perf
+    from train_entry.config import load_config
+
+    assert perf.peak_flops(torch.device("cpu"), "bf16") is None  # a CPU has no agreed peak: no MFU
+    cfg = load_config(None, [])
+    m = cfg.model
+    assert perf.flops_per_token(1000, cfg) == 6 * 1000 + 12 * m.n_layers * m.d_model * m.seq_len
+    cfg = load_config(None, ["--model.factory=pkg.mod:build"])
+    assert perf.flops_per_token(1000, cfg) == 6 * 1000  # a user model: 6N only

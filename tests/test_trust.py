@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from _trust_common import cli, render_local, site_template, write
 
-from hpctrain.errors import UserError
+from hpctrain.jobs.request import JobRequest
 from hpctrain.kernel import jobenv
+from hpctrain.kernel.errors import UserError
 from hpctrain.profiles import resolve
-from hpctrain.request import JobRequest
 
 
 @pytest.fixture(autouse=True)
@@ -47,8 +47,8 @@ def test_template_gets_plain_data_and_cannot_touch_files(tmp_path, monkeypatch) 
     assert result.exit_code == 2 and "template" in result.output and "unlink" in result.output
     assert victim.read_text() == "keep"
 
-    from hpctrain import templating
-    from hpctrain.render import context
+    from hpctrain.render import templating
+    from hpctrain.render.script import context
 
     profile = resolve("local")
     ctx = templating.plain(context(profile, JobRequest.build(profile, name="t"), "/r"))

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from _trust_common import cli, write
 
-from hpctrain.errors import UserError, ValidationError
 from hpctrain.kernel import jobenv
+from hpctrain.kernel.errors import UserError, ValidationError
 from hpctrain.profiles import resolve
 
 

@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import sys
+from typing import NoReturn
 
 from hpctrain.kernel import jobenv
 from hpctrain.kernel import strategies as strategy_names
@@ -31,7 +32,7 @@ NAMED = {
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse would print usage and exit 2 itself
+    def error(self, message: str) -> NoReturn:  # argparse would print usage and exit 2 itself
         raise UserError(f"{message}; see python -m train_entry --help")
 
 
@@ -141,8 +142,8 @@ def main(argv: list[str] | None = None) -> int:
         return Trainer(cfg, run_dir=args.run_dir, grad_accum=accum).run()
     except UserError as e:
         if os.environ.get("RANK", "0") == "0":
-            one = isinstance(e, ValidationError) and len(e.problems) == 1
-            print(f"error: {e.problems[0] if one else e.format_message()}", file=sys.stderr)
+            one = e.problems[0] if isinstance(e, ValidationError) and len(e.problems) == 1 else None
+            print(f"error: {one if one is not None else e.format_message()}", file=sys.stderr)
         return 2
     except Exception as e:
         if _peer_gone(e):  # a secondary failure: the rank that died first says why

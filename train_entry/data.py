@@ -26,7 +26,7 @@ from hpctrain.kernel.errors import UserError
 from train_entry.model import call_factory, load_object
 
 
-class Progressions(Dataset):
+class Progressions(Dataset[dict[str, torch.Tensor]]):
     """Demo task: arithmetic progressions mod V, x_i = (a + i*k) % V, with random a and k per sample.
 
     The first two tokens are unpredictable (loss is masked there); every later token follows from the
@@ -93,7 +93,7 @@ class Batches:
         world_size: int,
         seed: int,
         shuffle: bool = True,
-        collate: Callable | None = None,
+        collate: Callable[..., Any] | None = None,
         num_workers: int = 0,
     ) -> None:
         self.ds, self.micro, self.rank, self.world = dataset, micro_batch, rank, world_size
@@ -101,7 +101,7 @@ class Batches:
         self.num_workers = num_workers
         self.iterable = not hasattr(dataset, "__getitem__") or isinstance(dataset, IterableDataset)
         if not self.iterable:
-            self.sampler = DistributedSampler(
+            self.sampler: DistributedSampler[Any] = DistributedSampler(
                 dataset,
                 num_replicas=world_size,
                 rank=rank,
@@ -115,15 +115,15 @@ class Batches:
                     f"({world_size}) * train.micro_batch({micro_batch}); use more data"
                 )
         self.epoch, self.offset = 0, 0  # offset: samples the whole job consumed in this epoch
-        self._it: Iterator | None = None
+        self._it: Iterator[Any] | None = None
 
     @property
-    def position(self) -> dict:
+    def position(self) -> dict[str, Any]:
         if self.iterable:
             return {"iterable": self.ds.state_dict()}
         return {"epoch": self.epoch, "offset": self.offset}
 
-    def restore(self, position: dict) -> None:
+    def restore(self, position: dict[str, Any]) -> None:
         if not position:
             return
         if self.iterable:
@@ -159,7 +159,7 @@ class Batches:
         self.offset += self.micro * self.world
         return batch
 
-    def _loader(self) -> Iterator:
+    def _loader(self) -> Iterator[Any]:
         self.sampler.set_epoch(self.epoch)
         skip = self.offset // self.world
         indices = list(self.sampler)[skip:]

@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.kernel import jobenv
+from train_entry.compat import GLOO_DESTROY_HANGS
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ def init_distributed(*, timeout_min: float = 10.0, seed: int = 0) -> DistInfo:
     if not dist.is_initialized():
         # Before joining: a worker whose torchrun is killed during the rendezvous must not wait out
         # the process-group timeout as an orphan.
-        from train_entry.preempt import die_with_launcher
+        from hpctrain.kernel.stopflag import die_with_launcher
 
         die_with_launcher()
         timeout = timedelta(minutes=timeout_min)
@@ -68,9 +69,8 @@ def init_distributed(*, timeout_min: float = 10.0, seed: int = 0) -> DistInfo:
                 backend, timeout=timeout, device_id=device if kind == "cuda" else None
             )
         else:  # a plain `python -m train_entry`: one rank, no network
-            dist.init_process_group(
-                backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout
-            )
+            store = dist.HashStore()  # type: ignore[attr-defined]  # not in torch's stubs' exports
+            dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timeout)
     seed_rank(seed, rank)
     return DistInfo(rank, dist.get_world_size(), local_rank, device, backend)
 
@@ -98,7 +98,7 @@ def keep_freed_memory() -> bool:
         return False
     m_trim_threshold, m_mmap_threshold = -1, -3
     ok = libc.mallopt(m_mmap_threshold, HEAP_KEEP_BYTES) == 1
-    return ok and libc.mallopt(m_trim_threshold, 4 * HEAP_KEEP_BYTES) == 1
+    return bool(ok and libc.mallopt(m_trim_threshold, 4 * HEAP_KEEP_BYTES) == 1)
 
 
 def seed_rank(seed: int, rank: int) -> None:
@@ -110,8 +110,13 @@ def seed_rank(seed: int, rank: int) -> None:
 
 
 def teardown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    """Destroy the process group, except where that may hang (gloo under torch < 2.8): every
+    caller leaves through exit_now right after, and the exit closes the connections."""
+    if not dist.is_initialized():
+        return
+    if GLOO_DESTROY_HANGS and dist.get_backend() == "gloo":
+        return
+    dist.destroy_process_group()
 
 
 def exit_now(code: int) -> None:

@@ -11,12 +11,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
 from hpctrain.kernel import layout
 from hpctrain.kernel.rundir import RunFolder
+
+if TYPE_CHECKING:
+    from train_entry.trackers import Tracker
 
 GPU_QUERY = "index,utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu"
 
@@ -54,14 +57,18 @@ class Metrics:
         tokens_per_sample: int | None = None,
         tracker: str = "none",
         tracker_project: str | None = None,
-        config: dict | None = None,
+        config: dict[str, Any] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.max_steps, self.log_every = max_steps, log_every
         self.tokens_per_sample = tokens_per_sample
+        self.flops_per_token = 0.0  # set by the trainer with peak_flops (train_entry/perf.py)
+        self.peak_flops: float | None = None  # of every device together; None: no MFU
         self.start(0)
         self.main = rank == 0
-        self.log = self.bar = self.tb = None
+        self.log: IO[str] | None = None
+        self.bar: Any = None  # rich's Progress on a terminal (rank 0)
+        self.tb: Tracker | None = None
         if not self.main:
             return
         self.folder = RunFolder(run_dir)
@@ -85,14 +92,16 @@ class Metrics:
         """The loop starts (again) at `step`: rates and ETA count from here."""
         self.start_step = self.last_step = step
         self.t0 = self.last_t = time.perf_counter()
-        if getattr(self, "bar", None) is not None:
-            self.bar.update(self.task, completed=step)
+        bar = getattr(self, "bar", None)  # start() runs before __init__ sets it
+        if bar is not None:
+            bar.update(self.task, completed=step)
 
     def line(self, text: str) -> None:
         """A plain progress line: train.log always, stdout when there is no live bar."""
         if not self.main:
             return
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        assert self.log is not None  # rank 0 opened it
         self.log.write(f"{stamp} {text}\n")
         self.log.flush()
         if self.bar is None:
@@ -108,7 +117,7 @@ class Metrics:
         lr: float,
         samples: int,
         grad_norm: float,
-        memory: dict | None = None,
+        memory: dict[str, Any] | None = None,
         perf: float | None = None,
         wall: float | None = None,
     ) -> None:
@@ -138,10 +147,14 @@ class Metrics:
         }
         if self.tokens_per_sample:
             rec["tokens_per_s"] = rate * self.tokens_per_sample
+            if self.peak_flops:  # all devices together: flops/token x tokens/s over the peak
+                rec["mfu"] = rec["tokens_per_s"] * self.flops_per_token / self.peak_flops
         self.folder.append(layout.METRICS, rec, sort_keys=False)
         tok = f" tok/s {rec['tokens_per_s']:.0f}" if "tokens_per_s" in rec else ""
+        tok += f" mfu {rec['mfu']:.1%}" if "mfu" in rec else ""
         info = f"loss {loss:.4f} lr {lr:.2e} samples/s {rate:.1f}{tok} step {dt * 1000:.0f} ms"
         text = f"step {step}/{self.max_steps} {info} eta {_fmt_time(eta)}"
+        assert self.log is not None  # rank 0 opened it
         self.log.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n")
         self.log.flush()
         if self.bar is not None:
@@ -159,7 +172,15 @@ class Metrics:
                 project=self.tracker_project,
             )
         if self.tb is not None:
-            keys = ("loss", "lr", "samples_per_s", "grad_norm", "step_time_s", "tokens_per_s")
+            keys = (
+                "loss",
+                "lr",
+                "samples_per_s",
+                "grad_norm",
+                "step_time_s",
+                "tokens_per_s",
+                "mfu",
+            )
             self.tb.log(
                 step, {k: float(rec[k]) for k in keys if isinstance(rec.get(k), (int, float))}
             )

@@ -28,7 +28,7 @@ class Block(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
         super().__init__()
-        self.n_heads, self.dropout = n_heads, dropout
+        self.head_dim, self.dropout = d_model // n_heads, dropout
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -38,8 +38,12 @@ class Block(nn.Module):
         self.drop = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.n_heads, c // self.n_heads).unbind(2)
+        # qkv's features are head-major ([q k v] of head 0, then head 1, ...), so a column split of
+        # qkv under tensor parallel gives each rank whole heads: -1 is this rank's number of heads.
+        # (b, t) from qkv's output: under sequence parallel x holds only this rank's tokens.
+        h = self.qkv(self.ln1(x))
+        b, t = h.shape[:2]
+        q, k, v = h.view(b, t, -1, 3, self.head_dim).unbind(3)
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
@@ -47,8 +51,9 @@ class Block(nn.Module):
             is_causal=True,
             dropout_p=self.dropout if self.training else 0.0,
         )
-        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, c)))
-        return x + self.drop(self.mlp(self.ln2(x)))
+        x = x + self.drop(self.proj(y.transpose(1, 2).reshape(b, t, -1)))
+        out: torch.Tensor = x + self.drop(self.mlp(self.ln2(x)))
+        return out
 
 
 class GPT(nn.Module):
@@ -89,7 +94,7 @@ def demo_model(config: Any) -> nn.Module:
     )
 
 
-def load_object(spec: str, what: str) -> Callable:
+def load_object(spec: str, what: str) -> Callable[..., Any]:
     """'pkg.module:name' -> the object; a clear error when it is not there."""
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
@@ -101,12 +106,13 @@ def load_object(spec: str, what: str) -> Callable:
             f"{what} '{spec}': cannot import {module} ({e}); check the name and PYTHONPATH"
         ) from None
     try:
-        return getattr(mod, name)
+        found: Callable[..., Any] = getattr(mod, name)
+        return found
     except AttributeError:
         raise UserError(f"{what} '{spec}': {module} has no attribute '{name}'") from None
 
 
-def call_factory(fn: Callable, **available: Any) -> Any:
+def call_factory(fn: Callable[..., Any], **available: Any) -> Any:
     """Call fn with the keyword arguments it names (config, rank, world_size)."""
     params = inspect.signature(fn).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -135,17 +141,24 @@ def build_model(config: Any, *, rank: int, world_size: int) -> nn.Module:
     return model
 
 
-def compute_loss(model: Callable, batch: Any) -> torch.Tensor:
+def compute_loss(model: Callable[..., Any], batch: Any) -> torch.Tensor:
     out = model(**batch) if isinstance(batch, dict) else model(batch)
     if isinstance(out, dict):
         out = out["loss"]
     elif not isinstance(out, torch.Tensor) and hasattr(out, "loss"):
         out = out.loss
-    return out
+    loss: torch.Tensor = out
+    return loss
 
 
 def find_blocks(model: nn.Module, block_class: str | None = None) -> list[nn.Module]:
-    """The repeated blocks: modules of class `block_class`, else the children of every ModuleList."""
+    """The repeated blocks: modules of class `block_class`, else the children of every ModuleList
+    or ModuleDict (a pipeline stage keeps its layers' names in a ModuleDict)."""
     if block_class:
         return [m for m in model.modules() if type(m).__name__ == block_class]
-    return [child for m in model.modules() if isinstance(m, nn.ModuleList) for child in m]
+    return [
+        child
+        for m in model.modules()
+        if isinstance(m, (nn.ModuleList, nn.ModuleDict))
+        for child in m.children()
+    ]

@@ -23,12 +23,12 @@ def lr_factor(step: int, cfg: Any) -> float:
     """Multiplier of optim.lr after `step` optimizer steps: linear warmup, then the configured decay."""
     s, total = cfg.schedule, cfg.train.max_steps
     if step < s.warmup_steps:
-        return (step + 1) / (s.warmup_steps + 1)
+        return float((step + 1) / (s.warmup_steps + 1))
     if s.decay == "constant":
         return 1.0
     progress = min(1.0, (step - s.warmup_steps) / max(1, total - s.warmup_steps))
     shape = 0.5 * (1 + math.cos(math.pi * progress)) if s.decay == "cosine" else 1 - progress
-    return s.min_lr_ratio + (1 - s.min_lr_ratio) * shape
+    return float(s.min_lr_ratio + (1 - s.min_lr_ratio) * shape)
 
 
 def build_scheduler(

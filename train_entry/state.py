@@ -40,10 +40,11 @@ class TrainState:
     micro_step: int = 0  # micro-steps done inside the current step (0 at boundaries)
     # The data position. Store it world-size independent (global samples consumed in the epoch), so a
     # DDP/FSDP checkpoint saved at W ranks resumes at W' ranks: {"epoch": e, "offset": samples}.
-    data: dict = field(default_factory=dict)
-    config: dict = field(default_factory=dict)  # the frozen resolved TrainConfig
+    data: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # the frozen resolved TrainConfig
+    flat_optim: bool = False  # save the optimizer state flattened per parameter (mesh runs)
 
-    def loop_state(self) -> dict:
+    def loop_state(self) -> dict[str, Any]:
         """The JSON part saved next to the weights (the scheduler and scaler go there too)."""
         return {
             "step": self.step,
@@ -54,7 +55,7 @@ class TrainState:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
-    def load_loop_state(self, saved: dict) -> None:
+    def load_loop_state(self, saved: dict[str, Any]) -> None:
         self.step, self.epoch = int(saved["step"]), int(saved["epoch"])
         self.micro_step, self.data = int(saved.get("micro_step", 0)), dict(saved.get("data") or {})
         if self.scheduler is not None and saved.get("scheduler") is not None:
@@ -123,19 +124,19 @@ def loads(text: str) -> Any:
 
 
 # ---------------------------------------------------------------- RNG, one file per rank
-def capture_rng() -> dict:
+def capture_rng() -> dict[str, Any]:
     """This rank's generators: python, numpy, torch CPU and every CUDA device when present."""
     state = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def restore_rng(state: dict) -> None:
+def restore_rng(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -166,7 +167,8 @@ def _inner_module(model: Any) -> nn.Module:
         getattr(inner, "module", None), nn.Module
     ):
         inner = inner.module
-    return inner
+    module: nn.Module = inner
+    return module
 
 
 _WRAPPERS = {"DistributedDataParallel", "DataParallel", "DeepSpeedEngine", "PipelineEngine"}
@@ -180,7 +182,8 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     """The full value of one parameter on every rank (collective for DTensor / ZeRO-3 params)."""
     data = param.detach()
     if hasattr(data, "full_tensor"):  # FSDP2 / DTensor
-        return data.full_tensor()
+        full: torch.Tensor = data.full_tensor()
+        return full
     if _is_zero3(param):
         import deepspeed  # only DeepSpeed models get here
 
@@ -196,14 +199,19 @@ def params_sha256(model: Any) -> str:
     """
     module = _inner_module(model)
     params = sorted(((_canonical(n), p) for n, p in module.named_parameters()), key=lambda x: x[0])
-    digest = hashlib.sha256()
-    for name, param in params:
-        full = _full(param).cpu().contiguous()
-        digest.update(
+    return digest((name, _full(param)) for name, param in params)
+
+
+def digest(named: Any) -> str:
+    """sha256 over (name, dtype, shape, bytes) of full parameter values, in the order given."""
+    out = hashlib.sha256()
+    for name, value in named:
+        full = value.cpu().contiguous()
+        out.update(
             f"{name}|{str(full.dtype).removeprefix('torch.')}|{tuple(full.shape)}\n".encode()
         )
-        digest.update(full.reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+        out.update(full.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return out.hexdigest()
 
 
 def rank_and_world() -> tuple[int, int]:

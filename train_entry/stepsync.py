@@ -44,7 +44,7 @@ class Boundary:
     perf: float = field(default_factory=time.perf_counter)
     loss: float = float("nan")  # the summed loss over ranks and micro-steps
     votes: int = 0  # how many ranks want to stop
-    memory: dict = field(default_factory=dict)  # GPU memory per rank (CUDA only)
+    memory: dict[str, Any] = field(default_factory=dict)  # GPU memory per rank (CUDA only)
 
 
 class StepSync:

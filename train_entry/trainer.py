@@ -20,13 +20,17 @@ from typing import Any
 import torch
 
 from hpctrain.kernel import layout
+from hpctrain.kernel.checkpoint import LATEST
 from hpctrain.kernel.rundir import RunFolder
-from train_entry.checkpoint import LATEST, Checkpointer, SaveFailed
+from train_entry import perf
+from train_entry.checkpoint.checkpointer import Checkpointer
+from train_entry.checkpoint.common import FATAL, SPACE, TRANSIENT, SaveFailed
 from train_entry.config import TrainConfig
 from train_entry.data import build_batches
 from train_entry.dist import init_distributed, teardown
 from train_entry.metrics import GpuSampler, Metrics, profiler, rank_logger
-from train_entry.model import build_model, compute_loss
+from train_entry.model import build_model
+from train_entry.parallel.dims import ParallelDims
 from train_entry.preempt import PREEMPTED_EXIT, StopFlag
 from train_entry.state import TrainState
 from train_entry.stepsync import Boundary, StepSync
@@ -59,6 +63,9 @@ def tokens_per_sample(batch: Any) -> int | None:
     return None
 
 
+TRANSIENT_TRIES = 3  # transient I/O faults in this many saves running: it is not passing
+
+
 class RunFailed(Exception):
     """The run cannot go on (a full disk): one line for the user, exit code 1. `every_rank`: all
     ranks raise it together (a failed save), so only rank 0 says it."""
@@ -80,16 +87,15 @@ class Trainer:
         try:
             return self._train(info)
         except SaveFailed as e:
-            reason = str(e).rsplit(": ", 1)[-1]
             raise RunFailed(
-                self._fatal_line(e.folder, f"could not save step {e.step}", e.no_space, reason),
+                self._fatal_line(e.folder, f"could not save step {e.step}", e.kind, e.reason),
                 every_rank=True,
             ) from None
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise
             where = Path(e.filename).parent if e.filename else self.run_dir
-            raise RunFailed(self._fatal_line(where, "a write failed", True, "")) from None
+            raise RunFailed(self._fatal_line(where, "a write failed", SPACE, "")) from None
         finally:
             teardown()
 
@@ -99,26 +105,44 @@ class Trainer:
         except OSError:
             return "none"
 
-    def _fatal_line(self, folder: Path, what: str, no_space: bool, reason: str) -> str:
-        """One line: what failed where, the newest verified checkpoint, and the fix."""
-        head = f"no space left in {folder}" if no_space else f"{reason} in {folder}"
+    def _fatal_line(self, folder: Path, what: str, kind: str, reason: str) -> str:
+        """One line: what failed where, the newest verified checkpoint, and the fix ("free space"
+        only when the disk or the quota is full)."""
+        resume = f"`hpctrain resume {self.run_dir.name}`"
+        if kind == SPACE:
+            return (
+                f"no space left in {folder}: {what}; newest verified checkpoint: "
+                f"{self._newest()}; fix: free space there, then {resume}"
+            )
+        if kind == TRANSIENT:
+            return (
+                f"{reason} in {folder}: {what} (an I/O fault, in {TRANSIENT_TRIES} saves "
+                f"running or at the last one); newest verified checkpoint: {self._newest()}; "
+                f"fix: check that filesystem, then {resume}"
+            )
+        from hpctrain.kernel.support import TORCH
+
         return (
-            f"{head}: {what}; newest verified checkpoint: {self._newest()}; fix: free space "
-            f"there, then `hpctrain resume {self.run_dir.name}`"
+            f"{reason} in {folder}: {what}, and every save would fail the same way; newest "
+            f"verified checkpoint: {self._newest()}; fix the cause (torch {torch.__version__} "
+            f"here; hpctrain supports torch {TORCH}), then {resume}"
         )
 
     def _try_save(self, save: Any, *, rank: int, metrics: Any, log: Any) -> bool:
         """A periodic save that may fail without ending the run: every rank gets the same
-        SaveFailed, reports it, keeps the previous checkpoint and tries again at the next interval."""
+        SaveFailed, reports it, keeps the previous checkpoint and tries again at the next interval,
+        when the failure may pass (a full disk, a transient I/O fault). One that will repeat (an
+        ImportError, a TypeError, EACCES, ...; or the same transient fault TRANSIENT_TRIES times
+        running) ends the run now: training on without checkpoints only loses more work."""
         try:
-            return bool(save())
+            saved = bool(save())
+            self._failed_saves = 0
+            return saved
         except SaveFailed as e:
-            why = (
-                f"WARNING: {e}; keeping {self._newest()} (newest verified); training goes on and "
-                "the next interval saves again"
+            self._failed_saves = getattr(self, "_failed_saves", 0) + 1
+            fatal = e.kind == FATAL or (
+                e.kind == TRANSIENT and self._failed_saves >= TRANSIENT_TRIES
             )
-            metrics.line(why)
-            log.warning(why)
             if rank == 0:
                 with contextlib.suppress(OSError):
                     self._event(
@@ -126,9 +150,19 @@ class Trainer:
                             "event": "save_failed",
                             "step": e.step,
                             "no_space": e.no_space,
+                            "kind": e.kind,
                             "reason": str(e),
+                            "detail": e.detail,
                         }
                     )
+            if fatal:
+                raise
+            why = (
+                f"WARNING: {e}; keeping {self._newest()} (newest verified); training goes on and "
+                "the next interval saves again"
+            )
+            metrics.line(why)
+            log.warning(why)
             return False
 
     def _train(self, info: Any) -> int:
@@ -138,10 +172,14 @@ class Trainer:
         stop = StopFlag().install()
 
         # ---- build: model (same init on every rank), this rank's data stream, the strategy
+        # tp/pp: the device mesh; its tp and pp peers read the same data shard (dims.dp_rank)
+        dims = ParallelDims.build(
+            cfg, rank=info.rank, world_size=info.world_size, device=info.device
+        )
         model = build_model(cfg, rank=info.rank, world_size=info.world_size)
         n_params = sum(p.numel() for p in model.parameters())
-        batches = build_batches(cfg, rank=info.rank, world_size=info.world_size)
-        w = wrap(model, cfg=cfg, device=info.device, grad_accum=self.accum)
+        batches = build_batches(cfg, rank=dims.dp_rank, world_size=dims.dp)
+        w = wrap(model, cfg=cfg, device=info.device, grad_accum=self.accum, dims=dims)
         device = w.device
         state = TrainState(
             model=w.model,
@@ -149,6 +187,7 @@ class Trainer:
             scheduler=w.checkpointed_scheduler,
             scaler=w.scaler,
             config=cfg.model_dump(mode="json"),
+            flat_optim=dims.mesh is not None,  # pp ranks hold different parameters
         )
 
         # ---- resume from the newest verified checkpoint, if any (no flag: a restart just continues)
@@ -171,17 +210,26 @@ class Trainer:
             async_save=cfg.checkpoint.async_save,
             log=metrics.line,
         )
+        peak = perf.peak_flops(device, t.precision)
+        if peak is not None:
+            metrics.flops_per_token = perf.flops_per_token(n_params, cfg)
+            metrics.peak_flops = peak * info.world_size
         if ckpt.load_latest(state) is not None:
             batches.restore(state.data)
         metrics.start(state.step)
         ranks = f"{info.world_size} rank{'s' if info.world_size != 1 else ''}"
+        shards = ranks if dims.mesh is None else f"dp {dims.dp}"
+        if dims.mesh is not None:
+            ranks = f"{ranks} on a mesh of {dims.describe()}"
         start = (
             f"{cfg.strategy}: {ranks} ({info.backend}/{device.type}), {n_params:,} "
-            f"params, global batch {t.global_batch} = {ranks} x micro "
+            f"params, global batch {t.global_batch} = {shards} x micro "
             f"{t.micro_batch} x accum {self.accum}, step {state.step}/{t.max_steps}"
         )
         metrics.line(start)
         log.info(start)
+        if info.rank == 0:
+            self._write_mesh(dims)
         with contextlib.ExitStack() as closing:  # closed whatever happens, in reverse order
             closing.callback(metrics.close)
             beat = Watchdog(self.run_dir, info.rank).start()  # stall heartbeat (watchdog.stall_s)
@@ -270,6 +318,25 @@ class Trainer:
                 wall=b.wall,
             )
 
+    def _write_mesh(self, dims: Any) -> None:
+        """mesh.json: this start's layout, for `status` and `report` (rewritten at every start,
+        since a resume may change it)."""
+        import json
+
+        lay, par = dims.layout, self.cfg.parallel
+        record = {
+            "world": lay.world,
+            "dp": lay.dp,
+            "tp": lay.tp,
+            "pp": lay.pp,
+            "mesh": lay.describe(),
+            "strategy": self.cfg.strategy,
+            "schedule": par.schedule if lay.pp > 1 else None,
+            "microbatches": (par.microbatches or lay.pp) if lay.pp > 1 else None,
+        }
+        with contextlib.suppress(OSError):
+            RunFolder(self.run_dir).write(layout.MESH, json.dumps(record) + "\n")
+
     def _record_saves(self, ckpt: Any, rank: int) -> None:
         """saves.jsonl: how long each save held the loop (`hpctrain report` sums it)."""
         done = getattr(self, "_saves_recorded", 0)
@@ -288,12 +355,9 @@ class Trainer:
             batch = to_device(next(batches), w.device)
             if metrics.tokens_per_sample is None:
                 metrics.tokens_per_sample = tokens_per_sample(batch) or 0
-            with w.sync(micro == self.accum - 1), w.autocast():
-                loss = compute_loss(w.model, batch)
-                w.backward(loss)
-            loss_sum += loss.detach().float()
+            loss_sum += w.micro_step(batch, micro == self.accum - 1)
         return loss_sum, w.step()
 
-    def _event(self, record: dict) -> None:
+    def _event(self, record: dict[str, Any]) -> None:
         fields = dict(record)
         RunFolder(self.run_dir).event(fields.pop("event"), **fields, source="train_entry")

@@ -21,11 +21,12 @@ COMMANDS: dict[str, str] = {
     "runs": "hpctrain.cli.runs:runs",
     "sweep": "hpctrain.cli.sweep:sweep",
     "resume": "hpctrain.cli.resume:resume",
-    "preempt": "hpctrain.cli.resume:preempt",
-    "check-resume": "hpctrain.cli.resume:check_resume",
+    "preempt": "hpctrain.cli.preempt:preempt",
+    "check-resume": "hpctrain.cli.check_resume:check_resume",
     "plan": "hpctrain.cli.plan:plan",
     "doctor": "hpctrain.cli.doctor:doctor",
     "report": "hpctrain.cli.report:report",
+    "export": "hpctrain.cli.export:export",
 }
 
 SHORT_HELP: dict[str, str] = {
@@ -43,6 +44,7 @@ SHORT_HELP: dict[str, str] = {
     "plan": "Estimate memory per GPU and pick a strategy before submitting.",
     "doctor": "Check the network, ports, GPUs and collectives on the allocated nodes.",
     "report": "Plot a run (loss, throughput, restarts) and summarise what it cost.",
+    "export": "Write a run's model weights as safetensors or torch files (no hpctrain to load).",
 }
 
 
@@ -51,7 +53,7 @@ class Failed(click.ClickException):
 
     def __init__(self, error: HpctrainError) -> None:
         super().__init__(error.message)
-        self.exit_code = error.exit_code
+        self.exit_code = error.exit_code  # type: ignore[misc]  # click reads it per instance
         self.error = error
 
 
@@ -72,7 +74,8 @@ class LazyGroup(click.Group):
             return None
         module, attr = target.split(":")
         try:
-            return getattr(importlib.import_module(module), attr)
+            command: click.Command = getattr(importlib.import_module(module), attr)
+            return command
         except (ImportError, AttributeError):
             return None
 

@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
 import click
+
+from hpctrain.checks.doctor.report import format_report
+from hpctrain.checks.doctor.service import run_local, run_slurm
+from hpctrain.checks.preflight.bisect import format_bisection, run_bisect
+from hpctrain.kernel.errors import UserError
+from hpctrain.profiles import resolve
+from hpctrain.remote.doctor import doctor as remote_doctor
+from hpctrain.runs.folder import find_run
+
+if TYPE_CHECKING:
+    from hpctrain.profiles.resolved import ResolvedProfile
 
 MIB = 1024**2
 
@@ -64,13 +79,22 @@ MIB = 1024**2
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 def doctor(
-    profile, nodes, gpus, quick, max_mib, timeout_s, wait_s, bisect, runs_dir, as_json
+    profile: str | None,
+    nodes: int | None,
+    gpus: int | None,
+    quick: bool,
+    max_mib: int | None,
+    timeout_s: float,
+    wait_s: float,
+    bisect: str | None,
+    runs_dir: str | None,
+    as_json: bool,
 ) -> None:
     """Check the profile's interface, name resolution, rendezvous port, InfiniBand, GPUs, scontrol
     and /dev/shm on every node, then sweep all-reduce from 1 KiB to 256 MiB over the real backend.
 
     Local profile: runs on this machine. Slurm profile: submits a short job through the same
-    rendered script as `submit` (entry `python -m hpctrain.doctor_worker`) and reports per node.
+    rendered script as `submit` (entry `python -m hpctrain.checks.doctor.worker`) and reports per node.
     Each failure names its likely cause and the fix. Exit 0 when every check passes, 1 otherwise.
 
     \b
@@ -81,10 +105,6 @@ def doctor(
       hpctrain doctor --profile mycluster --bisect --nodes 8
       hpctrain doctor --profile mysite-remote --quick   # over SSH (docs/remote.md)
     """
-    from hpctrain.doctor.report import format_report
-    from hpctrain.profiles import resolve
-    from hpctrain.service.doctor import run_local, run_slurm
-
     prof = resolve(profile)
     if bisect is not None:
         _bisect(prof, bisect, nodes, gpus, runs_dir, as_json)
@@ -92,8 +112,6 @@ def doctor(
     if (
         getattr(prof, "login", None) is not None
     ):  # a remote site: check the way there, then its doctor
-        from hpctrain.remote.doctor import doctor as remote_doctor
-
         rest = [
             *(["--nodes", str(nodes)] if nodes else []),
             *(["--gpus", str(gpus)] if gpus else []),
@@ -132,14 +150,14 @@ def doctor(
         raise SystemExit(1)
 
 
-def _bisect(prof, run, nodes, gpus, runs_dir, as_json) -> None:
-    import json
-    from pathlib import Path
-
-    from hpctrain.errors import UserError
-    from hpctrain.preflight.bisect import format_bisection, run_bisect
-    from hpctrain.runs import find_run
-
+def _bisect(
+    prof: ResolvedProfile,
+    run: str,
+    nodes: int | None,
+    gpus: int | None,
+    runs_dir: str | None,
+    as_json: bool,
+) -> None:
     if prof.scheduler != "slurm":
         raise UserError(
             f"--bisect needs a Slurm profile (profile {prof.name} is local: one machine)"

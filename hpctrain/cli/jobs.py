@@ -4,13 +4,19 @@ the service layer writes and starts. Nothing here imports torch (tests/test_cli_
 from __future__ import annotations
 
 import sys
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from hpctrain.jobs.options import JobOptions
 from hpctrain.kernel import strategies as strategy_names
+from hpctrain.runs.progress import Follower, describe, root_cause, snapshot
+from hpctrain.service import submit as service
 from hpctrain.service.prepare import Prepared, plan_args, resolve_profile  # noqa: F401  (sweep, tests)
+from hpctrain.service.submit import wait
+
+if TYPE_CHECKING:
+    from hpctrain.runs.folder import RunDir
 
 
 def _job_options(f: Any) -> Any:
@@ -97,7 +103,7 @@ def render(**o: Any) -> None:
     Example:
       hpctrain render --profile loopback --nodes 2 --gpus 2 --name demo -- --max-steps 60
     """
-    prepared = Prepared(o)
+    prepared = Prepared(JobOptions.of(o))
     click.echo(prepared.script, nl=False)
 
 
@@ -132,7 +138,7 @@ def render(**o: Any) -> None:
     hidden=True,
     help="On the site: the uploaded code folder, moved into the run folder as code/.",
 )
-def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
+def submit(**o: Any) -> None:
     """Submit a training run: train_entry (or --script/--module) on N nodes x G GPUs under torchrun.
     Arguments after `--` go to the entry.
 
@@ -144,27 +150,15 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
       hpctrain submit --profile mysite-remote --script train.py --name exp1   # over SSH (docs/remote.md)
       hpctrain submit --profile mycluster --time 2880 --chain --name long   # past max_time_min
     """
-    from hpctrain.service import submit as service
-
-    profile = resolve_profile(o)
-    if profile.login is not None and not o["code"]:
+    opts = JobOptions.of(o)
+    profile = resolve_profile(opts)
+    if profile.login is not None and not opts.code:
+        # lazy: CLI start-up: the SSH side (tunnel, packing, tarfile) only for a profile with login:
         from hpctrain.remote.submit import submit as remote_submit
 
-        sys.exit(
-            remote_submit(
-                {**o, "wait": wait, "dry_run": dry_run, "replace_finished": replace_finished},
-                profile,
-                echo=click.echo,
-            )
-        )
-    rec, run = service.submit(
-        o,
-        profile,
-        dry_run=dry_run,
-        replace_finished=replace_finished,
-        code=Path(o["code"]) if o["code"] else None,
-    )
-    if dry_run:
+        sys.exit(remote_submit(opts, profile, echo=click.echo))
+    rec, run = service.submit(opts, profile)
+    if opts.dry_run:
         click.echo(
             f"dry run: would submit {rec.name} to {rec.where} with profile {rec.profile}\n"
             f"  topology: {rec.topology}, time {rec.time_min} min, {rec.entry}\n"
@@ -195,15 +189,12 @@ def submit(wait: bool, dry_run: bool, replace_finished: bool, **o: Any) -> None:
         f"  run folder: {rec.run_path}\n"
         f"  follow: hpctrain status {rec.name}; hpctrain logs {rec.name} --follow"
     )
-    if wait:
+    if opts.wait:
         wait_for(run, rec.name, total=rec.total_steps)
 
 
-def wait_for(run: Any, name: str, *, total: int | None) -> None:
+def wait_for(run: RunDir, name: str, *, total: int | None) -> None:
     """Follow the job to its end: state and training progress; on failure, why and where."""
-    from hpctrain.progress import Follower, describe, root_cause, snapshot
-    from hpctrain.service.submit import wait
-
     follow = Follower(run.path, total=total, out=lambda s: click.echo(s, err=True))
     try:
         final = wait(run, on_poll=follow)

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import shutil
+from typing import Any
+
 import click
+from rich.console import Console
+from rich.table import Table
 
-from hpctrain.plan import OPTIMIZERS, PRECISIONS, gib, make_plan, no_fit_message, workload
+from hpctrain.plan import OPTIMIZERS, PRECISIONS, Plan, gib, make_plan, no_fit_message, workload
+from hpctrain.plan.parallel import SCHEDULES
 
 
-class Count(click.ParamType):
+class Count(click.ParamType):  # type: ignore[type-arg]  # click.ParamType[int] fails on click < 8.2
     """A parameter count as people write it: 7000000000, 7e9, 1.3e9, 7B, 350M, 125k."""
 
     name = "count"
     _SCALE = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
-    def convert(self, value, param, ctx):  # type: ignore[no-untyped-def]
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
         text = str(value).strip().replace("_", "").replace(",", "")
@@ -59,33 +65,61 @@ class Count(click.ParamType):
 @click.option("--seq-len", type=click.IntRange(min=1), help="Tokens per sequence.")
 @click.option("--hidden", type=click.IntRange(min=1), help="Model width (d_model).")
 @click.option("--layers", type=click.IntRange(min=1), help="Transformer layers.")
+@click.option("--heads", type=click.IntRange(min=1), help="Attention heads.")
+@click.option(
+    "--global-batch",
+    type=click.IntRange(min=1),
+    help="Sequences per optimizer step (default: GPUs x micro-batch); sets the pipeline's "
+    "micro-batches.",
+)
+@click.option(
+    "--schedule",
+    type=click.Choice(SCHEDULES),
+    default="1f1b",
+    show_default=True,
+    help="Pipeline schedule for the tp x pp layouts.",
+)
+@click.option(
+    "--domain",
+    type=click.IntRange(min=1),
+    help="GPUs joined by NVLink (tensor parallel stays inside; default: the profile's "
+    "slurm.gpus_per_domain, else --gpus).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(
-    params,
-    model,
-    precision,
-    optimizer,
-    nodes,
-    gpus,
-    gpu_mem_gib,
-    profile,
-    host_mem_gib,
-    micro_batch,
-    seq_len,
-    hidden,
-    layers,
-    as_json,
+    params: int | None,
+    model: str | None,
+    precision: str,
+    optimizer: str,
+    nodes: int,
+    gpus: int,
+    gpu_mem_gib: float | None,
+    profile: str | None,
+    host_mem_gib: float | None,
+    micro_batch: int | None,
+    seq_len: int | None,
+    hidden: int | None,
+    layers: int | None,
+    heads: int | None,
+    global_batch: int | None,
+    schedule: str,
+    domain: int | None,
+    as_json: bool,
 ) -> None:
-    """Estimate memory per GPU for DDP, ZeRO-1/2/3, FSDP and offload, and recommend one.
+    """Estimate memory per GPU for DDP, ZeRO-1/2/3, FSDP, tensor x pipeline parallel and offload,
+    and recommend one.
 
     Walks the out-of-memory ladder (smaller micro-batch -> mixed precision -> activation
-    checkpointing -> ZeRO-2 -> FSDP/ZeRO-3 -> CPU offload -> NVMe offload) and picks the first rung
-    that fits with 12% headroom plus 1 GiB for the CUDA context. Activations are counted only when
-    --micro-batch, --seq-len, --hidden and --layers are all given. Exit 1 when nothing fits.
+    checkpointing -> ZeRO-2 -> FSDP/ZeRO-3 -> tensor x pipeline x FSDP -> CPU offload -> NVMe
+    offload) and picks the first rung that fits with 12% headroom plus 1 GiB for the CUDA context;
+    among the tp x pp layouts that fit, the one that sends the least between nodes. The shape
+    (--layers, --hidden, --heads, --seq-len, --micro-batch) is assumed from the parameter count
+    where not given. Exit 1 when nothing fits.
 
     \b
     Examples:
       hpctrain plan --params 7e9 --nodes 2 --gpus 8 --gpu-mem-gib 80
+      hpctrain plan --params 405e9 --nodes 16 --gpus 8 --gpu-mem-gib 80 --seq-len 8192
       hpctrain plan --model mypkg.models:gpt_small --profile mycluster --nodes 1 --gpus 4 \\
           --micro-batch 8 --seq-len 2048 --hidden 2048 --layers 24 --json
     """
@@ -103,6 +137,10 @@ def plan(
         hidden=hidden,
         layers=layers,
         host_mem_gib=host_mem_gib,
+        heads=heads,
+        global_batch=global_batch,
+        schedule=schedule,
+        domain=domain,
     )
     result = make_plan(wl)
     if as_json:
@@ -117,12 +155,8 @@ def _g(n: int | None) -> str:
     return "-" if n is None else f"{n / 1024**3:.2f}"
 
 
-def _print_table(result) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
+def _print_table(result: Plan) -> None:
     wl = result.workload
-    import shutil
 
     # the table needs about 110 columns; never truncate figures in a narrow or piped terminal
     console = Console(highlight=False, width=max(shutil.get_terminal_size().columns, 112))
@@ -174,14 +208,24 @@ def _print_table(result) -> None:
             "yes" if e.fits_with_checkpointing else "no",
         )
     console.print(table)
-    if not wl.has_activations:
-        console.print(
-            "activations not counted: give --micro-batch, --seq-len, --hidden and --layers"
-        )
+    _print_parallel(console, result)
+    shape = (
+        f"{wl.layers} layers, hidden {wl.hidden}, {wl.heads} heads, seq {wl.seq_len}, "
+        f"micro-batch {wl.micro_batch}"
+    )
+    if wl.assumed:
+        flags = ", ".join("--" + a.replace("_", "-") for a in wl.assumed)
+        console.print(f"shape: {shape}; assumed from the parameter count: give {flags} for yours")
+    else:
+        console.print(f"shape: {shape}")
     if rec is None:
         console.print(f"[bold red]nothing fits[/]: {no_fit_message(result)}")
         return
     opts = [f"--strategy {rec.strategy}"]
+    if rec.tp > 1 or rec.pp > 1:
+        opts.append(f"--parallel.tp {rec.tp} --parallel.pp {rec.pp}")
+    if rec.pp > 1:
+        opts.append(f"{rec.schedule}, {rec.microbatches} micro-batches, bubble {rec.bubble:.1%}")
     if rec.zero_stage is not None:
         opts.append(f"zero_stage={rec.zero_stage}")
     if rec.offload != "none":
@@ -194,3 +238,44 @@ def _print_table(result) -> None:
         opts.append(f"micro-batch {rec.micro_batch} x accumulation {rec.grad_accumulation}")
     console.print(f"[bold]recommended: {rec.name}[/] ({', '.join(opts)})")
     console.print(f"why: {rec.reason}")
+    if rec.pp > 1:
+        mb = (rec.micro_batch or 1) * (rec.microbatches or 1)
+        console.print(
+            f"train_entry runs one pipeline pass per micro-step: for this bubble give "
+            f"--parallel.microbatches {rec.microbatches} --train.micro_batch {mb} (default: pp "
+            "micro-batches per pass, bubble (p-1)/(2p-1))"
+        )
+    if rec.offload_lost:
+        console.print(f"offload lost: {rec.offload_lost}")
+
+
+def _print_parallel(console, result, rows: int = 6) -> None:  # type: ignore[no-untyped-def]
+    """The best tensor x pipeline x FSDP layouts (those that fit first)."""
+    if not result.parallel:
+        return
+    table = Table(
+        title="tensor x pipeline x data parallel (FSDP over dp), best first",
+        title_justify="left",
+        caption="GiB per GPU; between nodes: GiB each GPU sends per step over the slowest link",
+        caption_justify="left",
+        pad_edge=False,
+        box=None,
+    )
+    cols = ("layout", "state", "gather", "act", "total", "ckpt", "bubble", "between nodes", "fits")
+    for col in cols:
+        table.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
+    rec = result.recommendation
+    for c in result.parallel[:rows]:
+        mark = " *" if rec and rec.name == c.name else ""
+        table.add_row(
+            c.name + mark,
+            _g(c.params_bytes + c.grads_bytes + c.optimizer_bytes),
+            _g(c.transient_bytes),
+            _g(c.activation_bytes),
+            _g(c.total_bytes_per_gpu),
+            "yes" if c.activation_checkpointing else "no",
+            f"{c.bubble:.1%}",
+            _g(c.slow_bytes_per_step),
+            "yes" if c.fits else "no",
+        )
+    console.print(table)

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import json
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
+from hpctrain.cli.table import plain_table
 from hpctrain.kernel import jobenv
 from hpctrain.kernel.errors import Problem, UserError, ValidationError
-from hpctrain.profiles.load import discover, read_yaml, resolve, resolve_file, search_dirs
+from hpctrain.profiles.discovery import _check_shadowing, discover, search_dirs
+from hpctrain.profiles.load import resolve, resolve_file
+from hpctrain.profiles.yamlsafe import read_yaml
+from hpctrain.service.profiles import publish as install
 
 
 def _console() -> Any:
-    import shutil
-
+    # lazy: CLI start-up: rich for `show` only (`list` is a bench row)
     from rich.console import Console
 
+    if not sys.stdout.isatty():  # a pipe or a file: whole lines, so an origin's file:line greps
+        return Console(width=1000)
     return Console(width=max(shutil.get_terminal_size((140, 24)).columns, 100))
 
 
@@ -48,7 +55,6 @@ def list_(as_json: bool) -> None:
       {var.SITE_PATH}=/etc/hpctrain/profiles hpctrain profiles list --json
     """
     rows = []
-    from hpctrain.profiles.discovery import _check_shadowing
 
     entries = discover()
     for e in entries:
@@ -81,7 +87,6 @@ def list_(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
-    from hpctrain.cli.table import plain_table
 
     lines = []
     for r in rows:
@@ -137,7 +142,7 @@ def show(name: str, resolved: bool, as_json: bool) -> None:
                 )
             )
             return
-        from rich.table import Table
+        from rich.table import Table  # lazy: CLI start-up: as _console
 
         table = Table("key", "value", "origin", title=f"{profile.name} ({profile.source})")
         table.columns[-1].overflow = "fold"
@@ -211,8 +216,6 @@ def publish(file: Path, to: Path, force: bool) -> None:
       hpctrain profiles publish mycluster.yaml --to /etc/hpctrain/profiles
       export {var.SITE_PATH}=/etc/hpctrain/profiles   # users then see it
     """
-    from hpctrain.service.profiles import publish as install
-
     name, target, changed = install(file, to, force=force)
     if not changed:
         click.echo(f"{target}: unchanged")
@@ -250,6 +253,7 @@ def diff(old: str, new: str, nodes: int, gpus: int | None, as_json: bool) -> Non
       hpctrain profiles diff mycluster ./mycluster.yaml        # published vs your draft
       hpctrain profiles diff generic-ib roce --nodes 4 --json
     """
+    # lazy: CLI start-up: the renderer (jinja2) only for `diff`; `profiles list` is a bench row
     from hpctrain.profiles.diff import compare
 
     result = compare(old, new, nodes=nodes, gpus=gpus)

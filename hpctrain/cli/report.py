@@ -7,6 +7,12 @@ from pathlib import Path
 
 import click
 
+from hpctrain.cli.runs import show
+from hpctrain.remote.forward import maybe_forward
+from hpctrain.report.service import build
+from hpctrain.report.summary import text
+from hpctrain.runs import sweepdir
+
 
 @click.command()
 @click.argument("runs", nargs=-1, required=True)
@@ -30,24 +36,17 @@ def report(runs: tuple[str, ...], runs_dir: Path | None, as_json: bool, no_plots
       hpctrain report demo demo.old-20261201-101500     # overlay two runs
       hpctrain report lr                                # a sweep: its points as a table
     """
-    from hpctrain import sweepdir
-    from hpctrain.remote.forward import maybe_forward
-
     if len(runs) == 1:
         maybe_forward("report", runs[0], runs_dir)  # a run on a remote site: its report there
         found = sweepdir.find(runs[0], runs_dir)
         if found is not None:
-            from hpctrain.cli.sweep import show
-
             show(found, as_json)
             return
-    from hpctrain.report.service import build
 
     result = build(list(runs), runs_dir=runs_dir, with_plots=not no_plots)
     if as_json:
         click.echo(json.dumps(result, indent=2))
         return
-    from hpctrain.report.summary import text
 
     for s in result["runs"]:
         click.echo(text(s))

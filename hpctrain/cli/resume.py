@@ -1,16 +1,22 @@
-"""resume, preempt, check-resume: thin commands over hpctrain.service (resume, check_resume).
-No torch here: training and checkpoint comparison run in subprocesses the service starts."""
+"""`hpctrain resume`: thin over hpctrain.service.resume. No torch here: training runs in the
+processes the scheduler starts."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import click
 
-from hpctrain.kernel import strategies as strategy_names
-from hpctrain.kernel.errors import UserError
+from hpctrain.jobs import sweep as sweeps
+from hpctrain.remote.forward import maybe_forward
+from hpctrain.runs import points, sweepdir
+from hpctrain.runs.folder import find_run
+from hpctrain.runs.progress import describe, snapshot
+from hpctrain.service import resume as service
+from hpctrain.service.submit import wait as wait_job
 
 _runs_dir_option = click.option(
     "--runs-dir",
@@ -69,16 +75,12 @@ def resume(
       hpctrain resume demo -- --optim.lr=1e-4
       hpctrain resume lr --dry-run     # a sweep: its unfinished points, as one job array
     """
-    from hpctrain.remote.forward import maybe_forward
-
     maybe_forward("resume", run, runs_dir)
-    from hpctrain import sweep as sweeps
-    from hpctrain import sweepdir
 
     found = sweepdir.find(run, runs_dir)
     if found is not None and sweepdir.read(found).get("scheduler") == "local":
         if dry_run:
-            left = [r for r in sweeps.table(found) if r["state"] in sweeps.RESUMABLE]
+            left = [r for r in points.table(found) if r["state"] in sweeps.RESUMABLE]
             for row in left:
                 click.echo(f"  {row['index']}  {row['point']} ({row['state']})")
             click.echo(
@@ -91,7 +93,6 @@ def resume(
             f"{sweepdir.read(found).get('max_parallel') or 1} at a time (local runner)"
         )
         return
-    from hpctrain.service import resume as service
 
     if found is not None:  # every point that stopped before finishing, as one job array
         out = service.resume_sweep(
@@ -121,7 +122,6 @@ def resume(
                 f"({out['array_line']})\n  follow: hpctrain status {found.name}"
             )
         return
-    from hpctrain.runs import find_run
 
     r = find_run(run, runs_dir)
     if dry_run:
@@ -146,8 +146,13 @@ def resume(
     if as_json:
         click.echo(json.dumps(record | {"name": r.name, "path": str(r.path)}, indent=2))
     else:
+        own = r.frozen().get("request", {}).get("entry", {}).get("kind", "train_entry")
         origin = (
-            f"from {ckpt} (verified)" if ckpt else "from the start (no verified checkpoint yet)"
+            f"from {ckpt} (verified)"
+            if ckpt
+            else "from the start (no verified checkpoint yet)"
+            if own == "train_entry"
+            else "your script finds its own checkpoint (hpctrain's checkpoints/ has none)"
         )
         click.echo(
             f"resumed {r.name} (was {current_was}): job {record['job_id']}, {origin}"
@@ -155,122 +160,11 @@ def resume(
             + f"\n  follow: hpctrain status {r.name}; hpctrain logs {r.name} --follow"
         )
     if wait:
-        from hpctrain.service.submit import wait as wait_job
-
         final = wait_job(r, on_change=lambda s: click.echo(f"  {_clock()} {s}", err=True))
-        click.echo(f"{r.name}: {final}")
+        click.echo(f"{r.name}: {final}  {describe(snapshot(r.path))}")
         if final != "COMPLETED":
             sys.exit(1)
 
 
 def _clock() -> str:
-    import time
-
     return time.strftime("%H:%M:%S")
-
-
-@click.command()
-@click.argument("run")
-@click.option(
-    "--signal",
-    "sig",
-    help="Signal to send: USR2, USR1, HUP, INT, URG or TERM "
-    "(default: the profile's preemption.signal).",
-)
-@_runs_dir_option
-def preempt(run: str, sig: str | None, runs_dir: Path | None) -> None:
-    """Send a run the preemption signal the way the scheduler would, to rehearse a preemption:
-    the job saves a checkpoint at the next step boundary, exits 75 and requeues itself.
-
-    \b
-    Slurm: scancel --batch --signal=USR2 <job id>; local: kill -USR2 <script pid>.
-    Example:
-      hpctrain preempt demo
-    """
-    from hpctrain.remote.forward import maybe_forward
-
-    maybe_forward("preempt", run, runs_dir)
-    from hpctrain import sweepdir
-
-    if sweepdir.find(run, runs_dir) is not None:
-        raise UserError(f"{run} is a sweep: preempt one point, e.g. `hpctrain preempt {run}/0`")
-    from hpctrain.runs import find_run
-    from hpctrain.service.resume import preempt as send
-
-    r = find_run(run, runs_dir)
-    name, target = send(r, sig)
-    click.echo(
-        f"sent SIG{name} to {target}; {r.name} saves at the next step boundary, exits 75 and "
-        f"requeues. Follow: hpctrain status {r.name}"
-    )
-
-
-@click.command(context_settings={"ignore_unknown_options": True})
-@click.option(
-    "--strategy",
-    "-s",
-    type=click.Choice(strategy_names.NAMES),
-    default=strategy_names.DEFAULT,
-    show_default=True,
-    help="Strategy to check.",
-)
-@click.option("--steps", type=int, default=6, show_default=True, help="Steps of each short run.")
-@click.option("--stop-at", type=int, help="Interrupt at this step (default: half of --steps).")
-@click.option("--nproc", type=int, default=2, show_default=True, help="Local ranks (torchrun).")
-@click.option(
-    "--keep",
-    "keep_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    help="Keep the two runs in this folder (default: a temporary one, removed on success).",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the verdict as JSON.")
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def check_resume(
-    strategy: str,
-    steps: int,
-    stop_at: int | None,
-    nproc: int,
-    keep_dir: Path | None,
-    as_json: bool,
-    args: tuple[str, ...],
-) -> None:
-    """Prove that interrupting and resuming your config is bit-exact, on this machine (CPU, gloo).
-
-    Trains --steps uninterrupted; trains again, stops at --stop-at through the preemption flag
-    (checkpoint, exit 75) and resumes; compares final_params.sha256. When they differ, it compares
-    the two runs' checkpoints step by step and names the first step and the state that differed
-    (model, optimizer, RNG, data position, scheduler). Arguments after `--` go to train_entry.
-
-    \b
-    Examples:
-      hpctrain check-resume
-      hpctrain check-resume --strategy fsdp --steps 8 -- --model mypkg.model:build --data mypkg.data:build
-    """
-    from hpctrain.service.check_resume import check_resume as check
-
-    def say(msg: str) -> None:
-        if not as_json:
-            click.echo(msg, err=True)
-
-    verdict = check(strategy, steps, stop_at, nproc, keep_dir, args, say=say)
-    a, b, stop, base = (
-        verdict[k] for k in ("uninterrupted_sha256", "resumed_sha256", "stopped_at", "folder")
-    )
-    if as_json:
-        click.echo(json.dumps(verdict, indent=2))
-    elif verdict["identical"]:
-        click.echo(
-            f"bit-identical: interrupted at step {stop} and resumed, {strategy} x {nproc} ranks "
-            f"ends with the same parameters as the uninterrupted run (sha256 {a[:16]}...)"
-        )
-    else:
-        diff = verdict["first_difference"]
-        click.echo(f"NOT identical: uninterrupted {a[:16]}... vs resumed {b[:16]}...")
-        if diff:
-            click.echo(
-                f"  first differing checkpoint: step {diff['step']}: {', '.join(diff['differs'])}"
-            )
-            click.echo(f"  hint: {diff['hint']}")
-        click.echo(f"  runs kept in {base}")
-    if not verdict["identical"]:
-        sys.exit(1)

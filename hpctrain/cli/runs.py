@@ -9,8 +9,16 @@ from typing import Any
 
 import click
 
+from hpctrain.cli.table import plain_table
 from hpctrain.kernel.errors import UserError
+from hpctrain.remote.forward import each_json, each_site, maybe_forward
+from hpctrain.remote.index import sites
+from hpctrain.runs import points, sweepdir
+from hpctrain.runs.folder import all_runs, find_run
+from hpctrain.runs.progress import describe, health_lines
 from hpctrain.service import status as status_service
+from hpctrain.service.logs import follow as follow_logs
+from hpctrain.service.logs import log_files
 
 _runs_dir_option = click.option(
     "--runs-dir",
@@ -31,18 +39,12 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
       hpctrain status demo
       hpctrain status demo --json
     """
-    from hpctrain.remote.forward import maybe_forward
-
     maybe_forward("status", run, runs_dir)
-    from hpctrain import sweepdir
 
     found = sweepdir.find(run, runs_dir) if run else None
     if found is not None:
-        from hpctrain.cli.sweep import show
-
         show(found, as_json)
         return
-    from hpctrain.runs import all_runs, find_run
 
     if run is None:
         items = [status_service.summary(r) for r in all_runs(runs_dir)]
@@ -51,8 +53,6 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
         else:
             _table(items)
         return
-    from hpctrain.preflight.gate import health_lines
-    from hpctrain.progress import describe
 
     info = status_service.detail(find_run(run, runs_dir))
     segments = info.get("chain")
@@ -60,10 +60,13 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
         click.echo(json.dumps(info, indent=2))
         return
     step = info["checkpoint_step"]
+    job = f"(job {info['job_id']}, {info['scheduler']}, profile {info['profile']})"
+    # a failed run says why in its first line
+    head = f": {info['reason']}\n  {job}" if info.get("reason") else f"  {job}"
     click.echo(
-        f"{info['name']}: {info['state']}  (job {info['job_id']}, {info['scheduler']}, "
-        f"profile {info['profile']})\n"
-        f"  topology: {info['nodes']} node(s) x {info['gpus_per_node']}, strategy {info['strategy']}\n"
+        f"{info['name']}: {info['state']}{head}\n"
+        f"  topology: {info['nodes']} node(s) x {info['gpus_per_node']}, strategy {info['strategy']}"
+        f"{', mesh ' + info['mesh'] if info.get('mesh') else ''}\n"
         f"  restarts: {info['restarts']} ({info['starts']} start(s) of the script)\n"
         f"  training: {describe(info['progress'])}\n"
         f"  newest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}\n"
@@ -74,8 +77,6 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
             f"  chain: {len(segments)} jobs, one after another: "
             + " -> ".join(f"{x['job_id']} {x['state']}" for x in segments)
         )
-    if info.get("reason"):
-        click.echo(f"  reason: {info['reason']}")
     if info["root_cause"]:
         click.echo(
             f"  why it failed: {info['root_cause']['line']}\n"
@@ -101,35 +102,25 @@ def runs(runs_dir: Path | None, as_json: bool) -> None:
       hpctrain runs
       hpctrain runs --json
     """
-    from hpctrain.remote.index import sites
-    from hpctrain.runs import all_runs
-
     items = [status_service.summary(r) for r in all_runs(runs_dir)]
     remote = sites()
     if as_json:
         if remote:
-            from hpctrain.remote.forward import each_json
-
             items += each_json(["runs", "--json"])
         click.echo(json.dumps(items, indent=2))
         return
     _table(items)
-    from hpctrain import sweepdir
 
     for found in sweepdir.all_sweeps(runs_dir):
-        from hpctrain.cli.sweep import show
-
         click.echo("")
         show(found, False)
     if remote:
-        from hpctrain.remote.forward import each_site
-
         each_site(["runs"])
 
 
 def _table(items: list[dict[str, Any]]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console  # lazy: CLI start-up: rich for the table only
+    from rich.table import Table  # lazy: CLI start-up: as above
 
     table = Table(
         "name", "state", "job", "nodes x gpus", "strategy", "restarts", "ckpt step", "created"
@@ -182,19 +173,13 @@ def logs(run: str, rank: int | None, node: int | None, follow: bool, runs_dir: P
       hpctrain logs demo --rank 1
       hpctrain logs demo --node 0 --follow
     """
-    from hpctrain.remote.forward import maybe_forward
-
     maybe_forward("logs", run, runs_dir)
-    from hpctrain import sweepdir
 
     if sweepdir.find(run, runs_dir) is not None:
         raise UserError(
             f"{run} is a sweep: give one point, e.g. `hpctrain logs {run}/0` "
             f"(`hpctrain status {run}` lists them)"
         )
-    from hpctrain.runs import find_run
-    from hpctrain.service.logs import follow as follow_logs
-    from hpctrain.service.logs import log_files
 
     r = find_run(run, runs_dir)
     files = log_files(r, rank=rank, node=node, follow=follow)
@@ -221,8 +206,6 @@ def cancel(run: str, runs_dir: Path | None) -> None:
     Example:
       hpctrain cancel demo
     """
-    from hpctrain.remote.forward import maybe_forward
-
     maybe_forward("cancel", run, runs_dir)
     res = status_service.cancel(run, runs_dir)
     if "sweep" in res:
@@ -239,4 +222,29 @@ def cancel(run: str, runs_dir: Path | None) -> None:
         return
     click.echo(
         f"{name}: cancel sent (was {res['before']}, now {res['after']}); resume with `hpctrain resume {name}`"
+    )
+
+
+def show(sweep_dir: Path, as_json: bool) -> None:
+    """`status SWEEP` / `runs` / `report SWEEP`: the sweep as a table of its points."""
+    rows = points.table(sweep_dir)
+    if as_json:
+        click.echo(
+            json.dumps({"sweep": sweep_dir.name, "path": str(sweep_dir), "points": rows}, indent=2)
+        )
+        return
+    click.echo(f"sweep {sweep_dir.name} ({sweep_dir})")
+    body = [
+        [
+            str(r["index"]),
+            r["point"],
+            r["state"],
+            str(r["job_id"] or "-"),
+            "-" if r["checkpoint_step"] is None else str(r["checkpoint_step"]),
+            "-" if r["final_loss"] is None else f"{r['final_loss']:.4f}",
+        ]
+        for r in rows
+    ]
+    click.echo(
+        plain_table(["index", "point", "state", "job", "ckpt step", "final loss"], body), nl=False
     )

@@ -1,9 +1,8 @@
 """`hpctrain sweep`: a grid of entry arguments as one job array (thin: the work is in
-hpctrain/sweep.py)."""
+hpctrain/jobs/sweep.py)."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,11 @@ from typing import Any
 import click
 
 from hpctrain.cli.jobs import _job_options
+from hpctrain.cli.table import plain_table
+from hpctrain.jobs import sweep as sweeps
+from hpctrain.jobs.options import JobOptions
+from hpctrain.runs import sweepdir
+from hpctrain.service.prepare import resolve_profile
 
 
 @click.command()
@@ -35,7 +39,7 @@ from hpctrain.cli.jobs import _job_options
     help="Remote site: send this folder as the code instead of the git repository's HEAD.",
 )
 @click.option("--code", type=click.Path(file_okay=False, exists=True), hidden=True)
-def sweep(grid: tuple[str, ...], max_parallel: int | None, dry_run: bool, **o: Any) -> None:
+def sweep(**o: Any) -> None:
     """Run the product of a grid of entry arguments: one run folder per point (NAME/<i>-<k=v,...>),
     one Slurm job array (`--array=0-N[%K]`). Each point is frozen, resumable and preemptible on
     its own; address one as NAME/<i>. Arguments after `--` go to every point.
@@ -47,26 +51,19 @@ def sweep(grid: tuple[str, ...], max_parallel: int | None, dry_run: bool, **o: A
       hpctrain sweep --name lr --grid optim.lr=1e-3,1e-4 --dry-run   # grid and array script
       hpctrain status lr; hpctrain logs lr/1; hpctrain preempt lr/0; hpctrain resume lr
     """
-    from hpctrain import sweep as sweeps
-    from hpctrain import sweepdir
-    from hpctrain.cli.jobs import resolve_profile
-
-    profile = resolve_profile(o)
-    if profile.login is not None and not o["code"]:
+    opts = JobOptions.of(o)
+    profile = resolve_profile(opts)
+    if profile.login is not None and not opts.code:
+        extra = [x for g in opts.grid for x in ("--grid", g)]
+        if opts.max_parallel is not None:
+            extra += ["--max-parallel", str(opts.max_parallel)]
+        # lazy: CLI start-up: the SSH side (tunnel, packing, tarfile) only for a profile with login:
         from hpctrain.remote.submit import submit as remote_submit
 
-        extra = [x for g in grid for x in ("--grid", g)]
-        if max_parallel is not None:
-            extra += ["--max-parallel", str(max_parallel)]
-        sys.exit(
-            remote_submit(
-                {**o, "dry_run": dry_run}, profile, command="sweep", extra=extra, echo=click.echo
-            )
-        )
-    code = Path(o["code"]) if o["code"] else None
-    plan = sweeps.prepare(o, profile, grid, max_parallel, code)
+        sys.exit(remote_submit(opts, profile, command="sweep", extra=extra, echo=click.echo))
+    code = Path(opts.code) if opts.code else None
+    plan = sweeps.prepare(opts, profile, code)
     rows = [[str(p.index), p.folder, " ".join(p.args())] for p in plan.points]
-    from hpctrain.cli.table import plain_table
 
     where = (
         "one Slurm job array"
@@ -77,7 +74,7 @@ def sweep(grid: tuple[str, ...], max_parallel: int | None, dry_run: bool, **o: A
         f"sweep {plan.name}: {len(plan.points)} points on {where}\n  folder: {plan.sweep_dir}"
     )
     click.echo(plain_table(["index", "point", "entry arguments added"], rows), nl=False)
-    if dry_run:
+    if opts.dry_run:
         if plan.array:
             click.echo(f"==> {plan.sweep_dir / sweepdir.ARRAY_FILE} <==\n{plan.array}", nl=False)
         click.echo("nothing was written")
@@ -87,32 +84,4 @@ def sweep(grid: tuple[str, ...], max_parallel: int | None, dry_run: bool, **o: A
     click.echo(
         f"submitted {plan.name}: {what}\n  follow: hpctrain status {plan.name}; "
         f"hpctrain logs {plan.name}/0 --follow"
-    )
-
-
-def show(sweep_dir: Path, as_json: bool) -> None:
-    """`status SWEEP` / `runs`: the sweep as a table of its points."""
-    from hpctrain import sweep as sweeps
-    from hpctrain.cli.table import plain_table
-
-    rows = sweeps.table(sweep_dir)
-    if as_json:
-        click.echo(
-            json.dumps({"sweep": sweep_dir.name, "path": str(sweep_dir), "points": rows}, indent=2)
-        )
-        return
-    click.echo(f"sweep {sweep_dir.name} ({sweep_dir})")
-    body = [
-        [
-            str(r["index"]),
-            r["point"],
-            r["state"],
-            str(r["job_id"] or "-"),
-            "-" if r["checkpoint_step"] is None else str(r["checkpoint_step"]),
-            "-" if r["final_loss"] is None else f"{r['final_loss']:.4f}",
-        ]
-        for r in rows
-    ]
-    click.echo(
-        plain_table(["index", "point", "state", "job", "ckpt step", "final loss"], body), nl=False
     )

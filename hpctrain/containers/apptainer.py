@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpctrain.shellwords import Sh, quote, shvalue
+from hpctrain.render.shellwords import Sh, quote, shvalue
 
 GPU_FLAG = {"nvidia": "--nv", "amd": "--rocm"}
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hpctrain.shellwords import Sh, option, quote
+from hpctrain.render.shellwords import Sh, option, quote
 
 
 def sbatch(c: Any) -> list[str]:

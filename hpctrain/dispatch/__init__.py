@@ -11,13 +11,16 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from hpctrain.runs import TERMINAL, RunDir
+from hpctrain.runs.folder import TERMINAL, RunDir
+
+if TYPE_CHECKING:
+    from hpctrain.profiles.resolved import ResolvedProfile
 
 
 class Scheduler(Protocol):
-    def submit(self, run: RunDir, profile: Any, *, time_min: int) -> str:
+    def submit(self, run: RunDir, profile: ResolvedProfile, *, time_min: int) -> str:
         """Queue run.job_sh (already written); the job id."""
 
     def state(self, run: RunDir) -> str:
@@ -40,7 +43,7 @@ def scheduler(name: str) -> Scheduler:
     return importlib.import_module(SCHEDULERS[name]).SCHEDULER  # type: ignore[no-any-return]
 
 
-def submit(run: RunDir, profile: Any, *, time_min: int, kind: str = "submit") -> str:
+def submit(run: RunDir, profile: ResolvedProfile, *, time_min: int, kind: str = "submit") -> str:
     """Submit run.job_sh (already written) and record it in jobs.jsonl; returns the job id."""
     job_id = scheduler(profile.scheduler).submit(run, profile, time_min=time_min)
     run.add_job(job_id, kind=kind, scheduler=profile.scheduler)

@@ -15,13 +15,16 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpctrain import procs
 from hpctrain.dispatch.submitit_api import start_local
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
-from hpctrain.runs import RunDir
+from hpctrain.runs import procs
+from hpctrain.runs.folder import RunDir
+
+if TYPE_CHECKING:
+    from hpctrain.profiles.resolved import ResolvedProfile
 
 # Keep the controllers' Popen objects alive: their __del__ would warn about a still-running child.
 _CONTROLLERS: list[subprocess.Popen[bytes]] = []
@@ -71,12 +74,14 @@ def script_pid(run: RunDir) -> int | None:
     (start time and token match: a reused pid is never signalled); else None."""
     st = run.local_state() or {}
     pid = st.get("pid")
-    if procs.is_run_script(pid, job_sh=run.job_sh, start=st.get("start"), token=st.get("token")):
+    if pid is not None and procs.is_run_script(
+        pid, job_sh=run.job_sh, start=st.get("start"), token=st.get("token")
+    ):
         return int(pid)
     return None
 
 
-def _write_state(run: RunDir, state: dict) -> None:
+def _write_state(run: RunDir, state: dict[str, Any]) -> None:
     run.write(layout.STATE, json.dumps(state) + "\n", durable=False)
 
 
@@ -106,7 +111,7 @@ def state(run: RunDir) -> str:
     return value
 
 
-def _still_running(run: RunDir, st: dict) -> bool:
+def _still_running(run: RunDir, st: dict[str, Any]) -> bool:
     if "start" in st:  # a script that records its start time: the pid must still be it
         return script_pid(run) is not None
     return alive(st.get("pid"))
@@ -117,8 +122,10 @@ def cancel(run: RunDir, *, grace_s: float = 60.0) -> str:
     st = run.local_state() or {}
     job_id = run.last_job_id()
     controller = int(job_id) if job_id and job_id.isdigit() else None
-    if st.get("state") == "PENDING" and procs.is_run_controller(
-        controller, submitit_dir=run.submitit
+    if (
+        st.get("state") == "PENDING"
+        and controller is not None
+        and procs.is_run_controller(controller, submitit_dir=run.submitit)
     ):
         os.killpg(controller, signal.SIGKILL)  # the controller leads its own session
         _write_state(run, {**st, "state": "CANCELLED", "exit_code": 143})
@@ -141,7 +148,7 @@ def cancel(run: RunDir, *, grace_s: float = 60.0) -> str:
 
 
 class Local:
-    def submit(self, run: RunDir, profile: Any, *, time_min: int) -> str:
+    def submit(self, run: RunDir, profile: ResolvedProfile, *, time_min: int) -> str:
         pre = profile.preemption
         return submit(run, time_min=time_min, signal_name=pre.signal, warning_s=pre.warning_s)
 

@@ -8,28 +8,27 @@ script itself). The job id is parsed by submitit; state comes from submitit's wa
 
 from __future__ import annotations
 
-import logging
 import subprocess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpctrain import chain
-from hpctrain.dispatch.submitit_api import sacct_state, submit_sbatch
+from hpctrain.dispatch import sacct
+from hpctrain.dispatch.submitit_api import failed_job_error, sacct_text, submit_sbatch
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
-from hpctrain.runs import RunDir
+from hpctrain.runs import chain
+from hpctrain.runs.folder import RunDir
 
-logging.getLogger("submitit").setLevel(logging.ERROR)  # we report sacct trouble ourselves
+if TYPE_CHECKING:
+    from hpctrain.profiles.resolved import ResolvedProfile
 
 
 def sbatch(
     folder: Any, script: str, extra_args: list[str] | None = None, *, what: str = "the job"
 ) -> str:
     """sbatch `script` (a run's job.sh, a sweep's array script); the job id, or one clear error."""
-    from submitit.core.utils import FailedJobError
-
     try:
         return submit_sbatch(folder, script, extra_args)
-    except (FailedJobError, subprocess.CalledProcessError, OSError) as e:
+    except (failed_job_error(), subprocess.CalledProcessError, OSError) as e:
         raise UserError(f"sbatch refused {what}: {str(e).strip()}") from None
 
 
@@ -38,7 +37,7 @@ def submit(run: RunDir) -> str:
 
 
 def submit_chain(run: RunDir, segments: list[chain.Segment]) -> list[str]:
-    """Submit every segment of run.job_sh (hpctrain.chain.plan): the first held, each next one
+    """Submit every segment of run.job_sh (hpctrain.runs.chain.plan): the first held, each next one
     `--dependency=afterany:<previous>`, the ids to chain.txt and jobs.jsonl, then the first
     released; returns the job ids in order. A refusal leaves no segment queued."""
     script = run.job_sh.read_text()
@@ -71,11 +70,30 @@ def chain_states(run: RunDir) -> list[dict[str, str]]:
     return [{"job_id": job_id, "state": state(job_id)} for job_id in chain.ids(run)]
 
 
+# States of a job that is still in the controller's queue (scontrol knows every one of them).
+LIVE = {"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING", "COMPLETING"}
+
+
 def state(job_id: str) -> str:
-    value = sacct_state(job_id)
-    if value in ("", "UNKNOWN", "PREEMPTED"):  # PREEMPTED: the controller knows if it was requeued
-        value = _scontrol_state(job_id) or value or "UNKNOWN"
-    return value.split()[0].upper()  # "CANCELLED by 0" -> CANCELLED
+    return decide(sacct.find(sacct_text(job_id), job_id), lambda: _scontrol_state(job_id))
+
+
+def decide(found: sacct.Found | None, controller: Any) -> str:
+    """One job's state from what sacct found and, where that is not enough, the controller's
+    (`controller()`: scontrol's JobState, None when it does not know the job)."""
+    value = found.state.split()[0].upper() if found else ""  # "CANCELLED by 0" -> CANCELLED
+    if found is not None and found.source == "range":
+        # a range record is a guess for this element: the controller knows any element still queued,
+        # and one it does not know is not pending or running whatever the range says
+        live = controller()
+        if live:
+            return str(live).split()[0].upper()
+        return "UNKNOWN" if value in LIVE else value
+    if value in ("", "UNKNOWN", "PREEMPTED") or value in LIVE:
+        # the controller knows whether a PREEMPTED job was requeued, and slurmdbd lags it: on a
+        # loaded machine sacct still said PENDING seconds after the batch shell had started
+        value = controller() or value or "UNKNOWN"
+    return value.split()[0].upper()
 
 
 def _scontrol_state(job_id: str) -> str | None:
@@ -98,7 +116,7 @@ def cancel(job_id: str) -> None:
 
 
 class Slurm:
-    def submit(self, run: RunDir, profile: Any, *, time_min: int) -> str:
+    def submit(self, run: RunDir, profile: ResolvedProfile, *, time_min: int) -> str:
         return submit(run)
 
     def state(self, run: RunDir) -> str:
@@ -114,7 +132,9 @@ class Slurm:
         return value
 
     def cancel(self, run: RunDir) -> str:
-        for job_id in chain.cancel_ids(run) or [run.last_job_id()]:  # a chain: every segment left
+        for job_id in chain.cancel_ids(run) or [
+            run.last_job_id() or ""
+        ]:  # a chain: every segment left
             if job_id:
                 cancel(job_id)
                 run.event("cancel", job_id=job_id)

@@ -6,7 +6,9 @@ the scheduler our own rendered script. So three private pieces are used, each in
   SlurmExecutor._make_submission_file_text  overridden: the sbatch file is our job.sh, byte for byte
   SlurmExecutor._make_submission_command     overridden: sbatch [extra options] FILE
   SlurmExecutor._submit_command             runs sbatch on it and parses the job id (submit_sbatch)
-  SlurmJob.watcher._make_command/read_info   the sacct command and its parser (sacct_state)
+  SlurmJob.watcher._make_command            the sacct command (sacct_text; its parser is ours,
+                                             dispatch/sacct.py: submitit's spreads a range record
+                                             over elements that have records of their own)
   LocalExecutor (its controller module)      started the way LocalExecutor._submit_command does
                                              (start_local), with our command
 
@@ -16,6 +18,8 @@ tests/test_dispatch.py fails with a clear message when an upgrade changes any of
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
 import subprocess
 import sys
@@ -30,15 +34,12 @@ PRIVATE = {  # attribute path -> the parameters we rely on
     "submitit.slurm.slurm.SlurmExecutor._make_submission_command": ["self", "submission_file_path"],
     "submitit.slurm.slurm.SlurmExecutor._submit_command": ["self", "command"],
     "submitit.slurm.slurm.SlurmJob.watcher._make_command": [],
-    "submitit.slurm.slurm.SlurmJob.watcher.read_info": ["string"],
     "submitit.local._local": None,  # a module run as `python -m submitit.local._local FOLDER`
 }
 
 
 def check_private_api() -> list[str]:
     """What no longer matches in the installed submitit (empty: all good)."""
-    import importlib
-
     problems = []
     for path, params in PRIVATE.items():
         if params is None:
@@ -59,11 +60,26 @@ def check_private_api() -> list[str]:
     return problems
 
 
+def _slurm() -> Any:
+    """submitit's Slurm module, on first use: submitit loads ~190 modules, more than the whole CLI,
+    and a local run or `status` of a finished one never needs it. Its logger is quieted here, after
+    submitit's own logging set-up ran: we report sbatch and sacct trouble ourselves."""
+    import submitit.slurm.slurm as slurm  # lazy: CLI start-up (submitit only to submit or ask sacct)
+
+    slurm.logger.get_logger().setLevel(40)  # type: ignore[attr-defined]  # logging.ERROR
+    return slurm
+
+
+def failed_job_error() -> type[Exception]:
+    """submitit's exception for a refused sbatch (for an `except` clause; submitit is loaded
+    by then: only submit_sbatch raises it)."""
+    return _slurm().utils.FailedJobError  # type: ignore[no-any-return]
+
+
 def submit_sbatch(folder: Path, script: str, extra_args: list[str] | None = None) -> str:
     """sbatch `script` as it is (plus `extra_args` on the sbatch command line); the job id."""
-    from submitit.slurm.slurm import SlurmExecutor
 
-    class _ScriptExecutor(SlurmExecutor):
+    class _ScriptExecutor(_slurm().SlurmExecutor):  # type: ignore[misc]
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             return script
 
@@ -74,12 +90,11 @@ def submit_sbatch(folder: Path, script: str, extra_args: list[str] | None = None
     return str(_ScriptExecutor(folder)._submit_command("").job_id)
 
 
-def sacct_state(job_id: str) -> str:
-    """The job's State from sacct, through submitit's own command and parser, with stderr captured
-    (a cluster that is down or has accounting off must not spray errors); "" when unknown."""
-    from submitit.slurm.slurm import SlurmJob
-
-    watcher = SlurmJob.watcher
+def sacct_text(job_id: str) -> str:
+    """sacct's records of the job (an array element's: of its whole array), through submitit's own
+    command, with stderr captured (a cluster that is down or has accounting off must not spray
+    errors); "" when sacct cannot say."""
+    watcher = _slurm().SlurmJob.watcher
     watcher.register_job(job_id)
     command = watcher._make_command()
     if not command:
@@ -88,9 +103,7 @@ def sacct_state(job_id: str) -> str:
         proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return ""
-    if proc.returncode != 0:
-        return ""
-    return str(watcher.read_info(proc.stdout).get(job_id, {}).get("State", ""))
+    return proc.stdout if proc.returncode == 0 else ""
 
 
 def start_local(folder: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:

@@ -9,4 +9,5 @@ the CLI before it has decided whether it needs anything heavy. Each module is on
   layout.py      the run folder's file names
   checkpoint.py  the checkpoint folder format: step folders, MANIFEST.json, verify, `latest`
   strategies.py  the strategy names (the only list of them)
+  mesh.py        the parallel layout (pp x dp x tp on one device mesh) and its one validation
 """

@@ -64,7 +64,7 @@ def digest_file(path: Path, algo: str) -> str:
     """The hex digest of a file with one of DIGESTS."""
     if algo == "sha256":
         return sha256_file(path)
-    import xxhash
+    import xxhash  # lazy: optional: without it, one line says install xxhash
 
     h = xxhash.xxh3_128()
     with open(path, "rb", buffering=0) as f:
@@ -128,6 +128,9 @@ def verify(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
             return None, f"{rel} has an {algo} checksum: install xxhash to verify it"
         if digest != entry[algo]:
             return None, f"{rel} does not match its {algo} checksum (corrupted)"
+    step = manifest.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        return None, f"{MANIFEST} has no step (a step number is what a resume starts from)"
     return manifest, None
 
 

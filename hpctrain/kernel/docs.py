@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from hpctrain.kernel import exitcodes, jobenv, layout, strategies
@@ -43,7 +44,7 @@ def exit_codes() -> str:
 
 def strategy_names() -> str:
     return _table(
-        ("name", "what", "checkpoint", "reshards", "async save"),
+        ("name", "what", "checkpoint", "reshards", "async save", "with tp/pp"),
         [
             (
                 f"`{s.name}`",
@@ -51,6 +52,7 @@ def strategy_names() -> str:
                 s.checkpoint,
                 "yes" if s.reshards else "no",
                 "yes" if s.async_save else "no",
+                "yes (the dp dimension)" if s.mesh else "no",
             )
             for s in strategies.STRATEGIES.values()
         ],
@@ -68,11 +70,16 @@ _BLOCK = re.compile(
 )
 
 
-def fill(text: str) -> str:
-    """`text` with every generated section replaced by what the kernel says now."""
+def fill(text: str, sections: dict[str, Callable[[], str]] | None = None) -> str:
+    """`text` with every generated section replaced by what the kernel says now; `sections`
+    (default: the kernel's) names the generators, and a section of another generator is left as
+    it is (the profile keys: hpctrain/profiles/docs.py, which needs the schema)."""
+    gen = SECTIONS if sections is None else sections
 
     def sub(m: re.Match[str]) -> str:
-        return m.group(1) + SECTIONS[m.group("name")]() + "\n" + m.group(3)
+        if m.group("name") not in gen:
+            return m.group(0)
+        return m.group(1) + gen[m.group("name")]() + "\n" + m.group(3)
 
     return _BLOCK.sub(sub, text)
 

@@ -1,6 +1,6 @@
 """Writing files that readers may look at any moment: the one atomic write, JSON lines, the clock.
 
-Everything that writes into a run folder goes through these (hpctrain.runs.RunDir and train_entry).
+Everything that writes into a run folder goes through these (hpctrain.runs.folder.RunDir and train_entry).
 """
 
 from __future__ import annotations

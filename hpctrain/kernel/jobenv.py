@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 _F = TypeVar("_F", bound=Any)
 
@@ -49,7 +49,7 @@ VARS: tuple[Var, ...] = (
         "STOP_FILE",
         "`<run folder>/STOP`: the preemption flag; ranks poll it at every step boundary",
         SCRIPT,
-        "train_entry (preempt.StopFlag)",
+        "train_entry, hpctrain.runtime (kernel/stopflag.py)",
     ),
     Var(
         "NNODES",
@@ -139,7 +139,7 @@ VARS: tuple[Var, ...] = (
         "STOP_AT_STEP",
         "raise the stop flag once N optimizer steps are done",
         f"{CLI} (check-resume); {TESTS}",
-        "train_entry (preempt.StopFlag)",
+        "train_entry (kernel/stopflag.py)",
     ),
     Var(
         "TEST_SIGNAL_AT",
@@ -164,6 +164,12 @@ VARS: tuple[Var, ...] = (
         "the random-kill test's seed (default: from the clock, printed)",
         TESTS,
         "tests/test_preempt_cli.py",
+    ),
+    Var(
+        "TEST_LOG",
+        "a file the tests append one line per test phase to as it ends (outcome, seconds, id)",
+        TESTS,
+        "tests/conftest.py",
     ),
     Var(
         "TEST_STATE",
@@ -214,6 +220,7 @@ TEST_SIGNAL_AT = BY_KEY["TEST_SIGNAL_AT"].name
 TEST_KILL_AT = BY_KEY["TEST_KILL_AT"].name
 TEST_RESEED_AFTER_LOAD = BY_KEY["TEST_RESEED_AFTER_LOAD"].name
 TEST_SEED = BY_KEY["TEST_SEED"].name
+TEST_LOG = BY_KEY["TEST_LOG"].name
 TEST_STATE = BY_KEY["TEST_STATE"].name
 UPDATE_GOLDEN = BY_KEY["UPDATE_GOLDEN"].name
 SLURM_STATE = BY_KEY["SLURM_STATE"].name
@@ -224,6 +231,12 @@ SLURM_SYS_CONF = BY_KEY["SLURM_SYS_CONF"].name
 RUN_SCOPED = (STOP_FILE, STOP_AT_STEP, RUN_DIR)
 
 
+@overload
+def get(name: str, default: str, environ: Mapping[str, str] | None = None) -> str: ...
+@overload
+def get(
+    name: str, default: None = None, environ: Mapping[str, str] | None = None
+) -> str | None: ...
 def get(
     name: str, default: str | None = None, environ: Mapping[str, str] | None = None
 ) -> str | None:

@@ -1,12 +1,14 @@
 """The run folder's file names (`<storage.runs_dir>/<name>/`): one constant per file.
 
 Paths are relative to the run folder. The batch script gets them from its render context
-(`{{ files.STOP }}`), hpctrain.runs.RunDir and train_entry build paths from them.
+(`{{ files.STOP }}`), hpctrain.runs.folder.RunDir and train_entry build paths from them.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,12 @@ ENTRIES: tuple[Entry, ...] = (
         "batch script",
     ),
     Entry(
+        "PREEMPTED",
+        "launcher srun: a rank left with exit 75 (saved for a restart; srun sees 0), so the batch "
+        "shell requeues; removed at each start. Without it, exit 0 after a stop request is COMPLETED",
+        "per-node command",
+    ),
+    Entry(
         "state.json",
         'local scheduler only: {"state", "pid", "pgid", "exit_code"} (state: PENDING|RUNNING|'
         "COMPLETED|FAILED|CANCELLED|PREEMPTED|TIMEOUT)",
@@ -81,6 +89,12 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("metrics.jsonl", "one JSON object per logging step", "train_entry"),
     Entry("train.log", "rank-0 plain progress lines", "train_entry"),
     Entry("final_params.sha256", "written by rank 0 at the end of training", "train_entry"),
+    Entry(
+        "mesh.json",
+        'the newest start\'s layout: {"world", "dp", "tp", "pp", "mesh": "dp 2 x tp 2", '
+        '"strategy", "schedule", "microbatches"} (what `status` and `report` show)',
+        "train_entry",
+    ),
     Entry("plan.json", "`submit --strategy auto`: the plan decision", "submit"),
     Entry(
         "saves.jsonl",
@@ -93,6 +107,11 @@ ENTRIES: tuple[Entry, ...] = (
         "train_entry (train.tracker)",
     ),
     Entry("report/", "`hpctrain report`: PNG plots (loss, throughput, step time, GPU)", "report"),
+    Entry(
+        "export/step-<8 digits>-<format>[-<dtype>]/",
+        "`hpctrain export` without --out: a checkpoint's model weights (docs/export.md)",
+        "export",
+    ),
     Entry(
         "chain.txt",
         "`submit --chain`: the segments' Slurm job ids, one a line, in order (the script reads it)",
@@ -132,21 +151,33 @@ BATCH_LOG = "logs/batch.log"
 RESTARTS = "restarts.jsonl"
 EVENTS = "events.jsonl"
 STOP = "STOP"
+PREEMPTED = "PREEMPTED"
 STATE = "state.json"
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"
 TRAIN_LOG = "train.log"
 FINAL_PARAMS = "final_params.sha256"
+MESH = "mesh.json"
 PLAN = "plan.json"
 SAVES = "saves.jsonl"
 TRACKER = "tracker.json"
 REPORT = "report"
+EXPORT = "export"
 CHAIN = "chain.txt"
 PREFLIGHT = "preflight"
 PREFLIGHT_LATEST = "preflight.json"
 STALLED = "STALLED"
 STACKS = "stacks"
 HEARTBEAT = "heartbeat"
+
+
+def read_mesh(run_path: object) -> dict[str, object] | None:
+    """mesh.json of a run folder (the newest start's layout), or None when not written yet."""
+    try:
+        found = json.loads((Path(str(run_path)) / MESH).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
 
 
 def node_log(node: int | str) -> str:

@@ -1,4 +1,4 @@
-"""RunFolder: every write into a run folder goes through here (hpctrain.runs.RunDir adds reading).
+"""RunFolder: every write into a run folder goes through here (hpctrain.runs.folder.RunDir adds reading).
 
 One atomic write (kernel/files.py), one JSON-lines appender, one event writer with one UTC clock.
 The batch script writes its own events with the same fields and clock (hpctrain_event in the

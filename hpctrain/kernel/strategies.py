@@ -17,13 +17,28 @@ class StrategyInfo:
     reshards: bool  # its checkpoints load at another world size
     async_save: bool  # the checkpointer may save it asynchronously
     parse_check: bool = False  # its module checks the config at parse time (Strategy.validate)
+    mesh: bool = (
+        False  # it is the data-parallel dimension of a device mesh with tp/pp (kernel/mesh)
+    )
+    no_mesh: str = ""  # when not: why and the fix, said when a run asks for tp/pp with it
 
 
 STRATEGIES: dict[str, StrategyInfo] = {
     s.name: s
     for s in (
-        StrategyInfo("ddp", "DistributedDataParallel", "dcp", reshards=True, async_save=True),
-        StrategyInfo("fsdp", "FSDP2 (fully_shard)", "dcp", reshards=True, async_save=True),
+        StrategyInfo(
+            "ddp",
+            "DistributedDataParallel",
+            "dcp",
+            reshards=True,
+            async_save=True,
+            no_mesh="DDP wraps a plain module and tp/pp turn parameters into DTensors and the "
+            "model into stages; use --strategy fsdp (FSDP2 is the data-parallel dimension of the "
+            "mesh; its checkpoints load into ddp runs and back)",
+        ),
+        StrategyInfo(
+            "fsdp", "FSDP2 (fully_shard)", "dcp", reshards=True, async_save=True, mesh=True
+        ),
         StrategyInfo(
             "deepspeed",
             "DeepSpeed ZeRO (its engine)",
@@ -31,6 +46,9 @@ STRATEGIES: dict[str, StrategyInfo] = {
             reshards=False,
             async_save=False,
             parse_check=True,
+            no_mesh="DeepSpeed's ZeRO engine owns the model and its partitioning and takes no "
+            "device mesh; use --strategy fsdp for tp/pp, or keep deepspeed with "
+            "parallel.tp=1 and parallel.pp=1",
         ),
     )
 }

@@ -4,21 +4,25 @@ flags) and add torchrun options."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.kernel import jobenv
-from hpctrain.shellwords import Sh, shvalue
+from hpctrain.render.shellwords import Sh, shvalue
+
+if TYPE_CHECKING:
+    from hpctrain.jobs.request import JobRequest
+    from hpctrain.profiles.resolved import ResolvedProfile
 
 
-def tasks_per_node(req: Any) -> int:
+def tasks_per_node(req: JobRequest) -> int:
     return 1
 
 
-def step_options(profile: Any, req: Any) -> list[str]:
+def step_options(profile: ResolvedProfile, req: JobRequest) -> list[str]:
     return []
 
 
-def context(profile: Any, req: Any) -> dict[str, Any]:
+def context(profile: ResolvedProfile, req: JobRequest) -> dict[str, Any]:
     launch = profile.launch
     if launch.torchrun:
         command = [shvalue(w) for w in launch.torchrun.split(" ")]

@@ -4,10 +4,12 @@ workers) resolved into a hpctrain.plan.Workload."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.plan.model import GIB, Workload
+from hpctrain.profiles import resolve
 
 
 def workload(
@@ -25,17 +27,30 @@ def workload(
     hidden: int | None = None,
     layers: int | None = None,
     host_mem_gib: float | None = None,
+    heads: int | None = None,
+    global_batch: int | None = None,
+    schedule: str = "1f1b",
+    domain: int | None = None,
 ) -> Workload:
-    """Resolve the inputs (model size, GPU memory from the flag or the profile) into a Workload."""
+    """Resolve the inputs (model size, GPU memory and the fast-link domain from the flags or the
+    profile) into a Workload."""
     if (params is None) == (model is None):
         raise UserError("give exactly one of --params N or --model pkg.mod:factory")
     largest = None
     if model is not None:
         params, largest = count_params(model)
     mem = gpu_mem_gib
-    if mem is None and profile is not None:
-        mem, host = _profile_memory(profile, nodes=nodes, gpus=gpus)
-        host_mem_gib = host_mem_gib if host_mem_gib is not None else host
+    if profile is not None and (mem is None or domain is None):
+        pmem, host, pdomain = _profile_memory(profile, nodes=nodes, gpus=gpus)
+        if mem is None:
+            mem = pmem
+            host_mem_gib = host_mem_gib if host_mem_gib is not None else host
+        domain = domain if domain is not None else pdomain
+    if domain is not None and not (domain % gpus == 0 or gpus % domain == 0):
+        raise UserError(
+            f"fast-link domain of {domain} GPUs and {gpus} GPUs per node: one must divide the "
+            "other; fix --domain (or the profile's slurm.gpus_per_domain)"
+        )
     if mem is None:
         where = f"profile {profile!r} has no slurm.gpu_mem_gib" if profile else "no --profile given"
         raise UserError(
@@ -44,6 +59,7 @@ def workload(
         )
     if mem <= 0:
         raise UserError(f"--gpu-mem-gib {mem}: must be positive")
+    assert params is not None  # exactly one of params and model was given, checked above
     return Workload(
         int(params),
         precision,
@@ -51,29 +67,34 @@ def workload(
         nodes,
         gpus,
         int(mem * GIB),
-        micro_batch,  # type: ignore[arg-type]
+        micro_batch,
         seq_len,
         hidden,
         layers,
         None if host_mem_gib is None else int(host_mem_gib * GIB),
         largest,
+        heads,
+        global_batch,
+        schedule,
+        None if domain is None else min(domain, gpus),  # TP stays inside a node
     )
 
 
-def _profile_memory(name: str, *, nodes: int, gpus: int) -> tuple[float | None, float | None]:
-    """(GPU memory GiB, host memory GiB per node) from a profile. A profile without GPUs (local,
-    CPU workers) shares this machine's RAM between all its workers."""
-    from hpctrain.profiles import resolve
-
+def _profile_memory(
+    name: str, *, nodes: int, gpus: int
+) -> tuple[float | None, float | None, int | None]:
+    """(GPU memory GiB, host memory GiB per node, fast-link domain GPUs) from a profile. A profile
+    without GPUs (local, CPU workers) shares this machine's RAM between all its workers."""
     prof = resolve(name)
     slurm = _get(prof, "slurm")
     gpu_mem = _get(slurm, "gpu_mem_gib")
     host = _parse_mem(_get(slurm, "mem"))
+    domain = _get(slurm, "gpus_per_domain")
     if gpu_mem is None and not (_get(slurm, "gpus_per_node") or 0):
         ram = _meminfo_gib()
         if ram:
-            return ram / max(1, nodes * gpus), ram
-    return gpu_mem, host
+            return ram / max(1, nodes * gpus), ram, domain
+    return gpu_mem, host, domain
 
 
 def _get(obj: Any, key: str) -> Any:
@@ -115,8 +136,6 @@ def _meminfo_gib() -> float | None:
 def count_params(spec: str) -> tuple[int, int]:
     """(parameters, largest parameter's elements) of `pkg.mod:factory()`, built on the meta
     device: no memory, no weights."""
-    import importlib
-
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise UserError(
@@ -126,7 +145,7 @@ def count_params(spec: str) -> tuple[int, int]:
         factory = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as e:
         raise UserError(f"--model {spec!r}: cannot import: {e}") from None
-    import torch
+    import torch  # lazy: torch on a torch-free path (--model only)
 
     with torch.device("meta"):
         model = factory()

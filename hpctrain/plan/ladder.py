@@ -4,10 +4,12 @@ Recommendation that `submit --strategy auto` uses."""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hpctrain.kernel.errors import UserError
+from hpctrain.plan.inputs import workload
 from hpctrain.plan.model import (
     BY_NAME,
     CUDA_CONTEXT_BYTES,
@@ -19,6 +21,7 @@ from hpctrain.plan.model import (
     Workload,
     estimate,
 )
+from hpctrain.plan.parallel import Candidate, assume_shape, choose, ring
 
 
 @dataclass
@@ -35,6 +38,14 @@ class Recommendation:
     activation_checkpointing: bool
     reason: str
     total_bytes_per_gpu: int
+    # the mesh (DP fills the rest): tp x pp x dp = world; schedule etc. only when pp > 1
+    tp: int = 1
+    pp: int = 1
+    dp: int | None = None
+    schedule: str | None = None
+    microbatches: int | None = None
+    bubble: float | None = None
+    offload_lost: str = ""  # why the first offload rung lost to tp x pp (when one was chosen)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -46,6 +57,7 @@ class Plan:
     estimates: list[Estimate]
     ladder: list[dict[str, Any]] = field(default_factory=list)
     recommendation: Recommendation | None = None
+    parallel: list[Candidate] = field(default_factory=list)  # tp x pp x dp layouts, best first
 
     def to_dict(self) -> dict[str, Any]:
         wl = self.workload
@@ -59,6 +71,19 @@ class Plan:
             "ladder": self.ladder,
             "recommended": rec.name if rec else None,
             "recommendation": asdict(rec) if rec else None,
+            "layout": (
+                {
+                    "tp": rec.tp,
+                    "pp": rec.pp,
+                    "dp": rec.dp,
+                    "schedule": rec.schedule,
+                    "microbatches": rec.microbatches,
+                    "bubble": rec.bubble,
+                }
+                if rec
+                else None
+            ),
+            "parallel": [c.to_dict() for c in self.parallel],
         }
 
     def to_json(self) -> str:
@@ -97,11 +122,28 @@ def make_plan(wl: Workload) -> Plan:
             f"{gib(wl.gpu_mem_bytes)} per GPU leaves nothing after the "
             f"{gib(CUDA_CONTEXT_BYTES)} CUDA context and {HEADROOM:.0%} headroom"
         )
+    wl = assume_shape(wl)
     plan = Plan(wl, [estimate(lay, wl) for lay in LAYOUTS])
     usable = wl.usable_bytes
     ddp = estimate(BY_NAME["ddp"], wl)
+    chosen, plan.parallel = choose(wl)
     for name in LADDER:
         lay = BY_NAME[name]
+        if lay.offload != "none" and chosen is not None:
+            # the decision tree's last branch: before offload, tensor x pipeline parallel
+            plan.ladder.append(
+                {
+                    "name": chosen.name,
+                    "rung": "activation checkpointing"
+                    if chosen.activation_checkpointing
+                    else "as asked",
+                    "fits": True,
+                    "total_bytes_per_gpu": chosen.total_bytes_per_gpu,
+                    "why": _mp_why(chosen, wl),
+                }
+            )
+            plan.recommendation = _mp_recommendation(chosen, wl, plan)
+            return plan
         e = estimate(lay, wl)
         state = e.model_state_bytes_per_gpu + e.transient_bytes
         if state > usable:  # no activation rung can help: go straight to the next strategy
@@ -139,7 +181,7 @@ def make_plan(wl: Workload) -> Plan:
             )
             if fits:
                 accum = max(1, (wl.micro_batch or 1) // (mb or 1))
-                plan.recommendation = Recommendation(
+                plan.recommendation = Recommendation(  # DP fills the world
                     name,
                     lay.strategy,
                     lay.zero_stage,
@@ -150,6 +192,7 @@ def make_plan(wl: Workload) -> Plan:
                     ck,
                     _reason(name, label, why, ddp, wl, accum),
                     total,
+                    dp=wl.world,
                 )
                 return plan
     return plan
@@ -175,6 +218,75 @@ def _reason(name: str, rung: str, why: str, ddp: Estimate, wl: Workload, accum: 
     return f"{tree}{extra}: {why}"
 
 
+def _mp_why(c: Candidate, wl: Workload) -> str:
+    state = c.params_bytes + c.grads_bytes + c.optimizer_bytes
+    return (
+        f"{gib(state)} model state + {gib(c.transient_bytes)} gathered + "
+        f"{gib(c.activation_bytes)} activations = {gib(c.total_bytes_per_gpu)} vs "
+        f"{gib(wl.usable_bytes)} usable"
+    )
+
+
+def _mp_recommendation(c: Candidate, wl: Workload, plan: Plan) -> Recommendation:
+    fsdp = next(e for e in plan.estimates if e.name == "fsdp")
+    domain = wl.domain or wl.gpus
+    pipe = (
+        f"pipeline parallel {c.pp} ({c.layers_per_stage} layers per stage, {c.schedule}, "
+        f"{c.microbatches} micro-batches, bubble {c.bubble:.1%})"
+        if c.pp > 1
+        else "no pipeline"
+    )
+    ck = ", activation checkpointing" if c.activation_checkpointing else ""
+    dp = f"FSDP over data parallel {c.dp}" if c.dp > 1 else "data parallel 1 (no GPUs left for it)"
+    reason = (
+        f"even fully sharded over {wl.world} GPUs the model does not fit (FSDP: "
+        f"{gib(fsdp.model_state_bytes_per_gpu)} model state + {gib(fsdp.transient_bytes)} "
+        f"gathered + {gib(fsdp.activation_bytes_per_gpu_checkpointed)} checkpointed activations): "
+        f"tensor parallel {c.tp} inside each {domain}-GPU fast-link domain, {pipe}, "
+        f"{dp}{ck}: {_mp_why(c, wl)}; of the layouts that fit it sends the least between "
+        f"nodes ({gib(c.slow_bytes_per_step)} per GPU per step)"
+    )
+    return Recommendation(
+        c.name,
+        "fsdp",  # the DP dimension (train_entry's FSDP2 over the dp mesh dimension)
+        None,
+        "none",
+        c.precision,
+        wl.micro_batch,
+        c.microbatches if c.pp == 1 else 1,
+        c.activation_checkpointing,
+        reason,
+        c.total_bytes_per_gpu,
+        tp=c.tp,
+        pp=c.pp,
+        dp=c.dp,
+        schedule=c.schedule if c.pp > 1 else None,
+        microbatches=c.microbatches if c.pp > 1 else None,
+        bubble=c.bubble if c.pp > 1 else None,
+        offload_lost=_offload_lost(c, wl),
+    )
+
+
+def _offload_lost(c: Candidate, wl: Workload) -> str:
+    """Why the ladder's first offload rung lost: what it would cost against the chosen layout."""
+    off = estimate(BY_NAME["zero3_offload"], wl, precision=c.precision)
+    n, w = wl.world, 4 if c.precision == "fp32" else 2
+    pcie = math.ceil(wl.params / n) * (4 + w)  # fp32 gradients to the host, parameters back
+    gathers = ring(n) * wl.params * (2 * w + 4) if wl.nodes > 1 else 0
+    host = (
+        f" of {gib(wl.host_mem_bytes)}"
+        if wl.host_mem_bytes is not None
+        else " (the nodes' host memory is not known)"
+    )
+    return (
+        f"{c.name} fits on the GPUs, so offload is not needed; zero3_offload would hold "
+        f"{gib(off.host_bytes_per_node)} of host memory per node{host}, move {gib(pcie)} per GPU "
+        f"per step over PCIe with the optimizer step on the CPU, and send "
+        f"{gib(int(gathers))} per GPU per step between nodes for its parameter gathers and "
+        f"gradient reduce-scatter against {gib(c.slow_bytes_per_step)} here"
+    )
+
+
 def recommend(
     *,
     params: int | None = None,
@@ -189,21 +301,27 @@ def recommend(
     seq_len: int | None = None,
     hidden: int | None = None,
     layers: int | None = None,
+    heads: int | None = None,
+    global_batch: int | None = None,
+    schedule: str = "1f1b",
+    domain: int | None = None,
 ) -> Recommendation:
     """The strategy for `hpctrain submit --strategy auto`.
 
     Give the model as `params` (a count) or `model` ("pkg.mod:factory", built on the meta device),
     the topology (`nodes` x `gpus` per node) and the GPU memory (`gpu_mem_gib`, else the profile's
     `slurm.gpu_mem_gib`; a profile without GPUs plans for CPU workers sharing this machine's RAM).
-    Returns a Recommendation: `.strategy` (ddp|fsdp|deepspeed), `.zero_stage` (None, 1, 2, 3),
-    `.offload` (none|optimizer|optimizer+params|nvme), `.reason`, and `.to_json()` (write it to the
-    run folder's plan.json). Raises UserError (exit 2) when no option fits or an input is missing.
+    Returns a Recommendation: `.strategy` (ddp|fsdp|deepspeed; the DP dimension), `.zero_stage`
+    (None, 1, 2, 3), `.offload` (none|optimizer|optimizer+params|nvme), the mesh `.tp`, `.pp`, `.dp`
+    (with `.schedule`, `.microbatches`, `.bubble` when pp > 1), `.reason`, and `.to_json()` (write
+    it to the run folder's plan.json). The shape (`layers`, `hidden`, `heads`, `seq_len`,
+    `micro_batch`) is assumed from the parameter count where not given; `domain` (GPUs joined by
+    NVLink, else the profile's `slurm.gpus_per_domain`, else `gpus`) bounds tensor parallel.
+    Raises UserError (exit 2) when no option fits or an input is missing.
 
         rec = recommend(params=124_000_000, nodes=2, gpus=8, profile="mycluster")
         rec.strategy, rec.zero_stage  # ("ddp", None)
     """
-    from hpctrain.plan.inputs import workload
-
     plan = make_plan(
         workload(
             params=params,
@@ -218,6 +336,10 @@ def recommend(
             seq_len=seq_len,
             hidden=hidden,
             layers=layers,
+            heads=heads,
+            global_batch=global_batch,
+            schedule=schedule,
+            domain=domain,
         )
     )
     if plan.recommendation is None:
@@ -229,6 +351,6 @@ def no_fit_message(plan: Plan) -> str:
     wl = plan.workload
     return (
         f"no strategy fits {wl.params:,} parameters on {wl.nodes} node(s) x {wl.gpus} GPU(s) of "
-        f"{gib(wl.gpu_mem_bytes)}: use more GPUs or nodes, a smaller model, or pipeline/tensor "
-        "parallelism (not provided by hpctrain)"
+        f"{gib(wl.gpu_mem_bytes)}, not even with pipeline/tensor parallelism: use more GPUs or "
+        "nodes, or a smaller model"
     )

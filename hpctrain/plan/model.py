@@ -111,6 +111,11 @@ class Workload:
     layers: int | None = None
     host_mem_bytes: int | None = None  # per node; None: not checked
     largest_param: int | None = None  # elements of the biggest parameter tensor (from --model)
+    heads: int | None = None
+    global_batch: int | None = None  # sequences per optimizer step; None: world x micro_batch
+    schedule: str = "1f1b"  # pipeline schedule: gpipe | 1f1b | interleaved_1f1b
+    domain: int | None = None  # GPUs joined by the fast link (NVLink); None: gpus per node
+    assumed: tuple[str, ...] = ()  # shape fields the plan assumed (hpctrain.plan.parallel)
 
     @property
     def world(self) -> int:

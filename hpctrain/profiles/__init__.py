@@ -7,7 +7,9 @@ profile.slurm.gpus_per_node, profile.origins["slurm.qos"]  # -> 8, "flag slurm.q
 
 from typing import Any
 
-from hpctrain.profiles.load import Entry, discover, resolve, resolve_file
+from hpctrain.profiles import schema
+from hpctrain.profiles.discovery import Entry, discover
+from hpctrain.profiles.load import resolve, resolve_file
 
 __all__ = ["Entry", "Profile", "discover", "resolve", "resolve_file"]
 
@@ -15,7 +17,5 @@ __all__ = ["Entry", "Profile", "discover", "resolve", "resolve_file"]
 def __getattr__(name: str) -> Any:
     # The schema (pydantic) is imported on first use only: see profiles/cache.py.
     if name == "Profile":
-        from hpctrain.profiles.schema import Profile
-
-        return Profile
+        return schema.Profile
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -24,12 +24,18 @@ cache is not writing a run folder: `submit --dry-run` still writes nothing there
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import stat
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.profiles import schema
+
+if TYPE_CHECKING:
+    from hpctrain.profiles.schema.profile import Profile
 
 FORMAT = 1
 MAX_ENTRIES = 256
@@ -52,7 +58,6 @@ def _fingerprint() -> str:
         here = Path(__file__).resolve().parent
         for path in sorted(here.rglob("*.py")):
             h.update(path.relative_to(here).as_posix().encode() + b"\0" + path.read_bytes())
-        import importlib.util
 
         spec = importlib.util.find_spec("pydantic")
         origin = spec.origin if spec else None
@@ -126,7 +131,7 @@ def memo(kind: str, data: dict[str, Any], fn: Any) -> Any:
     return value
 
 
-def parsed(text: str) -> tuple[dict[str, Any], dict[tuple, int]] | None:
+def parsed(text: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], int]] | None:
     """(data, lines) of a profile text the loader read before without a problem."""
     key = key_of({"yaml": text})
     entry = _read(key) if key is not None else None
@@ -135,7 +140,7 @@ def parsed(text: str) -> tuple[dict[str, Any], dict[tuple, int]] | None:
     return entry["data"], {tuple(p): n for p, n in entry["lines"]}
 
 
-def store_parsed(text: str, data: Any, lines: dict[tuple, int]) -> None:
+def store_parsed(text: str, data: Any, lines: dict[tuple[Any, ...], int]) -> None:
     key = key_of({"yaml": text})
     if key is not None and _plain(data):
         _write(key, {"data": data, "lines": [[list(p), n] for p, n in lines.items()]})
@@ -191,7 +196,7 @@ def lookup(merged: dict[str, Any]) -> ProfileView | None:
     return ProfileView(entry, merged)
 
 
-def store(merged: dict[str, Any], profile: Any) -> None:
+def store(merged: dict[str, Any], profile: Profile) -> None:
     """Remember a successful validation. Never fails the command: a cache that cannot be
     written is only a slower next start."""
     key = key_of(merged)
@@ -216,21 +221,19 @@ def _prune(folder: Path) -> None:
 
 def _encode(model: Any) -> dict[str, Any]:
     """A model as {"fields": {name: value or nested}, "props": {name: value}}."""
-    from pydantic import BaseModel
-
     fields: dict[str, Any] = {}
     for name in type(model).model_fields:
         value = getattr(model, name)
-        if isinstance(value, BaseModel):
+        if isinstance(value, schema.BaseModel):
             fields[name] = {"model": _encode(value)}
-        elif isinstance(value, list) and any(isinstance(v, BaseModel) for v in value):
+        elif isinstance(value, list) and any(isinstance(v, schema.BaseModel) for v in value):
             fields[name] = {"models": [_encode(v) for v in value]}
         else:
             dumped = type(model).__pydantic_serializer__.to_python(model, include={name})[name]
             fields[name] = {"value": dumped}
     props: dict[str, Any] = {}
     for klass in type(model).__mro__:
-        if klass is BaseModel or klass.__module__.startswith("pydantic"):
+        if klass is schema.BaseModel or klass.__module__.startswith("pydantic"):
             break
         for name, attr in vars(klass).items():
             if (
@@ -255,7 +258,9 @@ def _copy(value: Any) -> Any:
 class _Node:
     """One model of a cached profile: its fields and properties as attributes."""
 
-    def __init__(self, tree: dict[str, Any], root: ProfileView | None, path: tuple) -> None:
+    def __init__(
+        self, tree: dict[str, Any], root: ProfileView | None, path: tuple[str | int, ...]
+    ) -> None:
         object.__setattr__(self, "_tree", tree)
         object.__setattr__(self, "_root", root if root is not None else self)
         object.__setattr__(self, "_path", path)
@@ -269,6 +274,7 @@ class _Node:
             return values[name]
         field = self._tree["fields"].get(name)
         if field is not None:
+            value: Any
             if "model" in field:
                 value = _Node(field["model"], self._root, (*self._path, name))
             elif "models" in field:
@@ -289,18 +295,18 @@ class _Node:
             raise AttributeError(f"a cached profile is read-only ({name})")
         object.__setattr__(self, name, value)
 
-    @property
-    def __class__(self) -> type:  # type: ignore[override]
+    @property  # type: ignore[misc]  # the view answers isinstance() as the model does
+    def __class__(self) -> type:
         """`isinstance(view, Profile)` (or a section's class) holds, as for the validated model.
         Whoever holds the class has imported the schema; until then the view is its own class
         (so the fast path stays free of pydantic), and the type itself never changes."""
-        schema = sys.modules.get("hpctrain.profiles.schema.profile")  # the models, not checks.py
-        if schema is None:
+        models = sys.modules.get("hpctrain.profiles.schema.profile")  # the models, not checks.py
+        if models is None:
             return type(self)
-        model = schema.Profile
+        model = models.Profile
         for part in self._path:
             if not isinstance(part, int):
-                model = schema._model_of(model.model_fields[part].annotation)
+                model = models._model_of(model.model_fields[part].annotation)
         return model or type(self)
 
     def _real_node(self) -> Any:
@@ -319,7 +325,8 @@ class _Node:
                 else _copy(v)
                 for k, v in ((n, getattr(self, n)) for n in self._tree["fields"])
             }
-        return self._real_node().model_dump(**kwargs)
+        out: dict[str, Any] = self._real_node().model_dump(**kwargs)
+        return out
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({'.'.join(map(str, self._path)) or 'profile'})"
@@ -340,28 +347,32 @@ class ProfileView(_Node):
     def real(self) -> Any:
         """The same profile validated by pydantic (only when the view lacks something)."""
         if self._real is None:
-            from hpctrain.profiles.schema import Profile
-
-            real = Profile.model_validate(self._merged)
+            real = schema.Profile.model_validate(self._merged)
             real._source, real._chain, real._origins = self._source, self._chain, self._origins
             object.__setattr__(self, "_real", real)
         return self._real
 
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
+        out: dict[str, Any]
         if not kwargs or kwargs == {"mode": "python"}:
-            return _copy(self._entry["dump"])
-        if kwargs == {"mode": "json"}:
-            return _copy(self._entry["dump_json"])
-        return self.real().model_dump(**kwargs)
+            out = _copy(self._entry["dump"])
+        elif kwargs == {"mode": "json"}:
+            out = _copy(self._entry["dump_json"])
+        else:
+            out = self.real().model_dump(**kwargs)
+        return out
 
     @property
     def origins(self) -> dict[str, str]:
-        return self._origins
+        origins: dict[str, str] = self._origins
+        return origins
 
     @property
     def source(self) -> Path | None:
-        return self._source
+        source: Path | None = self._source
+        return source
 
     @property
     def chain(self) -> list[Path]:
-        return self._chain
+        chain: list[Path] = self._chain
+        return chain

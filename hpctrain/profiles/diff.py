@@ -13,7 +13,14 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.jobs.request import JobRequest
+from hpctrain.profiles.load import resolve
+from hpctrain.render.script import render
+
+if TYPE_CHECKING:
+    from hpctrain.profiles.resolved import ResolvedProfile
 
 RUN = "/runs/diff"  # a fixed run folder: both scripts differ only where the profiles do
 
@@ -69,18 +76,13 @@ def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): value}
 
 
-def _script(profile: Any, nodes: int, gpus: int | None) -> str:
-    from hpctrain.render import render
-    from hpctrain.request import JobRequest
-
+def _script(profile: ResolvedProfile, nodes: int, gpus: int | None) -> str:
     req = JobRequest.build(profile, name="diff", nodes=nodes, gpus=gpus, args=[])
     return render(profile, req, RUN, python="/node/python")
 
 
 def compare(old_ref: str, new_ref: str, *, nodes: int = 2, gpus: int | None = None) -> Comparison:
     """Both profiles resolved through every layer (as `submit` would), then compared."""
-    from hpctrain.profiles.load import resolve
-
     old, new = resolve(old_ref), resolve(new_ref)
     result = Comparison(f"{old.name} ({old.source})", f"{new.name} ({new.source})")
     a, b = _leaves(old.model_dump(mode="json")), _leaves(new.model_dump(mode="json"))

@@ -8,8 +8,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpctrain.errors import Problem, UserError
-from hpctrain.kernel import jobenv
+from hpctrain.kernel import jobenv, resources
+from hpctrain.kernel.errors import Problem, UserError
 from hpctrain.profiles import trust as _trust
 from hpctrain.profiles.yamlsafe import read_yaml
 
@@ -42,11 +42,9 @@ def config_home() -> Path:
 
 def search_dirs() -> list[tuple[Path, str]]:
     """Discovery order, lowest precedence first."""
-    from hpctrain.resources import bundled
-
     dirs: list[tuple[Path, str]] = []
     try:
-        dirs.append((bundled("site_configs"), "bundled"))
+        dirs.append((resources.bundled("site_configs"), "bundled"))
     except FileNotFoundError:
         pass
     for d in (jobenv.get(jobenv.SITE_PATH) or "").split(":"):
@@ -72,8 +70,8 @@ def discover() -> list[Entry]:
             found = [
                 Entry(p.stem, p.resolve(), kind, found=Path(os.path.abspath(p))) for p in files
             ]
-        except (OSError, RuntimeError) as e:
-            reason = getattr(e, "strerror", None) or str(e)
+        except (OSError, RuntimeError) as err:
+            reason = getattr(err, "strerror", None) or str(err)
             broken.append(
                 Entry(
                     "",
@@ -101,10 +99,8 @@ def discover() -> list[Entry]:
 
 
 def _is_bundled(path: Path) -> bool:
-    from hpctrain.resources import bundled
-
     try:
-        return path.resolve().parent == bundled("site_configs").resolve()
+        return path.resolve().parent == resources.bundled("site_configs").resolve()
     except FileNotFoundError:
         return False
 
@@ -134,16 +130,34 @@ def find(name: str, *, skip: set[Path] | None = None) -> Path:
     )
 
 
+def _users(e: Entry) -> bool:
+    """The user's own file: in their config folder, or in a site path folder that they own (anyone
+    can put a folder of theirs on the site path; it must not outrank an admin's locks)."""
+    if e.kind == "user":
+        return True
+    uid = os.getuid()
+    if e.kind != "site" or uid == 0:
+        return False
+    for p in {e.found or e.path, e.path}:
+        for q in (p, p.parent):
+            try:
+                if q.lstat().st_uid == uid:
+                    return True
+            except OSError:
+                continue
+    return False
+
+
 def _check_shadowing(winner: Entry, entries: list[Entry]) -> None:
     """A user's profile may not silently replace a site (or bundled) profile that locks keys: the
     admin's locks would be gone without a word. Refused, with the way to build on it instead."""
-    if winner.kind != "user":
+    if not _users(winner):
         return
     mine = read_yaml(winner.path, [])
     if mine is not None and mine.data.get("extends") == winner.name:
         return  # builds on the site's profile of the same name: its locks still hold
     for e in entries:
-        if e.name != winner.name or e.kind == "user" or e.path == winner.path:
+        if e.name != winner.name or _users(e) or e.path == winner.path:
             continue
         problems: list[Problem] = []
         doc = read_yaml(e.path, problems)

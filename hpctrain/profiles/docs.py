@@ -1,20 +1,26 @@
-"""Generate docs/site-profiles.md from the schema, so the doc and the code cannot drift.
+"""Generate docs/site-profiles.md, and the profile-key shape in docs/design.md, from the schema,
+so the docs and the code cannot drift.
 
 python -m hpctrain.profiles.docs > docs/site-profiles.md
+python -m hpctrain.profiles.docs --design docs/design.md    # its `profile-keys` section in place
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import types
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from hpctrain.kernel import docs as kernel_docs
 from hpctrain.kernel import jobenv
-from hpctrain.profiles.load import MAX_BYTES, MAX_DEPTH
+from hpctrain.kernel.files import write_atomic
+from hpctrain.kernel.yamlsafe import MAX_BYTES, MAX_DEPTH
 from hpctrain.profiles.schema import Profile
 
 GUIDE = f"""\
@@ -134,7 +140,9 @@ by name). Users see it once DIR is in `${jobenv.SITE_PATH}`.
 - `environment.setup` and `environment.task_setup` are trusted admin content: shell lines run as
   written. Keep them in site profiles and lock them.
 - Environment values everywhere: `$NAME`, `${{NAME}}` and `${{NAME:-default}}` expand on the node,
-  every other character is literal, `$(...)` and backticks are refused. Names may be mixed case
+  every other character is literal, `$(...)`, `$((...))` and backticks are refused. A default is
+  plain text (letters, digits, spaces and `_./:,=+@%~^-`: bash parses quotes and other syntax
+  inside it), and in a command word (a binary, python, an image) it never starts with `-`. Names may be mixed case
   (`PMIX_MCA_psec`). `NAME: null` in a child profile removes an inherited entry.
 - The rendezvous head is the first node of the allocation, resolved with getent; with
   `rendezvous.host_suffix` its name gets a suffix first (`jwb0001i`); with `rendezvous.interface`
@@ -223,5 +231,62 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
+def _plain(annotation: Any) -> str:
+    """A field's type as the shape writes it: `str | null`, `a | b`, `[str]`, `{NAME: str}`."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _plain(args[0])
+    if origin is Literal:
+        return " | ".join(str(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_plain(a) for a in args if a is not type(None)]
+        return " | ".join(parts) + (" | null" if type(None) in args else "")
+    if origin is list:
+        return f"[{_plain(args[0])}]"
+    if origin is dict:
+        return f"{{NAME: {_plain(args[1])}}}"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "{...}"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _section(annotation: Any) -> type[BaseModel] | None:
+    for a in (annotation, *typing.get_args(annotation)):
+        if isinstance(a, type) and issubclass(a, BaseModel):
+            return a
+    return None
+
+
+def _shape_lines(model: type[BaseModel], indent: str) -> list[str]:
+    lines = []
+    for name, field in model.model_fields.items():
+        inner = _section(field.annotation)
+        if inner is not None:  # a section: its keys below
+            head = f"{indent}{name}:"
+            optional = field.default_factory is None
+            lines.append(f"{head:<44} # default null; when set:" if optional else head)
+            lines += _shape_lines(inner, indent + "  ")
+            continue
+        text = f"{indent}{name}: {_plain(field.annotation)}"
+        default = _default(field).strip("`")
+        note = "required" if default == "required" else f"default {default}"
+        lines.append(f"{text:<44} # {note}" if len(text) < 44 else f"{text}  # {note}")
+    return lines
+
+
+def shape() -> str:
+    """docs/design.md's `profile-keys` section: every key of the schema, nested as in a file."""
+    return "```yaml\n" + "\n".join(_shape_lines(Profile, "")) + "\n```"
+
+
+def fill_design(text: str) -> str:
+    """docs/design.md with its `profile-keys` section generated from the schema."""
+    return kernel_docs.fill(text, {"profile-keys": shape})
+
+
 if __name__ == "__main__":
-    print(render(), end="")
+    if sys.argv[1:2] == ["--design"] and len(sys.argv) == 3:
+        path = Path(sys.argv[2])
+        write_atomic(path, fill_design(path.read_text(encoding="utf-8")), durable=False)
+    else:
+        print(render(), end="")

@@ -9,9 +9,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpctrain.errors import Problem
+from hpctrain.kernel.errors import Problem
+from hpctrain.kernel.yamlsafe import MAX_INT, Path_, _bad_text
+from hpctrain.profiles import schema
 from hpctrain.profiles.discovery import check_trust, config_home
-from hpctrain.profiles.yamlsafe import MAX_INT, Path_, _bad_text, read_yaml
+from hpctrain.profiles.yamlsafe import read_yaml
 
 # ---------------------------------------------------------------------------------------------
 # Layers
@@ -60,15 +62,12 @@ def _drop_nulls(data: dict[str, Any], path: Path_ = ()) -> dict[str, Any]:
     out = {}
     for k, v in data.items():
         if v is None:
-            from pydantic_core import PydanticUndefined
-
-            from hpctrain.profiles.schema import model_at
-
             if model is False:
-                model = model_at((*path, ""))
+                model = schema.model_at((*path, ""))
             field = model.model_fields.get(k) if model else None
             if field is not None and (
-                field.default_factory is not None or field.default not in (None, PydanticUndefined)
+                field.default_factory is not None
+                or field.default not in (None, schema.PydanticUndefined)
             ):
                 continue
         out[k] = _drop_nulls(v, (*path, k)) if isinstance(v, dict) else v

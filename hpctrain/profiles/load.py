@@ -17,8 +17,18 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.errors import Problem, UserError, ValidationError
-from hpctrain.profiles import cache
+from hpctrain.kernel.errors import Problem, UserError, ValidationError
+from hpctrain.kernel.yamlsafe import (  # noqa: F401  (re-exported: the loader's public names)
+    MAX_BYTES,
+    MAX_DEPTH,
+    MAX_INT,
+    Doc,
+    Path_,
+    _bad_text,
+    dotted,
+    yaml_scalar,
+)
+from hpctrain.profiles import cache, schema
 from hpctrain.profiles import locks as _locks
 from hpctrain.profiles.discovery import (  # noqa: F401  (re-exported: the loader's public names)
     Entry,
@@ -49,22 +59,15 @@ from hpctrain.profiles.problems import (
     _problems,
     _quoted_wants,
 )
-from hpctrain.profiles.yamlsafe import (  # noqa: F401
-    MAX_BYTES,
-    MAX_DEPTH,
-    MAX_INT,
-    Doc,
-    Path_,
-    _bad_text,
-    dotted,
-    read_yaml,
-    yaml_scalar,
-)
+from hpctrain.profiles.yamlsafe import read_yaml
 
 if TYPE_CHECKING:
-    from hpctrain.profiles.schema import Profile
-# pydantic and the schema are imported where used: a cached validation (profiles/cache.py) needs
-# neither, which halves the CLI's start-up.
+    from hpctrain.profiles.cache import ProfileView
+    from hpctrain.profiles.resolved import ResolvedProfile
+    from hpctrain.profiles.schema.profile import Profile
+# pydantic and the schema's models load on first use through the schema's face (schema.Profile,
+# schema.ValidationError): a cached validation (profiles/cache.py) needs neither, which halves the
+# CLI's start-up.
 
 
 def _chain(top: Path, problems: list[Problem]) -> list[Doc]:
@@ -118,15 +121,15 @@ def _chain(top: Path, problems: list[Problem]) -> list[Doc]:
             except UserError:
                 others = [e.path for e in discover() if e.name == parent]
                 if others and all(p in seen for p in others):
-                    names = " -> ".join(str(p) for p in [*seen, others[-1]])
-                    msg = f"extends forms a cycle: {names}; fix: break the cycle"
+                    cycle = " -> ".join(str(p) for p in [*seen, others[-1]])
+                    msg = f"extends forms a cycle: {cycle}; fix: break the cycle"
                 else:
-                    names = sorted({e.name for e in discover()})
-                    close = difflib.get_close_matches(parent, names, n=1)
+                    known = sorted({e.name for e in discover()})
+                    close = difflib.get_close_matches(parent, known, n=1)
                     hint = f"did you mean {close[0]!r}? " if close else ""
                     msg = (
                         f"extends {parent!r}: no such profile; {hint}fix: use one of "
-                        f"{', '.join(names)} or a path"
+                        f"{', '.join(known)} or a path"
                     )
                 problems.append(
                     Problem(
@@ -202,9 +205,7 @@ def _locks_of(doc: Doc, problems: list[Problem]) -> list[str]:
 
 
 def _unknown_keys(data: dict[str, Any]) -> list[str]:
-    from hpctrain.profiles.schema import key_exists
-
-    return [k for k in data["keys"] if not key_exists(k)]
+    return [k for k in data["keys"] if not schema.key_exists(k)]
 
 
 def resolve_file(
@@ -213,7 +214,7 @@ def resolve_file(
     *,
     user_config: bool = True,
     expect_name: str | None = None,
-) -> Profile:
+) -> ResolvedProfile:
     """Resolve the profile in file `top` through every layer; all problems raised together."""
     problems: list[Problem] = []
     docs = _chain(top, problems)
@@ -313,19 +314,16 @@ def resolve_file(
                 merged[key] = docs[0].data[key]
         where.setdefault(("locked",), (str(docs[0].path), docs[0].lines.get(("locked",))))
 
-    profile = None
+    profile: Profile | ProfileView | None = None
     if docs and not problems:
         profile = cache.lookup(merged)  # the same input validated before: no pydantic
     if docs and profile is None:
-        from pydantic import ValidationError as PydanticError
-
-        from hpctrain.profiles.schema import Profile
-
         try:
-            profile = Profile.model_validate(merged)
+            model: Profile = schema.Profile.model_validate(merged)
+            profile = model
             if not problems:
-                cache.store(merged, profile)
-        except PydanticError as e:
+                cache.store(merged, model)
+        except schema.ValidationError as e:
             errors = e.errors()
             problems += _problems(
                 errors + _more_cross_field(merged, errors), where, str(docs[0].path)
@@ -372,7 +370,9 @@ def default_profile_name() -> str:
     )
 
 
-def resolve(name_or_path: str | None = None, flags: dict[str, object] | None = None) -> Profile:
+def resolve(
+    name_or_path: str | None = None, flags: dict[str, object] | None = None
+) -> ResolvedProfile:
     """The fully validated, merged profile for a name (discovery) or a file path.
 
     With no name: the user config's `default_profile`, else `local` when `sbatch` is not on

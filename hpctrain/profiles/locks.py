@@ -6,11 +6,12 @@ ranks talk to each other. Several keys can set the same thing, so a lock on one 
 environment variable, or a new network variable prefix, is covered without touching this file:
 - every environment mapping (`environment.env`, `network.env`, `environment.task_env`, a new one
   named `env` or `*_env`) exporting NAME sets `environment.env.NAME` (and `network.env.NAME` for a
-  network variable);
+  network variable); `APPTAINERENV_NAME`/`SINGULARITYENV_NAME` set NAME (inside the container);
 - a variable with a dedicated key (schema.DEDICATED_ENV, e.g. NCCL_SOCKET_IFNAME) is that key;
 - a network variable (schema.NETWORK_ENV_PREFIXES: NCCL_, FI_, UCX_, ...) is part of `network`;
 - `scheduler` decides whether any `slurm.*` key applies at all (local drops every #SBATCH line),
-  so a lock on anything under `slurm` covers `scheduler`.
+  so a lock on anything under `slurm` covers `scheduler`;
+- `slurm.srun_args_if_exists` adds srun options as `slurm.srun_args` does, so a lock on that covers it.
 Options that undo a key (`--partition` in srun_args) are refused wherever they appear by the
 schema's owned-option tables, locked or not.
 """
@@ -18,6 +19,9 @@ schema's owned-option tables, locked or not.
 from __future__ import annotations
 
 from typing import Any
+
+from hpctrain.profiles import cache, schema
+from hpctrain.profiles.schema.checks import inner_name
 
 Path_ = tuple[str | int, ...]
 
@@ -45,7 +49,7 @@ def sets(path: Path_) -> list[str]:
         None,
     )
     if at is not None:
-        name = str(path[at + 1])
+        name = inner_name(str(path[at + 1]))  # APPTAINERENV_X sets X inside the container
         dedicated, prefixes = _tables()
         out.append(f"environment.env.{name}")
         if name in dedicated:
@@ -54,6 +58,8 @@ def sets(path: Path_) -> list[str]:
             out += [f"network.env.{name}", "network"]
     if path[:1] == ("scheduler",):
         out.append("slurm")
+    if path[:2] == ("slurm", "srun_args_if_exists"):  # the same srun options, some of the time
+        out.append("slurm.srun_args")
     return list(dict.fromkeys(out))
 
 
@@ -64,16 +70,12 @@ def _tables() -> tuple[dict[str, str], tuple[str, ...]]:
     """The schema's tables, through the profile cache (no pydantic import on a warm start)."""
     global _TABLES
     if _TABLES is None:
-        from hpctrain.profiles import cache
-
         t = cache.memo("lock_tables", {}, _read_tables)
         _TABLES = (dict(t["dedicated"]), tuple(t["prefixes"]))
     return _TABLES
 
 
 def _read_tables(_: Any) -> dict[str, Any]:
-    from hpctrain.profiles import schema
-
     return {"dedicated": dict(schema.DEDICATED_ENV), "prefixes": list(schema.NETWORK_ENV_PREFIXES)}
 
 

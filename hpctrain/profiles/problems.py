@@ -6,8 +6,9 @@ import difflib
 import typing
 from typing import Any
 
-from hpctrain.errors import Problem
-from hpctrain.profiles.yamlsafe import Path_, dotted
+from hpctrain.kernel.errors import Problem
+from hpctrain.kernel.yamlsafe import Path_, dotted
+from hpctrain.profiles import schema
 
 NAME_MISSING = "required key is missing; fix: add `name: NAME` (every profile file names itself)"
 
@@ -45,19 +46,15 @@ _FIX = {
 def _more_cross_field(merged: dict[str, Any], errors: list[Any]) -> list[Any]:
     """Cross-field checks of sections whose other keys had errors (pydantic skips them), run
     on the keys that were fine, so that every problem of a file is reported at once."""
-    from pydantic import ValidationError as PydanticError
-
-    from hpctrain.profiles.schema import SECTIONS
-
     out = []
-    for name, model in SECTIONS.items():
+    for name, model in schema.SECTIONS.items():
         bad = {e["loc"][1] for e in errors if e["loc"][:1] == (name,) and len(e["loc"]) > 1}
         section = merged.get(name)
         if not bad or not isinstance(section, dict):
             continue
         try:
             model.model_validate({k: v for k, v in section.items() if k not in bad})
-        except PydanticError as e:
+        except schema.ValidationError as e:
             out += [
                 {**err, "loc": (name, *err["loc"])}
                 for err in e.errors()
@@ -76,7 +73,8 @@ def _problems(
         if err["type"] == "cross_field":
             items = [((*loc, f), m) for f, m in err["ctx"]["items"]]
         for path, msg in items:
-            file, line = top, None
+            file: str | None = top
+            line: int | None = None
             for n in range(len(path), -1, -1):
                 if path[:n] in where:
                     file, line = where[path[:n]]
@@ -86,11 +84,9 @@ def _problems(
 
 
 def _message(err: Any, path: Path_, msg: str) -> str:
-    from hpctrain.profiles.schema import model_at
-
     kind = err["type"]
     if kind == "extra_forbidden":
-        model = model_at(path)
+        model = schema.model_at(path)
         names = list(model.model_fields) if model else []
         close = difflib.get_close_matches(str(path[-1]), names, n=1, cutoff=0.6)
         if close:
@@ -110,9 +106,7 @@ def _message(err: Any, path: Path_, msg: str) -> str:
 def _quoted_instead_of(path: Path_) -> str | None:
     """For a text value at `path`: what the schema wants when that is a bool or a number only
     (`exclusive: 'true'`, `max_nodes: '4'` were accepted although the messages said no quotes)."""
-    from hpctrain.profiles.schema import model_at
-
-    model = model_at(path) if path and isinstance(path[-1], str) else None
+    model = schema.model_at(path) if path and isinstance(path[-1], str) else None
     field = model.model_fields.get(str(path[-1])) if model else None
     if field is None:
         return None

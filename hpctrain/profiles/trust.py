@@ -18,7 +18,7 @@ import os
 import stat
 from pathlib import Path
 
-from hpctrain.errors import UserError
+from hpctrain.kernel.errors import UserError
 
 
 class Untrusted(UserError):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hpctrain.errors import Problem
+from hpctrain.kernel.errors import Problem
 from hpctrain.kernel.yamlsafe import (  # noqa: F401  (the names profiles import from here)
     MAX_BYTES,
     MAX_DEPTH,

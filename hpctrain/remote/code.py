@@ -12,14 +12,16 @@ from __future__ import annotations
 import io
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
 from dataclasses import dataclass
+from importlib.machinery import PathFinder
 from pathlib import Path
 from typing import Any
 
-from hpctrain.errors import UserError
+from hpctrain.kernel.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,6 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
 def import_root(module: str, cwd: Path | None = None) -> Path | None:
     """The folder `python -m MODULE` would import MODULE's top package from, run here: the current
     folder, PYTHONPATH, then this interpreter's path. Nothing is imported (no package code runs)."""
-    from importlib.machinery import PathFinder
-
     here = Path(cwd or Path.cwd())
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     entries = [str(here), *(str(here / p) for p in extra), *sys.path[1:]]
@@ -104,14 +104,22 @@ def pack(
                     f"--module {module} is not inside --sync {sync}; fix: send the folder "
                     "that holds its package"
                 )
-        shutil.copytree(
-            root,
-            dest,
-            symlinks=True,
-            dirs_exist_ok=True,
-            ignore=shutil.ignore_patterns(".git", "__pycache__", "runs"),
+        special: list[str] = []
+        try:
+            shutil.copytree(
+                root, dest, symlinks=True, dirs_exist_ok=True, ignore=_ignore(root, special)
+            )
+        except (OSError, shutil.Error) as e:
+            raise UserError(
+                f"--sync {sync}: cannot copy it ({_first(e)}); fix: make its files readable"
+            ) from None
+        warning = (
+            f"--sync {sync}: skipped {len(special)} entries that are not files or folders "
+            f"(FIFOs, sockets, devices): {', '.join(special[:3])}"
+            if special
+            else None
         )
-        return Code(f"folder {root}", rel, root=import_rel)
+        return Code(f"folder {root}", rel, warning=warning, root=import_rel)
     target = script_path or mod_path
     if target is None:
         return None
@@ -168,24 +176,29 @@ def pythonpath(site_code: str, code: Code, env: dict[str, str]) -> str:
     return f"{root}:{rest}"
 
 
-# -- on the site: the uploaded code becomes the run folder's code/ ---------------------------------
-def adopt(prepared: Any, code_dir: Path) -> None:
-    """Point a prepared submission's --script at RUN/code/... instead of the upload folder, and
-    render again (the script was checked where it was uploaded)."""
-    import dataclasses
+def _ignore(root: Path, special: list[str]) -> Any:
+    """copytree's ignore: hpctrain's own folders, and anything that is not a file, folder or
+    symlink (reading a FIFO would wait forever; a socket cannot be copied)."""
+    skip = shutil.ignore_patterns(".git", "__pycache__", "runs")
 
-    from hpctrain.render import render
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        out = set(skip(folder, names))
+        for n in names:
+            try:
+                mode = os.lstat(os.path.join(folder, n)).st_mode
+            except OSError:
+                continue
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)):
+                out.add(n)
+                special.append(os.path.relpath(os.path.join(folder, n), root))
+        return out
 
-    req = prepared.request
-    if req.entry.kind == "script":
-        rel = Path(req.entry.target).resolve().relative_to(code_dir.resolve())
-        entry = dataclasses.replace(req.entry, target=str(prepared.run.path / "code" / rel))
-        prepared.request = dataclasses.replace(req, entry=entry)
-    prepared.script = render(
-        prepared.profile, prepared.request, prepared.run.path, python=prepared.python
-    )
+    return ignore
 
 
-def install(run_path: Path, code_dir: Path) -> None:
-    """Move the uploaded code into the new run folder (before its job is submitted)."""
-    shutil.move(str(code_dir), str(run_path / "code"))
+def _first(e: BaseException) -> str:
+    """One line for a copy error (shutil.Error carries a list of (src, dst, why))."""
+    args = e.args[0] if isinstance(e, shutil.Error) and e.args else None
+    if isinstance(args, list) and args and isinstance(args[0], tuple) and len(args[0]) == 3:
+        return f"{args[0][0]}: {args[0][2]}"
+    return str(e)

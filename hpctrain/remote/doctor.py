@@ -6,16 +6,19 @@ from __future__ import annotations
 import secrets
 import shlex
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hpctrain.remote.site import Site
 from hpctrain.remote.ssh import Login, RemoteError
 from hpctrain.remote.submit import site_folders, upload_profile
 
+if TYPE_CHECKING:
+    from hpctrain.profiles.resolved import ResolvedProfile
+
 SLURM = ("sbatch", "squeue", "sacct", "scancel", "scontrol")
 
 
-def doctor(profile: Any, args: list[str], echo: Callable[[str], None]) -> int:
+def doctor(profile: ResolvedProfile, args: list[str], echo: Callable[[str], None]) -> int:
     """Returns the exit code: the site doctor's, or 1 when the way there is broken."""
     site = Site(Login.of(profile.login))
     where = site.login.where

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
-from hpctrain.errors import UserError
+from hpctrain.kernel.errors import UserError
 from hpctrain.remote import index
 from hpctrain.remote.site import Site
 from hpctrain.remote.ssh import Login, RemoteError
+from hpctrain.runs import sweepdir
+from hpctrain.runs.folder import find_run
 
 
 def is_local(ref: str, runs_dir: Path | None) -> bool:
-    from hpctrain import sweepdir
-    from hpctrain.runs import find_run
-
     if sweepdir.find(ref, runs_dir) is not None:
         return True
 
@@ -86,10 +86,10 @@ def each_site(args: list[str]) -> list[tuple[str, int]]:
     return out
 
 
-def each_json(args: list[str]) -> list[dict]:
+def each_json(args: list[str]) -> list[dict[str, Any]]:
     """`hpctrain ARGS` (a --json listing) on every known site, each item marked with its site; an
     unreachable site gives one item {"site", "error"}."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     for login in index.sites():
         site = Site(Login.of(login))
         try:

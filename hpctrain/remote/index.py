@@ -27,7 +27,13 @@ def entries() -> list[dict[str, Any]]:
             item = json.loads(line)
         except ValueError:
             continue  # a line cut short by a crash: skip it
-        if isinstance(item, dict) and isinstance(item.get("login"), dict) and item.get("name"):
+        if (
+            isinstance(item, dict)
+            and isinstance(item.get("login"), dict)
+            and isinstance(item.get("name"), str)
+            and item["name"]
+            and isinstance(item.get("path"), str)
+        ):
             out.append(item)
     return out
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.errors import UserError
+from hpctrain.kernel.errors import UserError
 
 PERSIST_S = 600  # an idle control connection closes after 10 minutes
 CONNECT_TIMEOUT_S = 15
@@ -59,17 +60,22 @@ class Login:
         return f"{self.host}:{self.port}" if self.port else self.host
 
 
+TMP = "/tmp"  # the fallback's parent (a test points it elsewhere)
+
+
 def control_dir() -> Path:
     """A private folder for the control sockets (a socket path must stay under ~100 bytes)."""
     base = os.environ.get("XDG_RUNTIME_DIR") or str(Path.home() / ".cache" / "hpctrain")
     folder = Path(base) / "ssh"
     if len(str(folder)) > 60:
-        folder = Path("/tmp") / f"hpctrain-ssh-{os.getuid()}"
+        folder = Path(TMP) / f"hpctrain-ssh-{os.getuid()}"
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = folder.stat()
-    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+    # lstat: in a shared /tmp the name may be another user's symlink to a folder of theirs
+    st = folder.lstat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o077 or not stat.S_ISDIR(st.st_mode):
         raise UserError(
-            f"{folder} (SSH control sockets) is not private to you; fix: chmod 700 {folder}"
+            f"{folder} (SSH control sockets) is not a folder private to you; fix: chmod 700 "
+            f"{folder} (if it is a symlink or someone else's, remove it or set XDG_RUNTIME_DIR)"
         )
     return folder
 

@@ -17,13 +17,21 @@ import shlex
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hpctrain.errors import UserError
+import yaml
+
+from hpctrain.jobs.options import JobOptions
+from hpctrain.jobs.request import JobRequest
+from hpctrain.kernel.errors import UserError
 from hpctrain.remote import index
 from hpctrain.remote.code import pack, pythonpath
 from hpctrain.remote.site import Site
 from hpctrain.remote.ssh import Login
+from hpctrain.runs import chain
+
+if TYPE_CHECKING:
+    from hpctrain.profiles.resolved import ResolvedProfile
 
 # Options of `submit` passed on as they are (the others are folded into the uploaded profile).
 _PASS = (
@@ -44,7 +52,7 @@ _FLAGS = (
 )
 
 
-def site_profile(profile: Any, runs_dir: str) -> dict[str, Any]:
+def site_profile(profile: ResolvedProfile, runs_dir: str) -> dict[str, Any]:
     """The resolved profile as a standalone file for the site: no chain, no login, an
     absolute runs_dir."""
     data = profile.model_dump(mode="json")
@@ -54,7 +62,7 @@ def site_profile(profile: Any, runs_dir: str) -> dict[str, Any]:
     return data
 
 
-def site_folders(site: Site, profile: Any) -> tuple[str, str]:
+def site_folders(site: Site, profile: ResolvedProfile) -> tuple[str, str]:
     """(workdir, runs_dir) as absolute paths on the login node, its variables expanded there."""
     login = site.login
     raw_runs = profile.storage.runs_dir or f"{login.workdir.rstrip('/')}/runs"
@@ -68,10 +76,8 @@ def site_folders(site: Site, profile: Any) -> tuple[str, str]:
     return workdir, runs_dir
 
 
-def upload_profile(site: Site, profile: Any, incoming: str, runs_dir: str) -> None:
+def upload_profile(site: Site, profile: ResolvedProfile, incoming: str, runs_dir: str) -> None:
     """Only the resolved profile (doctor): the same standalone file submit sends."""
-    import yaml
-
     with tempfile.TemporaryDirectory(prefix="hpctrain-upload-") as tmp:
         stage = Path(tmp)
         text = yaml.safe_dump(site_profile(profile, runs_dir), sort_keys=True)
@@ -80,8 +86,8 @@ def upload_profile(site: Site, profile: Any, incoming: str, runs_dir: str) -> No
 
 
 def submit(
-    o: dict[str, Any],
-    profile: Any,
+    o: JobOptions,
+    profile: ResolvedProfile,
     *,
     command: str = "submit",
     extra: list[str] | None = None,
@@ -89,37 +95,29 @@ def submit(
 ) -> int:
     """Submit to the profile's login node; returns the site's exit code. `extra`: more options for
     the site's `submit` (sweep and chain options)."""
-    import yaml
-
-    from hpctrain.request import JobRequest
-
     login = Login.of(profile.login)
     site = Site(login)
-    time_min = o.get("time_min")
-    if o.get("chain"):
-        from hpctrain import chain
-
+    time_min = o.time_min
+    if o.chain:
         time_min = chain.plan(time_min or profile.slurm.default_time_min, profile)[0].time_min
     req = JobRequest.build(
         profile,
-        name=o.get("name"),
-        nodes=o.get("nodes"),
-        gpus=o.get("gpus"),
+        name=o.name,
+        nodes=o.nodes,
+        gpus=o.gpus,
         time_min=time_min,
-        strategy=o.get("strategy"),
-        script=o.get("script"),
-        module=o.get("module"),
-        args=o.get("args", ()),
-        min_nodes=o.get("min_nodes"),
-        exclude=tuple(o.get("exclude") or ()),
+        strategy=o.strategy,
+        script=o.script,
+        module=o.module,
+        args=o.args,
+        min_nodes=o.min_nodes,
+        exclude=tuple(o.exclude or ()),
     )
     workdir, runs_dir = site_folders(site, profile)
     incoming = f"{workdir}/incoming/{req.name}-{secrets.token_hex(4)}"
     with tempfile.TemporaryDirectory(prefix="hpctrain-upload-") as tmp:
         stage = Path(tmp)
-        code = pack(
-            stage / "code", script=o.get("script"), sync=o.get("sync"), module=o.get("module")
-        )
+        code = pack(stage / "code", script=o.script, sync=o.sync, module=o.module)
         data = site_profile(profile, runs_dir)
         if code and code.root is not None:  # --module: imported from the run's code/ on the site
             env = data["environment"].get("env") or {}
@@ -133,7 +131,7 @@ def submit(
         f"site {login.where}: run folder {runs_dir}/{req.name}"
         + (f"; code {code.source} sent with {tool}" if code else "")
         + (
-            f"; --module {o['module']} imported from code/{code.root}"
+            f"; --module {o.module} imported from code/{code.root}"
             if code and code.root is not None
             else ""
         )
@@ -143,26 +141,26 @@ def submit(
         value = (
             getattr(req, key, None)
             if key in ("nodes", "gpus", "time_min", "strategy")
-            else o.get(key)
+            else getattr(o, key)
         )
-        if key == "time_min" and o.get("chain"):
-            value = o.get("time_min")  # the whole time: the site plans the segments
+        if key == "time_min" and o.chain:
+            value = o.time_min  # the whole time: the site plans the segments
         if value is not None:
             args += [flag, str(value)]
-    for node in o.get("exclude") or ():
+    for node in o.exclude or ():
         args += ["--exclude", node]
     if code:
         args += ["--code", f"{incoming}/code"]
         if code.script:
             args += ["--script", f"{incoming}/code/{code.script}"]
-    args += [flag for key, flag in _FLAGS if o.get(key)]
-    args += [f"--exclude={e}" for e in o.get("exclude") or ()]
+    args += [flag for key, flag in _FLAGS if getattr(o, key)]
+    args += [f"--exclude={e}" for e in o.exclude or ()]
     args += [*(extra or []), "--", *req.args]
     try:
         rc = site.hpctrain(args)
     finally:
         site.ssh.run(f"rm -rf {shlex.quote(incoming)}", check=False)  # only our own upload folder
-    if rc == 0 and not o.get("dry_run"):
+    if rc == 0 and not o.dry_run:
         index.record(
             name=req.name,
             path=f"{runs_dir}/{req.name}",

@@ -26,7 +26,7 @@ from typing import BinaryIO
 
 from hpctrain import __version__
 from hpctrain.kernel.files import write_atomic
-from hpctrain.remote import agent as wire
+from hpctrain.remote import wire
 from hpctrain.remote.ssh import (
     PERSIST_S,
     SSH,
@@ -230,9 +230,9 @@ class Tunnel:
             self._forward("cancel", old)
         self.local.unlink(missing_ok=True)
         self._write({"remote": remote, "agent_pid": info.get("pid")})
-        proc = self._forward("forward", remote)
-        if proc is not None and proc.returncode != 0 and self._connect() is None:
-            err = proc.stderr.decode(errors="replace").strip()
+        fwd = self._forward("forward", remote)
+        if fwd is not None and fwd.returncode != 0 and self._connect() is None:
+            err = fwd.stderr.decode(errors="replace").strip()
             self._give_up(f"the control connection did not forward: {err or proc.returncode}")
             return False
         return True

@@ -6,9 +6,12 @@ import csv
 import datetime as _dt
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from hpctrain.kernel import layout
 from hpctrain.kernel.files import read_jsonl
@@ -48,6 +51,7 @@ class RunData:
     saves: list[dict[str, Any]] = field(default_factory=list)  # {"step", "blocked_s", "time"}
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # {"step", "time", "path"}
     gpu: list[dict[str, Any]] = field(default_factory=list)  # gpu.csv rows
+    mesh: dict[str, Any] | None = None  # mesh.json: the newest start's layout
     segments: list[Segment] = field(default_factory=list)
 
     @property
@@ -76,7 +80,7 @@ def timestamp(value: Any) -> float | None:
     return t.timestamp()
 
 
-def segments(metrics: list[dict[str, Any]], starts: list[float] = ()) -> list[Segment]:
+def segments(metrics: list[dict[str, Any]], starts: Sequence[float] = ()) -> list[Segment]:
     """Split the metric rows at each start of the job (restarts.jsonl times) and wherever the step
     goes back or repeats (a restart that resumed from an older checkpoint)."""
     bounds = sorted(starts)[1:]
@@ -143,8 +147,6 @@ def _gpu(path: Path) -> list[dict[str, Any]]:
 
 
 def load(path: str | Path) -> RunData:
-    import yaml
-
     path = Path(path).absolute()
     try:
         frozen = yaml.safe_load((path / RUN_YAML).read_text()) or {}
@@ -163,6 +165,7 @@ def load(path: str | Path) -> RunData:
         saves=jsonl(path / SAVES),
         checkpoints=_checkpoints(path / CHECKPOINTS),
         gpu=_gpu(path / GPU_CSV),
+        mesh=layout.read_mesh(path),
     )
     starts = [t for t in (timestamp(s.get("time")) for s in rd.starts) if t is not None]
     rd.segments = segments(metrics, starts)

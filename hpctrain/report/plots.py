@@ -57,10 +57,10 @@ COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
 
 def write(runs: list[RunData], out: Path) -> list[Path]:
     """One PNG per panel into `out` (created); several runs are overlaid, one colour each."""
-    import matplotlib
+    import matplotlib  # lazy: CLI start-up: matplotlib for the PNGs only
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # lazy: after use("Agg")
 
     out.mkdir(parents=True, exist_ok=True)
     written = []

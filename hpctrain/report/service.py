@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hpctrain.errors import UserError
 from hpctrain.kernel import layout
+from hpctrain.kernel.errors import UserError
 from hpctrain.report import data, plots, summary
+from hpctrain.runs.folder import find_run
 
 
 def build(
     refs: list[str], *, runs_dir: Path | None = None, with_plots: bool = True
 ) -> dict[str, Any]:
-    from hpctrain.runs import find_run
 
     if len(refs) > 4:
         raise UserError(f"{len(refs)} runs given: overlay at most 4 (e.g. hpctrain report A B)")

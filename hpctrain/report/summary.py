@@ -120,6 +120,7 @@ def summarize(rd: RunData, *, sacct: bool = True) -> dict[str, Any]:
         "saves": len(rd.saves),
         "save_seconds_blocked": blocked,
         "newest_checkpoint": newest,
+        "mesh": rd.mesh,
     }
 
 
@@ -144,8 +145,15 @@ def text(s: dict[str, Any]) -> str:
         if s["steps"] is not None
         else "no training step in metrics.jsonl"
     )
+    mesh = s.get("mesh")
+    pipe = (
+        f", {mesh['schedule']} with {mesh['microbatches']} microbatches"
+        if mesh and mesh.get("schedule")
+        else ""
+    )
     lines = [
         f"{s['name']}: {trained}",
+        *([f"  layout: {mesh['mesh']} ({mesh['strategy']}{pipe})"] if mesh else []),
         f"  wall time {_clock(s['wall_s'])} on {s['nodes']} node(s) x {s['gpus_per_node']}; "
         f"GPU-hours {_num(s['gpu_hours'], '.3f')} ({s['gpu_hours_source']})",
         f"  restarts {s['restarts']} ({s['starts']} start(s), {s['jobs']} submission(s)); "

@@ -5,13 +5,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
+from hpctrain import dispatch
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
+from hpctrain.runs.folder import TERMINAL
+
+if TYPE_CHECKING:
+    from hpctrain.runs.folder import RunDir
 
 
-def log_files(run: Any, *, rank: int | None, node: int | None, follow: bool) -> list[Path]:
+def log_files(run: RunDir, *, rank: int | None, node: int | None, follow: bool) -> list[Path]:
     """logs/batch.log and every node log; or one rank's (train_entry's own file, else torchrun's
     --tee files of a user script); or one node's."""
     if rank is not None and node is not None:
@@ -31,7 +36,7 @@ def log_files(run: Any, *, rank: int | None, node: int | None, follow: bool) -> 
     return files
 
 
-def _torchrun_rank_logs(run: Any, rank: int) -> list[Path]:
+def _torchrun_rank_logs(run: RunDir, rank: int) -> list[Path]:
     """A user script's rank output: torchrun's --tee files, logs/torchrun/node-N/<id>/attempt_K/<local>/."""
     gpus = int(run.frozen().get("request", {}).get("gpus") or 1)
     node, local = divmod(rank, gpus)
@@ -40,13 +45,10 @@ def _torchrun_rank_logs(run: Any, rank: int) -> list[Path]:
 
 
 def follow(
-    run: Any, files: list[Path], out: Callable[[str], None], *, new_nodes: bool = False
+    run: RunDir, files: list[Path], out: Callable[[str], None], *, new_nodes: bool = False
 ) -> None:
     """Pass what is added to `files` to `out` until the job ends; `new_nodes`: node logs that appear
     later (the job was pending when following began) are followed too. Ctrl-C stops quietly."""
-    from hpctrain import dispatch
-    from hpctrain.runs import TERMINAL
-
     offsets = {f: 0 for f in files}
     finished_polls = 0
     try:

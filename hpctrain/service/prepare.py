@@ -4,9 +4,20 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hpctrain.jobs import entry_check
+from hpctrain.jobs.entry_check import describe
+from hpctrain.jobs.options import JobOptions
+from hpctrain.jobs.request import JobRequest
 from hpctrain.kernel.errors import UserError
+from hpctrain.kernel.yamlsafe import yaml_scalar
+from hpctrain.profiles import resolve
+from hpctrain.render.script import node_python, render
+from hpctrain.runs.folder import RunDir, runs_dir_of
+
+if TYPE_CHECKING:
+    from hpctrain.profiles.resolved import ResolvedProfile
 
 
 def flags(
@@ -30,29 +41,22 @@ def flags(
 
 def _scalar(text: str) -> object:
     """--set values are YAML scalars (numbers, booleans, null), as in a profile file."""
-    from hpctrain.kernel.yamlsafe import yaml_scalar
-
     return yaml_scalar(text)
 
 
-def resolve_profile(o: dict[str, Any]) -> Any:
-    from hpctrain.profiles import resolve
-
-    return resolve(o["profile"], flags(o["partition"], o["account"], o["qos"], o["sets"]))
+def resolve_profile(o: JobOptions) -> ResolvedProfile:
+    return resolve(o.profile, flags(o.partition, o.account, o.qos, o.sets))
 
 
 class Prepared:
     """Everything submit and render agree on: the profile, the request, the run folder, the script."""
 
-    def __init__(self, o: dict[str, Any], profile: Any = None, *, chain: bool = False) -> None:
-        from hpctrain import entry_check
-        from hpctrain.render import node_python, render
-        from hpctrain.request import JobRequest
-        from hpctrain.runs import RunDir, runs_dir_of
-
+    def __init__(
+        self, o: JobOptions, profile: ResolvedProfile | None = None, *, chain: bool = False
+    ) -> None:
         self.profile = profile or resolve_profile(o)
-        strategy, args = o["strategy"], tuple(o["args"])
-        ours = not (o["script"] or o["module"])  # the bundled train_entry
+        strategy, args = o.strategy, tuple(o.args)
+        ours = not (o.script or o.module)  # the bundled train_entry
         if ours:
             entry_check.refuse_owned(args)
             if strategy != "auto":
@@ -61,26 +65,30 @@ class Prepared:
         if strategy == "auto":
             self.plan = plan(self.profile, o)
             strategy = self.plan.strategy
-            if not (o["script"] or o["module"]):  # train_entry takes the plan's details as flags
+            if not (o.script or o.module):  # train_entry takes the plan's details as flags
                 args = (*plan_args(self.plan), *args)
         explicit = strategy  # None: train_entry's own (its --config), else this one
         self.request = JobRequest.build(
             self.profile,
-            name=o["name"],
-            nodes=o["nodes"],
-            gpus=o["gpus"],
-            time_min=o["time_min"],
+            name=o.name,
+            nodes=o.nodes,
+            gpus=o.gpus,
+            time_min=o.time_min,
             strategy=strategy,
-            script=o["script"],
-            module=o["module"],
+            script=o.script,
+            module=o.module,
             args=args,
-            min_nodes=o.get("min_nodes"),
-            exclude=tuple(o.get("exclude") or ()),
+            min_nodes=o.min_nodes,
+            exclude=tuple(o.exclude or ()),
         )
         self.resolved = None
         if ours:  # validated at the requested world size before anything is queued
             self.resolved = entry_check.check_train_entry(
-                nodes=self.request.nodes, gpus=self.request.gpus, args=args, strategy=explicit
+                nodes=self.request.nodes,
+                gpus=self.request.gpus,
+                args=args,
+                strategy=explicit,
+                domain=self.profile.slurm.gpus_per_domain,
             )
             if self.resolved["strategy"] != self.request.strategy:  # e.g. `strategy:` in --config
                 self.request = dataclasses.replace(self.request, strategy=self.resolved["strategy"])
@@ -94,13 +102,21 @@ class Prepared:
 def entry_line(p: Prepared) -> str:
     if p.resolved is None:
         return f"entry {p.request.entry.kind} {p.request.entry.target}"
-    from hpctrain.entry_check import describe
 
     return f"strategy {p.request.strategy}, {describe(p.resolved)}"
 
 
 def plan_args(rec: Any) -> list[str]:
-    """train_entry flags for a plan's ZeRO stage and offload (the user's own flags, after, win)."""
+    """train_entry flags for a plan's ZeRO stage, offload and tp x pp mesh (the user's own flags,
+    after, win)."""
+    tp, pp = getattr(rec, "tp", 1), getattr(rec, "pp", 1)
+    if tp > 1 or pp > 1:
+        mesh = [f"--parallel.tp={tp}", f"--parallel.pp={pp}"]
+        if pp > 1:
+            mesh.append(f"--parallel.schedule={rec.schedule}")
+            if getattr(rec, "microbatches", None):
+                mesh.append(f"--parallel.microbatches={rec.microbatches}")
+        return mesh
     if rec.strategy == "deepspeed":
         out = [f"--deepspeed.zero_stage={rec.zero_stage or 0}"]
         device = "nvme" if rec.offload == "nvme" else "cpu"
@@ -114,24 +130,28 @@ def plan_args(rec: Any) -> list[str]:
     return []
 
 
-def plan(profile: Any, o: dict[str, Any]) -> Any:
+def plan(profile: ResolvedProfile, o: JobOptions) -> Any:
     try:
+        # lazy: CLI start-up: the planner for --strategy auto only
         from hpctrain.plan import recommend
     except ImportError:
         raise UserError(
             "--strategy auto needs hpctrain.plan, which is not available in this install; "
             "choose --strategy ddp, fsdp or deepspeed"
         ) from None
-    if o["params"] is None and o["plan_model"] is None:
+    if o.params is None and o.plan_model is None:
         raise UserError(
             "--strategy auto needs the model size: add --params N (parameter count) or "
             "--model pkg.mod:factory"
         )
     source = profile.source
     return recommend(
-        params=o["params"],
-        model=o["plan_model"],
-        nodes=o["nodes"] or 1,
-        gpus=o["gpus"] or (profile.slurm.gpus_per_node or 1),
+        params=o.params,
+        model=o.plan_model,
+        nodes=o.nodes or 1,
+        gpus=o.gpus or (profile.slurm.gpus_per_node or 1),
+        # from the resolved profile, so `--set slurm.KEY=V` counts
+        gpu_mem_gib=profile.slurm.gpu_mem_gib,
+        domain=profile.slurm.gpus_per_domain,
         profile=str(source) if source else profile.name,
     )

@@ -6,14 +6,13 @@ from pathlib import Path
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.files import write_atomic
+from hpctrain.profiles.load import resolve_file
+from hpctrain.profiles.trust import make_private_dirs
 
 
 def publish(file: Path, to: Path, *, force: bool = False) -> tuple[str, Path, bool]:
     """Install FILE (validated with its chain) as TO/NAME.yaml, mode 0644, atomically; TO is
     created 0755. (profile name, target, changed): changed False when the same bytes were there."""
-    from hpctrain.profiles.load import resolve_file
-    from hpctrain.profiles.trust import make_private_dirs
-
     profile = resolve_file(file, user_config=False)
     if profile.extends is not None and (
         "/" in profile.extends or profile.extends.endswith((".yaml", ".yml"))

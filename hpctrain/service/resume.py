@@ -5,24 +5,35 @@ No torch here. Warnings go to the caller's `warn`; failures are UserError (exit 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hpctrain import dispatch
+from hpctrain.jobs import sweep
+from hpctrain.jobs.request import JobRequest
 from hpctrain.kernel import layout
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.checkpoint import newest_verified
-from hpctrain.kernel.errors import UserError
+from hpctrain.kernel.errors import UserError, ValidationError
+from hpctrain.profiles import schema
+from hpctrain.render.script import render, sbatch_directives
+from hpctrain.runs import points, sweepdir
+from hpctrain.runs.folder import RunDir, copy_aside
 from hpctrain.service.submit import resubmit
+
+if TYPE_CHECKING:
+    from hpctrain.profiles.resolved import ResolvedProfile
 
 ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
 Warn = Callable[[str], None]
 
 
-def newest_checkpoint(run: Any, warn: Warn | None = None) -> tuple[str, dict[str, Any]] | None:
+def newest_checkpoint(run: RunDir, warn: Warn | None = None) -> tuple[str, dict[str, Any]] | None:
     """(folder name, manifest) of the newest checkpoint that verifies, read without torch."""
     found = newest_verified(run.path / layout.CHECKPOINTS, warn=warn)
     return (found[0].name, found[1]) if found else None
@@ -48,17 +59,17 @@ def _max_steps(args: tuple[str, ...] | list[str]) -> int | None:
 class Planned:
     """A resume checked and ready (nothing written yet): what `resume --dry-run` shows."""
 
-    run: Any
+    run: RunDir
     previous_state: str
     checkpoint: tuple[str, dict[str, Any]] | None
     changes: dict[str, Any]
-    profile: Any
-    request: Any  # the new JobRequest
+    profile: ResolvedProfile
+    request: JobRequest  # the new JobRequest
     frozen: dict[str, Any]
 
 
 def plan(
-    r: Any,
+    r: RunDir,
     *,
     time_min: int | None = None,
     max_steps: int | None = None,
@@ -66,11 +77,7 @@ def plan(
     args: tuple[str, ...] = (),
     warn: Warn = lambda _: None,
 ) -> Planned:
-    """Check that run `r` (hpctrain.runs.RunDir) can resume with these changes; writes nothing."""
-    from hpctrain import dispatch
-    from hpctrain.profiles import Profile
-    from hpctrain.request import JobRequest
-
+    """Check that run `r` (hpctrain.runs.folder.RunDir) can resume with these changes; writes nothing."""
     frozen = r.frozen()
     current = dispatch.state(r)
     if current in ACTIVE:
@@ -78,7 +85,7 @@ def plan(
             f"{r.name} is {current} (job {r.last_job_id()}): it is still running and resumes "
             f"by itself after a preemption; to restart it, `hpctrain cancel {r.name}` first"
         )
-    req = JobRequest.from_dict(frozen["request"])
+    req = _frozen_request(r, frozen)
     old_steps = _max_steps(req.args)
     ckpt = newest_checkpoint(r, warn)
     done_step = ckpt[1]["step"] if ckpt else None
@@ -98,7 +105,7 @@ def plan(
                 f"--max-steps {max_steps} is fewer than the {floor} steps the run was set to "
                 "(or has done); resume can only add steps"
             )
-    profile = Profile.model_validate(frozen["profile"])
+    profile = _frozen_profile(r, frozen)
     changes: dict[str, Any] = {}
     new_args = list(req.args)
     if max_steps is not None:
@@ -110,7 +117,7 @@ def plan(
     if time_min is not None and time_min != req.time_min:
         changes["time_min"] = time_min
     if nodes is not None and nodes != req.nodes:
-        strategy = ckpt[1]["strategy"] if ckpt else req.strategy
+        strategy = str(ckpt[1].get("strategy") or req.strategy) if ckpt else req.strategy
         if not strategy_names.info(strategy).reshards:
             raise UserError(
                 f"--nodes {nodes}: {r.name} uses {strategy}, whose checkpoints load only at the world "
@@ -135,10 +142,41 @@ def plan(
     )
     problems = new.problems(profile)
     if problems:
-        from hpctrain.kernel.errors import ValidationError
-
         raise ValidationError(problems)
     return Planned(r, current, ckpt, changes, profile, new, frozen)
+
+
+_REDO = (
+    "fix: submit it again as a new run (`hpctrain submit`), or resume it with the hpctrain "
+    "version that made it (run.yaml's `version`); its checkpoints are untouched"
+)
+
+
+def _frozen_request(r: RunDir, frozen: dict[str, Any]) -> JobRequest:
+    """run.yaml's request as this hpctrain reads it, else one line naming the key."""
+    d = frozen["request"]
+    known = {f.name for f in dataclasses.fields(JobRequest)}
+    unknown = sorted(str(k) for k in d if k not in known)
+    if unknown:
+        raise UserError(f"{r.run_yaml}: request.{unknown[0]} is not a request key here; {_REDO}")
+    try:
+        return JobRequest.from_dict(d)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise UserError(f"{r.run_yaml}: its request cannot be read ({e}); {_REDO}") from None
+
+
+def _frozen_profile(r: RunDir, frozen: dict[str, Any]) -> ResolvedProfile:
+    """run.yaml's frozen profile, validated by this hpctrain, else one line naming the key."""
+    try:
+        return schema.Profile.model_validate(frozen["profile"])
+    except schema.ValidationError as e:
+        errors = e.errors()
+        where = ".".join(str(x) for x in errors[0]["loc"]) if errors else "?"
+        msg = errors[0]["msg"] if errors else "invalid"
+        raise UserError(
+            f"{r.run_yaml}: profile.{where}: {msg} (the frozen profile no "
+            f"longer validates with this hpctrain); {_REDO}"
+        ) from None
 
 
 def apply(p: Planned) -> None:
@@ -146,8 +184,6 @@ def apply(p: Planned) -> None:
     kept beside it); nothing when it changes nothing."""
     if not p.changes:
         return
-    from hpctrain.render import render
-    from hpctrain.runs import copy_aside
 
     r, frozen = p.run, p.frozen
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -171,7 +207,7 @@ def _record(p: Planned, job_id: str) -> dict[str, Any]:
 
 
 def resume(
-    r: Any,
+    r: RunDir,
     *,
     time_min: int | None = None,
     max_steps: int | None = None,
@@ -179,7 +215,7 @@ def resume(
     args: tuple[str, ...] = (),
     warn: Warn = lambda _: None,
 ) -> dict[str, Any]:
-    """Resubmit run `r` (hpctrain.runs.RunDir) from its newest verified checkpoint; the `resume`
+    """Resubmit run `r` (hpctrain.runs.folder.RunDir) from its newest verified checkpoint; the `resume`
     event as recorded in events.jsonl (time, event, job_id, previous_state, from_checkpoint, changes)."""
     p = plan(r, time_min=time_min, max_steps=max_steps, nodes=nodes, args=args, warn=warn)
     apply(p)
@@ -196,18 +232,14 @@ def resume_sweep(
     dry_run: bool = False,
     warn: Warn = lambda _: None,
 ) -> dict[str, Any]:
-    """A Slurm sweep's unfinished points (hpctrain.sweep.RESUMABLE) as ONE job array of only their
+    """A Slurm sweep's unfinished points (hpctrain.jobs.sweep.RESUMABLE) as ONE job array of only their
     indexes (`--array=i,j,k[%K]`, the sweep's --max-parallel): array task i runs point i's own
     job.sh, which resumes its run folder from its newest verified checkpoint. Finished and active
     points are not touched. Every point is checked before anything is written.
     {"sweep", "points": [{"index", "point", "previous_state", "from_checkpoint"}], "array_line",
     "array_job" (None when dry_run or nothing is left), "script"}."""
-    from hpctrain import sweep, sweepdir
-    from hpctrain.render import sbatch_directives
-    from hpctrain.runs import RunDir, copy_aside
-
     data = sweepdir.read(sweep_dir)
-    rows = [row for row in sweep.table(sweep_dir) if row["state"] in sweep.RESUMABLE]
+    rows = [row for row in points.table(sweep_dir) if row["state"] in sweep.RESUMABLE]
     plans = [
         plan(
             RunDir(row["path"]),
@@ -288,22 +320,3 @@ def _check_batch(config_json: Path, world: int, nodes: int) -> None:
         + "; choose a node count that divides it, or pass e.g. "
         "-- --train.micro_batch=N (the global batch stays the same)"
     )
-
-
-def preempt(r: Any, sig: str | None = None) -> tuple[str, str]:
-    """Send run `r` its preemption signal the way the scheduler would: (signal name, target)."""
-    from hpctrain import dispatch
-    from hpctrain.procs import PREEMPT_SIGNALS
-
-    frozen = r.frozen()
-    name = (sig or frozen.get("profile", {}).get("preemption", {}).get("signal") or "USR2").upper()
-    name = name.removeprefix("SIG")
-    if name not in PREEMPT_SIGNALS:
-        raise UserError(
-            f"--signal {sig}: not a signal preempt sends; use one of "
-            f"{', '.join(PREEMPT_SIGNALS)} (USR2, the default, is what Slurm sends)"
-        )
-    current = dispatch.state(r)
-    if current != "RUNNING":
-        raise UserError(f"{r.name} is {current}, not RUNNING: only a running job can be preempted")
-    return name, dispatch.signal(r, name)

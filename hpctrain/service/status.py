@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hpctrain import dispatch
+from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
+from hpctrain.runs import points, sweepdir
+from hpctrain.runs.folder import TERMINAL, BrokenRun, find_run
+from hpctrain.runs.progress import health, root_cause, snapshot
+
+if TYPE_CHECKING:
+    from hpctrain.runs.folder import RunDir
 
 
-def summary(run: Any) -> dict[str, Any]:
+def summary(run: RunDir) -> dict[str, Any]:
     """One run's row; a run whose files cannot be read is a BROKEN row saying why (one broken
     folder never hides the others)."""
-    from hpctrain.runs import BrokenRun
-
     try:
         return _read_summary(run)
     except (BrokenRun, OSError, ValueError, TypeError, AttributeError, KeyError) as e:
@@ -25,6 +31,7 @@ def summary(run: Any) -> dict[str, Any]:
             "nodes": None,
             "gpus_per_node": None,
             "strategy": None,
+            "mesh": None,
             "restarts": 0,
             "starts": 0,
             "checkpoint_step": None,
@@ -34,9 +41,7 @@ def summary(run: Any) -> dict[str, Any]:
         }
 
 
-def _read_summary(run: Any) -> dict[str, Any]:
-    from hpctrain import dispatch
-
+def _read_summary(run: RunDir) -> dict[str, Any]:
     frozen = run.frozen()
     req = frozen.get("request", {})
     restarts = run.restarts()
@@ -53,6 +58,8 @@ def _read_summary(run: Any) -> dict[str, Any]:
         "strategy": req.get("strategy")
         if req.get("entry", {}).get("kind", "train_entry") == "train_entry"
         else req.get("entry", {}).get("kind"),
+        # the layout of the newest start, as train_entry wrote it ("dp 2 x tp 2")
+        "mesh": (layout.read_mesh(run.path) or {}).get("mesh"),
         "restarts": max(0, len(restarts) - len(run.jobs())) if restarts else 0,
         "starts": len(restarts),
         "checkpoint_step": run.newest_checkpoint_step(),
@@ -62,26 +69,24 @@ def _read_summary(run: Any) -> dict[str, Any]:
     } | _reason(run, state)
 
 
-def _reason(run: Any, state: str) -> dict[str, Any]:
+def _reason(run: RunDir, state: str) -> dict[str, Any]:
     if state in ("FAILED", "LOST", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"):
         return {"reason": run.failure_reason()}
     return {}
 
 
-def detail(r: Any) -> dict[str, Any]:
+def detail(r: RunDir) -> dict[str, Any]:
     """summary() plus the start history, submissions, chain segments, training progress, the root
     cause of a failure and node health (preflight verdicts, stalls)."""
     info = summary(r)
     if info["state"] == "BROKEN":
         raise UserError(info["reason"])
-    from hpctrain.preflight.gate import health
-    from hpctrain.progress import root_cause, snapshot
 
     info["history"] = r.restarts()
     info["jobs"] = r.jobs()
     segments = []
     if r.scheduler() == "slurm":
-        from hpctrain.dispatch.slurm import chain_states
+        from hpctrain.dispatch.slurm import chain_states  # lazy: CLI start-up: Slurm runs only
 
         segments = chain_states(r)
     if segments:
@@ -96,12 +101,9 @@ def detail(r: Any) -> dict[str, Any]:
 def cancel(ref: str, runs_dir: Any = None) -> dict[str, Any]:
     """Cancel a run's current job (or every point of a sweep). {"sweep": name, "points": [(point,
     state)]} or {"name", "before", "after"} (after None: it was not running)."""
-    from hpctrain import dispatch, sweep, sweepdir
-    from hpctrain.runs import TERMINAL, find_run
-
     found = sweepdir.find(ref, runs_dir)
     if found is not None:
-        return {"sweep": found.name, "points": sweep.cancel(found)}
+        return {"sweep": found.name, "points": points.cancel(found)}
     r = find_run(ref, runs_dir)
     before = dispatch.state(r)
     if before in TERMINAL:

@@ -7,11 +7,23 @@ records the submission in jobs.jsonl through hpctrain.dispatch.submit.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from hpctrain import dispatch
+from hpctrain.jobs.options import JobOptions
 from hpctrain.kernel import layout
+from hpctrain.remote.upload import adopt, check_upload, install
+from hpctrain.runs import chain
+from hpctrain.service import nodetorch
+from hpctrain.service.prepare import Prepared, entry_line
+
+if TYPE_CHECKING:
+    from hpctrain.jobs.request import JobRequest
+    from hpctrain.profiles.resolved import ResolvedProfile
+    from hpctrain.runs.folder import RunDir
 
 
 @dataclass
@@ -35,29 +47,20 @@ class Submitted:
     total_steps: int | None = None
 
 
-def submit(
-    o: dict[str, Any],
-    profile: Any,
-    *,
-    dry_run: bool = False,
-    replace_finished: bool = False,
-    code: Path | None = None,
-) -> tuple[Submitted, Any]:
-    """Validate, render and (unless dry_run) create the run folder and queue the job(s).
-    Returns the record and the run folder (hpctrain.runs.RunDir)."""
-    from hpctrain import dispatch
-    from hpctrain.service.prepare import Prepared, entry_line
-
+def submit(o: JobOptions, profile: ResolvedProfile) -> tuple[Submitted, Any]:
+    """Validate, render and (unless o.dry_run) create the run folder and queue the job(s).
+    Returns the record and the run folder (hpctrain.runs.folder.RunDir)."""
+    dry_run, replace_finished = o.dry_run, o.replace_finished
+    code = Path(o.code) if o.code else None
+    if code is not None:  # before anything is written: --code is moved, never any folder
+        check_upload(code, o.script)
     segments: list[Any] = []
-    if o.get("chain"):
-        from hpctrain import chain
-
-        segments = chain.plan(o["time_min"] or profile.slurm.default_time_min, profile)
-        o = {**o, "time_min": segments[0].time_min}
+    if o.chain:
+        segments = chain.plan(o.time_min or profile.slurm.default_time_min, profile)
+        o = dataclasses.replace(o, time_min=segments[0].time_min)
     p = Prepared(o, profile, chain=len(segments) > 1)
+    nodetorch.check(p.profile, p.python)  # a torch outside the supported range: refused here
     if code is not None:
-        from hpctrain.remote.code import adopt
-
         adopt(p, code)
     run, profile, req = p.run, p.profile, p.request
     previous = dispatch.state(run) if run.exists() else None
@@ -79,8 +82,6 @@ def submit(
         total_steps=p.resolved["max_steps"] if p.resolved else None,
     )
     if len(segments) > 1:
-        from hpctrain import chain
-
         rec.chain = chain.describe(segments)
         rec.chain_time_min = sum(x.time_min for x in segments)
     if dry_run:
@@ -101,9 +102,9 @@ def submit(
 
 
 def start(
-    run: Any,
-    profile: Any,
-    request: Any,
+    run: RunDir,
+    profile: ResolvedProfile,
+    request: JobRequest,
     script: str,
     *,
     node_python: str | None = None,
@@ -113,8 +114,6 @@ def start(
     code: Path | None = None,
 ) -> str:
     """Create the run folder (run.yaml, job.sh) and queue it; the job id (a chain: `a -> b -> c`)."""
-    from hpctrain import dispatch
-
     run.create(
         profile=profile,
         request=request,
@@ -123,27 +122,21 @@ def start(
         node_python=node_python,
     )
     if code is not None:
-        from hpctrain.remote.code import install
-
         install(run.path, code)
     if plan is not None:
         run.write(layout.PLAN, plan.to_json() + "\n")
     if segments and len(segments) > 1:
-        from hpctrain.dispatch.slurm import submit_chain
+        from hpctrain.dispatch.slurm import submit_chain  # lazy: CLI start-up: Slurm chains only
 
         return " -> ".join(submit_chain(run, segments))
     return dispatch.submit(run, profile, time_min=request.time_min)
 
 
-def resubmit(run: Any, profile: Any, *, time_min: int) -> str:
+def resubmit(run: RunDir, profile: ResolvedProfile, *, time_min: int) -> str:
     """Queue an existing run folder's job.sh again (resume)."""
-    from hpctrain import dispatch
-
     return dispatch.submit(run, profile, time_min=time_min, kind="resume")
 
 
-def wait(run: Any, **kwargs: Any) -> str:
+def wait(run: RunDir, **kwargs: Any) -> str:
     """Block until the run's job ends (hpctrain.dispatch.wait); the final state."""
-    from hpctrain import dispatch
-
     return dispatch.wait(run, **kwargs)

@@ -21,7 +21,6 @@ export HPCTRAIN_WANT_GPU=1
 export HPCTRAIN_SCHEDULER=slurm
 export HPCTRAIN_PROFILE=loopback
 export HPCTRAIN_RUN_NAME=golden
-export HPCTRAIN_PYTHON=/opt/hpctrain/bin/python
 # train_entry writes logs/rank-<R>.log itself; a user's script gets torchrun's per-rank files (--tee)
 export HPCTRAIN_TEE=0
 # collective timeout and stall heartbeat (profile watchdog:), read by train_entry
@@ -76,6 +75,15 @@ hpctrain_fail() {  # MESSAGE: a setup failure, before any training started
   hpctrain_event failed reason "$*"
   hpctrain_finish FAILED 1
 }
+# shellcheck disable=SC2317  # called before a profile value that names a variable (hpctrain/render/envrefs.py)
+hpctrain_need() {  # WHERE NAME...: a profile value expands $NAME; under set -u an unset one kills bash
+  local name
+  for name in "${@:2}"; do
+    if [ -z "${!name+set}" ]; then
+      hpctrain_fail "$1 (profile loopback) uses \$$name, which is not set on $HOSTNAME; fix: set it before it is used (environment.modules, environment.setup or environment.env), or write \${$name:-} to allow it unset"
+    fi
+  done
+}
 hpctrain_finish() {  # STATE EXIT_CODE
   exit "$2"
 }
@@ -83,9 +91,10 @@ hpctrain_finish() {  # STATE EXIT_CODE
 export GLOO_SOCKET_IFNAME="lo"
 export NCCL_IB_DISABLE="1"
 export NCCL_SOCKET_IFNAME="lo"
+export OMP_NUM_THREADS="1"
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="3"
 export TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC="600"
-export OMP_NUM_THREADS=1
+export HPCTRAIN_PYTHON=/opt/hpctrain/bin/python
 
 # The per-node command: each srun task (or simulated node) runs it in its own bash, with the entry's
 # argv as "$@": one task per node (launcher torchrun) or one per GPU (launcher srun). Everything
@@ -121,7 +130,7 @@ fi
 export HPCTRAIN_DEVICE=$device
 # What unchanged launcher-aware scripts expect: Accelerate trains on CPU only when told to (else
 # each process runs alone, world 1). torchrun itself sets RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT.
-if [ "$device" = cpu ]; then export ACCELERATE_USE_CPU=1; fi
+if [ "$device" = cpu ] && [ -z "${ACCELERATE_USE_CPU+set}" ]; then export ACCELERATE_USE_CPU=1; fi  # a profile value wins
 is_host=0
 if [ "$node" = 0 ]; then is_host=1; fi
 echo "hpctrain: node $node on $(hostname) device=$device gpu=$gpu CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} restart=$HPCTRAIN_RESTART_COUNT endpoint=$HPCTRAIN_RDZV_ENDPOINT"
@@ -186,7 +195,7 @@ hpctrain_nodes=  # the nodes to train on, when the gate dropped some (comma-sepa
 hpctrain_preflight_cmd='
 dir=$1; shift
 node=${SLURM_NODEID:-0}
-"$HPCTRAIN_PYTHON" -m hpctrain.preflight.node --out "$dir" "$@" 2>"$dir/stderr-$node.txt"
+"$HPCTRAIN_PYTHON" -m hpctrain.checks.preflight.node --out "$dir" "$@" 2>"$dir/stderr-$node.txt"
 rc=$?
 if [ ! -e "$dir/node-$node.json" ]; then
   { echo "$rc"; tail -n 5 "$dir/stderr-$node.txt"; } >"$dir/fail-$node.txt"
@@ -215,10 +224,10 @@ hpctrain_preflight() {  # every node's checks at once, then the verdict: go on, 
   if true && [ "$HPCTRAIN_RESTART_COUNT" -lt 10 ]; then
     can_requeue=1
   fi
-  if ! gate=$("$HPCTRAIN_PYTHON" -m hpctrain.preflight.gate "$dir" --nodes "$all" \
+  if ! gate=$("$HPCTRAIN_PYTHON" -m hpctrain.checks.preflight.gate "$dir" --nodes "$all" \
       --run-dir "$HPCTRAIN_RUN_DIR" --min-nodes 2 --max-nodes 2 \
       --on-fail shrink --budget-s 60 \
-      --slow-factor 4.0 --min-fraction 0.5 \
+      --slow-factor 25.0 --min-fraction 0.5 \
       --can-requeue "$can_requeue" --restart-count "$HPCTRAIN_RESTART_COUNT" --started "$started"); then
     hpctrain_fail "the preflight verdict could not be computed on $(hostname): its Python environment fails"
   fi
@@ -244,7 +253,7 @@ hpctrain_preflight() {  # every node's checks at once, then the verdict: go on, 
 hpctrain_entry=(-m train_entry --run-dir /scratch/runs/golden --strategy ddp --max-steps 10)
 
 while :; do
-  rm -f "$HPCTRAIN_STOP_FILE"
+  rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_RUN_DIR/PREEMPTED"
   hpctrain_now
   hpctrain_jsonl "$HPCTRAIN_RUN_DIR/restarts.jsonl" time "$hpctrain_t" job_id "$HPCTRAIN_JOB_ID" \
     restart_count:= "$HPCTRAIN_RESTART_COUNT" host "$HOSTNAME"
@@ -296,6 +305,13 @@ while :; do
 
   hpctrain_why=preempted
   if hpctrain_stalled; then preempted=1; hpctrain_why=stall; fi
+  # A stop request the entry did not act on: it trained to its end and every node left with 0 (and
+  # no rank left 75 under launcher srun). The run is finished: no requeue, it ends COMPLETED.
+  if [ "$preempted" = 1 ] && [ "$hpctrain_why" = preempted ] && [ "$hpctrain_rc" -eq 0 ] &&
+     [ ! -e "$HPCTRAIN_RUN_DIR/PREEMPTED" ]; then
+    echo "hpctrain: the entry exited 0 after the stop request: the run is complete, no requeue"
+    preempted=0
+  fi
   if [ "$preempted" = 1 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
     if true && [ "$HPCTRAIN_RESTART_COUNT" -lt 10 ]; then
       hpctrain_event requeue reason "$hpctrain_why"

@@ -20,7 +20,7 @@ from pathlib import Path
 import sshd
 from conftest import VENV_PYTHON, Laptop
 
-from hpctrain.remote import agent as wire
+from hpctrain.remote import wire
 
 TINY = ["--nodes", "1", "--gpus", "1", "--", "--train.micro_batch=4", "--train.global_batch=4"]
 

@@ -12,10 +12,11 @@ A folder named step-<N> therefore always has a manifest; a crash leaves at most 
 Load: the newest step-<N> whose manifest verifies (sizes and checksums). A truncated or corrupted one
 is reported (one warning line naming it and why) and skipped; nothing is deleted because of it.
 
-The parts: checkpointer.py (the Checkpointer: triggers, sync saves, load), asyncsave.py (async
-saves), writer.py (the storage layer: one raw file per rank, hashed while written; its reader),
-staging.py (the reusable staging buffers of async saves), commit.py (rank 0's commit), compare.py
-(comparing two checkpoints), common.py (SaveFailed, the DCP holder, the planner). The format itself
+The parts: checkpointer.py (the Checkpointer: triggers, sync saves), load.py (load_latest),
+asyncsave.py (async saves), prune.py (old folders), ranks.py (the collectives), writer.py (the
+storage layer: one raw file per rank, hashed while written; its reader), staging.py (the reusable
+staging buffers of async saves), commit.py (rank 0's commit), compare.py (comparing two
+checkpoints), common.py (SaveFailed, the DCP holder, the planner). The format itself
 (names, manifest, verify, latest) is torch-free in hpctrain/kernel/checkpoint.py, re-exported here.
 Importing this package imports no torch; the Checkpointer imports it when used.
 """

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from train_entry.checkpoint.common import SaveFailed, attempt
+from train_entry.checkpoint.common import OtherRank, SaveFailed, attempt
 
 
 @dataclass
@@ -30,6 +30,7 @@ class _Pending:
     done: threading.Event
     error: BaseException | None = None
     failed: bool = False  # agreed by every rank's writer thread: some rank's save failed
+    causes: list | None = None  # then every rank's (kind, text) or None (SaveFailed)
     phases: dict = None  # type: ignore[assignment]
 
 
@@ -52,11 +53,11 @@ class AsyncSaves:
         if self._stager is None:
             # Import here what the writer thread uses: an import on that thread holds the GIL
             # while the loop wants it back (measured: +30 ms on the first save's call).
-            import torch.distributed._state_dict_utils  # noqa: F401
-            import torch.distributed.checkpoint  # noqa: F401
-
             import train_entry.checkpoint.writer  # noqa: F401
             from train_entry.checkpoint.staging import Stager
+            from train_entry.compat import warm_imports
+
+            warm_imports()
 
             self._stager = Stager()
 
@@ -141,13 +142,13 @@ class AsyncSaves:
                 prepared is not None, staged is None, changed, group=group
             )
             if not_prepared:
-                raise prepared or RuntimeError("rank 0 could not prepare the staging folder")
+                raise prepared or OtherRank("rank 0 could not prepare the staging folder")
             p.phases["prepare_s"] = time.perf_counter() - t
             side = SyncedFiles(p.staging)
             error = attempt(self._write_texts, side, texts) or p.error
             writer, results, entries = None, None, None
             if not_staged:
-                error = error or RuntimeError("another rank could not stage its state")
+                error = error or OtherRank("another rank could not stage its state")
             else:
                 writer = HashingWriter(p.staging)
                 failed, results = self._write_weights(
@@ -176,6 +177,8 @@ class AsyncSaves:
         finally:
             # every rank's thread ends here, so every rank learns the same outcome
             p.failed = self._any_rank(p.error is not None, group=group)
+            if p.failed:  # why, from every rank, so each raises the same SaveFailed at wait()
+                p.causes = self._causes(p.error, group)
 
     def _hook(self, optimizer: Any) -> None:
         """The optimizer's step waits until an async save has copied what the step changes."""
@@ -217,7 +220,7 @@ class AsyncSaves:
         if pending.failed:
             self._failed(pending.staging, self._dist()[1])
             self._last_step = None
-            raise SaveFailed(pending.step, self.dir, pending.error)
+            raise SaveFailed(pending.step, self.dir, pending.error, pending.causes)
 
 
 def deferrable(model: Any, optimizer: Any) -> set[int]:
@@ -225,8 +228,10 @@ def deferrable(model: Any, optimizer: Any) -> set[int]:
     shard) and optimizer state. An async save copies these on its writer thread."""
     import torch
 
+    from train_entry.compat import local_tensor
+
     def ptr(t: Any) -> int:
-        return getattr(t, "_local_tensor", t).data_ptr()
+        return local_tensor(t).data_ptr()
 
     out = {ptr(p) for p in model.parameters()}
     if optimizer is not None:

@@ -1,6 +1,9 @@
 """The Checkpointer: saves and loads TrainState atomically (the package docstring has the order of
 a save; docs/checkpoint-resume.md the whole story). Every method is called by every rank at the
-same point of the loop (they are collectives)."""
+same point of the loop (they are collectives).
+
+This module holds the triggers and the sync save; its parts by job: load.py (load_latest),
+asyncsave.py (async saves), prune.py (dropping old folders), ranks.py (the collectives)."""
 
 from __future__ import annotations
 
@@ -14,12 +17,12 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.kernel import strategies as strategy_names
-from hpctrain.kernel.checkpoint import newest_verified, prune, staging_name, step_name
+from hpctrain.kernel.checkpoint import staging_name, step_name
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.strategies import engine_checkpoint
 from train_entry.checkpoint.asyncsave import AsyncSaves, _Pending
 from train_entry.checkpoint.common import (
-    AppState,
+    OtherRank,
     PlanCache,
     SaveFailed,
     StateDicts,
@@ -27,11 +30,14 @@ from train_entry.checkpoint.common import (
     planner,
     stderr,
 )
+from train_entry.checkpoint.load import Loading
+from train_entry.checkpoint.prune import Pruning
+from train_entry.checkpoint.ranks import RankCollectives
 
 STRATEGIES = strategy_names.NAMES
 
 
-class Checkpointer(AsyncSaves):
+class Checkpointer(Loading, AsyncSaves, Pruning, RankCollectives):
     """Saves and loads TrainState atomically; see the module docstring and docs/checkpoint-resume.md.
 
     Every method is called by every rank at the same point of the loop (they are collectives).
@@ -79,114 +85,6 @@ class Checkpointer(AsyncSaves):
         if self.async_save:
             self._async_setup()  # here, not in the first save's blocked time
 
-    # ------------------------------------------------------------ helpers
-    @staticmethod
-    def _dist() -> tuple[Any, int, int]:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist, dist.get_rank(), dist.get_world_size()
-        return None, 0, 1
-
-    def _barrier(self) -> None:
-        dist, _, _ = self._dist()
-        if dist is not None:
-            dist.barrier()
-
-    def _broadcast(self, obj: Any) -> Any:
-        dist, _, _ = self._dist()
-        if dist is None:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
-
-    def _any_rank(self, flag: bool, *more: bool, group: Any = None) -> Any:
-        """Whether any rank's `flag` is set (one all-reduce MAX); with `more` flags, a list of
-        such answers, all in the same all-reduce."""
-        dist, _, _ = self._dist()
-        flags = [flag, *more]
-        if dist is not None:
-            import torch
-
-            nccl = group is None and dist.get_backend() == "nccl"
-            t = torch.tensor(flags, dtype=torch.int32, device="cuda" if nccl else "cpu")
-            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-            flags = [bool(x) for x in t.tolist()]
-        return flags if more else bool(flags[0])
-
-    def _warn(self, msg: str) -> None:
-        if self._dist()[1] == 0:
-            self._log(f"WARNING: {msg}")
-
-    # ------------------------------------------------------------ load
-    def load_latest(self, state: Any) -> int | None:
-        """Restore `state` in place from the newest verified checkpoint; the step, or None if none."""
-        from train_entry import state as st
-
-        _, rank, world = self._dist()
-        choice = None
-        if rank == 0:
-            found = newest_verified(self.dir, warn=self._warn)
-            choice = (str(found[0]), found[1]) if found else None
-        choice = self._broadcast(choice)
-        if choice is None:
-            return None
-        folder, manifest = Path(choice[0]), choice[1]
-        self._check_compatible(folder, manifest, world)
-        started = time.monotonic()
-        if engine_checkpoint(self.strategy):
-            load_path, _ = state.model.load_checkpoint(
-                str(self.dir),
-                tag=folder.name,
-                load_optimizer_states=True,
-                load_lr_scheduler_states=True,
-            )
-            if load_path is None:
-                raise UserError(f"DeepSpeed could not load {folder}")
-        else:
-            import torch.distributed.checkpoint as dcp
-
-            from train_entry.checkpoint.writer import RawReader
-
-            dcp.load(
-                {"app": AppState(state.model, state.optimizer)},
-                storage_reader=RawReader(str(folder)),
-            )
-        state.load_loop_state(st.loads((folder / "train_state.json").read_text()))
-        rng_file = folder / "rng" / f"rank-{rank:05d}.json"
-        if rng_file.exists():
-            st.restore_rng(st.loads(rng_file.read_text()))
-        else:
-            self._log(
-                f"rank {rank}: {folder} has no RNG state for this rank (saved with "
-                f"{manifest['world_size']} ranks); its generators keep their seeded state"
-            )
-        self._last_step, self._last_time = state.step, time.monotonic()
-        if rank == 0:
-            self._log(
-                f"resumed from {folder} (step {state.step}, saved by {manifest['world_size']} "
-                f"ranks, loaded by {world}) in {time.monotonic() - started:.2f}s"
-            )
-        return state.step
-
-    def _check_compatible(self, folder: Path, manifest: dict, world: int) -> None:
-        saved = manifest.get("strategy")
-        if engine_checkpoint(saved) != engine_checkpoint(self.strategy):
-            raise UserError(
-                f"{folder} was saved by strategy {saved!r} and this run uses {self.strategy!r}: "
-                "DDP and FSDP checkpoints load into each other, DeepSpeed ones only into DeepSpeed. "
-                f"Resume with --strategy {saved}, or start a new run (another --name)."
-            )
-        if engine_checkpoint(saved) and manifest.get("world_size") != world:
-            raise UserError(
-                f"{folder} was saved by DeepSpeed with {manifest.get('world_size')} ranks and this run "
-                f"has {world}: DeepSpeed checkpoints load only at the same world size. Resume with the "
-                "same nodes x GPUs; or convert: ZeRO stage 3 via deepspeed.checkpoint.ds_to_universal "
-                'and "checkpoint": {"load_universal": true}; any stage to plain weights via '
-                "zero_to_fp32.py (weights only, the optimizer restarts). See docs/checkpoint-resume.md."
-            )
-
     # ------------------------------------------------------------ save
     def maybe_save(self, state: Any, *, last: bool = False) -> bool:
         """Save if a trigger fires (every N steps, every T minutes agreed across ranks, or `last`)."""
@@ -223,15 +121,6 @@ class Checkpointer(AsyncSaves):
             latest_tmp(self).unlink(missing_ok=True)
         self._last_time = time.monotonic()  # retry after another interval, not every step
 
-    def _agree(self, error: BaseException | None, step: int, *flags: bool) -> list[bool]:
-        """A barrier that also agrees on failure: when any rank failed, every rank raises SaveFailed
-        (a rank that raised alone would leave the others waiting in the next collective). `flags`
-        ride along in the same all-reduce; the answer is whether any rank set each one."""
-        agreed = self._any_rank(error is not None, *flags, False)
-        if agreed[0]:
-            raise SaveFailed(step, self.dir, error)
-        return agreed[1:-1]
-
     def _save(self, state: Any, *, sync: bool) -> Path:
         """One save: the state dict (cached while live), the save plan (cached while unchanged),
         prepare (rank 0), side files, the weights (DCP through HashingWriter, or the DeepSpeed
@@ -247,7 +136,9 @@ class Checkpointer(AsyncSaves):
         dcp_state = not engine_checkpoint(self.strategy)
         holder: dict = {}
         if dcp_state:
-            holder = self._state_dicts.get(state.model, state.optimizer)
+            holder = self._state_dicts.get(
+                state.model, state.optimizer, flat=getattr(state, "flat_optim", False)
+            )
             phases["state_dict_s"] = time.perf_counter() - t0
         if not sync and dcp_state:
             t = time.perf_counter()
@@ -385,7 +276,7 @@ class Checkpointer(AsyncSaves):
         t = time.perf_counter()
         if rank == 0:
             if any(failed for _, failed, _ in gathered):
-                error = error or RuntimeError("another rank failed")
+                error = error or OtherRank("another rank failed")
             else:
                 files: dict[str, dict] | None = {}
                 for e, _, _ in gathered:
@@ -419,22 +310,6 @@ class Checkpointer(AsyncSaves):
             phases["agree_s"] = time.perf_counter() - t
         elif error is not None:
             raise error
-
-    def _agree_on(self, error: BaseException | None, step: int, group: Any) -> None:
-        """`_agree` for a sync save; on an async save's group, every rank raises (the thread's
-        own agreement then makes every rank's wait() raise SaveFailed)."""
-        if group is None:
-            self._agree(error, step)
-        elif self._any_rank(error is not None, group=group):
-            raise error or RuntimeError("another rank failed")
-
-    def _gather(self, obj: Any, group: Any = None) -> list[Any]:
-        dist, rank, world = self._dist()
-        if dist is None:
-            return [obj]
-        out: list[Any] | None = [None] * world if rank == 0 else None
-        dist.gather_object(obj, out, dst=0, group=group)
-        return out or []
 
     # ------------------------------------------------------------ the steps of a save
     def _prepare(self, final: Path, staging: Path) -> None:
@@ -473,27 +348,3 @@ class Checkpointer(AsyncSaves):
     def _write_texts(side: Any, texts: dict[str, Any]) -> None:
         for rel, text in texts.items():
             side.write(rel, text() if callable(text) else text)
-
-    def _prune(self, newest: int) -> None:
-        """Drop the oldest step folders beyond `keep`, only after a newer one was committed: each
-        is renamed out of the step-N namespace now and deleted on a thread (`wait()` joins it)."""
-        self._join_purge()
-        prune(self.dir, newest, self.keep, log=self._log, delete=self._purge_later)
-
-    def _purge_later(self, doomed: list[Path]) -> None:
-        self._purging = threading.Thread(
-            target=self._purge, args=(doomed,), daemon=True, name="hpctrain-prune"
-        )
-        self._purging.start()
-
-    def _purge(self, doomed: list[Path]) -> None:
-        for folder in doomed:
-            try:
-                shutil.rmtree(folder, ignore_errors=True)
-            except BaseException as exc:  # noqa: BLE001 - a thread: say it, the next prune retries
-                self._log(f"could not delete {folder.name} ({exc!r}); the next save retries")
-
-    def _join_purge(self) -> None:
-        purging, self._purging = self._purging, None
-        if purging is not None:
-            purging.join()

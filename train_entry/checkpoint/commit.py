@@ -14,7 +14,12 @@ from hpctrain.kernel.files import utc_now
 
 
 def commit(
-    ck: Any, staging: Path, final: Path, step: int, world: int, files: dict[str, dict] | None = None
+    ck: Any,
+    staging: Path,
+    final: Path,
+    step: int,
+    world: int,
+    files: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """Both halves, for a caller whose files are all durable already."""
     write_manifest(ck, staging, final, step, world, files)
@@ -26,7 +31,12 @@ def latest_tmp(ck: Any) -> Path:
 
 
 def write_manifest(
-    ck: Any, staging: Path, final: Path, step: int, world: int, files: dict[str, dict] | None = None
+    ck: Any,
+    staging: Path,
+    final: Path,
+    step: int,
+    world: int,
+    files: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """Rank 0: the manifest from every rank's checksums (taken while writing; files nobody
     hashed, e.g. DeepSpeed's, are read, hashed and fsynced here), fsynced in parallel with the

@@ -11,48 +11,128 @@ from pathlib import Path
 from typing import Any
 
 LOW_SPACE = 64 << 20  # a save that failed with less free than this failed for lack of space
+SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+# I/O faults that may pass by the next interval: a flaky or failing-over network filesystem
+TRANSIENT_ERRNOS = {
+    errno.EIO,
+    errno.EAGAIN,
+    errno.EINTR,
+    errno.EBUSY,
+    errno.ETIMEDOUT,
+    errno.ESTALE,
+    errno.ENOLCK,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.ECOMM,
+    errno.EREMOTEIO,
+}
+SPACE, TRANSIENT, FATAL = "space", "transient", "fatal"
+
+
+def _inner(exc: BaseException) -> list[BaseException]:
+    """The rank failures inside DCP's CheckpointException (each an exception, or one with its
+    traceback), else the exception itself."""
+    if type(exc).__name__ != "CheckpointException":
+        return [exc]
+    out = []
+    for item in (getattr(exc, "failures", None) or {}).values():
+        item = item[0] if isinstance(item, tuple) and item else item
+        if isinstance(item, BaseException):
+            out.append(item)
+    return out or [exc]
+
+
+def classify(exc: BaseException, folder: Path | None = None) -> tuple[str, str]:
+    """(kind, text) of a save's failure. kind: SPACE (ENOSPC/EDQUOT: free space, then the next
+    interval saves), TRANSIENT (an I/O fault that may pass: the next interval tries again), FATAL
+    (anything else: an ImportError, a TypeError, EACCES, ... fails the same way every time, so the
+    run stops at once). text: one line, `Type: message`."""
+    if isinstance(exc, SaveFailed):  # an async save's failure, raised again at wait()
+        return exc.kind, exc.detail
+    kinds = []
+    for e in _inner(exc):
+        code = getattr(e, "errno", None)
+        said = str(e)
+        if code in SPACE_ERRNOS or "No space left" in said or "Disk quota exceeded" in said:
+            kinds.append((SPACE, e))
+        elif isinstance(e, OSError) and code in TRANSIENT_ERRNOS:
+            kinds.append((TRANSIENT, e))
+        elif isinstance(e, (OSError, RuntimeError)) and folder is not None and _low(folder):
+            # torch's zip writer (DeepSpeed's torch.save) hides ENOSPC: ask the disk
+            kinds.append((SPACE, e))
+        else:
+            kinds.append((FATAL, e))
+    rank = {FATAL: 0, SPACE: 1, TRANSIENT: 2}
+    kind, e = min(kinds, key=lambda k: rank[k[0]])
+    return kind, _line(e)
+
+
+def _low(folder: Path) -> bool:
+    try:
+        return shutil.disk_usage(folder if folder.exists() else folder.parent).free < LOW_SPACE
+    except OSError:
+        return False
+
+
+def _line(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        where = f": {e.filename}" if e.filename else ""
+        return f"{type(e).__name__}: [Errno {e.errno}] {e.strerror}{where}"
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0][:300]}" if lines else type(e).__name__
+
+
+class OtherRank(RuntimeError):
+    """This rank stopped its part of a save because another rank failed (that one says why)."""
+
+
+def cause_of(error: BaseException | None, folder: Path) -> tuple[str, str] | None:
+    """What a rank tells the others about its failure (plain strings: exceptions may not pickle)."""
+    return None if error is None or isinstance(error, OtherRank) else classify(error, folder)
 
 
 class SaveFailed(Exception):
-    """A checkpoint could not be written (full disk, I/O error). Raised on EVERY rank at once (the
-    ranks agree on it at each step of the save), so the caller can go on training together."""
+    """A checkpoint could not be written. Raised on EVERY rank at once (the ranks agree on it at
+    each step of the save), with the same `kind` (common.classify) and `reason` on every rank:
+    `causes` are every failed rank's (kind, text), gathered once the ranks agreed that one failed.
+    SPACE and TRANSIENT failures let the run go on (the next interval saves again); FATAL stops it."""
 
-    def __init__(self, step: int, folder: Path, cause: BaseException | None) -> None:
+    def __init__(
+        self,
+        step: int,
+        folder: Path,
+        cause: BaseException | None,
+        causes: list[tuple[int, tuple[str, str] | None]] | None = None,
+    ) -> None:
         self.step, self.folder, self.cause = step, folder, cause
-        self.no_space = getattr(cause, "errno", None) == errno.ENOSPC or "No space left" in str(
-            cause
-        )
-        if not self.no_space:  # torch's zip writer hides ENOSPC ("unexpected pos"): ask the disk
-            try:
-                self.no_space = (
-                    shutil.disk_usage(folder if folder.exists() else folder.parent).free < LOW_SPACE
-                )
-            except OSError:
-                pass
-        lines = (
-            (getattr(cause, "strerror", None) or str(cause) or type(cause).__name__)
-            .strip()
-            .splitlines()
-        )
-        reason = (
-            "no space left on the device"
-            if self.no_space
-            else (lines[-1][:200] if cause is not None else "another rank failed")
-        )
-        super().__init__(f"checkpoint of step {step} into {folder} failed: {reason}")
+        if causes is None:  # one process: this rank's own error
+            causes = [(0, cause_of(cause, folder))]
+        found = [(r, c) for r, c in causes if c is not None]
+        order = {FATAL: 0, SPACE: 1, TRANSIENT: 2}
+        where = ""
+        if found:
+            rank, (self.kind, self.detail) = min(found, key=lambda rc: (order[rc[1][0]], rc[0]))
+            where = "" if len(causes) == 1 else f" (rank {rank})"
+        else:  # no rank said why (cannot happen when the ranks agree): not known to repeat
+            self.kind, self.detail = TRANSIENT, "a rank failed without saying why"
+        self.no_space = self.kind == SPACE
+        # a full disk needs no exception name (torch may hide ENOSPC in a RuntimeError): the
+        # exception's own line stays in `detail`, which the run's events.jsonl keeps
+        self.reason = ("no space left on the device" if self.no_space else self.detail) + where
+        super().__init__(f"checkpoint of step {step} into {folder} failed: {self.reason}")
 
 
 def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BaseException | None:
-    """Run one step of a save on this rank: None, or the I/O error it raised (for _agree)."""
+    """Run one step of a save on this rank: None, or the error it raised (for _agree, which makes
+    every rank raise SaveFailed together: a rank that raised alone would leave the others waiting
+    in the next collective). KeyboardInterrupt and SystemExit go on up."""
     try:
         fn(*args, **kwargs)
-    except OSError as exc:
+    except Exception as exc:
         return exc
     except BaseException as exc:
         # DCP wraps each rank's failure in a CheckpointException (a BaseException, on every rank)
-        if type(exc).__name__ == "CheckpointException" or (
-            isinstance(exc, Exception) and "No space left" in str(exc)
-        ):
+        if type(exc).__name__ == "CheckpointException":
             return exc
         raise
     return None
@@ -63,17 +143,27 @@ def stderr(msg: str) -> None:
 
 
 class AppState:
-    """DCP Stateful holder: model + optimizer through get/set_state_dict (FQNs without wrappers)."""
+    """DCP Stateful holder: model + optimizer through get/set_state_dict (FQNs without wrappers).
 
-    def __init__(self, model: Any, optimizer: Any) -> None:
-        self.model, self.optimizer = model, optimizer
+    `flat`: the optimizer state flattened per parameter name (param groups too), which is what a
+    pipeline-parallel run needs: each pp rank holds other parameters, so one shared `param_groups`
+    list (saved once, by the lowest rank) would not describe them. Runs on a device mesh save flat;
+    a load reads whichever form the checkpoint has (`is_flat`)."""
+
+    def __init__(self, model: Any, optimizer: Any, flat: bool = False) -> None:
+        self.model, self.optimizer, self.flat = model, optimizer, flat
+
+    def _options(self) -> Any:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(flatten_optimizer_state_dict=True) if self.flat else None
 
     def state_dict(self) -> dict:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
         if self.optimizer is None:
             return {"model": get_model_state_dict(self.model)}
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
         return {"model": model_sd, "optim": optim_sd}
 
     def load_state_dict(self, sd: dict) -> None:
@@ -87,7 +177,16 @@ class AppState:
                 self.optimizer,
                 model_state_dict=sd["model"],
                 optim_state_dict=sd["optim"],
+                options=self._options(),
             )
+
+
+def is_flat(metadata: Any) -> bool:
+    """The checkpoint's optimizer state is flattened per parameter (AppState(flat=True)): its
+    param groups are keyed by parameter name (`param_groups.<fqn>.lr`), not by group index."""
+    keys = metadata.state_dict_metadata
+    names = (k.removeprefix("app.model.") for k in keys if k.startswith("app.model."))
+    return any(f"app.optim.param_groups.{name}.lr" in keys for name in names)
 
 
 class StateDicts:
@@ -105,7 +204,10 @@ class StateDicts:
         self._sd: dict | None = None
         self.reused = False  # the last get() returned the previous state dict (same tensors)
 
-    def get(self, model: Any, optimizer: Any) -> dict:
+    def get(self, model: Any, optimizer: Any, flat: bool = False) -> dict:
+        if flat:  # flattened param groups are keyed by name: built afresh each save (no cache)
+            self.reused, self._key, self._sd = False, None, None
+            return AppState(model, optimizer, flat=True).state_dict()
         key = _fingerprint(model, optimizer)
         self.reused = self._sd is not None and key == self._key
         if self.reused:
@@ -121,16 +223,15 @@ class StateDicts:
         return sd
 
 
-def _local(t: Any) -> Any:
-    return getattr(t, "_local_tensor", t)
-
-
 def _fingerprint(model: Any, optimizer: Any) -> list:
     import torch
 
+    from train_entry.compat import local_tensor
+
     out: list = [id(model), id(optimizer)]
     out.extend(
-        (_local(t).data_ptr(), t.shape, t.dtype) for t in (*model.parameters(), *model.buffers())
+        (local_tensor(t).data_ptr(), t.shape, t.dtype)
+        for t in (*model.parameters(), *model.buffers())
     )
     if optimizer is not None:
         for group in optimizer.param_groups:
@@ -139,7 +240,7 @@ def _fingerprint(model: Any, optimizer: Any) -> list:
         for param, st in optimizer.state.items():
             out.append(id(param))
             out.extend(
-                (k, _local(v).data_ptr(), v.shape, v.dtype)
+                (k, local_tensor(v).data_ptr(), v.shape, v.dtype)
                 if isinstance(v, torch.Tensor)
                 else (k, v)
                 for k, v in st.items()

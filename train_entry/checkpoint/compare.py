@@ -47,7 +47,8 @@ def _same(a: Any, b: Any) -> bool:
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=False))
     if isinstance(a, float) and a != a:
         return isinstance(b, float) and b != b
-    if type(a) is type(b) and hasattr(a, "__dict__") and type(a).__eq__ is object.__eq__:
+    # typeshed types a class's __eq__ unlike object.__eq__; the identity test is the point here
+    if type(a) is type(b) and hasattr(a, "__dict__") and type(a).__eq__ is object.__eq__:  # type: ignore[comparison-overlap]
         return _same(vars(a), vars(b))  # e.g. DeepSpeed's loss scaler object
     return bool(a == b)
 

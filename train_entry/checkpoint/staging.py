@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from train_entry.compat import copy_state_dict, cpu_state_dict, local_tensor
+
 
 def _layout(obj: Any) -> Any:
     """The structure of a state dict: keys, and each tensor's type, dtype, shape and device."""
@@ -15,7 +17,7 @@ def _layout(obj: Any) -> Any:
     if isinstance(obj, (list, tuple)):
         return (type(obj), tuple(_layout(v) for v in obj))
     if isinstance(obj, torch.Tensor):
-        local = getattr(obj, "_local_tensor", obj)  # a DTensor's shard
+        local = local_tensor(obj)  # a DTensor's shard
         return (type(obj), obj.dtype, tuple(obj.shape), tuple(local.shape), str(obj.device))
     return type(obj)
 
@@ -29,10 +31,6 @@ def _select(obj: Any, keep: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj if keep(obj) else None
     return None
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    return getattr(t, "_local_tensor", t)
 
 
 class Stager:
@@ -55,16 +53,14 @@ class Stager:
 
     def begin(self, sd: dict, movable: Callable[[], set[int]], same: bool = False) -> None:
         """`same`: `sd` is the last save's state dict, holding the same tensors (StateDicts)."""
-        from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-
         if not (same and sd is self._sd and self._pairs is not None):
             layout = _layout(sd)
             self._cuda = any(str(d).startswith("cuda") for d in _devices(sd))
             if layout != self.layout:
-                self.layout, self.cache = layout, _create_cpu_state_dict(sd, pin_memory=self._cuda)
+                self.layout, self.cache = layout, cpu_state_dict(sd, pin_memory=self._cuda)
             moves = movable()
-            now = _select(sd, lambda t: _local(t).data_ptr() not in moves)
-            later = _select(sd, lambda t: _local(t).data_ptr() in moves)
+            now = _select(sd, lambda t: local_tensor(t).data_ptr() not in moves)
+            later = _select(sd, lambda t: local_tensor(t).data_ptr() in moves)
             self._pairs = tuple(
                 (_prune_none(part), _prune_none(_select_like(self.cache, part)))
                 for part in (now, later)
@@ -74,19 +70,17 @@ class Stager:
             self._stream = self._stream or torch.cuda.Stream()
             self._ready = torch.cuda.Event()
             self._ready.record()  # the step's kernels before the copy
-        _copy_state_dict(*self._pairs[0], type_check=False)
+        copy_state_dict(*self._pairs[0])
 
     def finish(self) -> dict:
-        from torch.distributed._state_dict_utils import _copy_state_dict
-
         src, dst = self._pairs[1]
         if self._stream is not None:
             self._stream.wait_event(self._ready)
             with torch.cuda.stream(self._stream):
-                _copy_state_dict(src, dst, non_blocking=True, type_check=False)
+                copy_state_dict(src, dst, non_blocking=True)
             self._stream.synchronize()
         else:
-            _copy_state_dict(src, dst, type_check=False)
+            copy_state_dict(src, dst)
         # the full structure: staged tensors, the scalars as they were at begin()
         return _merge_staged(self._sd, self.cache)
 
@@ -97,7 +91,7 @@ def _devices(obj: Any) -> set[str]:
     if isinstance(obj, (list, tuple)):
         return set().union(*(_devices(v) for v in obj)) if obj else set()
     if isinstance(obj, torch.Tensor):
-        return {str(_local(obj).device)}
+        return {str(local_tensor(obj).device)}
     return set()
 
 

@@ -8,8 +8,8 @@ of a core, the largest cost of a save on a loaded machine), fsyncs the file once
 while the checksums already go to rank 0), and remembers (size, xxh3_128) for the manifest, so
 nothing is read back. The
 `.metadata` file (DCP's plan and where each tensor lies) is still DCP's own pickle, written the
-same way. `RawReader` loads such files (and DCP's own `.distcp` files, so older checkpoints still
-load); the shape and dtype of each stored chunk come from DCP's metadata.
+same way. `RawReader` (reader.py, public) loads such files (and DCP's own `.distcp` files, so older
+checkpoints still load); the shape and dtype of each stored chunk come from DCP's metadata.
 
 Also here: `SyncedFiles`, small side files (RNG, loop state, config) written with their checksum
 taken from memory and their fsyncs run on the I/O pool.
@@ -17,7 +17,6 @@ taken from memory and their fsyncs run on the I/O pool.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import os
@@ -31,24 +30,15 @@ from typing import Any
 
 import torch
 import xxhash
-from torch.distributed._shard._utils import narrow_tensor_by_index
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.filesystem import _FileSystemWriter, _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import (
-    LoadItemType,
-    LoadPlan,
-    LoadPlanner,
-    SavePlan,
-    SavePlanner,
-    WriteItemType,
-)
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from hpctrain.kernel.checkpoint import XXH3
+from train_entry.checkpoint.reader import RAW_SUFFIX, RawReader  # noqa: F401  (its reader)
+from train_entry.compat import WriterBase, load_everything, stamp, storage_info
 
-RAW_SUFFIX = ".raw"
 ALIGN = 64
 METADATA = ".metadata"
 
@@ -82,7 +72,7 @@ SMALL = 256 << 10  # tensors smaller than this are gathered into one write (0-di
 CHUNK = 1 << 20
 
 
-class HashingWriter(_FileSystemWriter):
+class HashingWriter(WriterBase):
     """A DCP StorageWriter: one raw file per rank; `entries` holds {relative path: {"size",
     "sha256"}} of what this rank wrote, `phases` the seconds spent writing, hashing, syncing."""
 
@@ -160,7 +150,7 @@ class HashingWriter(_FileSystemWriter):
                         WriteResult(
                             index=item.index,
                             size_in_bytes=len(buf),
-                            storage_data=_StorageInfo(name, offset, len(buf)),
+                            storage_data=storage_info(name, offset, len(buf)),
                         )
                     )
                     offset += len(buf)
@@ -180,11 +170,13 @@ class HashingWriter(_FileSystemWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         """The coordinator: DCP's .metadata, written straight into the (staging) folder."""
-        from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
-
-        metadata.version = CURRENT_DCP_VERSION
+        stamp(metadata)  # the format version, as this torch's own writer stamps it (if any)
         metadata.storage_data = {wr.index: wr.storage_data for wrs in results for wr in wrs}
-        metadata.storage_meta = StorageMeta(checkpoint_id=self.checkpoint_id, save_id=self.save_id)
+        # a str, not a Path: Python 3.13 pickles a Path as pathlib._local.PosixPath, which 3.11
+        # and 3.12 cannot load (a checkpoint written on a site's 3.13 must load anywhere)
+        metadata.storage_meta = StorageMeta(
+            checkpoint_id=str(self.checkpoint_id), save_id=self.save_id
+        )
         blob = pickle.dumps(metadata)
         # not fsynced here: the commit fsyncs every file it did not write itself, in parallel
         with open(Path(self.path) / METADATA, "wb") as f:
@@ -196,79 +188,10 @@ class HashingWriter(_FileSystemWriter):
         }
 
 
-class RawReader(FileSystemReader):
-    """Loads HashingWriter's raw files; DCP's own files through DCP's reader."""
-
-    def set_up_storage_reader(
-        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
-    ) -> None:
-        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
-        self._md = metadata
-
-    def _chunk(self, index: Any) -> tuple[torch.dtype, torch.Size]:
-        meta = self._md.state_dict_metadata[index.fqn]
-        for chunk in meta.chunks:
-            if tuple(chunk.offsets) == tuple(index.offset):
-                return meta.properties.dtype, chunk.sizes
-        raise KeyError(f"no stored chunk of {index.fqn} at offset {tuple(index.offset)}")
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        raw = [
-            r
-            for r in plan.items
-            if self.storage_data[r.storage_index].relative_path.endswith(RAW_SUFFIX)
-        ]
-        other = [
-            r
-            for r in plan.items
-            if not self.storage_data[r.storage_index].relative_path.endswith(RAW_SUFFIX)
-        ]
-        if other:
-            super().read_data(dataclasses.replace(plan, items=other), planner).wait()
-        per_file: dict[str, list[Any]] = {}
-        for r in raw:
-            per_file.setdefault(self.storage_data[r.storage_index].relative_path, []).append(r)
-        for rel, reqs in per_file.items():
-            path = Path(self.path) / rel
-            whole = torch.from_file(
-                str(path), shared=False, size=path.stat().st_size, dtype=torch.uint8
-            )
-            for req in reqs:
-                info = self.storage_data[req.storage_index]
-                piece = whole[info.offset : info.offset + info.length]
-                if req.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(req, io.BytesIO(piece.numpy().tobytes()))
-                    continue
-                dtype, sizes = self._chunk(req.storage_index)
-                tensor = piece.view(dtype).reshape(sizes)
-                tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
-                target = planner.resolve_tensor(req).detach()
-                if target.size() != tensor.size():
-                    raise AssertionError(
-                        f"{req.storage_index}: stored {tuple(tensor.size())}, "
-                        f"wanted {tuple(target.size())}"
-                    )
-                target.copy_(tensor)
-                planner.commit_tensor(req, target)
-        fut: Future[None] = Future()
-        fut.set_result(None)
-        return fut
-
-
 def load_plain(folder: str | os.PathLike) -> dict[str, Any]:
     """The whole state dict of a DCP checkpoint (raw or DCP's own files) on CPU, without a
     process group: what torch's dcp_to_torch_save loads, for our raw files too."""
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    sd: dict[str, Any] = {}
-    _load_state_dict(
-        sd,
-        storage_reader=RawReader(str(folder)),
-        planner=_EmptyStateDictLoadPlanner(),
-        no_dist=True,
-    )
-    return sd
+    return load_everything(RawReader(str(folder)))
 
 
 def _fsync_close(fd: int) -> float:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import ValidationError as PydanticError
 
-from hpctrain.kernel import jobenv
+from hpctrain.kernel import jobenv, mesh
 from hpctrain.kernel.errors import Problem, UserError, ValidationError
 from hpctrain.kernel.yamlsafe import read_yaml
 from train_entry.config.models import TrainConfig, all_keys
@@ -20,11 +20,11 @@ from train_entry.config.models import TrainConfig, all_keys
 # ---------------------------------------------------------------- loading
 
 
-class _Origins(dict):
+class _Origins(dict[str, tuple[str, int | None]]):
     """dotted key -> (file, line) or ("flag", None)."""
 
 
-def _load_yaml(path: Path) -> tuple[dict, _Origins]:
+def _load_yaml(path: Path) -> tuple[dict[str, Any], _Origins]:
     """The safe YAML reader the profiles use (hpctrain.kernel.yamlsafe: no tags, anchors or merge
     keys, size and depth caps, every problem as file:line: key), with no cache: training ranks
     write nothing. The line of every mapping key goes into the origins (1-based)."""
@@ -65,7 +65,7 @@ def _suggest(key: str) -> str:
     return f"did you mean '{close[0]}'?" if close else "remove it (see --help for every key)"
 
 
-def apply_overrides(data: dict, overrides: list[str], origins: _Origins) -> list[Problem]:
+def apply_overrides(data: dict[str, Any], overrides: list[str], origins: _Origins) -> list[Problem]:
     problems: list[Problem] = []
     items = list(overrides)
     while items:
@@ -124,11 +124,16 @@ def _problems_from(err: PydanticError, origins: _Origins) -> list[Problem]:
 
 
 def load_config(
-    path: str | os.PathLike | None = None,
-    overrides: list[str] = (),
+    path: str | os.PathLike[str] | None = None,
+    overrides: Sequence[str] = (),
     flags: dict[str, Any] | None = None,
+    *,
+    world: int | None = None,
+    gpus_per_node: int | None = None,
 ) -> TrainConfig:
-    """Defaults < YAML file < named flags ({"train.max_steps": 60}) < dotted overrides."""
+    """Defaults < YAML file < named flags ({"train.max_steps": 60}) < dotted overrides. With
+    `world`, the parallel layout's problems (check_layout) come first in the same error, so a
+    layout that cannot work is named beside (and before) what it asks of the model."""
     data, origins = _load_yaml(Path(path)) if path else ({}, _Origins())
     named = [f"--{k}={v}" for k, v in (flags or {}).items() if v is not None]
     problems = apply_overrides(data, [*named, *overrides], origins)
@@ -140,6 +145,11 @@ def load_config(
     if problems:
         raise ValidationError(problems)
     problems = _cross_checks(cfg, origins)
+    if world is not None:
+        try:
+            check_layout(cfg, world, gpus_per_node)
+        except ValidationError as e:
+            problems = [*e.problems, *problems]
     if problems:
         raise ValidationError(problems)
     return cfg
@@ -166,6 +176,56 @@ def _cross_checks(cfg: TrainConfig, origins: _Origins) -> list[Problem]:
         )
     for check in _SECTION_CHECKS.get(cfg.strategy, ()):
         out += check(cfg, at)
+    return out + _parallel_checks(cfg, at)
+
+
+def _parallel_checks(cfg: TrainConfig, at: Callable[[str, str], Problem]) -> list[Problem]:
+    """What tp/pp need from the model: the demo GPT's sizes, or the user's plan and split."""
+    par, m, out = cfg.parallel, cfg.model, []
+    if (par.tp > 1 or par.pp > 1) and cfg.train.precision == "fp16":
+        out.append(
+            at(
+                "train.precision",
+                "fp16 needs a loss scaler, which tp/pp runs do not have; use "
+                "--train.precision=bf16 (or fp32)",
+            )
+        )
+    if m.factory is not None:
+        example = "see examples/gpt_parallel.py (the demo GPT's, worked through)"
+        if par.tp > 1 and not par.tp_plan:
+            out.append(
+                at(
+                    "parallel.tp_plan",
+                    f"parallel.tp={par.tp} with your model ({m.factory}) needs its tensor-parallel "
+                    "plan: set parallel.tp_plan to 'pkg.module:fn', fn(model, tp_mesh, config) "
+                    f"applying parallelize_module; {example}",
+                )
+            )
+        if par.pp > 1 and not par.pp_split:
+            out.append(
+                at(
+                    "parallel.pp_split",
+                    f"parallel.pp={par.pp} with your model ({m.factory}) needs its pipeline split: "
+                    "set parallel.pp_split to 'pkg.module:fn', fn(model, stage_ids, n_stages, "
+                    f"config) -> (stage modules, loss_fn); {example}",
+                )
+            )
+        return out
+    if par.tp > 1:  # the demo GPT's plan: heads, the sequence (sequence parallel), the vocabulary
+        for key, size in (
+            ("n_heads", m.n_heads),
+            ("seq_len", m.seq_len),
+            ("vocab_size", m.vocab_size),
+        ):
+            if size % par.tp:
+                out.append(
+                    at(
+                        f"model.{key}",
+                        f"parallel.tp={par.tp} does not divide model.{key}({size}): the demo "
+                        f"GPT's TP plan splits it over the tp ranks; set model.{key} to a "
+                        f"multiple of {par.tp}",
+                    )
+                )
     return out
 
 
@@ -201,40 +261,87 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def check_sizes(cfg: TrainConfig, world: int | None = None) -> int:
-    """Check the topology and the batch arithmetic; return the gradient accumulation steps."""
+def check_layout(cfg: TrainConfig, world: int, gpus_per_node: int | None = None) -> mesh.Layout:
+    """The parallel layout at this world size (kernel/mesh.check_layout: every problem at once)."""
+    par = cfg.parallel
+    problems = mesh.check_layout(
+        world=world,
+        tp=par.tp,
+        pp=par.pp,
+        gpus_per_node=gpus_per_node,
+        n_layers=cfg.model.n_layers if cfg.model.factory is None else None,
+        schedule=par.schedule,
+        microbatches=par.microbatches,
+        strategy=cfg.strategy,
+    )
+    if problems:
+        for p in problems:
+            p.file = f"--{p.key}" if p.key else None
+            p.key = None
+        raise ValidationError(problems)
+    return mesh.Layout.of(world, par.tp, par.pp)
+
+
+def check_sizes(
+    cfg: TrainConfig, world: int | None = None, gpus_per_node: int | None = None
+) -> int:
+    """Check the topology, the parallel layout and the batch arithmetic; return the gradient
+    accumulation steps. The batch is per data-parallel rank: tp and pp ranks share theirs."""
     world = world_size() if world is None else world
     nnodes, gpn = jobenv.get(jobenv.NNODES), jobenv.get(jobenv.GPUS_PER_NODE)
+    if gpus_per_node is None and gpn and int(gpn) > 0:
+        gpus_per_node = int(gpn)
     if nnodes and gpn and int(gpn) > 0 and int(nnodes) * int(gpn) != world:
         raise UserError(
             f"WORLD_SIZE({world}) != {jobenv.NNODES}({nnodes}) * {jobenv.GPUS_PER_NODE}"
             f"({gpn}) = {int(nnodes) * int(gpn)}; launch torchrun with --nnodes {nnodes} "
             f"--nproc-per-node {gpn}"
         )
+    layout = check_layout(cfg, world, gpus_per_node)
+    dp = layout.dp
+    ranks = f"world_size({world})" if dp == world else f"dp({dp}) (world_size({world}) / (tp x pp))"
     t = cfg.train
     if not {"global_batch", "micro_batch", "grad_accum"} & t.model_fields_set and t.global_batch % (
-        world * t.micro_batch
+        dp * t.micro_batch
     ):
         # Nothing set by the user: the defaults adapt to the world size (the same global batch,
         # fewer samples per rank; else one default micro-batch per rank). 1 and 2 ranks keep 16 = 2 x 8.
-        if t.global_batch % world == 0:
-            t.micro_batch = t.global_batch // world
+        if t.global_batch % dp == 0:
+            t.micro_batch = t.global_batch // dp
         else:
-            t.global_batch = world * t.micro_batch
-    per_step = world * t.micro_batch
+            t.global_batch = dp * t.micro_batch
+    per_step = dp * t.micro_batch
     if t.grad_accum is None:
         if t.global_batch % per_step:
             raise UserError(
                 f"train.global_batch({t.global_batch}) is not divisible by "
-                f"world_size({world}) * train.micro_batch({t.micro_batch}) = {per_step}; "
+                f"{ranks} * train.micro_batch({t.micro_batch}) = {per_step}; "
                 f"set train.global_batch to a multiple of {per_step}"
             )
-        return t.global_batch // per_step
-    if world * t.micro_batch * t.grad_accum != t.global_batch:
+        accum = t.global_batch // per_step
+        _check_microbatches(cfg)
+        return accum
+    if dp * t.micro_batch * t.grad_accum != t.global_batch:
         raise UserError(
-            f"train.global_batch({t.global_batch}) != world_size({world}) * "
+            f"train.global_batch({t.global_batch}) != {ranks} * "
             f"train.micro_batch({t.micro_batch}) * train.grad_accum({t.grad_accum}) = "
             f"{per_step * t.grad_accum}; set train.global_batch={per_step * t.grad_accum} "
             f"or leave train.grad_accum unset to derive it"
         )
+    _check_microbatches(cfg)
     return t.grad_accum
+
+
+def _check_microbatches(cfg: TrainConfig) -> None:
+    """The pipeline cuts each micro-batch into microbatches: checked once the batch is resolved."""
+    par = cfg.parallel
+    if par.pp > 1:
+        problems = mesh.check_layout(
+            world=par.pp,
+            pp=par.pp,
+            schedule=par.schedule,
+            microbatches=par.microbatches,
+            micro_batch=cfg.train.micro_batch,
+        )
+        if problems:
+            raise ValidationError([Problem(p.message, file=f"--{p.key}") for p in problems])

@@ -7,6 +7,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from hpctrain.kernel import mesh
 from hpctrain.kernel import strategies as strategy_names
 
 STRATEGIES = strategy_names.NAMES
@@ -142,6 +143,48 @@ class DeepSpeedConfig(_Section):
     config_file: str | None = _f(None, "A DeepSpeed JSON to merge over the generated one.")
 
 
+class ParallelConfig(_Section):
+    tp: int = _f(
+        1,
+        "Tensor parallel size: each layer's matrices split over this many ranks of one node "
+        "(1 = off). Needs a TP plan (parallel.tp_plan; the demo GPT has one).",
+        ge=1,
+    )
+    pp: int = _f(
+        1,
+        "Pipeline parallel size: the layers split into this many stages (1 = off). Needs a "
+        "split (parallel.pp_split; the demo GPT has one). Data parallel fills the rest: "
+        "dp = world / (tp x pp).",
+        ge=1,
+    )
+    microbatches: int | None = _f(
+        None,
+        "Pipeline microbatches each rank's micro-batch is cut into; None = pp. More shrink "
+        "the bubble (p-1)/(m+p-1).",
+        ge=1,
+    )
+    schedule: Literal[mesh.SCHEDULES] = _f(  # type: ignore[valid-type]  # one table's names
+        mesh.DEFAULT_SCHEDULE,
+        "Pipeline schedule: gpipe, 1f1b or interleaved_1f1b (2 stages per rank).",
+    )
+    tp_plan: str | None = _f(
+        None,
+        "Your TP plan: 'pkg.module:fn', called as fn(model, tp_mesh, config) to apply "
+        "parallelize_module to the model in place. None = the demo GPT's "
+        "(train_entry/parallel/gpt.py; the worked example is examples/gpt_parallel.py).",
+    )
+    pp_split: str | None = _f(
+        None,
+        "Your pipeline split: 'pkg.module:fn', called as fn(model, stage_ids, n_stages, config), "
+        "returning (this rank's stage modules, loss_fn(output, target)). None = the demo GPT's.",
+    )
+    loss_parallel: bool = _f(
+        True,
+        "With tp: the TP plan leaves the logits sharded on the vocabulary and the loss runs under "
+        "loss_parallel() (no all-gather of the logits). Set false if your plan replicates them.",
+    )
+
+
 class CheckpointConfig(_Section):
     every_steps: int | None = _f(
         None, "Save every N steps (None = only at the end and on preemption).", ge=1
@@ -166,7 +209,9 @@ class ProfileConfig(_Section):
 class TrainConfig(_Section):
     """The whole trainer configuration (one source of truth for its keys)."""
 
-    strategy: Literal[strategy_names.NAMES] = _f("ddp", "ddp, fsdp (FSDP2) or deepspeed (ZeRO).")
+    strategy: Literal[strategy_names.NAMES] = _f(  # type: ignore[valid-type]  # one table's names
+        "ddp", "ddp, fsdp (FSDP2) or deepspeed (ZeRO)."
+    )
     model: ModelConfig = Field(default_factory=ModelConfig, description="The model.")
     data: DataConfig = Field(default_factory=DataConfig, description="The data.")
     optim: OptimConfig = Field(default_factory=OptimConfig, description="The optimizer.")
@@ -176,6 +221,10 @@ class TrainConfig(_Section):
     fsdp: FSDPConfig = Field(default_factory=FSDPConfig, description="FSDP2 knobs.")
     deepspeed: DeepSpeedConfig = Field(
         default_factory=DeepSpeedConfig, description="DeepSpeed knobs."
+    )
+    parallel: ParallelConfig = Field(
+        default_factory=ParallelConfig,
+        description="Tensor and pipeline parallel on one device mesh (with fsdp).",
     )
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoints."
@@ -209,7 +258,7 @@ def keys_help() -> str:
     return "\n".join(lines)
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
         if isinstance(v, dict):

@@ -50,7 +50,22 @@ def apply_compile(model: nn.Module, *, block_class: str | None) -> None:
         block.compile()
 
 
-def wrap(model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int) -> Strategy:
+def wrap(
+    model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int, dims: Any = None
+) -> Strategy:
+    if dims is not None and dims.mesh is not None:
+        # tp/pp: one device mesh, the data-parallel strategy as its dp dimension (its `shard`;
+        # hpctrain/kernel/strategies.py says which compose, checked at parse time)
+        from train_entry.parallel.strategy import ParallelStrategy
+
+        return ParallelStrategy.build(
+            model,
+            cfg=cfg,
+            device=device,
+            grad_accum=grad_accum,
+            dims=dims,
+            dp_strategy=strategy_class(cfg.strategy),
+        )
     # 1. activation checkpointing, per block
     if cfg.train.activation_checkpointing:
         apply_activation_checkpointing(model, block_class=cfg.fsdp.block_class)

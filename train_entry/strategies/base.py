@@ -1,10 +1,8 @@
 """The strategy interface the trainer drives. One optimizer step with k micro-steps:
 
     for i in range(k):
-        with s.sync(i == k - 1), s.autocast():
-            loss = compute_loss(s.model, batch)
-            s.backward(loss)
-    grad_norm = s.step()
+        loss = s.micro_step(batch, last=i == k - 1)   # with s.sync(last), s.autocast(): forward,
+    grad_norm = s.step()                              # s.backward(loss)
 
 Each strategy is one module in train_entry/strategies/ with one class built by `wrap(...)`;
 train_entry/strategies/__init__.py holds the registry (names from hpctrain/kernel/strategies.py).
@@ -15,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -53,6 +52,16 @@ class Strategy:
         """Checks that need no process group (at parse time, before any process group exists)."""
 
     # ---- one step
+    def micro_step(self, batch: Any, last: bool) -> torch.Tensor:
+        """Forward and backward of one micro-batch (gradients reduced when `last`); this rank's
+        loss, detached. A pipeline runs all its stages' microbatches here (parallel/strategy.py)."""
+        from train_entry.model import compute_loss
+
+        with self.sync(last), self.autocast():
+            loss = compute_loss(self.model, batch)
+            self.backward(loss)
+        return loss.detach().float()
+
     def backward(self, loss: torch.Tensor) -> None:
         loss = loss / self.grad_accum
         (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
@@ -76,6 +85,12 @@ class Strategy:
     def checkpointed_scheduler(self) -> Any:
         """The scheduler the checkpointer saves (None when the engine saves its own)."""
         return self.scheduler
+
+    @staticmethod
+    def full_weights(folder: Path) -> Any:
+        """`hpctrain export`: the consolidated model weights of a checkpoint folder this strategy's
+        engine wrote (a train_entry.checkpoint.export.Weights); None: DCP's files hold them."""
+        return None
 
     def params_sha256(self) -> str:
         """Full parameter values, fixed order, whatever the sharding (a collective)."""

@@ -38,6 +38,10 @@ class DDPStrategy(Strategy):
     """Replicated model; gradients all-reduced in buckets during the last micro-step's backward."""
 
     name = "ddp"
+    # set by wrap()
+    precision: str
+    max_norm: float | None
+    params: list[nn.Parameter]
 
     @classmethod
     def wrap(

@@ -40,21 +40,21 @@ def import_deepspeed(device_type: str = "cpu") -> Any:
     return deepspeed
 
 
-def _merge(base: dict, over: dict) -> dict:
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for k, v in over.items():
         out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
-def _offload(device: str, nvme_path: str | None) -> dict:
+def _offload(device: str, nvme_path: str | None) -> dict[str, Any]:
     d: dict[str, Any] = {"device": device}
     if device == "nvme":
         d["nvme_path"] = nvme_path
     return d
 
 
-def build_config(cfg: Any, *, world: int, accum: int) -> dict:
+def build_config(cfg: Any, *, world: int, accum: int) -> dict[str, Any]:
     t, d = cfg.train, cfg.deepspeed
     zero: dict[str, Any] = {"stage": d.zero_stage}
     if d.offload_optimizer != "none":
@@ -94,7 +94,7 @@ def build_config(cfg: Any, *, world: int, accum: int) -> dict:
     return conf
 
 
-def validate(cfg: Any, *, world: int, accum: int) -> dict:
+def validate(cfg: Any, *, world: int, accum: int) -> dict[str, Any]:
     """Build and validate the DeepSpeed JSON with DeepSpeed's own class; no process group is needed."""
     from train_entry.dist import pick_device
 
@@ -104,6 +104,9 @@ def validate(cfg: Any, *, world: int, accum: int) -> dict:
 
     conf = build_config(cfg, world=world, accum=accum)
     src = cfg.deepspeed.config_file or "the generated DeepSpeed config"
+    tb: Any  # JSON values (a user file may hold anything)
+    mb: Any
+    ga: Any
     tb, mb, ga = (
         conf.get(k)
         for k in (
@@ -183,6 +186,39 @@ class DeepSpeedStrategy(Strategy):
     @property
     def checkpointed_scheduler(self) -> Any:
         return None  # DeepSpeed saves its scheduler inside its own checkpoint
+
+    @staticmethod
+    def full_weights(folder: Path) -> Any:
+        """The fp32 weights of any ZeRO stage through DeepSpeed's own zero_to_fp32 (lazy where it
+        can: the optimizer shards are read once, each tensor gathered when taken); stage 0 (no
+        ZeRO optimizer files): the module state the engine saved."""
+        from train_entry.checkpoint.export import Weights, quiet
+
+        with quiet(f"reading the DeepSpeed checkpoint {folder}"):
+            import_deepspeed()
+            if not any(folder.glob("*optim_states.pt")):
+                states = torch.load(
+                    folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False
+                )
+                sd = {k: v for k, v in states["module"].items() if isinstance(v, torch.Tensor)}
+            else:
+                import inspect
+
+                from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+                lazy = (
+                    "lazy_mode"
+                    in inspect.signature(get_fp32_state_dict_from_zero_checkpoint).parameters
+                )
+                sd = get_fp32_state_dict_from_zero_checkpoint(
+                    str(folder.parent), tag=folder.name, **({"lazy_mode": True} if lazy else {})
+                )
+
+        def take(names: list[str]) -> dict[str, torch.Tensor]:
+            with quiet(f"reading the DeepSpeed checkpoint {folder}"):
+                return {n: torch.as_tensor(sd[n].contiguous()) for n in names}
+
+        return Weights({k: (tuple(v.shape), v.dtype) for k, v in sd.items()}, take)
 
 
 STRATEGY = DeepSpeedStrategy

@@ -28,24 +28,36 @@ class FSDPStrategy(Strategy):
     """FSDP2: every block sharded (fully_shard), then the root; mixed precision per unit."""
 
     name = "fsdp"
+    # set by wrap()
+    max_norm: float | None
+    params: list[nn.Parameter]
 
-    @classmethod
-    def wrap(
-        cls, model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int
-    ) -> FSDPStrategy:
-        f, precision = cfg.fsdp, cfg.train.precision
-        param_dtype = DTYPES[f.param_dtype or precision]
+    @staticmethod
+    def options(cfg: Any, device: torch.device) -> dict[str, Any]:
+        """fully_shard's keyword arguments from the config (mixed precision, offload)."""
+        f = cfg.fsdp
+        param_dtype = DTYPES[f.param_dtype or cfg.train.precision]
         kwargs: dict[str, Any] = {"reshard_after_forward": f.reshard_after_forward}
         if param_dtype != torch.float32:
             kwargs["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=param_dtype, reduce_dtype=DTYPES[f.reduce_dtype]
             )
         if f.cpu_offload and device.type != "cpu":
-            kwargs["offload_policy"] = CPUOffloadPolicy()
-        else:
             # On a CPU run the shards already live in host memory (and CPUOffloadPolicy needs an
             # accelerator), so cpu_offload changes nothing there.
+            kwargs["offload_policy"] = CPUOffloadPolicy()
+        return kwargs
+
+    @classmethod
+    def shard(cls, model: nn.Module, *, cfg: Any, device: torch.device, mesh: Any = None) -> int:
+        """fully_shard every block, then the root (embeddings, head, anything outside the blocks);
+        over `mesh` (the device mesh's dp dimension) when given. Returns the number of blocks."""
+        kwargs = cls.options(cfg, device)
+        if mesh is not None:
+            kwargs["mesh"] = mesh
+        if "offload_policy" not in kwargs:
             model = model.to(device)
+        f = cfg.fsdp
         blocks = find_blocks(model, f.block_class)
         if f.block_class and not blocks:
             raise UserError(
@@ -54,7 +66,17 @@ class FSDPStrategy(Strategy):
             )
         for block in blocks:
             fully_shard(block, **kwargs)
-        fully_shard(model, **kwargs)  # the root: embeddings, head and anything outside the blocks
+        fully_shard(model, **kwargs)
+        return len(blocks)
+
+    @classmethod
+    def wrap(
+        cls, model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int
+    ) -> FSDPStrategy:
+        precision = cfg.train.precision
+        param_dtype = DTYPES[cfg.fsdp.param_dtype or precision]
+        n_blocks = cls.shard(model, cfg=cfg, device=device)
+        kwargs = cls.options(cfg, device)
         optimizer = build_optimizer(model.parameters(), cfg)
         scaler = None
         if precision == "fp16" or param_dtype == torch.float16:
@@ -68,7 +90,7 @@ class FSDPStrategy(Strategy):
             scaler,
             device=device,
             grad_accum=grad_accum,
-            extra={"blocks": len(blocks), "cpu_offload": "offload_policy" in kwargs},
+            extra={"blocks": n_blocks, "cpu_offload": "offload_policy" in kwargs},
         )
         s.max_norm, s.params = cfg.train.clip_grad_norm, list(model.parameters())
         return s

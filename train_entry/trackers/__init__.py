@@ -14,8 +14,8 @@ import json
 from pathlib import Path
 from typing import Any, Protocol
 
-from hpctrain.errors import UserError
 from hpctrain.kernel import layout
+from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.rundir import RunFolder
 
 # name -> (module:class, the extra that installs its package)
@@ -35,7 +35,7 @@ class Tracker(Protocol):
         run_dir: Path,
         *,
         name: str,
-        config: dict,
+        config: dict[str, Any],
         resume_id: str | None,
         step: int,
         project: str | None,
@@ -61,7 +61,7 @@ def check_installed(kind: str) -> None:
 
 
 def open_tracker(
-    kind: str, run_dir: Path, *, config: dict, step: int, project: str | None = None
+    kind: str, run_dir: Path, *, config: dict[str, Any], step: int, project: str | None = None
 ) -> Tracker:
     """Open (or continue) the run's tracker run; its id goes into <run>/tracker.json."""
     if kind not in TRACKERS:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 
 class MLflow:
@@ -14,7 +15,7 @@ class MLflow:
         run_dir: Path,
         *,
         name: str,
-        config: dict,
+        config: dict[str, Any],
         resume_id: str | None,
         step: int,
         project: str | None,
@@ -35,7 +36,7 @@ class MLflow:
             for i in range(0, len(flat), 100):  # MLflow takes at most 100 params per call
                 mlflow.log_params(dict(list(flat.items())[i : i + 100]))
         self.mlflow = mlflow
-        return self.run.info.run_id
+        return str(self.run.info.run_id)
 
     def log(self, step: int, values: dict[str, float]) -> None:
         self.mlflow.log_metrics(values, step=step)
@@ -44,7 +45,7 @@ class MLflow:
         self.mlflow.end_run()
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, str]:
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in d.items():
         if isinstance(v, dict):

@@ -14,7 +14,7 @@ class TensorBoard:
         run_dir: Path,
         *,
         name: str,
-        config: dict,
+        config: dict[str, Any],
         resume_id: str | None,
         step: int,
         project: str | None,

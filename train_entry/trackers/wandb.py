@@ -16,7 +16,7 @@ class WandB:
         run_dir: Path,
         *,
         name: str,
-        config: dict,
+        config: dict[str, Any],
         resume_id: str | None,
         step: int,
         project: str | None,

@@ -15,7 +15,100 @@ into a `file:line: dotted.key: message` problem.
 """
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names __getattr__ below loads on first use, typed for mypy
+    from pydantic import BaseModel as BaseModel
+    from pydantic import ValidationError as ValidationError
+    from pydantic_core import PydanticUndefined as PydanticUndefined
+
+    from hpctrain.profiles.schema.base import (
+        DEDICATED_ENV as DEDICATED_ENV,
+    )
+    from hpctrain.profiles.schema.base import (
+        NETWORK_ENV_PREFIXES as NETWORK_ENV_PREFIXES,
+    )
+    from hpctrain.profiles.schema.base import (
+        OWNED_ENV as OWNED_ENV,
+    )
+    from hpctrain.profiles.schema.base import (
+        OWNED_ENV_PREFIXES as OWNED_ENV_PREFIXES,
+    )
+    from hpctrain.profiles.schema.base import (
+        POLICY_OWNED as POLICY_OWNED,
+    )
+    from hpctrain.profiles.schema.base import (
+        SBATCH_OWNED as SBATCH_OWNED,
+    )
+    from hpctrain.profiles.schema.base import (
+        SRUN_OWNED as SRUN_OWNED,
+    )
+    from hpctrain.profiles.schema.base import (
+        TORCHRUN_OWNED as TORCHRUN_OWNED,
+    )
+    from hpctrain.profiles.schema.base import (
+        Strict as Strict,
+    )
+    from hpctrain.profiles.schema.checks import (
+        ENV_NAME as ENV_NAME,
+    )
+    from hpctrain.profiles.schema.checks import (
+        ENV_REF as ENV_REF,
+    )
+    from hpctrain.profiles.schema.checks import (
+        check_gloo_ifname as check_gloo_ifname,
+    )
+    from hpctrain.profiles.schema.checks import (
+        check_ib_hca as check_ib_hca,
+    )
+    from hpctrain.profiles.schema.checks import (
+        check_nccl_ifname as check_nccl_ifname,
+    )
+    from hpctrain.profiles.schema.checks import (
+        check_option as check_option,
+    )
+    from hpctrain.profiles.schema.checks import (
+        check_path_text as check_path_text,
+    )
+    from hpctrain.profiles.schema.checks import (
+        check_text as check_text,
+    )
+    from hpctrain.profiles.schema.environment import (
+        Container as Container,
+    )
+    from hpctrain.profiles.schema.environment import (
+        Environment as Environment,
+    )
+    from hpctrain.profiles.schema.launch import (
+        Launch as Launch,
+    )
+    from hpctrain.profiles.schema.launch import (
+        Preemption as Preemption,
+    )
+    from hpctrain.profiles.schema.launch import (
+        Rendezvous as Rendezvous,
+    )
+    from hpctrain.profiles.schema.launch import (
+        Storage as Storage,
+    )
+    from hpctrain.profiles.schema.login import Login as Login
+    from hpctrain.profiles.schema.profile import (
+        SECTIONS as SECTIONS,
+    )
+    from hpctrain.profiles.schema.profile import (
+        Profile as Profile,
+    )
+    from hpctrain.profiles.schema.profile import (
+        _model_of as _model_of,
+    )
+    from hpctrain.profiles.schema.profile import (
+        key_exists as key_exists,
+    )
+    from hpctrain.profiles.schema.profile import (
+        model_at as model_at,
+    )
+    from hpctrain.profiles.schema.slurm import Network as Network
+    from hpctrain.profiles.schema.slurm import Slurm as Slurm
 
 # Imported on first use (PEP 562): the renderer needs checks.py, which imports no pydantic, and a
 # cached profile (profiles/cache.py) must not pay for building the models.
@@ -53,13 +146,24 @@ _WHERE = {
     **dict.fromkeys(("SECTIONS", "Profile", "_model_of", "key_exists", "model_at"), "profile"),
     **dict.fromkeys(("Network", "Slurm"), "slurm"),
 }
+# pydantic's own names the loader needs (errors, defaults, the base class), loaded the same way:
+# this face is the one seam where pydantic is imported on first use.
+_PYDANTIC = {
+    "BaseModel": "pydantic",
+    "ValidationError": "pydantic",
+    "PydanticUndefined": "pydantic_core",
+}
 SIGNALS = ("USR2", "USR1", "HUP", "INT", "URG")
-__all__ = [*_WHERE, "SIGNALS"]
+__all__ = [*_WHERE, *_PYDANTIC, "SIGNALS"]
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
+    if name in _PYDANTIC:
+        module = importlib.import_module(_PYDANTIC[name])
+    elif name in _WHERE:
+        module = importlib.import_module(f"{__name__}.{_WHERE[name]}")
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    value = getattr(module, name)
     globals()[name] = value
     return value

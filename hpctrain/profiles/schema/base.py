@@ -110,8 +110,9 @@ POLICY_OWNED = {
     "export": "the script sets the environment (environment.env); --export would drop or replace it",
     "export-file": "the script sets the environment (environment.env)",
     "get-user-env": "the script sets the environment (environment.env)",
-    "mem-per-cpu": "set slurm.mem",
-    "mem-per-gpu": "set slurm.mem",
+    "mem-per-cpu": "hpctrain has no per-CPU memory key: set slurm.mem (per node) or "
+    "slurm.mem_per_gpu",
+    "mem-per-gpu": "set slurm.mem_per_gpu",
     "clusters": "a profile describes one cluster; publish a profile per cluster",
     "cluster": "a profile describes one cluster; publish a profile per cluster",
     "uid": "jobs run as the user who submits them",
@@ -123,6 +124,24 @@ POLICY_OWNED = {
 }
 SBATCH_OWNED.update({k: v for k, v in POLICY_OWNED.items() if k not in ("env", "env-file")})
 SRUN_OWNED.update(POLICY_OWNED)
+# pyxis options that change the container: they belong with it in environment.container.flags,
+# where a lock on the container covers them (in slurm.srun_args they would undo that lock).
+PYXIS_FLAGS = {
+    k: "put it in environment.container.flags (the container's options, covered by its lock)"
+    for k in (
+        "container-writable",
+        "container-readonly",
+        "container-remap-root",
+        "no-container-remap-root",
+        "container-mount-home",
+        "no-container-mount-home",
+        "container-save",
+        "container-entrypoint",
+        "no-container-entrypoint",
+        "container-entrypoint-log",
+        "container-env",
+    )
+}
 TORCHRUN_OWNED = {
     k: "hpctrain sets the topology and rendezvous from the request and profile"
     for k in (
@@ -165,6 +184,7 @@ OWNED_ENV = {
     "LOCAL_WORLD_SIZE",
     "GROUP_RANK",
     "CUDA_VISIBLE_DEVICES",
+    "HIP_VISIBLE_DEVICES",  # unset on AMD nodes (ROCR_VISIBLE_DEVICES is the one list); task_env may
 }
 # Per-task variables may choose the device order (a site's CUDA_VISIBLE_DEVICES permutation).
 TASK_ENV_ALLOWED = {"CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES"}
@@ -201,11 +221,26 @@ SHELL_ENV = {
     "BASH_XTRACEFD",
     "LD_PRELOAD",
     "LD_AUDIT",
+    # bash's own switches: POSIX mode, an older bash's rules, `EXECIGNORE='*'` hides every
+    # program (srun: command not found), FUNCNEST breaks the script's helpers, TMOUT times out `read`
+    "POSIXLY_CORRECT",
+    "BASH_COMPAT",
+    "EXECIGNORE",
+    "FUNCNEST",
+    "TMOUT",
+    "BASH_LOADABLES_PATH",
 }
 
 
 def env_name(name: str, *, task: bool = False) -> str:
     checks.check_env_name(name)
+    inner = checks.inner_name(name)
+    if inner != name:  # what the container sees must pass the same checks
+        try:
+            env_name(inner, task=task)
+        except ValueError as e:
+            raise ValueError(f"{name} sets {inner} inside the container: {e}") from None
+        return name
     if name in SHELL_ENV:
         raise ValueError(
             f"{name} would change how the job script itself runs (docs/security.md); "
@@ -256,7 +291,9 @@ NetworkEnvMap = Annotated[
 SbatchOption = Annotated[
     str, AfterValidator(lambda v: checks.check_option(v, SBATCH_OWNED, "sbatch"))
 ]
-SrunOption = Annotated[str, AfterValidator(lambda v: checks.check_option(v, SRUN_OWNED, "srun"))]
+SrunOption = Annotated[
+    str, AfterValidator(lambda v: checks.check_option(v, {**PYXIS_FLAGS, **SRUN_OWNED}, "srun"))
+]
 ContainerFlag = Annotated[
     str, AfterValidator(lambda v: checks.check_option(v, SRUN_OWNED, "container"))
 ]

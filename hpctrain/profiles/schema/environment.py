@@ -107,6 +107,7 @@ class Container(Strict):
     @field_validator("image")
     @classmethod
     def _image(cls, v: str) -> str:
+        checks.check_defaults(v, "container.image", word=True)
         if not checks.IMAGE.match(checks.ENV_REF.sub("x", v)):
             raise ValueError(
                 f"{v!r} is not an image reference; fix: use letters, digits, "
@@ -206,8 +207,9 @@ class Environment(Strict):
     )
     activate: str | None = Field(
         None,
-        description="A venv to activate (path to the venv folder) or `conda:ENV`: in the batch "
-        "shell, or in every task when there is a container (inside it).",
+        description="A venv to activate (path to the venv folder), `conda:NAME` or "
+        "`conda:/path/to/env` (an env made with `conda create -p`; $VAR expands on the node): "
+        "in the batch shell, or in every task when there is a container (inside it).",
     )
     container: Container | None = Field(
         None, description="Run every task in this container; null: none."
@@ -217,6 +219,9 @@ class Environment(Strict):
         description="Extra environment variables `NAME: value` (mixed case allowed), exported in "
         "the batch shell. Values: `$NAME`, `${NAME}`, `${NAME:-default}` expand on the "
         "node, everything else is literal, `$(...)` and backticks are refused. "
+        "Exported by name, a value after the exports it names (a cycle is refused); a "
+        "`$NAME` the node does not have ends the job FAILED naming the key (`${NAME:-}` "
+        "allows it unset). A value here wins over hpctrain's derived one (OMP_NUM_THREADS). "
         "`NAME: null` removes an inherited entry.",
     )
     task_env: TaskEnvMap = Field(
@@ -232,9 +237,14 @@ class Environment(Strict):
         if v is None:
             return v
         if v.startswith("conda:"):
-            if not re.match(r"^conda:[A-Za-z0-9_.+-]+\Z", v):
+            env = v.removeprefix("conda:")
+            if env.startswith(("/", "$", "~")):  # an env made with `conda create -p PATH`
+                checks.check_path_text(env, "activate")
+                return v
+            if not re.match(r"^[A-Za-z0-9_.+][A-Za-z0-9_.+-]*\Z", env):
                 raise ValueError(
-                    f"{v!r} is not conda:ENV; fix: write conda:ENV with a plain env name"
+                    f"{v!r} is not conda:ENV; fix: write conda:NAME with a plain env name, "
+                    "or conda:/path/to/env for an env created with `conda create -p`"
                 )
             return v
         checks.check_path_text(v, "activate")

@@ -60,6 +60,7 @@ class Launch(Strict):
         words = v.split(" ")
         checks.check_word(words[0], "launch.torchrun command")
         for w in words:
+            checks.check_defaults(w, "launch.torchrun", word=True)
             if not w or not checks.WORD.match(checks.ENV_REF.sub("x", w)):
                 raise ValueError(
                     f"launch.torchrun {v!r}: {w!r} is not a plain word; fix: words of "

@@ -51,10 +51,11 @@ class Login(Strict):
     @field_validator("host")
     @classmethod
     def _host(cls, v: str) -> str:
-        if not re.match(r"^([A-Za-z0-9._-]+@)?[A-Za-z0-9][A-Za-z0-9._-]*\Z", v):
+        # never starting with `-`: ssh would read `-Jevil@h` as an option, not the destination
+        if not re.match(r"^([A-Za-z0-9._][A-Za-z0-9._-]*@)?[A-Za-z0-9][A-Za-z0-9._-]*\Z", v):
             raise ValueError(
                 f"login.host {v!r} is not user@host; fix: write host or user@host "
-                "(letters, digits, '.', '_', '-'; no spaces or options)"
+                "(letters, digits, '.', '_', '-'; no spaces, not starting with -)"
             )
         return v
 

@@ -15,6 +15,23 @@ from hpctrain.profiles.schema.launch import Launch, Preemption, Rendezvous, Stor
 from hpctrain.profiles.schema.login import Login
 from hpctrain.profiles.schema.slurm import Network, Slurm
 
+UNSUPPORTED_SCHEDULERS = {
+    "pbs": "PBS Pro",
+    "pbspro": "PBS Pro",
+    "pbs_pro": "PBS Pro",
+    "pbs pro": "PBS Pro",
+    "openpbs": "PBS Pro",
+    "torque": "Torque (PBS)",
+    "lsf": "IBM LSF",
+    "sge": "Grid Engine",
+    "uge": "Grid Engine",
+    "flux": "Flux",
+    "htcondor": "HTCondor",
+    "condor": "HTCondor",
+    "kubernetes": "Kubernetes",
+    "k8s": "Kubernetes",
+}
+
 
 def _locked_key(key: str) -> str:
     if key.split(".")[0] in ("name", "extends", "locked"):
@@ -87,6 +104,18 @@ class Profile(Strict):
     def _version(cls, v: Any) -> Any:
         return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
 
+    @field_validator("scheduler", mode="before")
+    @classmethod
+    def _scheduler(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().lower() in UNSUPPORTED_SCHEDULERS:
+            raise ValueError(
+                f"{v!r}: {UNSUPPORTED_SCHEDULERS[v.strip().lower()]} is not supported; hpctrain "
+                "submits to Slurm (`slurm`) or runs on this machine (`local`); fix: on a "
+                "Slurm cluster write `scheduler: slurm`; inside one node of a job of that "
+                "scheduler (an interactive job), `scheduler: local` trains on that node"
+            )
+        return v
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
@@ -148,7 +177,7 @@ class Profile(Strict):
         return self._chain
 
 
-SECTIONS: dict[str, type[Strict]] = {
+SECTIONS: dict[str, type[BaseModel]] = {
     "slurm": Slurm,
     "network": Network,
     "launch": Launch,

@@ -29,13 +29,24 @@ class Slurm(Strict):
         None, description="Node features (`--constraint`), e.g. `a100&ib` or `gpu`."
     )
     reservation: str | None = Field(None, description="Reservation name (`--reservation`).")
-    gpu_request: Literal["gpus-per-node", "gres"] = Field(
+    gpu_request: Literal["gpus-per-node", "gres", "none"] = Field(
         "gpus-per-node",
         description="How GPUs are requested: `gpus-per-node` writes `--gpus-per-node=N`, `gres` "
-        "writes `--gres=gpu:N` (the site's choice).",
+        "writes `--gres=gpu:N` (the site's choice), `none` writes neither: a whole-node "
+        "allocation where every node's GPUs come with the node (`exclusive: true` or a GPU "
+        "partition). `--gpus` still says how many workers each node starts.",
     )
     gpus_per_node: int = Field(
         0, ge=0, description="GPUs on each node; one training process per GPU. 0: CPU workers."
+    )
+    gpus_per_domain: int | None = Field(
+        None,
+        ge=1,
+        description="GPUs joined by the fast link (NVLink/NVSwitch, AMD Infinity Fabric): "
+        "tensor parallel stays inside one such domain (`plan` and the submit check of "
+        "`parallel.tp`). null: gpus_per_node (the node is the domain). Set it below "
+        "gpus_per_node for nodes with two NVLink islands (e.g. 4 of 8); a multi-node domain "
+        "(GB200 NVL72: 72) is accepted but tensor parallel still stays inside a node.",
     )
     gpu_vendor: Literal["nvidia", "amd"] = Field(
         "nvidia",
@@ -59,8 +70,13 @@ class Slurm(Strict):
     )
     mem: str | None = Field(
         None,
-        description='Memory per node (`--mem`): "0" means all of it, or e.g. "480G"; null: '
-        "the cluster default.",
+        description='Memory per node (`--mem`): "0" means all of it, or e.g. "480G", "128GB" '
+        "(what Slurm takes: a number with K, M, G or T, optionally B); null: the cluster default.",
+    )
+    mem_per_gpu: str | None = Field(
+        None,
+        description="Memory per allocated GPU (`--mem-per-gpu`), same sizes as mem; set this or "
+        "mem, not both (Slurm refuses both).",
     )
     default_time_min: int = Field(
         60, ge=1, description="Time limit in minutes when `--time` is not given."
@@ -89,6 +105,26 @@ class Slurm(Strict):
         "extra_sbatch; the container options have their own keys.",
     )
 
+    srun_args_if_exists: dict[str, list[SrunOption]] = Field(
+        default_factory=dict,
+        description="`PATH: [options]`: extra `srun` options for the launch only when PATH exists "
+        "on the job's first node when it starts (a managed cluster's `--auto-resume=1` when "
+        "`/opt/sagemaker_cluster` exists); same rules as srun_args, PATH may use $VAR. An "
+        "`#SBATCH` directive cannot depend on a node: sbatch reads it before any node is chosen.",
+    )
+
+    @field_validator("srun_args_if_exists")
+    @classmethod
+    def _if_exists(cls, v: dict[str, list[str]]) -> dict[str, list[str]]:
+        for path in v:
+            checks.check_path_text(path, "srun_args_if_exists path")
+            if not path.startswith(("/", "$")):
+                raise ValueError(
+                    f"srun_args_if_exists path {path!r} is relative; fix: an absolute path "
+                    "(or $VAR/...) as the node sees it"
+                )
+        return v
+
     @field_validator("partition", "account", "qos", "reservation")
     @classmethod
     def _word(cls, v: str | None) -> str | None:
@@ -106,17 +142,17 @@ class Slurm(Strict):
             )
         return v
 
-    @field_validator("mem", mode="before")
+    @field_validator("mem", "mem_per_gpu", mode="before")
     @classmethod
     def _mem_number(cls, v: Any) -> Any:
         return number_as_text(v)
 
-    @field_validator("mem")
+    @field_validator("mem", "mem_per_gpu")
     @classmethod
     def _mem(cls, v: str | None) -> str | None:
         if v is not None and not checks.MEM.match(v):
             raise ValueError(
-                f'{v!r} is not a Slurm memory size; fix: write e.g. "480G", '
+                f'{v!r} is not a Slurm memory size; fix: write e.g. "480G", "128GB", '
                 '"512000M" or "0" (all memory of the node)'
             )
         return v
@@ -137,6 +173,30 @@ class Slurm(Strict):
                     "cpus_per_gpu",
                     "cpus_per_gpu is set but gpus_per_node is 0; "
                     "fix: use cpus_per_task for CPU-only nodes",
+                )
+            )
+        d, g = self.gpus_per_domain, self.gpus_per_node
+        if d is not None and g and g % d and d % g:
+            out.append(
+                (
+                    "gpus_per_domain",
+                    f"gpus_per_domain {d} and gpus_per_node {g}: one must divide the other; "
+                    f"fix: a divisor of {g} (NVLink islands inside a node) or a multiple of it",
+                )
+            )
+        if self.mem is not None and self.mem_per_gpu is not None:
+            out.append(
+                (
+                    "mem_per_gpu",
+                    "mem and mem_per_gpu are both set (Slurm takes one of --mem, --mem-per-gpu); "
+                    "fix: keep one of them (set the other to null)",
+                )
+            )
+        if self.mem_per_gpu is not None and self.gpus_per_node == 0:
+            out.append(
+                (
+                    "mem_per_gpu",
+                    "mem_per_gpu is set but gpus_per_node is 0; fix: use mem for CPU-only nodes",
                 )
             )
         if self.max_time_min is not None and self.default_time_min > self.max_time_min:
@@ -166,7 +226,12 @@ class Network(Strict):
         "resolved inside each task to the node's first interface with that prefix; "
         "left unset when socket_ifname excludes (`^`).",
     )
-    ib: bool = Field(False, description="Use InfiniBand/RoCE verbs; false sets NCCL_IB_DISABLE=1.")
+    ib: bool | Literal["unset"] = Field(
+        False,
+        description="Use InfiniBand/RoCE verbs: true sets NCCL_IB_DISABLE=0, false sets "
+        "NCCL_IB_DISABLE=1, `unset` exports neither (the site's NCCL module or plugin chooses "
+        "the transport).",
+    )
     ib_hca: str | None = Field(
         None, description="NCCL_IB_HCA, e.g. `mlx5_0:1,mlx5_1:1` or `^mlx5_2`; needs ib: true."
     )
@@ -185,6 +250,16 @@ class Network(Strict):
         "inherited entry.",
     )
 
+    @field_validator("ib", mode="before")
+    @classmethod
+    def _ib(cls, v: Any) -> Any:
+        if isinstance(v, bool) or v == "unset":
+            return v
+        raise ValueError(
+            f"{v!r} is not true, false or unset; fix: true (NCCL_IB_DISABLE=0), false "
+            "(NCCL_IB_DISABLE=1) or unset (the site's NCCL chooses)"
+        )
+
     @field_validator("socket_ifname")
     @classmethod
     def _nccl_if(cls, v: str | None) -> str | None:
@@ -202,11 +277,11 @@ class Network(Strict):
 
     def _checks(self) -> list[tuple[str, str]]:
         out = []
-        if not self.ib and self.ib_hca is not None:
+        if self.ib is False and self.ib_hca is not None:
             out.append(
                 ("ib_hca", "ib_hca is set but ib is false; fix: set ib: true or remove ib_hca")
             )
-        if not self.ib and self.ib_gid_index is not None:
+        if self.ib is False and self.ib_gid_index is not None:
             out.append(
                 (
                     "ib_gid_index",

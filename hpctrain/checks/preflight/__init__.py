@@ -1,0 +1,40 @@
+"""The preflight gate: quick checks on every node of an allocation before training starts.
+
+    node.py   what each node runs (one process per node, in parallel, inside the job's srun)
+    allreduce.py  node.py's network part: the timed all-reduce between the nodes that passed
+    gate.py   what the batch shell runs after them: names the failing or lagging nodes, and says
+              whether the job continues on all nodes, on the healthy ones, or excludes and requeues
+    bisect.py `hpctrain doctor --bisect`: the failing node among N by halving
+
+File names inside a gate's folder (`<run>/preflight/<job_id>-<restart>/`) and the environment
+names used here are defined once, below. What is checked and how to tune it: docs/bad-nodes.md.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hpctrain.kernel import jobenv, layout
+from hpctrain.kernel.files import write_atomic
+
+# environment names read by the gate (set by the rendered script / Slurm)
+ENV_WANT_GPU = jobenv.WANT_GPU
+ENV_GPUS_PER_NODE = jobenv.GPUS_PER_NODE
+ENV_SCHEDULER = jobenv.SCHEDULER
+ENV_RUN_DIR = jobenv.RUN_DIR
+
+# files in a gate's folder
+NODE_REPORT = "node-{node}.json"  # node.py: local checks of node index {node}
+NODE_FAILURE = "fail-{node}.txt"  # the node command: node.py could not run (exit code, stderr tail)
+NET_REPORT = "net.json"  # allreduce.py, group rank 0: the all-reduce between the nodes
+NET_ERROR = "net-error-{node}.json"  # allreduce.py: the all-reduce failed on this node
+VERDICT = "verdict.json"  # gate.py: the decision
+LATEST = layout.PREFLIGHT_LATEST  # gate.py, in the run folder: the newest verdict (`status`)
+FOLDER = layout.PREFLIGHT  # under the run folder
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """A report in a gate's folder, written atomically (node.py, allreduce.py)."""
+    write_atomic(path, json.dumps(data, indent=1), durable=False)

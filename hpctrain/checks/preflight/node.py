@@ -1,0 +1,337 @@
+"""One node's part of the preflight gate (one process per node, all nodes at once, inside the job).
+
+    srun --ntasks-per-node=1 python -m hpctrain.checks.preflight.node --out RUN/preflight/J-0 --nodes n1,n2
+
+1. Local checks, written to `node-<id>.json` before anything touches the network, so a node whose
+   network is broken still leaves its diagnosis: the software stack imports (torch, the entry),
+   doctor's node checks (interface, InfiniBand, GPUs visible, scontrol, /dev/shm), GPU health
+   counters (nvidia-smi: uncorrected ECC, pending retired pages / row remaps), a matmul whose
+   product is checked exactly (integer-valued inputs, Freivalds' test) and timed, and a NaN check.
+2. The nodes whose local checks passed join one process group (gloo, or NCCL on GPUs) and time an
+   all-reduce whose bus bandwidth the gate compares with the profile's figure; with 3 or more nodes
+   also each ring pair, so a slow link names its node.
+
+Everything runs within the deadline (`--budget-s` from the start); stdlib only at import time, so
+a broken torch is reported, not a traceback. The gate (gate.py) reads the files and decides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hpctrain.checks.doctor import node_checks
+from hpctrain.checks.preflight import (
+    ENV_GPUS_PER_NODE,
+    ENV_SCHEDULER,
+    ENV_WANT_GPU,
+    NODE_REPORT,
+    write_json,
+)
+from hpctrain.checks.preflight.allreduce import network, wait_reports
+from hpctrain.kernel.support import torch_problem
+
+
+def check(name: str, ok: bool | None, detail: str) -> dict[str, str]:
+    """A check row like doctor's: status pass | fail | warn."""
+    return {
+        "name": name,
+        "status": "pass" if ok else ("warn" if ok is None else "fail"),
+        "detail": detail,
+    }
+
+
+# --- local checks ------------------------------------------------------------------------------
+
+
+def check_imports(
+    entry_kind: str, entry_target: str, scratch: Path | None = None
+) -> tuple[list[dict[str, str]], Any]:
+    """torch (its release within hpctrain's supported range), then the entry (train_entry's
+    trainer, and one tiny checkpoint save + verify + load in `scratch`; a user module found; a
+    script compiled)."""
+    t0 = time.perf_counter()
+    try:
+        import torch  # lazy: the check itself: does torch import here
+    except Exception as e:  # noqa: BLE001 - any import failure is the finding
+        return [check("imports", False, f"import torch failed: {type(e).__name__}: {e}")], None
+    rows = [
+        check(
+            "imports",
+            True,
+            f"torch {torch.__version__} in {time.perf_counter() - t0:.1f} s ({sys.executable})",
+        )
+    ]
+    problem = torch_problem(torch.__version__)
+    if problem:
+        return [*rows, check("torch", False, problem)], torch
+    try:
+        if entry_kind == "train_entry":
+            importlib.import_module("train_entry.trainer")
+            rows.append(check("entry", True, "train_entry.trainer imports"))
+            if scratch is not None:
+                rows.append(check_checkpoint(scratch))
+        elif entry_kind == "module":
+            if importlib.util.find_spec(entry_target) is None:
+                raise ImportError(f"no module named {entry_target!r} on this node's sys.path")
+            rows.append(check("entry", True, f"module {entry_target} found"))
+        else:
+            compile(Path(entry_target).read_bytes(), entry_target, "exec")
+            rows.append(check("entry", True, f"script {entry_target} readable, compiles"))
+    except Exception as e:  # noqa: BLE001
+        rows.append(check("entry", False, f"the entry {entry_target}: {type(e).__name__}: {e}"))
+    return rows, torch
+
+
+def check_checkpoint(scratch: Path) -> dict[str, str]:
+    """train_entry's checkpoint path end to end on this node (train_entry/checkpoint/roundtrip.py)."""
+    # lazy: torch on a torch-free path (after the torch check)
+    from train_entry.checkpoint.roundtrip import round_trip
+
+    try:
+        return check("checkpoint", True, round_trip(scratch))
+    except BaseException as e:  # noqa: BLE001 - the failure is the finding (DCP's are Base)
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            raise
+        why = getattr(e, "reason", None) or f"{type(e).__name__}: {e}".splitlines()[0]
+        return check("checkpoint", False, f"a test save failed: {why}"[:600])
+
+
+def _smi(fields: str) -> list[list[str]] | None:
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run(
+            [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    return [
+        [c.strip() for c in row.split(",")]
+        for row in out.stdout.strip().splitlines()
+        if row.strip()
+    ]
+
+
+def check_gpu_health() -> dict[str, str]:
+    """nvidia-smi's error counters: uncorrected volatile ECC errors, pages waiting for retirement,
+    row remaps pending or failed (A100 and later). A field the GPU does not report is skipped."""
+    problems, seen = [], []
+    queries: dict[str, Callable[[str], bool]] = {
+        "ecc.errors.uncorrected.volatile.total": lambda v: v.isdigit() and int(v) > 0,
+        "retired_pages.pending": lambda v: v.lower() == "yes",
+        "remapped_rows.pending": lambda v: v.lower() == "yes",
+        "remapped_rows.failure": lambda v: v.lower() == "yes",
+    }
+    for field, bad in queries.items():
+        rows = _smi(f"index,{field}")
+        if rows is None:
+            continue
+        seen.append(field)
+        for idx, value in rows:
+            if bad(value):
+                problems.append(f"GPU {idx} {field}={value}")
+    if shutil.which("rocm-smi") and not shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(
+                ["rocm-smi", "--showretiredpages"], capture_output=True, text=True, timeout=20
+            )
+            pending = [ln for ln in out.stdout.splitlines() if "pending" in ln.lower()]
+            seen.append("rocm-smi retired pages")
+            problems += [f"rocm-smi: {ln.strip()}" for ln in pending]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return check("gpu health", None, f"rocm-smi failed: {e}")
+    if problems:
+        return check("gpu health", False, "; ".join(problems))
+    return check(
+        "gpu health", True, "no error counters set (" + (", ".join(seen) or "none reported") + ")"
+    )
+
+
+def check_compute(
+    torch: Any, devices: list[Any], n: int
+) -> tuple[list[dict[str, str]], float | None]:
+    """On each device: an exact integer-valued matmul checked by Freivalds' test (C v == A (B v) in
+    float64), the best time of a few float32 matmuls on normal data, and that those are finite."""
+    rows, worst = [], 0.0
+    if devices and devices[0].type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator().manual_seed(1234)
+    a_int = torch.randint(-2, 3, (n, n), generator=g).float()
+    b_int = torch.randint(-2, 3, (n, n), generator=g).float()
+    v = torch.randint(-3, 4, (n,), generator=g).double()
+    want = a_int.double() @ (b_int.double() @ v)
+    a_rand, b_rand = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
+    for dev in devices:
+
+        def sync(dev: Any = dev) -> None:
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+
+        c = (a_int.to(dev) @ b_int.to(dev)).double().cpu()
+        if not torch.equal(c @ v, want):
+            rows.append(
+                check(
+                    "matmul",
+                    False,
+                    f"{dev}: {n}x{n} integer matmul is WRONG "
+                    f"(Freivalds' test, max error {(c @ v - want).abs().max().item():g})",
+                )
+            )
+            continue
+        a, b = a_rand.to(dev), b_rand.to(dev)
+        out = a @ b
+        sync()
+        best, t_end, finite = float("inf"), time.perf_counter() + 0.15, True
+        for _ in range(8):
+            t0 = time.perf_counter()
+            out = a @ b
+            sync()
+            best = min(best, time.perf_counter() - t0)
+            finite = finite and bool(torch.isfinite(out).all())
+            if time.perf_counter() > t_end:
+                break
+        worst = max(worst, best)
+        rows.append(
+            check(
+                "matmul",
+                True,
+                f"{dev}: {n}x{n} exact; best {best * 1e3:.1f} ms "
+                f"({2 * n**3 / best / 1e9:.1f} GFLOP/s)",
+            )
+        )
+        rows.append(
+            check(
+                "nan",
+                finite,
+                f"{dev}: float32 matmul outputs " + ("finite" if finite else "contain NaN/Inf"),
+            )
+        )
+    return rows, (worst if rows and all(r["status"] == "pass" for r in rows) else None)
+
+
+def local_report(node: int, name: str, args: argparse.Namespace) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    want_gpu = os.environ.get(ENV_WANT_GPU) == "1"
+    gpus = int(os.environ.get(ENV_GPUS_PER_NODE, "0") or 0)
+    rows, torch = check_imports(args.entry_kind, args.entry_target, args.out / f"checkpoint-{node}")
+    cuda = bool(torch is not None and want_gpu and torch.cuda.is_available())
+    for c in node_checks(
+        env=dict(os.environ),
+        head=None,
+        rdzv_addr=None,
+        port=None,
+        is_head=False,
+        expect_gpus=gpus,
+        want_gpu=want_gpu,
+        slurm=os.environ.get(ENV_SCHEDULER) == "slurm",
+        bind_port=False,
+        uses_nccl=cuda,
+    ):
+        if c.status != "skip":
+            rows.append({"name": c.name, "status": c.status, "detail": c.detail})
+    matmul_s = None
+    if torch is not None:
+        if cuda:
+            rows.append(check_gpu_health())
+            count = torch.cuda.device_count()
+            rows.append(
+                check("devices", count >= gpus, f"{count} CUDA device(s) visible, {gpus} requested")
+            )
+            devices = [torch.device("cuda", i) for i in range(min(count, gpus))]
+        else:
+            devices = [torch.device("cpu")]
+        compute, matmul_s = check_compute(torch, devices, args.matmul_n)
+        rows += compute
+    ok = all(r["status"] != "fail" for r in rows)
+    try:
+        addr = socket.gethostbyname(name)
+    except OSError:
+        addr = socket.gethostbyname(socket.gethostname())
+    port = None
+    if ok:  # a port for the process group, should this node be its rank 0
+        with socket.socket() as s:
+            s.bind((addr, 0))
+            port = s.getsockname()[1]
+    return {
+        "node": node,
+        "name": name,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "ok": ok,
+        "checks": rows,
+        "matmul_s": matmul_s,
+        "device": "cuda" if cuda else "cpu",
+        "addr": addr,
+        "port": port,
+        "seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m hpctrain.checks.preflight.node",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--out", type=Path, required=True, help="the gate's folder (shared by all nodes)"
+    )
+    ap.add_argument(
+        "--nodes",
+        required=True,
+        help="the allocation's node names, comma-separated, in SLURM_NODEID order",
+    )
+    ap.add_argument("--budget-s", type=float, default=60.0)
+    ap.add_argument("--matmul-n", type=int, default=1024)
+    ap.add_argument("--allreduce-mib", type=int, default=16)
+    ap.add_argument(
+        "--entry-kind", default="train_entry", choices=("train_entry", "module", "script")
+    )
+    ap.add_argument("--entry-target", default="train_entry")
+    a = ap.parse_args(argv)
+    start = time.monotonic()
+    names = a.nodes.split(",")
+    node = int(os.environ.get("SLURM_NODEID", "0"))
+    name = (
+        names[node]
+        if node < len(names)
+        else os.environ.get("SLURMD_NODENAME", socket.gethostname())
+    )
+    a.out.mkdir(parents=True, exist_ok=True)
+    me = local_report(node, name, a)
+    write_json(a.out / NODE_REPORT.format(node=node), me)
+    if not me["ok"] or len(names) < 2:
+        return 0
+    # the network part: the nodes whose local checks passed, once all have reported (or half the
+    # budget is gone: a node still silent then is the gate's finding, not this node's)
+    got = wait_reports(a.out, len(names), start + a.budget_s * 0.5)
+    members = [r for _, r in sorted(got.items()) if r is not None and r["ok"]]
+    if len(members) >= 2:
+        network(a.out, me, members, a.allreduce_mib << 20, start + a.budget_s * 0.9)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(
+        code
+    )  # a finished gloo process may abort at interpreter exit (train_entry.dist.exit_now)

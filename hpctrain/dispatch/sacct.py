@@ -1,0 +1,85 @@
+"""The state of a job or of one array element, from whatever records sacct keeps.
+
+sacct's `--parsable2` lines (`JobID|State|...`, a header first) name a job three ways:
+  43          a plain job, or an array whose tasks are all still pending (before the split)
+  43_0        one array element (after a requeue, `-D` lists each of its attempts)
+  43_[0-2]    a range record: the tasks still pending in the array's meta record. Slurm 22.05's
+              database can keep the range it had at submission on that record, so once the last
+              pending task is cancelled, `43_[0-2] CANCELLED` names elements that are running or
+              done (seen on a loaded machine: issue 20).
+An element's own records therefore win over any range that names it; a range decides only for an
+element with no record of its own, and then as a guess that the controller may overrule (`RANGE`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_RANGE = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]\Z")
+_ELEMENT = re.compile(r"^(\d+)_(\d+)\Z")
+
+
+@dataclass(frozen=True)
+class Found:
+    """What sacct says about one job id: its state, and how sure that is ("element", "job":
+    a record of its own; "range": only a range record names it)."""
+
+    state: str
+    source: str
+
+
+def _indexes(spec: str) -> list[int]:
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (not hi or hi.isdigit()):
+            out.extend(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def records(text: str) -> list[tuple[str, str]]:
+    """(JobID, State) of every job record in `sacct --parsable2` output, steps left out, in
+    sacct's order (attempts of a requeued job oldest first)."""
+    lines = text.splitlines()
+    if not lines:
+        return []
+    names = lines[0].split("|")
+    if "JobID" not in names or "State" not in names:
+        return []
+    i, s = names.index("JobID"), names.index("State")
+    out = []
+    for line in lines[1:]:
+        cols = line.split("|")
+        if len(cols) <= max(i, s):
+            continue
+        job_id, state = cols[i].strip(), cols[s].strip()
+        if job_id and "." not in job_id:  # 43_0.batch, 43.0: steps, not jobs
+            out.append((job_id, state))
+    return out
+
+
+def _latest(states: list[str]) -> str:
+    """The current attempt's state: the newest record that is not an attempt's REQUEUED stub."""
+    live = [s for s in states if s.split()[0] != "REQUEUED"]
+    return (live or states)[-1]
+
+
+def find(text: str, job_id: str) -> Found | None:
+    """What the sacct output `text` says about `job_id` ("43" or "43_1"); None: nothing."""
+    own: list[str] = []
+    ranged: list[str] = []
+    element = _ELEMENT.match(job_id)
+    for jid, state in records(text):
+        if jid == job_id:
+            own.append(state)
+        elif element:
+            m = _RANGE.match(jid)
+            if m and m.group(1) == element.group(1):
+                if int(element.group(2)) in _indexes(m.group(2)):
+                    ranged.append(state)
+    if own:
+        return Found(_latest(own), "element" if element else "job")
+    if ranged:
+        return Found(_latest(ranged), "range")
+    return None

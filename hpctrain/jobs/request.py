@@ -1,0 +1,256 @@
+"""JobRequest: what the user asked for (name, topology, time, strategy, entry, args), checked against
+the resolved profile. It is the ONE source of the topology: nodes and GPUs per node flow from here into
+#SBATCH, srun and torchrun, never from anywhere else."""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpctrain.kernel import strategies as strategy_names
+from hpctrain.kernel.errors import Problem, ValidationError
+
+if TYPE_CHECKING:
+    from hpctrain.profiles.resolved import ResolvedProfile
+
+NAME_RULE = "1-64 characters: letters, digits, '.', '_', '-', starting with a letter or digit"
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+MODULE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*\Z")
+STRATEGIES = strategy_names.CHOICES
+NODE_NAMES_RE = re.compile(
+    r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*\Z"
+)  # Slurm host names and ranges: n1,gpu[01-04]
+TRAIN_ENTRY = "train_entry"
+
+
+MAX_COUNT = 100_000  # nodes or GPUs per node: anything above is a typo (or 10**24)
+MAX_TIME_MIN = 366 * 24 * 60
+
+
+def local_limit() -> int:
+    """How many workers the local executor may start here: 4 per CPU core (at least 8)."""
+    return max(8, 4 * (os.cpu_count() or 1))
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What torchrun runs on every node: the bundled train_entry, a user script or a user module."""
+
+    kind: str = "train_entry"  # train_entry | script | module
+    target: str = TRAIN_ENTRY  # module name, or the absolute path of the script
+
+    def argv(self, *, run_dir: str, strategy: str, args: tuple[str, ...]) -> list[str]:
+        """The arguments after `torchrun <options>`."""
+        if self.kind == "script":
+            return [self.target, *args]
+        if self.kind == "module":
+            return ["-m", self.target, *args]
+        return ["-m", TRAIN_ENTRY, "--run-dir", run_dir, "--strategy", strategy, *args]
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    name: str
+    nodes: int
+    gpus: int  # per node: GPUs on Slurm, CPU worker processes per simulated node locally
+    time_min: int
+    strategy: str = "ddp"
+    entry: Entry = field(default_factory=Entry)
+    args: tuple[str, ...] = ()
+    min_nodes: int | None = (
+        None  # fewest nodes the run may continue on (preflight shrink, #SBATCH --nodes=M-N)
+    )
+    exclude: tuple[str, ...] = ()  # nodes Slurm must not give this job (#SBATCH --exclude)
+
+    @property
+    def node_range(self) -> bool:
+        """The request allows fewer nodes than asked for."""
+        return self.min_nodes is not None and self.min_nodes < self.nodes
+
+    @classmethod
+    def build(
+        cls,
+        profile: ResolvedProfile,
+        *,
+        name: str | None = None,
+        nodes: int | None = None,
+        gpus: int | None = None,
+        time_min: int | None = None,
+        strategy: str | None = None,
+        script: str | None = None,
+        module: str | None = None,
+        args: tuple[str, ...] | list[str] = (),
+        min_nodes: int | None = None,
+        exclude: tuple[str, ...] | list[str] = (),
+    ) -> JobRequest:
+        """Fill the defaults from the profile and check everything; every problem is raised at once."""
+        problems: list[Problem] = []
+        if script and module:
+            problems.append(Problem("give --script or --module, not both", key="entry"))
+        entry = Entry()
+        if script:
+            path = Path(script).expanduser().resolve()
+            if not path.is_file():
+                problems.append(
+                    Problem(
+                        f"{script} is not a file (give the path of your training script)",
+                        key="--script",
+                    )
+                )
+            entry = Entry("script", str(path))
+        elif module:
+            if not MODULE_RE.match(module):
+                problems.append(
+                    Problem(
+                        f"{module!r} is not a Python module name (like pkg.train)", key="--module"
+                    )
+                )
+            entry = Entry("module", module)
+        slurm = profile.slurm
+        default_gpus = (
+            slurm.gpus_per_node if profile.scheduler == "slurm" and slurm.gpus_per_node else 1
+        )
+        if name is None:
+            stem = (
+                Path(script).stem if script else (module.rsplit(".", 1)[-1] if module else "train")
+            )
+            name = f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        req = cls(
+            name=name,
+            nodes=1 if nodes is None else nodes,
+            gpus=default_gpus if gpus is None else gpus,
+            time_min=slurm.default_time_min if time_min is None else time_min,
+            strategy=strategy or "ddp",
+            entry=entry,
+            args=tuple(args),
+            min_nodes=min_nodes,
+            exclude=tuple(e for item in exclude for e in str(item).split(",") if e),
+        )
+        problems += req.problems(profile)
+        if problems:
+            raise ValidationError(problems)
+        return req
+
+    def problems(self, profile: ResolvedProfile) -> list[Problem]:
+        """Everything wrong with this request for this profile, each with its fix."""
+        out: list[Problem] = []
+        if not NAME_RE.match(self.name):
+            out.append(
+                Problem(f"{self.name!r} is not a valid run name ({NAME_RULE})", key="--name")
+            )
+        if self.strategy not in STRATEGIES:
+            out.append(
+                Problem(
+                    f"unknown strategy {self.strategy!r}; use one of {', '.join(STRATEGIES)}",
+                    key="--strategy",
+                )
+            )
+        if self.nodes < 1:
+            out.append(Problem(f"--nodes {self.nodes}: at least 1 node", key="--nodes"))
+        if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
+            out.append(
+                Problem(
+                    f"--min-nodes {self.min_nodes}: between 1 and --nodes ({self.nodes})",
+                    key="--min-nodes",
+                )
+            )
+        elif self.node_range and self.strategy == "deepspeed":
+            out.append(
+                Problem(
+                    "--min-nodes: DeepSpeed checkpoints load only at the world size that "
+                    "saved them, so a DeepSpeed run cannot continue on fewer nodes; drop "
+                    "--min-nodes (a bad node is then excluded and the job requeued)",
+                    key="--min-nodes",
+                )
+            )
+        for name in self.exclude:
+            if not NODE_NAMES_RE.match(name):
+                out.append(
+                    Problem(
+                        f"--exclude {name!r} is not a Slurm node name or range (like n1 or "
+                        "gpu[01-04])",
+                        key="--exclude",
+                    )
+                )
+        if self.gpus < 1:
+            out.append(Problem(f"--gpus {self.gpus}: at least 1 per node", key="--gpus"))
+        if self.time_min < 1:
+            out.append(Problem(f"--time {self.time_min}: at least 1 minute", key="--time"))
+        for i, arg in enumerate(self.args):
+            if any(0xD800 <= ord(c) <= 0xDFFF for c in arg) or "\x00" in arg:
+                out.append(
+                    Problem(
+                        f"entry argument {i + 1} ({arg.encode('utf-8', 'surrogateescape')[:40]!r}) "
+                        "is not valid UTF-8 text; fix: pass it in UTF-8",
+                        key="--",
+                    )
+                )
+        for key, value, most in (
+            ("--nodes", self.nodes, MAX_COUNT),
+            ("--gpus", self.gpus, MAX_COUNT),
+            ("--time", self.time_min, MAX_TIME_MIN),
+        ):
+            if value > most:
+                out.append(
+                    Problem(
+                        f"{key} {str(value)[:24]} is not a realistic value (at most {most}); "
+                        f"fix: give {key} a real count",
+                        key=key,
+                    )
+                )
+        if profile.scheduler == "local" and MAX_COUNT >= self.nodes * self.gpus > local_limit():
+            out.append(
+                Problem(
+                    f"--nodes {self.nodes} x --gpus {self.gpus} = {self.nodes * self.gpus} local workers, more than "
+                    f"this machine runs ({local_limit()}: 4 per CPU core); fix: fewer --nodes or --gpus, or a "
+                    "Slurm profile",
+                    key="--nodes",
+                )
+            )
+        slurm = profile.slurm
+        where = f"profile {profile.name}"
+        if profile.scheduler == "slurm" and slurm.gpus_per_node and self.gpus > slurm.gpus_per_node:
+            out.append(
+                Problem(
+                    f"--gpus {self.gpus} is more than the {slurm.gpus_per_node} GPUs per node of {where}; "
+                    f"use --gpus {slurm.gpus_per_node} and more --nodes",
+                    key="--gpus",
+                )
+            )
+        if slurm.max_nodes is not None and self.nodes > slurm.max_nodes:
+            out.append(
+                Problem(
+                    f"--nodes {self.nodes} is more than the {slurm.max_nodes} nodes {where} allows; "
+                    f"use --nodes {slurm.max_nodes} or fewer",
+                    key="--nodes",
+                )
+            )
+        if slurm.max_time_min is not None and self.time_min > slurm.max_time_min:
+            out.append(
+                Problem(
+                    f"--time {self.time_min} is more than the {slurm.max_time_min} minutes {where} allows; "
+                    f"use --time {slurm.max_time_min} or less, or add --chain to run it as "
+                    f"{-(-self.time_min // slurm.max_time_min)} jobs one after another, each resuming from "
+                    "the newest checkpoint",
+                    key="--time",
+                )
+            )
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["args"] = list(self.args)
+        d["exclude"] = list(self.exclude)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> JobRequest:
+        d = dict(d)
+        d["entry"] = Entry(**d.get("entry", {}))
+        d["args"] = tuple(d.get("args", ()))
+        d["exclude"] = tuple(d.get("exclude", ()))
+        return cls(**d)

@@ -1,0 +1,418 @@
+"""RunDir: one run folder per run name, stable across requeues and resumes (design.md "Run folder").
+
+Runs are found by path, in a runs folder, or through the run index of created runs in the user's state
+dir (hpctrain/runs/index.py), so `hpctrain status NAME` works from any directory.
+Nothing here ever deletes a run folder: replacing a finished run moves the old folder aside.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import re
+import shlex
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpctrain import __version__
+from hpctrain.runs import chain
+from hpctrain.runs import index as runindex
+from hpctrain.runs import sweepdir
+from hpctrain.kernel import layout
+from hpctrain.kernel.errors import UserError
+from hpctrain.kernel.files import read_jsonl, utc_now
+from hpctrain.kernel.rundir import RunFolder
+
+if TYPE_CHECKING:
+    from hpctrain.jobs.request import JobRequest
+    from hpctrain.profiles.resolved import ResolvedProfile
+
+FINISHED = "COMPLETED"
+# Scheduler states after which nothing runs any more (Slurm's and the local script's names).
+TERMINAL = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "PREEMPTED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "LOST",
+}
+
+
+# A run that ended in one of these before its first step may be submitted again under its name.
+FAILED_EARLY_STATES = {"FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"}
+
+
+now = utc_now  # the one clock (hpctrain/kernel/files.py)
+
+
+def runs_dir_of(profile: ResolvedProfile, cwd: Path | None = None) -> Path:
+    """The profile's storage.runs_dir, with $VARS and ~ expanded here, made absolute."""
+    raw = profile.storage.runs_dir or "./runs"
+    expanded = os.path.expanduser(os.path.expandvars(raw))
+    if "$" in expanded:
+        raise UserError(
+            f"storage.runs_dir {raw!r} uses a variable that is not set here; set it or "
+            "choose another runs_dir (the run folder must be known at submit time)"
+        )
+    try:
+        return Path(cwd or Path.cwd(), expanded).resolve()
+    except (OSError, RuntimeError) as e:
+        raise UserError(
+            f"storage.runs_dir {raw!r} cannot be resolved ({getattr(e, 'strerror', None) or e}, "
+            "a symlink loop?); fix: point runs_dir at a real folder"
+        ) from None
+
+
+def _yaml() -> Any:
+    """PyYAML, on first use: run.yaml is read and written here, but `logs`, `cancel` and `status`
+    of a name that is no run here never touch it (yaml costs about as much as the rest of them)."""
+    import yaml  # lazy: CLI start-up (the commands above import no yaml)
+
+    return yaml
+
+
+class BrokenRun(UserError):
+    """A run folder whose files cannot be read as a run (shown as a BROKEN row, not a crash)."""
+
+
+JOB_ID_RE = re.compile(r"[0-9]{1,18}([_+][0-9]{1,9})?\Z")
+LOW_SPACE = 1 << 20  # a run folder needs at least this much room to start
+
+
+class RunDir(RunFolder):
+    """A run folder: reading it, and (through RunFolder) every write into it."""
+
+    # -- paths ------------------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+    @property
+    def run_yaml(self) -> Path:
+        return self.path / layout.RUN_YAML
+
+    @property
+    def job_sh(self) -> Path:
+        return self.path / layout.JOB_SH
+
+    @property
+    def logs(self) -> Path:
+        return self.path / layout.LOGS
+
+    @property
+    def submitit(self) -> Path:
+        return self.path / layout.SUBMITIT
+
+    def exists(self) -> bool:
+        return self.run_yaml.is_file()
+
+    # -- creating ---------------------------------------------------------------------------------
+    def check_writable(self) -> None:
+        """The run folder can be created here: its nearest existing folder is a writable folder
+        with room (what `submit --dry-run` checks without writing anything)."""
+        p = self.path.parent
+        while not os.path.lexists(p):
+            p = p.parent
+        why = None
+        if not p.is_dir():
+            why = f"{p} is not a folder"
+        elif not os.access(p, os.W_OK | os.X_OK):
+            why = f"{p} is not writable (read-only, or not yours)"
+        else:
+            try:
+                free = shutil.disk_usage(p).free
+            except OSError as e:
+                free, why = 0, f"{p}: {e.strerror}"
+            if why is None and free < LOW_SPACE:
+                why = f"no space left in {p} ({free} bytes free)"
+        if why:
+            raise UserError(
+                f"cannot write the run folder {self.path}: {why}; fix: choose another "
+                "storage.runs_dir (--set storage.runs_dir=DIR) or free space there"
+            )
+
+    def check_free(self, state: str | None, *, replace_finished: bool = False) -> None:
+        """Refuse a name that is taken; `replace_finished` moves a COMPLETED run aside."""
+        self._failed_early = False
+        if not os.path.lexists(self.path):
+            return
+        if not self.exists():
+            raise UserError(
+                f"{self.path} exists and is not a run folder (no run.yaml); choose another "
+                "--name or move that folder away"
+            )
+        if state == FINISHED and replace_finished:
+            return
+        if self.failed_before_first_step(state):
+            return  # nothing of value in it: create() moves it aside, logs and all
+        hint = (
+            f"use `hpctrain resume {self.name}` to continue it, or another --name"
+            if state != FINISHED
+            else "use another --name, or --replace-finished to move it aside and start again"
+        )
+        raise UserError(
+            f"run {self.name!r} already exists in {self.path.parent} (state {state or 'UNKNOWN'}); "
+            f"{hint}"
+        )
+
+    def create(
+        self,
+        *,
+        profile: ResolvedProfile,
+        request: JobRequest,
+        script: str,
+        replace_finished: bool = False,
+        node_python: str | None = None,
+    ) -> None:
+        """Make the folder, freeze run.yaml and write job.sh. A COMPLETED run of the same name (only
+        with replace_finished, checked by check_free) is renamed to NAME.old-<time>, never deleted."""
+        yaml = _yaml()
+        self.moved_aside = None
+        try:
+            if self.path.exists() and (replace_finished or self.failed_before_first_step(None)):
+                stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+                failed = self.failed_before_first_step(None)
+                self.moved_aside = move_aside(
+                    self.path, f"{self.name}.{'failed' if failed else 'old'}-{stamp}"
+                )
+            self.path.mkdir(parents=True, exist_ok=False)
+            self.logs.mkdir()
+        except OSError as e:
+            raise UserError(
+                f"cannot create the run folder {self.path}: {e.strerror or e}; fix: choose "
+                "another --name or storage.runs_dir, or free space there"
+            ) from None
+        frozen = {
+            "hpctrain_version": __version__,
+            "created": now(),
+            "cwd": os.getcwd(),  # where relative entry arguments point (the job starts here)
+            "profile": profile.model_dump(mode="json"),
+            "profile_source": str(profile.source) if getattr(profile, "source", None) else None,
+            "request": request.to_dict(),
+            "node_python": node_python,  # what job.sh runs on the nodes (render(..., python=))
+        }
+        self.write(layout.RUN_YAML, yaml.safe_dump(frozen, sort_keys=True))
+        self.write_script(script)
+        runindex.record({"name": self.name, "path": str(self.path), "time": now()})
+
+    def freeze(self, frozen: dict[str, Any]) -> None:
+        """Replace run.yaml (resume: a new request, the same run)."""
+        yaml = _yaml()
+        self.write(layout.RUN_YAML, yaml.safe_dump(frozen, sort_keys=True))
+
+    def write_script(self, script: str) -> None:
+        self.write(layout.JOB_SH, script, mode=0o755)
+
+    def failed_before_first_step(self, state: str | None) -> bool:
+        """A run that failed before any training step (no step in metrics.jsonl, no checkpoint):
+        its name may be used again; its folder (logs) is moved aside, never deleted. `state`
+        None: the state recorded when check_free accepted it."""
+        if state is not None:
+            self._failed_early = (
+                state in FAILED_EARLY_STATES
+                and not self.newest_checkpoint_step()
+                and not any("step" in r for r in read_jsonl(self.path / "metrics.jsonl"))
+                and not any((self.path / "checkpoints").glob("step-*"))
+            )
+        return bool(getattr(self, "_failed_early", False))
+
+    # -- reading ----------------------------------------------------------------------------------
+    def frozen(self) -> dict[str, Any]:
+        yaml = _yaml()
+        if not self.exists():
+            raise UserError(f"{self.path} is not a run folder (no run.yaml)")
+        # libyaml's safe loader where it is built (10-20x faster; `status` and `runs` read every
+        # run's run.yaml), else the same safe loader in Python
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        try:
+            data = yaml.load(self.run_yaml.read_text(), Loader=loader)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, RecursionError) as e:
+            what = getattr(e, "strerror", None) or type(e).__name__
+            raise BrokenRun(
+                f"{self.run_yaml} cannot be read ({what}): the run is broken; fix: restore "
+                "run.yaml from a backup, or move the folder away"
+            ) from None
+        if not isinstance(data, dict):
+            raise BrokenRun(
+                f"{self.run_yaml} is not a mapping: the run is broken; fix: restore run.yaml "
+                "from a backup, or move the folder away"
+            )
+        for key in ("profile", "request"):
+            if not isinstance(data.get(key), dict):
+                raise BrokenRun(
+                    f"{self.run_yaml} has no {key} section: the run is broken; fix: restore "
+                    "run.yaml from a backup, or move the folder away"
+                )
+        return data
+
+    def scheduler(self) -> str:
+        return str(self.frozen()["profile"].get("scheduler", "local"))
+
+    def jobs(self) -> list[dict[str, Any]]:
+        """One entry per submission. A line whose job_id is missing or not a job id (digits, an
+        array's 12_3 or a het job's 12+0) is skipped: it would reach scancel's argv as an option
+        (`--user=me` cancels every job of yours)."""
+        return [
+            j
+            for j in read_jsonl(self.path / "jobs.jsonl")
+            if JOB_ID_RE.match(str(j.get("job_id", ""))) and not isinstance(j.get("job_id"), bool)
+        ]
+
+    def add_job(self, job_id: str, *, kind: str, scheduler: str) -> None:
+        self.append(
+            layout.JOBS,
+            {"job_id": str(job_id), "kind": kind, "time": now(), "scheduler": scheduler},
+        )
+
+    def last_job_id(self) -> str | None:
+        """The job to ask about: the newest submission's (a chain's current segment). A line
+        without a job_id (hand-edited, cut short) is skipped."""
+        jobs = self.jobs()
+        if jobs and jobs[-1].get("kind") == chain.KIND:
+            return chain.current(self, chain.ids(self))
+        return str(jobs[-1]["job_id"]) if jobs else None
+
+    def restarts(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.path / "restarts.jsonl")
+
+    def events(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.path / "events.jsonl")
+
+    def local_state(self) -> dict[str, Any] | None:
+        try:
+            data = json.loads((self.path / "state.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    def failure_reason(self) -> str | None:
+        """Why the run stopped, in one line: the last `error: ...` line a rank or the batch script
+        wrote, else, when the run folder's disk is full, that (with the newest checkpoint and the fix)."""
+        found = None
+        logs = [
+            *sorted(self.logs.glob("node-*.log")),
+            *sorted(self.logs.glob("rank-*.log")),
+            self.logs / "batch.log",
+        ]
+        for log in logs:
+            try:
+                with open(log, "rb") as f:
+                    f.seek(max(0, log.stat().st_size - 16384))
+                    tail = f.read().decode(errors="replace")
+            except OSError:
+                continue
+            for line in tail.splitlines():
+                if line.startswith("error: ") or line.startswith("hpctrain: error: "):
+                    found = line.split("error: ", 1)[1].strip()
+        if found:
+            return found
+        try:
+            free = shutil.disk_usage(self.path).free
+        except OSError:
+            return None
+        if free >= LOW_SPACE:
+            return None
+        try:
+            newest = (self.path / "checkpoints" / "latest").read_text().strip() or "none"
+        except OSError:
+            newest = "none"
+        return (
+            f"no space left in {self.path.parent} ({free} bytes free); newest verified checkpoint: "
+            f"{newest}; fix: free space there, then `hpctrain resume {self.name}`"
+        )
+
+    def newest_checkpoint_step(self) -> int | None:
+        """The step of checkpoints/latest (the newest verified checkpoint), or None."""
+        try:
+            name = (self.path / "checkpoints" / "latest").read_text().strip()
+        except OSError:
+            return None
+        digits = name.rsplit("-", 1)[-1]
+        return int(digits) if digits.isdigit() else None
+
+
+def find_run(ref: str, runs_dir: Path | None = None) -> RunDir:
+    """A run by folder path, by name in `runs_dir` (default ./runs), or by name in the index."""
+    runindex.check_ref(ref)
+    candidates = [Path(ref)]
+    if "/" not in ref:
+        candidates.append((runs_dir or Path("runs")) / ref)
+    for c in candidates:
+        if (c / "run.yaml").is_file():
+            return RunDir(c.resolve())
+    head, sep, point = ref.rpartition("/")
+    if sep and head and point:  # SWEEP/<index> or SWEEP/<point folder> (SWEEP a name or a path)
+        found = sweepdir.find(head, runs_dir)
+        where = sweepdir.point_dir(found, point) if found else None
+        if where is not None and (where / "run.yaml").is_file():
+            return RunDir(where)
+    for item in reversed(runindex.entries()):
+        if item.get("name") == ref and (Path(item.get("path", "")) / "run.yaml").is_file():
+            return RunDir(item["path"])
+    raise UserError(
+        f"no run {ref!r} here ({shlex.quote(str(candidates[-1]))}) or in the run index; "
+        "give the run folder's path, or --runs-dir; `hpctrain runs` lists runs"
+    )
+
+
+def all_runs(runs_dir: Path | None = None) -> list[RunDir]:
+    """Runs in `runs_dir` (default ./runs) and in the index, oldest first, each once."""
+    seen: dict[Path, RunDir] = {}
+    base = runs_dir or Path("runs")
+    try:
+        children = sorted(base.iterdir()) if base.is_dir() else []
+    except OSError:
+        children = []
+    for child in children:
+        try:
+            if (child / "run.yaml").is_file():
+                seen.setdefault(child.resolve(), RunDir(child.resolve()))
+        except (OSError, RuntimeError):
+            continue  # a symlink loop or an unreadable entry is not a run
+    for item in runindex.entries():
+        try:
+            p = Path(str(item.get("path", "")))
+            if (p / "run.yaml").is_file():
+                seen.setdefault(p.resolve(), RunDir(p.resolve()))
+        except (OSError, RuntimeError, ValueError):
+            continue
+
+    def mtime(r: RunDir) -> float:
+        try:
+            return r.run_yaml.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    return sorted(seen.values(), key=mtime)
+
+
+def move_aside(path: Path, name: str) -> Path:
+    """Rename `path` to `name` in its folder, never onto something that exists (NAME-2, -3, ...)."""
+    for i in range(1, 1000):
+        aside = path.with_name(name if i == 1 else f"{name}-{i}")
+        if os.path.lexists(aside):
+            continue
+        os.rename(path, aside)  # rename(2) would replace an empty folder: the check above keeps it
+        return aside
+    raise UserError(f"cannot move {path} aside: {name}-1..999 all exist; fix: clean them up")
+
+
+def copy_aside(src: Path, name: str) -> Path:
+    """Copy `src` to a new file `name` in its folder, created exclusively (NAME-2, ... if taken)."""
+    for i in range(1, 1000):
+        dst = src.with_name(name if i == 1 else f"{name}-{i}")
+        try:
+            with open(dst, "xb") as out:
+                out.write(src.read_bytes())
+        except FileExistsError:
+            continue
+        shutil.copystat(src, dst)
+        return dst
+    raise UserError(f"cannot copy {src} aside: {name}-1..999 all exist; fix: clean them up")

@@ -1,0 +1,82 @@
+"""A run that finished is finished: an entry that leaves with exit 0 after a stop request (it trained
+to its end, or never looked at the flag) ends COMPLETED with one start and is never requeued; only a
+save-and-exit-75 (or a failure) after the stop requeues. Live, for each entry kind: train_entry
+(the stop lands at its last step), `--script` and `--module` (a script that ignores the stop).
+
+    sudo .venv/bin/python -m pytest -m slurm tests/test_finished_runs.py
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_slurm_e2e import ENDED, TRAIN, Runs, lines
+
+pytestmark = [pytest.mark.slurm]
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "tests" / "scripts"
+NO_GATE = [
+    "--set",
+    "preflight.enabled=false",
+]  # the gate has its own tests; here it only costs time
+
+
+@pytest.fixture
+def runs(slurm_cluster, tmp_path, request):
+    r = Runs(tmp_path)
+    yield r
+    rep = getattr(request.node, "rep_call", None)
+    if rep is not None and rep.failed:
+        r.dump()
+    for jobs in (tmp_path / "runs").glob("*/jobs.jsonl"):
+        for job in lines(jobs):
+            subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
+
+
+def _started(runs: Runs, name: str) -> bool:
+    """The batch shell is in its start loop (its traps are set): a preempt now reaches them."""
+    return bool(lines(runs.run(name) / "restarts.jsonl"))
+
+
+@pytest.mark.timeout(420)
+def test_exit_0_after_a_stop_request_is_completed_for_every_entry(runs):
+    out = runs.root / "out"
+    # train_entry: one step, so the stop it sees lands at its last step (found complete: exit 0)
+    runs.submit("entry", *NO_GATE, gpus=1, train=[*TRAIN, "--max-steps=1", "--model.n_layers=1"])
+    script = [str(out / "script"), "12", "0.5"]
+    runs.submit("script", *NO_GATE, "--script", str(SCRIPTS / "ignores_stop.py"), train=script)
+    runs.submit(
+        "module",
+        *NO_GATE,
+        "--module",
+        "ignores_stop",
+        "--set",
+        f"environment.env.PYTHONPATH={SCRIPTS}",
+        gpus=1,
+        train=[str(out / "module"), "12", "0.5"],
+    )
+    ready = {
+        "entry": lambda: _started(runs, "entry"),
+        "script": lambda: (out / "script" / "started").is_file(),
+        "module": lambda: (out / "module" / "started").is_file(),
+    }
+    for name, cond in ready.items():  # jobs queue behind each other on 2 nodes x 2 slots
+        runs.until(f"{name} started", cond, 240)
+        runs.hp("preempt", name)
+    for name in ready:
+        info = runs.wait(name, ENDED, 180)
+        run = runs.run(name)
+        events = [e["event"] for e in lines(run / "events.jsonl")]
+        assert info["state"] == "COMPLETED", (name, info, events)
+        assert len(lines(run / "restarts.jsonl")) == 1, (name, "started again")
+        assert "signal" in events and events[-1] == "done", (name, events)
+        assert "requeue" not in events and "preempted" not in events, (name, events)
+        log = (run / "logs" / "batch.log").read_text()
+        assert "exited 0 after the stop request: the run is complete" in log, (name, log[-2000:])
+    for name, world in (("script", 4), ("module", 2)):  # trained to the end on every rank
+        assert sorted(p.name for p in (out / name).glob("done-*")) == [
+            f"done-{r}" for r in range(world)
+        ]

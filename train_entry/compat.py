@@ -1,0 +1,101 @@
+"""Every private or version-dependent torch name hpctrain uses, in this one module.
+
+torch's checkpoint internals move between releases (2.8 has no `CURRENT_DCP_VERSION`, which once
+made every save of a run fail), and a site runs the torch of its module or container, anywhere in
+hpctrain.kernel.support.TORCH. So the rest of hpctrain and train_entry import such names only from
+here (tests/test_support.py fails on a private torch import anywhere else), and each one below has
+a version gate or a public fallback where torch offers one. The compatibility lane
+(`make test-compat`) runs the checkpoint tests under the oldest supported torch.
+
+    TORCH             this torch's release, e.g. (2, 8, 0)
+    WriterBase        the DCP StorageWriter to subclass (the public FileSystemWriter)
+    storage_info      where one item lies in a file (DCP's private _StorageInfo)
+    DCP_VERSION       the metadata format version to stamp (None where torch has none: <= 2.8)
+    local_tensor      a DTensor's local shard (its private _local_tensor), or the tensor itself
+    copy_state_dict / cpu_state_dict   staging copies (torch.distributed._state_dict_utils)
+    load_everything   a whole checkpoint into an empty dict, without a process group
+    GLOO_DESTROY_HANGS  gloo's destroy_process_group may hang a rank at the end (< 2.8)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
+
+from hpctrain.kernel.support import release
+
+TORCH = release(torch.__version__)
+
+# torch 2.7.1: after the last collective, gloo's destroy_process_group hung one rank in 2 of 4
+# two-rank runs (and a resumed DeepSpeed run in the compatibility lane); never under 2.8 or 2.13.
+GLOO_DESTROY_HANGS = TORCH < (2, 8)
+
+# DCP's public writer; train_entry.checkpoint.writer.HashingWriter overrides its write_data/finish.
+# (Its private base _FileSystemWriter would do the same, and is not needed.)
+WriterBase = FileSystemWriter
+
+
+def storage_info(relative_path: str, offset: int, length: int) -> Any:
+    """DCP's record of where one item lies (file, offset, length): FileSystemReader reads it from
+    the metadata's storage_data. A private dataclass in every release (2.7 .. 2.14), same fields."""
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
+    return _StorageInfo(relative_path, offset, length)
+
+
+def _dcp_version() -> str | None:
+    try:  # 2.9 and later stamp the metadata with the format's version
+        from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
+    except ImportError:  # 2.7, 2.8: no version field is written (their Metadata may lack it)
+        return None
+    return str(CURRENT_DCP_VERSION)
+
+
+DCP_VERSION = _dcp_version()
+
+
+def stamp(metadata: Any) -> None:
+    """Set the metadata's format version as this torch's own writer would (nothing on <= 2.8)."""
+    if DCP_VERSION is not None:
+        metadata.version = DCP_VERSION
+
+
+def local_tensor(t: Any) -> Any:
+    """A DTensor's local shard without autograd (to_local() records a node), else `t` itself."""
+    return getattr(t, "_local_tensor", t)
+
+
+def copy_state_dict(
+    src: dict[str, Any], dst: dict[str, Any], *, non_blocking: bool = False
+) -> None:
+    """Copy every tensor of `src` into the tensor at the same place of `dst` (same structure)."""
+    from torch.distributed._state_dict_utils import _copy_state_dict
+
+    _copy_state_dict(src, dst, non_blocking=non_blocking, type_check=False)
+
+
+def cpu_state_dict(sd: dict[str, Any], *, pin_memory: bool = False) -> dict[str, Any]:
+    """The same structure with new CPU tensors (pinned when asked), for staging copies."""
+    from torch.distributed._state_dict_utils import _create_cpu_state_dict
+
+    return _create_cpu_state_dict(sd, pin_memory=pin_memory)
+
+
+def load_everything(reader: Any) -> dict[str, Any]:
+    """The whole state dict a StorageReader holds, on CPU, without a process group (what torch's
+    dcp_to_torch_save does; its planner and loader are private)."""
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    sd: dict[str, Any] = {}
+    _load_state_dict(sd, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)  # type: ignore[no-untyped-call]
+    return sd
+
+
+def warm_imports() -> None:
+    """Import what an async save's writer thread will use (an import on that thread holds the GIL
+    while the training loop wants it back)."""
+    import torch.distributed._state_dict_utils  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401

@@ -1,0 +1,36 @@
+"""Tensor parallel: the model's TP plan (the user's `parallel.tp_plan`, or the demo GPT's) on the
+mesh's "tp" dimension, and the vocabulary-parallel loss around each micro-step."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from contextlib import AbstractContextManager as ContextManager
+from typing import Any
+
+from torch import nn
+
+from train_entry.model import call_factory, load_object
+
+
+def plan_of(cfg: Any) -> Callable[..., None]:
+    """The TP plan function: the user's (config-checked to exist for a user model) or the demo's."""
+    if cfg.parallel.tp_plan:
+        return load_object(cfg.parallel.tp_plan, "parallel.tp_plan")
+    from train_entry.parallel.gpt import tp_plan
+
+    return tp_plan
+
+
+def apply(part: nn.Module, *, tp_mesh: Any, cfg: Any) -> None:
+    call_factory(plan_of(cfg), model=part, tp_mesh=tp_mesh, config=cfg)
+
+
+def loss_context(cfg: Any) -> Callable[[], ContextManager[Any]]:
+    """loss_parallel() when the plan leaves the logits sharded on the vocabulary (forward and
+    backward both run inside it); else nothing."""
+    if cfg.parallel.tp > 1 and cfg.parallel.loss_parallel:
+        from torch.distributed.tensor.parallel import loss_parallel
+
+        return loss_parallel
+    return contextlib.nullcontext
