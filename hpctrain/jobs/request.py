@@ -25,6 +25,8 @@ NODE_NAMES_RE = re.compile(
     r"[A-Za-z0-9][A-Za-z0-9_.\[\],-]*\Z"
 )  # Slurm host names and ranges: n1,gpu[01-04]
 TRAIN_ENTRY = "train_entry"
+# runs a user's script or module as Python would, then ends it past torch's exit-time aborts
+USER_ENTRY = "hpctrain.launchers.entry"
 
 
 MAX_COUNT = 100_000  # nodes or GPUs per node: anything above is a typo (or 10**24)
@@ -46,9 +48,9 @@ class Entry:
     def argv(self, *, run_dir: str, strategy: str, args: tuple[str, ...]) -> list[str]:
         """The arguments after `torchrun <options>`."""
         if self.kind == "script":
-            return [self.target, *args]
+            return ["-m", USER_ENTRY, self.target, *args]
         if self.kind == "module":
-            return ["-m", self.target, *args]
+            return ["-m", USER_ENTRY, "-m", self.target, *args]
         return ["-m", TRAIN_ENTRY, "--run-dir", run_dir, "--strategy", strategy, *args]
 
 
