@@ -46,12 +46,14 @@ class Stager:
     def __init__(self) -> None:
         self.layout: Any = None
         self.cache: Any = None
-        self._stream: Any = None
-        self._ready: Any = None
+        self._stream: torch.cuda.Stream | None = None
+        self._ready: torch.cuda.Event | None = None
         self._sd: Any = None
         self._pairs: Any = None  # for the last sd: (now src, now dst), (later src, later dst)
 
-    def begin(self, sd: dict, movable: Callable[[], set[int]], same: bool = False) -> None:
+    def begin(
+        self, sd: dict[str, Any], movable: Callable[[], set[int]], same: bool = False
+    ) -> None:
         """`same`: `sd` is the last save's state dict, holding the same tensors (StateDicts)."""
         if not (same and sd is self._sd and self._pairs is not None):
             layout = _layout(sd)
@@ -67,14 +69,15 @@ class Stager:
             )
             self._sd = sd
         if self._cuda:
-            self._stream = self._stream or torch.cuda.Stream()
-            self._ready = torch.cuda.Event()
+            # torch.cuda.Stream/Event take untyped constructor arguments (their __new__)
+            self._stream = self._stream or torch.cuda.Stream()  # type: ignore[no-untyped-call]
+            self._ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self._ready.record()  # the step's kernels before the copy
         copy_state_dict(*self._pairs[0])
 
-    def finish(self) -> dict:
+    def finish(self) -> dict[str, Any]:
         src, dst = self._pairs[1]
-        if self._stream is not None:
+        if self._stream is not None and self._ready is not None:  # set together by begin()
             self._stream.wait_event(self._ready)
             with torch.cuda.stream(self._stream):
                 copy_state_dict(src, dst, non_blocking=True)
@@ -82,7 +85,8 @@ class Stager:
         else:
             copy_state_dict(src, dst)
         # the full structure: staged tensors, the scalars as they were at begin()
-        return _merge_staged(self._sd, self.cache)
+        merged: dict[str, Any] = _merge_staged(self._sd, self.cache)
+        return merged
 
 
 def _devices(obj: Any) -> set[str]:
