@@ -66,7 +66,7 @@ def _dcp_version() -> str | None:
 DCP_VERSION = _dcp_version()
 
 
-def stamp(metadata: Any) -> None:
+def stamp(metadata: Any) -> None:  # Any: torch objects (tensors, modules, optimizers, state dicts)
     """Set the metadata's format version as this torch's own writer would (nothing on <= 2.8)."""
     if DCP_VERSION is not None:
         metadata.version = DCP_VERSION
@@ -94,6 +94,7 @@ def cpu_state_dict(sd: dict[str, Any], *, pin_memory: bool = False) -> dict[str,
     return _create_cpu_state_dict(sd, pin_memory=pin_memory)
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def load_everything(reader: Any) -> dict[str, Any]:
     """The whole state dict a StorageReader holds, on CPU, without a process group (what torch's
     dcp_to_torch_save does; its planner and loader are private)."""

@@ -130,6 +130,7 @@ class SaveFailed(Exception):
         super().__init__(f"checkpoint of step {step} into {folder} failed: {self.reason}")
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BaseException | None:
     """Run one step of a save on this rank: None, or the error it raised (for _agree, which makes
     every rank raise SaveFailed together: a rank that raised alone would leave the others waiting
@@ -158,6 +159,7 @@ class AppState:
     list (saved once, by the lowest rank) would not describe them. Runs on a device mesh save flat;
     a load reads whichever form the checkpoint has (`is_flat`)."""
 
+    # Any: torch objects (tensors, modules, optimizers, state dicts)
     def __init__(self, model: Any, optimizer: Any, flat: bool = False) -> None:
         self.model, self.optimizer, self.flat = model, optimizer, flat
 
@@ -189,6 +191,7 @@ class AppState:
             )
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def is_flat(metadata: Any) -> bool:
     """The checkpoint's optimizer state is flattened per parameter (AppState(flat=True)): its
     param groups are keyed by parameter name (`param_groups.<fqn>.lr`), not by group index."""
@@ -208,10 +211,11 @@ class StateDicts:
     state or a post-state-dict hook) builds it again."""
 
     def __init__(self) -> None:
-        self._key: Any = None
+        self._key: Any = None  # Any: torch objects (tensors, modules, optimizers, state dicts)
         self._sd: dict[str, Any] | None = None
         self.reused = False  # the last get() returned the previous state dict (same tensors)
 
+    # Any: torch objects (tensors, modules, optimizers, state dicts)
     def get(self, model: Any, optimizer: Any, flat: bool = False) -> dict[str, Any]:
         if flat:  # flattened param groups are keyed by name: built afresh each save (no cache)
             self.reused, self._key, self._sd = False, None, None
@@ -231,6 +235,7 @@ class StateDicts:
         return sd
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def _fingerprint(model: Any, optimizer: Any) -> list[object]:
     import torch
 
@@ -256,6 +261,7 @@ def _fingerprint(model: Any, optimizer: Any) -> list[object]:
     return out
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def _cacheable(model: Any) -> bool:
     from torch import nn
 

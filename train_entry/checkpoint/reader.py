@@ -46,7 +46,11 @@ class RawReader(FileSystemReader):
     """A DCP StorageReader for hpctrain checkpoints (raw per-rank files, or DCP's own files)."""
 
     def set_up_storage_reader(
-        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+        self,
+        metadata: Metadata,
+        is_coordinator: bool,
+        *args: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        **kwargs: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
     ) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._md = metadata
@@ -112,6 +116,7 @@ class RawReader(FileSystemReader):
                 planner.commit_tensor(req, target)
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def _read(f: Any, offset: int, length: int) -> torch.Tensor:
     """`length` bytes at `offset` as a uint8 tensor (64-byte aligned storage, so any dtype views)."""
     buf = torch.empty(length, dtype=torch.uint8)

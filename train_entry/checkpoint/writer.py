@@ -120,7 +120,7 @@ class HashingWriter(WriterBase):
         fd = os.open(Path(self.path) / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             with os.fdopen(fd, "wb", buffering=0, closefd=False) as f:
-
+                # Any: torch objects (tensors, modules, optimizers, state dicts)
                 def put(buf: Any) -> None:
                     nonlocal write_s, hash_s
                     t0 = time.perf_counter()
