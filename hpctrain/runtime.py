@@ -193,7 +193,7 @@ def _torch() -> Any:
     return torch
 
 
-def _device(dist: Any) -> Any:
+def _device(dist: Any) -> Any:  # Any: torch objects (torch is imported lazily)
     torch = _torch()
     if dist.get_backend() == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
@@ -262,7 +262,13 @@ class Checkpoint:
         return final
 
     def _commit(
-        self, fmt: Any, staging: Path, final: Path, step: int, world: int, torch_version: str
+        self,
+        fmt: Any,  # Any: torch objects (torch is imported lazily)
+        staging: Path,
+        final: Path,
+        step: int,
+        world: int,
+        torch_version: str,
     ) -> None:
         """Rank 0, every rank's files written: the kernel's commit sequence, as train_entry's
         (the manifest with every file hashed and fsynced, rename, `latest`, rename-then-delete
@@ -332,7 +338,7 @@ def log_metrics(
     RunFolder(run_dir()).append(layout.METRICS, rec, sort_keys=False)
 
 
-def params_sha256(module_or_state: Any) -> str:
+def params_sha256(module_or_state: Any) -> str:  # Any: torch objects (torch is imported lazily)
     """sha256 over every tensor of a module's state dict (or a state dict), in name order, with
     wrapper prefixes ("module.") stripped: two runs end bit-identical when the hashes match."""
     torch = _torch()
@@ -351,12 +357,12 @@ def _warn(msg: str) -> None:
     print(f"[hpctrain runtime] {msg}", file=sys.stderr, flush=True)
 
 
-def _barrier(dist: Any) -> None:
+def _barrier(dist: Any) -> None:  # Any: torch objects (torch is imported lazily)
     if dist is not None:
         dist.barrier()
 
 
-def _to_bytes(obj: Any) -> bytes:
+def _to_bytes(obj: Any) -> bytes:  # Any: torch objects (torch is imported lazily)
     torch = _torch()
     buf = io.BytesIO()
     torch.save(obj, buf)

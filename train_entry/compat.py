@@ -9,6 +9,9 @@ a version gate or a public fallback where torch offers one. The compatibility la
 
     TORCH             this torch's release, e.g. (2, 8, 0)
     WriterBase        the DCP StorageWriter to subclass (the public FileSystemWriter)
+    dcp_save, dcp_load, DefaultSavePlanner, FileSystemReader   DCP's public API, from the modules
+                      that define it (torch.distributed.checkpoint re-exports them without
+                      `__all__`, so mypy --strict reads them as not exported)
     storage_info      where one item lies in a file (DCP's private _StorageInfo)
     DCP_VERSION       the metadata format version to stamp (None where torch has none: <= 2.8)
     local_tensor      a DTensor's local shard (its private _local_tensor), or the tensor itself
@@ -22,6 +25,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner as DefaultSavePlanner
+from torch.distributed.checkpoint.filesystem import FileSystemReader as FileSystemReader
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 from hpctrain.kernel.support import release
@@ -35,6 +41,10 @@ GLOO_DESTROY_HANGS = TORCH < (2, 8)
 # DCP's public writer; train_entry.checkpoint.writer.HashingWriter overrides its write_data/finish.
 # (Its private base _FileSystemWriter would do the same, and is not needed.)
 WriterBase = FileSystemWriter
+
+# DCP's public save and load, which torch.distributed.checkpoint re-exports without `__all__`.
+dcp_save = state_dict_saver.save  # torch.distributed.checkpoint.save
+dcp_load = state_dict_loader.load  # torch.distributed.checkpoint.load
 
 
 def storage_info(relative_path: str, offset: int, length: int) -> Any:
@@ -56,15 +66,16 @@ def _dcp_version() -> str | None:
 DCP_VERSION = _dcp_version()
 
 
-def stamp(metadata: Any) -> None:
+def stamp(metadata: Any) -> None:  # Any: torch objects (tensors, modules, optimizers, state dicts)
     """Set the metadata's format version as this torch's own writer would (nothing on <= 2.8)."""
     if DCP_VERSION is not None:
         metadata.version = DCP_VERSION
 
 
-def local_tensor(t: Any) -> Any:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
     """A DTensor's local shard without autograd (to_local() records a node), else `t` itself."""
-    return getattr(t, "_local_tensor", t)
+    local: torch.Tensor = getattr(t, "_local_tensor", t)
+    return local
 
 
 def copy_state_dict(
@@ -83,6 +94,7 @@ def cpu_state_dict(sd: dict[str, Any], *, pin_memory: bool = False) -> dict[str,
     return _create_cpu_state_dict(sd, pin_memory=pin_memory)
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def load_everything(reader: Any) -> dict[str, Any]:
     """The whole state dict a StorageReader holds, on CPU, without a process group (what torch's
     dcp_to_torch_save does; its planner and loader are private)."""

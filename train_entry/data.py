@@ -86,7 +86,7 @@ class Batches:
 
     def __init__(
         self,
-        dataset: Any,
+        dataset: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
         *,
         micro_batch: int,
         rank: int,

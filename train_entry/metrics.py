@@ -67,6 +67,7 @@ class Metrics:
         self.start(0)
         self.main = rank == 0
         self.log: IO[str] | None = None
+        # Any: rich's Progress / torch's profiler (optional, untyped)
         self.bar: Any = None  # rich's Progress on a terminal (rank 0)
         self.tb: Tracker | None = None
         if not self.main:
@@ -246,7 +247,7 @@ def profiler(run_dir: Path, rank: int, *, wait: int, warmup: int, active: int) -
     out = run_dir / "profile"
     out.mkdir(parents=True, exist_ok=True)
 
-    def export(prof: Any) -> None:
+    def export(prof: Any) -> None:  # Any: rich's Progress / torch's profiler (optional, untyped)
         prof.export_chrome_trace(str(out / f"rank-{rank}-step-{prof.step_num}.json"))
 
     activities = [ProfilerActivity.CPU] + (

@@ -112,6 +112,7 @@ def load_object(spec: str, what: str) -> Callable[..., Any]:
         raise UserError(f"{what} '{spec}': {module} has no attribute '{name}'") from None
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def call_factory(fn: Callable[..., Any], **available: Any) -> Any:
     """Call fn with the keyword arguments it names (config, rank, world_size)."""
     params = inspect.signature(fn).parameters
@@ -141,6 +142,7 @@ def build_model(config: Any, *, rank: int, world_size: int) -> nn.Module:
     return model
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def compute_loss(model: Callable[..., Any], batch: Any) -> torch.Tensor:
     out = model(**batch) if isinstance(batch, dict) else model(batch)
     if isinstance(out, dict):

@@ -31,10 +31,12 @@ _WRAPPER_PREFIXES = (
 class TrainState:
     """Everything that must round-trip for an exact resume (see docs/design.md)."""
 
+    # Any: torch objects, or JSON values of any shape
     model: Any  # the wrapped model (DDP/FSDP module) or the DeepSpeed engine
+    # Any: torch objects, or JSON values of any shape
     optimizer: Any = None  # None for DeepSpeed (the engine owns it)
-    scheduler: Any = None
-    scaler: Any = None
+    scheduler: Any = None  # Any: torch objects, or JSON values of any shape
+    scaler: Any = None  # Any: torch objects, or JSON values of any shape
     step: int = 0  # optimizer steps completed
     epoch: int = 0
     micro_step: int = 0  # micro-steps done inside the current step (0 at boundaries)
@@ -65,7 +67,7 @@ class TrainState:
 
 
 # ---------------------------------------------------------------- JSON that keeps tensors exact
-def _encode(obj: Any) -> Any:
+def _encode(obj: Any) -> Any:  # Any: torch objects, or JSON values of any shape
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         return {
@@ -92,7 +94,7 @@ def _encode(obj: Any) -> Any:
     return obj
 
 
-def _decode(obj: Any) -> Any:
+def _decode(obj: Any) -> Any:  # Any: torch objects, or JSON values of any shape
     if isinstance(obj, list):
         return [_decode(v) for v in obj]
     if not isinstance(obj, dict):
@@ -114,7 +116,7 @@ def _decode(obj: Any) -> Any:
     return {k: _decode(v) for k, v in obj.items()}
 
 
-def dumps(obj: Any) -> str:
+def dumps(obj: Any) -> str:  # Any: torch objects, or JSON values of any shape
     """JSON that round-trips tensors, arrays, tuples and float values bit for bit."""
     return json.dumps(_encode(obj), indent=1, sort_keys=True, allow_nan=True)
 
@@ -160,7 +162,7 @@ def _canonical(name: str) -> str:
     return name
 
 
-def _inner_module(model: Any) -> nn.Module:
+def _inner_module(model: Any) -> nn.Module:  # Any: torch objects, or JSON values of any shape
     """The user's module inside a DDP wrapper or a DeepSpeed engine (FSDP2 keeps the module itself)."""
     inner = model
     while type(inner).__name__ in _WRAPPERS and isinstance(
@@ -192,7 +194,7 @@ def _full(param: torch.Tensor) -> torch.Tensor:
     return data
 
 
-def params_sha256(model: Any) -> str:
+def params_sha256(model: Any) -> str:  # Any: torch objects, or JSON values of any shape
     """sha256 over (name, dtype, shape, bytes) of every parameter, names sorted, wrappers stripped.
 
     Identical for DDP, FSDP2 and DeepSpeed given the same values. A collective: call on every rank.
@@ -202,7 +204,7 @@ def params_sha256(model: Any) -> str:
     return digest((name, _full(param)) for name, param in params)
 
 
-def digest(named: Any) -> str:
+def digest(named: Any) -> str:  # Any: torch objects, or JSON values of any shape
     """sha256 over (name, dtype, shape, bytes) of full parameter values, in the order given."""
     out = hashlib.sha256()
     for name, value in named:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from hpctrain.runs.folder import RunDir
 
 
-def _job_options(f: Any) -> Any:
+def _job_options(f: Any) -> Any:  # Any: click's parsed options (any option type)
     options = [
         click.option(
             "--profile",
@@ -96,7 +96,7 @@ def _job_options(f: Any) -> Any:
 
 @click.command()
 @_job_options
-def render(**o: Any) -> None:
+def render(**o: Any) -> None:  # Any: click's parsed options (any option type)
     """Print the batch script that `submit` would hand to the scheduler, byte for byte.
 
     \b
@@ -138,7 +138,7 @@ def render(**o: Any) -> None:
     hidden=True,
     help="On the site: the uploaded code folder, moved into the run folder as code/.",
 )
-def submit(**o: Any) -> None:
+def submit(**o: Any) -> None:  # Any: click's parsed options (any option type)
     """Submit a training run: train_entry (or --script/--module) on N nodes x G GPUs under torchrun.
     Arguments after `--` go to the entry.
 

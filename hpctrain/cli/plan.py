@@ -19,6 +19,7 @@ class Count(click.ParamType):  # type: ignore[type-arg]  # click.ParamType[int] 
     name = "count"
     _SCALE = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
+    # Any: click passes the raw command-line value
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value

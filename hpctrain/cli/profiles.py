@@ -147,7 +147,7 @@ def show(name: str, resolved: bool, as_json: bool) -> None:
         table = Table("key", "value", "origin", title=f"{profile.name} ({profile.source})")
         table.columns[-1].overflow = "fold"
         for key, origin in profile.origins.items():
-            value: Any = values
+            value: Any = values  # Any: parsed YAML value of any shape
             for part in key.split("."):
                 value = value[part]
             table.add_row(key, json.dumps(value), origin)

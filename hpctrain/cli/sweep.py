@@ -39,7 +39,7 @@ from hpctrain.service.prepare import resolve_profile
     help="Remote site: send this folder as the code instead of the git repository's HEAD.",
 )
 @click.option("--code", type=click.Path(file_okay=False, exists=True), hidden=True)
-def sweep(**o: Any) -> None:
+def sweep(**o: Any) -> None:  # Any: click's parsed options (any option type)
     """Run the product of a grid of entry arguments: one run folder per point (NAME/<i>-<k=v,...>),
     one Slurm job array (`--array=0-N[%K]`). Each point is frozen, resumable and preemptible on
     its own; address one as NAME/<i>. Arguments after `--` go to every point.

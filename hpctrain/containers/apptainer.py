@@ -8,22 +8,21 @@ profile has GPUs. The binary is the kind's name unless `container.binary` names 
 
 from __future__ import annotations
 
-from typing import Any
-
+from hpctrain.profiles.schema.environment import Container
 from hpctrain.render.shellwords import Sh, quote, shvalue
 
 GPU_FLAG = {"nvidia": "--nv", "amd": "--rocm"}
 
 
-def sbatch(c: Any) -> list[str]:
+def sbatch(c: Container) -> list[str]:
     return []
 
 
-def srun_options(c: Any, mounts: list[str], gpu: str | None) -> list[Sh]:
+def srun_options(c: Container, mounts: list[str], gpu: str | None) -> list[Sh]:
     return []
 
 
-def prefix(c: Any, mounts: list[str], gpu: str | None) -> list[Sh]:
+def prefix(c: Container, mounts: list[str], gpu: str | None) -> list[Sh]:
     out = [shvalue(c.binary) if c.binary else quote(c.kind), quote(c.exec)]
     if gpu:
         out.append(Sh(GPU_FLAG[gpu]))

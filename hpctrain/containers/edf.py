@@ -8,18 +8,17 @@ The EDF must mount the runs folder (hpctrain cannot add a mount to it).
 
 from __future__ import annotations
 
-from typing import Any
-
+from hpctrain.profiles.schema.environment import Container
 from hpctrain.render.shellwords import Sh, option, quote
 
 
-def sbatch(c: Any) -> list[str]:
+def sbatch(c: Container) -> list[str]:
     return []
 
 
-def srun_options(c: Any, mounts: list[str], gpu: str | None) -> list[Sh]:
+def srun_options(c: Container, mounts: list[str], gpu: str | None) -> list[Sh]:
     return [option("--environment", c.image)] + [quote(f) for f in c.flags]
 
 
-def prefix(c: Any, mounts: list[str], gpu: str | None) -> list[Sh]:
+def prefix(c: Container, mounts: list[str], gpu: str | None) -> list[Sh]:
     return []

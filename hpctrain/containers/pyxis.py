@@ -6,16 +6,15 @@ srun --container-image="IMAGE" --container-mounts="SRC:DST,..." [--container-wor
 
 from __future__ import annotations
 
-from typing import Any
-
+from hpctrain.profiles.schema.environment import Container
 from hpctrain.render.shellwords import Sh, option, quote
 
 
-def sbatch(c: Any) -> list[str]:
+def sbatch(c: Container) -> list[str]:
     return []
 
 
-def srun_options(c: Any, mounts: list[str], gpu: str | None) -> list[Sh]:
+def srun_options(c: Container, mounts: list[str], gpu: str | None) -> list[Sh]:
     out = [option("--container-image", c.image), option("--container-mounts", ",".join(mounts))]
     if c.workdir:
         out.append(option("--container-workdir", c.workdir))
@@ -24,5 +23,5 @@ def srun_options(c: Any, mounts: list[str], gpu: str | None) -> list[Sh]:
     return out + [quote(f) for f in c.flags]
 
 
-def prefix(c: Any, mounts: list[str], gpu: str | None) -> list[Sh]:
+def prefix(c: Container, mounts: list[str], gpu: str | None) -> list[Sh]:
     return []

@@ -8,23 +8,22 @@
 
 from __future__ import annotations
 
-from typing import Any
-
+from hpctrain.profiles.schema.environment import Container
 from hpctrain.render.shellwords import Sh, option, quote
 
 
-def sbatch(c: Any) -> list[str]:
+def sbatch(c: Container) -> list[str]:
     out = [f"--image={c.image}"]
     if c.modules:
         out.append("--module=" + ",".join(c.modules))
     return out
 
 
-def srun_options(c: Any, mounts: list[str], gpu: str | None) -> list[Sh]:
+def srun_options(c: Container, mounts: list[str], gpu: str | None) -> list[Sh]:
     return []
 
 
-def prefix(c: Any, mounts: list[str], gpu: str | None) -> list[Sh]:
+def prefix(c: Container, mounts: list[str], gpu: str | None) -> list[Sh]:
     out = [Sh("shifter")] + [option("--volume", m) for m in mounts]
     if c.workdir:
         out.append(option("--workdir", c.workdir))

@@ -47,6 +47,7 @@ def check_private_api() -> list[str]:
                 problems.append(f"{path}: module is gone")
             continue
         module, _, rest = path.partition(".slurm.slurm.")
+        # Any: submitit's private module (untyped)
         obj: Any = importlib.import_module(module + ".slurm.slurm")
         try:
             for part in rest.split("."):

@@ -54,9 +54,11 @@ class HpctrainCallback(TrainerCallback):
         # progress lines only under hpctrain: a plain torchrun run writes nothing of ours
         self._logging = bool(os.environ.get(runtime.ENV_RUN_DIR))
 
+    # Any: transformers' callback arguments (third-party, untyped)
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         runtime.install()  # the signal handlers, in the main thread, before the first step
 
+    # Any: transformers' callback arguments (third-party, untyped)
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         # the vote started one step ago: every rank reads the same answer at the same step
         if runtime.should_stop(wait=False) and state.global_step < state.max_steps:
@@ -68,11 +70,17 @@ class HpctrainCallback(TrainerCallback):
             self._line(args, state)
 
     def on_log(
-        self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any
+        self,
+        args: Any,  # Any: transformers' callback arguments (third-party, untyped)
+        state: Any,  # Any: transformers' callback arguments (third-party, untyped)
+        control: Any,  # Any: transformers' callback arguments (third-party, untyped)
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,  # Any: transformers' callback arguments (third-party, untyped)
     ) -> None:
         if logs:
             self._line(args, state, logs)
 
+    # Any: transformers' callback arguments (third-party, untyped)
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.stopping is None or state.global_step != self.stopping:
             return
@@ -83,6 +91,7 @@ class HpctrainCallback(TrainerCallback):
         self._line(args, state)  # the step the run stopped at (`report` counts no step redone)
         runtime.exit(runtime.PREEMPTED, step=state.global_step)
 
+    # Any: transformers' callback arguments (third-party, untyped)
     def _line(self, args: Any, state: Any, logs: dict[str, Any] | None = None) -> None:
         """One metrics.jsonl line per step at most (`report` reads a repeated step as a restart):
         rank 0, under hpctrain only."""
@@ -101,7 +110,7 @@ class HpctrainCallback(TrainerCallback):
         )
 
 
-def _samples(args: Any) -> int:
+def _samples(args: Any) -> int:  # Any: transformers' callback arguments (third-party, untyped)
     """Samples per optimizer step, over all ranks."""
     world = int(getattr(args, "world_size", 1) or 1)
     return int(args.per_device_train_batch_size * args.gradient_accumulation_steps * world)

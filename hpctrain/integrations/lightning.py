@@ -62,7 +62,11 @@ class HpctrainCheckpoint(ModelCheckpoint):
     """
 
     def __init__(
-        self, dirpath: str | Path | None = None, *, every_s: float = 1.0, **kwargs: Any
+        self,
+        dirpath: str | Path | None = None,
+        *,
+        every_s: float = 1.0,
+        **kwargs: Any,  # Any: Lightning's hook values (third-party; any batch/output)
     ) -> None:
         kwargs.setdefault("save_last", True)
         under = os.environ.get(runtime.ENV_RUN_DIR)
@@ -102,8 +106,8 @@ class HpctrainCheckpoint(ModelCheckpoint):
         self,
         trainer: pl.Trainer,
         pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
+        outputs: Any,  # Any: Lightning's hook values (third-party; any batch/output)
+        batch: Any,  # Any: Lightning's hook values (third-party; any batch/output)
         batch_idx: int,
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -128,6 +132,7 @@ class HpctrainCheckpoint(ModelCheckpoint):
             self.stopping = trainer.global_step
             self._stop(trainer, None)
 
+    # Any: Lightning's hook values (third-party; any batch/output)
     def _stop(self, trainer: pl.Trainer, outputs: Any) -> None:
         step = trainer.global_step
         path = self.format_checkpoint_name({}, self.CHECKPOINT_NAME_LAST)
@@ -174,6 +179,7 @@ class HpctrainCheckpoint(ModelCheckpoint):
         loop._hpctrain_patched = True
         original = loop.on_run_start
 
+        # Any: Lightning's hook values (third-party; any batch/output)
         def on_run_start(data_fetcher: Any) -> None:
             before = data_fetcher.fetched
             original(data_fetcher)
@@ -187,6 +193,7 @@ class HpctrainCheckpoint(ModelCheckpoint):
         loop.on_run_start = on_run_start  # type: ignore[method-assign]  # the loop's hook, wrapped
 
     # ------------------------------------------------------------ progress
+    # Any: Lightning's hook values (third-party; any batch/output)
     def _line(self, trainer: pl.Trainer, outputs: Any) -> None:
         """One metrics.jsonl line per step at most (`report` reads a repeated step as a restart):
         rank 0 only."""
@@ -228,6 +235,7 @@ def _stateful(trainer: pl.Trainer) -> bool:
     )
 
 
+# Any: Lightning's hook values (third-party; any batch/output)
 def _skip(fetcher: Any, n: int) -> None:
     """Advance the fetcher's loader past n batches, keeping what it prefetched in order."""
     pre = list(getattr(fetcher, "batches", []))
@@ -246,7 +254,7 @@ def _skip(fetcher: Any, n: int) -> None:
         fetcher.batches.extend(refill)
 
 
-def _gather(obj: Any) -> list[Any]:
+def _gather(obj: Any) -> list[Any]:  # Any: Lightning's hook values (third-party; any batch/output)
     world, _ = _world()
     if world == 1:
         return [obj]
@@ -266,6 +274,7 @@ def _world() -> tuple[int, int]:
     return dist.get_world_size(), dist.get_rank()
 
 
+# Any: Lightning's hook values (third-party; any batch/output)
 def _number(value: Any) -> float | None:
     if isinstance(value, bool):
         return None

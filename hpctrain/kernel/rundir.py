@@ -45,7 +45,7 @@ class RunFolder:
         target.parent.mkdir(parents=True, exist_ok=True)
         return target.open("a")
 
-    def event(self, event: str, **fields: Any) -> dict[str, Any]:
+    def event(self, event: str, **fields: Any) -> dict[str, Any]:  # Any: JSON fields of any type
         """One line of events.jsonl: {"time": <UTC>, "event": EVENT, **fields}; returns it."""
         record = {"time": utc_now(), "event": event, **fields}
         self.append(layout.EVENTS, record, sort_keys=False)

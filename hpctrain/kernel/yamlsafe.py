@@ -32,6 +32,7 @@ class ParseCache(Protocol):
 
     def parsed(self, text: str) -> tuple[dict[str, Any], dict[Path_, int]] | None: ...
 
+    # Any: PyYAML nodes, events and marks (untyped)
     def store_parsed(self, text: str, data: Any, lines: dict[Path_, int]) -> None: ...
 
 
@@ -55,12 +56,13 @@ class _Loader(yaml.SafeLoader):
         super().__init__(text)
         self.file, self.problems, self.depth = file, problems, 0
 
-    def construct_yaml_int(self, node: Any) -> Any:
+    def construct_yaml_int(self, node: Any) -> Any:  # Any: PyYAML nodes, events and marks (untyped)
         # YAML 1.1 reads 1:30 as 90 (base 60): keep such a value as the text it looks like
         if ":" in str(node.value):
             return str(node.value)
         return super().construct_yaml_int(node)
 
+    # Any: PyYAML nodes, events and marks (untyped)
     def construct_yaml_float(self, node: Any) -> Any:
         if ":" in str(node.value):
             return str(node.value)
@@ -69,10 +71,13 @@ class _Loader(yaml.SafeLoader):
     def problems_of_file(self, file: str) -> list[Problem]:
         return [p for p in self.problems if p.file == file and p.key is None]
 
+    # Any: PyYAML nodes, events and marks (untyped)
     def _problem(self, event: Any, message: str) -> None:
         self.problems.append(Problem(message, file=self.file, line=event.start_mark.line + 1))
 
+    # Any: PyYAML nodes, events and marks (untyped)
     def compose_node(self, parent: Any, index: Any) -> Any:
+        # Any: PyYAML nodes, events and marks (untyped)
         event: Any = self.peek_event()  # type: ignore[no-untyped-call]
         if isinstance(event, AliasEvent):
             self.get_event()  # type: ignore[no-untyped-call]
@@ -81,10 +86,11 @@ class _Loader(yaml.SafeLoader):
                 f"alias *{event.anchor} is not allowed; fix: write the value out "
                 "(profiles reuse values through `extends`, not YAML anchors)",
             )
+            # Any: PyYAML nodes, events and marks (untyped)
             marks: Any = (event.start_mark, event.end_mark)
             return ScalarNode("tag:yaml.org,2002:null", "", *marks)
         if isinstance(event, NodeEvent):
-            ev: Any = event
+            ev: Any = event  # Any: PyYAML nodes, events and marks (untyped)
             if ev.anchor is not None:
                 self._problem(
                     event,
@@ -239,7 +245,8 @@ def read_yaml(
     try:
         loader = _Loader(text, file, problems)  # the reader refuses control characters here
     except yaml.YAMLError as err:
-        ye: Any = err
+        ye: Any = err  # Any: PyYAML nodes, events and marks (untyped)
+        # Any: PyYAML nodes, events and marks (untyped)
         mark: Any = getattr(ye, "problem_mark", None) or getattr(ye, "position", None)
         where: int | None = (
             mark.line + 1
@@ -292,7 +299,7 @@ def read_yaml(
 
 def _build(
     loader: _Loader,
-    node: Any,
+    node: Any,  # Any: PyYAML nodes, events and marks (untyped)
     path: Path_,
     lines: dict[Path_, int],
     file: str,

@@ -97,7 +97,7 @@ def _profile_memory(
     return gpu_mem, host, domain
 
 
-def _get(obj: Any, key: str) -> Any:
+def _get(obj: Any, key: str) -> Any:  # Any: parsed YAML or JSON of any shape
     """Attribute or mapping access: the resolved profile may be a model or a dict."""
     for o in (obj, getattr(obj, "profile", None), getattr(obj, "values", None)):
         if o is None:
@@ -109,7 +109,7 @@ def _get(obj: Any, key: str) -> Any:
     return None
 
 
-def _parse_mem(text: Any) -> float | None:
+def _parse_mem(text: Any) -> float | None:  # Any: parsed YAML or JSON of any shape
     """Slurm --mem ("480G", "500000M", "0" = all) in GiB; None when unknown or "all"."""
     if text in (None, "", "0", 0):
         return None

@@ -68,7 +68,7 @@ def _fingerprint() -> str:
     return _FINGERPRINT
 
 
-def _plain(obj: Any) -> bool:
+def _plain(obj: Any) -> bool:  # Any: parsed YAML or pydantic values of any shape
     """Only plain JSON data is cached (str keys; str, int, float, bool, None, list, dict)."""
     if obj is None or type(obj) in (str, int, float, bool):
         return True
@@ -106,6 +106,7 @@ def recall(kind: str, data: dict[str, Any], sources: tuple[Path, ...] = ()) -> A
     return entry.get("value") if entry is not None else None
 
 
+# Any: parsed YAML or pydantic values of any shape
 def remember(kind: str, data: dict[str, Any], value: Any, sources: tuple[Path, ...] = ()) -> None:
     """Remember a pure function's plain result: only for inputs that are the whole input (the
     data and the listed source files, plus the schema's fingerprint)."""
@@ -117,6 +118,7 @@ def remember(kind: str, data: dict[str, Any], value: Any, sources: tuple[Path, .
         _write(key, {"value": value})
 
 
+# Any: parsed YAML or pydantic values of any shape
 def memo(kind: str, data: dict[str, Any], fn: Any) -> Any:
     """fn(data), remembered by the same key rules: for pure functions of plain data and the schema
     (the loader's null-dropping, which asks the schema for defaults)."""
@@ -140,6 +142,7 @@ def parsed(text: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], int]] | Non
     return entry["data"], {tuple(p): n for p, n in entry["lines"]}
 
 
+# Any: parsed YAML or pydantic values of any shape
 def store_parsed(text: str, data: Any, lines: dict[tuple[Any, ...], int]) -> None:
     key = key_of({"yaml": text})
     if key is not None and _plain(data):
@@ -219,7 +222,7 @@ def _prune(folder: Path) -> None:
         old.unlink(missing_ok=True)
 
 
-def _encode(model: Any) -> dict[str, Any]:
+def _encode(model: Any) -> dict[str, Any]:  # Any: parsed YAML or pydantic values of any shape
     """A model as {"fields": {name: value or nested}, "props": {name: value}}."""
     fields: dict[str, Any] = {}
     for name in type(model).model_fields:
@@ -251,7 +254,7 @@ def _encode(model: Any) -> dict[str, Any]:
     return {"fields": fields, "props": props}
 
 
-def _copy(value: Any) -> Any:
+def _copy(value: Any) -> Any:  # Any: parsed YAML or pydantic values of any shape
     return json.loads(json.dumps(value)) if isinstance(value, (dict, list)) else value
 
 
@@ -274,7 +277,7 @@ class _Node:
             return values[name]
         field = self._tree["fields"].get(name)
         if field is not None:
-            value: Any
+            value: Any  # Any: parsed YAML or pydantic values of any shape
             if "model" in field:
                 value = _Node(field["model"], self._root, (*self._path, name))
             elif "models" in field:
@@ -290,6 +293,7 @@ class _Node:
             return _copy(self._tree["props"][name])
         return getattr(self._real_node(), name)
 
+    # Any: parsed YAML or pydantic values of any shape
     def __setattr__(self, name: str, value: Any) -> None:
         if name in self._tree["fields"]:
             raise AttributeError(f"a cached profile is read-only ({name})")
@@ -315,6 +319,7 @@ class _Node:
             node = node[part] if isinstance(part, int) else getattr(node, part)
         return node
 
+    # Any: parsed YAML or pydantic values of any shape
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
         if not kwargs or kwargs == {"mode": "python"}:
             return {
@@ -352,6 +357,7 @@ class ProfileView(_Node):
             object.__setattr__(self, "_real", real)
         return self._real
 
+    # Any: parsed YAML or pydantic values of any shape
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
         out: dict[str, Any]
         if not kwargs or kwargs == {"mode": "python"}:

@@ -28,8 +28,8 @@ RUN = "/runs/diff"  # a fixed run folder: both scripts differ only where the pro
 @dataclass
 class KeyChange:
     key: str
-    old: Any
-    new: Any
+    old: Any  # Any: parsed YAML of any shape
+    new: Any  # Any: parsed YAML of any shape
     old_origin: str
     new_origin: str
 
@@ -67,7 +67,7 @@ class Comparison:
         }
 
 
-def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:
+def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:  # Any: parsed YAML of any shape
     if isinstance(value, dict) and value:
         out: dict[str, Any] = {}
         for k, v in value.items():

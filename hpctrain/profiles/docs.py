@@ -167,7 +167,7 @@ by name). Users see it once DIR is in `${jobenv.SITE_PATH}`.
 """
 
 
-def _type(annotation: Any) -> str:
+def _type(annotation: Any) -> str:  # Any: a pydantic field annotation (any typing form)
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:
         return _type(args[0])
@@ -185,7 +185,7 @@ def _type(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _default(field: Any) -> str:
+def _default(field: Any) -> str:  # Any: a pydantic field annotation (any typing form)
     if field.default_factory is not None:
         value = field.default_factory()
         if isinstance(value, BaseModel):
@@ -231,7 +231,7 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
-def _plain(annotation: Any) -> str:
+def _plain(annotation: Any) -> str:  # Any: a pydantic field annotation (any typing form)
     """A field's type as the shape writes it: `str | null`, `a | b`, `[str]`, `{NAME: str}`."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:
@@ -250,6 +250,7 @@ def _plain(annotation: Any) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
+# Any: a pydantic field annotation (any typing form)
 def _section(annotation: Any) -> type[BaseModel] | None:
     for a in (annotation, *typing.get_args(annotation)):
         if isinstance(a, type) and issubclass(a, BaseModel):

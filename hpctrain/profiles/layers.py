@@ -28,13 +28,14 @@ class _Layer:
     locks: list[str] = field(default_factory=list)
 
 
+# Any: parsed YAML of any shape
 def _leaves(data: Any, path: Path_ = ()) -> list[tuple[Path_, Any]]:
     if isinstance(data, dict) and data:
         return [leaf for k, v in data.items() for leaf in _leaves(v, (*path, k))]
     return [(path, data)]
 
 
-def _get(data: Any, path: Path_) -> Any:
+def _get(data: Any, path: Path_) -> Any:  # Any: parsed YAML of any shape
     for part in path:
         if not isinstance(data, dict) or part not in data:
             return _MISSING
@@ -58,6 +59,7 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
 def _drop_nulls(data: dict[str, Any], path: Path_ = ()) -> dict[str, Any]:
     """`key: null` resets a key to its default: drop nulls where the default is not null
     (an empty `slurm:` section, `extra_sbatch: null`, ...)."""
+    # Any: parsed YAML of any shape
     model: Any = False  # looked up at the first null only (no schema otherwise)
     out = {}
     for k, v in data.items():

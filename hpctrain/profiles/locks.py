@@ -75,7 +75,7 @@ def _tables() -> tuple[dict[str, str], tuple[str, ...]]:
     return _TABLES
 
 
-def _read_tables(_: Any) -> dict[str, Any]:
+def _read_tables(_: Any) -> dict[str, Any]:  # Any: unused argument of a loader hook
     return {"dedicated": dict(schema.DEDICATED_ENV), "prefixes": list(schema.NETWORK_ENV_PREFIXES)}
 
 

@@ -83,7 +83,7 @@ def _problems(
     return out
 
 
-def _message(err: Any, path: Path_, msg: str) -> str:
+def _message(err: Any, path: Path_, msg: str) -> str:  # Any: a pydantic error entry
     kind = err["type"]
     if kind == "extra_forbidden":
         model = schema.model_at(path)

@@ -23,7 +23,7 @@ _NAME = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(:-)?")
 ALWAYS_SET = {"HOME"}  # set for every job (an activate path's `~` is written $HOME)
 
 
-def names(value: Any) -> list[str]:
+def names(value: Any) -> list[str]:  # Any: any YAML value of a profile
     """Every variable `value` expands, with or without a default, in order, once each."""
     out: list[str] = []
     for m in ENV_REF.finditer(str(value)):
@@ -33,7 +33,7 @@ def names(value: Any) -> list[str]:
     return out
 
 
-def needs(value: Any) -> list[str]:
+def needs(value: Any) -> list[str]:  # Any: any YAML value of a profile
     """The variables `value` expands without a default: unset, each would stop the script."""
     out: list[str] = []
     for m in ENV_REF.finditer(str(value)):
@@ -82,6 +82,7 @@ def order(
     return list(done.items())
 
 
+# Any: any YAML value of a profile
 def guard(key: str, value: Any, origins: dict[str, str], known: Iterable[str] = ()) -> Sh:
     """`hpctrain_need 'file:line: key' NAME...; ` for the names `value` needs that are not in
     `known` (exported before it by the script itself); "" when it needs none."""

@@ -60,7 +60,7 @@ OWNED_DIRECTIVES = (
 )
 
 
-def _finalize(value: Any) -> str:
+def _finalize(value: Any) -> str:  # Any: any YAML value of a profile
     if isinstance(value, Sh):
         return value
     if isinstance(value, bool):
@@ -73,7 +73,7 @@ def _finalize(value: Any) -> str:
     return shlex.quote(str(value))
 
 
-def _shjoin(values: Any) -> Sh:
+def _shjoin(values: Any) -> Sh:  # Any: any YAML value of a profile
     return Sh(" ".join(shlex.quote(str(v)) for v in values))
 
 
@@ -95,7 +95,7 @@ def _envname(name: str) -> Sh:
 _shvalue = shvalue  # the value grammar's quoting (hpctrain/render/shellwords.py)
 
 
-def _prequoted(values: Any) -> Sh:
+def _prequoted(values: Any) -> Sh:  # Any: any YAML value of a profile
     """Words hpctrain quoted itself (launcher and container parts of the context), joined."""
     return Sh(" ".join(str(v) for v in values))
 

@@ -18,7 +18,7 @@ class Sh(str):
     """Text that is already safe to put in the script as it is."""
 
 
-def quote(value: Any) -> Sh:
+def quote(value: Any) -> Sh:  # Any: any YAML scalar or list of a profile
     """A literal word (nothing expands)."""
     return Sh(shlex.quote(str(value)))
 
@@ -27,7 +27,7 @@ def _dq_escape(text: str) -> str:
     return re.sub(r'([\\"$`])', r"\\\1", text)
 
 
-def shvalue(value: Any) -> Sh:
+def shvalue(value: Any) -> Sh:  # Any: any YAML scalar or list of a profile
     """A double-quoted word in which $NAME, ${NAME} and ${NAME:-default} expand on the node (so a
     profile can say LD_LIBRARY_PATH: /opt/x/lib:$LD_LIBRARY_PATH) and nothing else does: no $(...),
     no backticks."""
@@ -40,16 +40,16 @@ def shvalue(value: Any) -> Sh:
     return Sh('"' + "".join(out) + '"')
 
 
-def option(name: str, value: Any) -> Sh:
+def option(name: str, value: Any) -> Sh:  # Any: any YAML scalar or list of a profile
     """`--name="value"` with the value's variables expanding on the node."""
     return Sh(f"{name}={shvalue(value)}")
 
 
-def words(values: Any) -> Sh:
+def words(values: Any) -> Sh:  # Any: any YAML scalar or list of a profile
     """Already-safe words (Sh) joined, others quoted literally."""
     return Sh(" ".join(v if isinstance(v, Sh) else shlex.quote(str(v)) for v in values))
 
 
-def in_single_quotes(value: Any) -> Sh:
+def in_single_quotes(value: Any) -> Sh:  # Any: any YAML scalar or list of a profile
     """Safe text for the inside of a '...' string (the per-node command is one)."""
     return Sh(str(value).replace("'", "'\\''"))

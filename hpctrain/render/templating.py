@@ -45,7 +45,7 @@ MAX_OUTPUT = 4 * 1024 * 1024
 PLAIN = (str, int, float, bool, type(None))
 
 
-def plain(value: Any) -> Any:
+def plain(value: Any) -> Any:  # Any: Jinja2's values and environment (any template value)
     """`value` as plain data: models and dataclasses become dicts, paths and other objects text."""
     if isinstance(value, bool | int | float | type(None)):
         return value
@@ -64,12 +64,16 @@ def plain(value: Any) -> Any:
     return str(value)
 
 
-def _sized(value: Any) -> int:
+def _sized(value: Any) -> int:  # Any: Jinja2's values and environment (any template value)
     return len(value) if isinstance(value, str | list | tuple) else 0
 
 
 def environment(
-    search: list[Path], bundled_dir: Path, *, finalize: Any, filters: dict[str, Any]
+    search: list[Path],
+    bundled_dir: Path,
+    *,
+    finalize: Any,  # Any: Jinja2's values and environment (any template value)
+    filters: dict[str, Any],
 ) -> Any:
     """The sandboxed environment: site folders first (trust-checked), the bundled folder last;
     the bundled template is also reachable as "hpctrain/<name>"."""
@@ -81,6 +85,7 @@ def environment(
             super().__init__(str(folder), followlinks=False)
             self.folder, self.bundled = folder, bundled
 
+        # Any: Jinja2's values and environment (any template value)
         def get_source(self, environment: Any, template: str) -> Any:
             candidate = self.folder.joinpath(*split_template_path(template))
             if not os.path.lexists(candidate):
@@ -93,6 +98,7 @@ def environment(
     class Sandbox(ImmutableSandboxedEnvironment):
         intercepted_binops = frozenset(["*", "**", "%", "+"])
 
+        # Any: Jinja2's values and environment (any template value)
         def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
             if operator == "*":
                 for seq, n in ((left, right), (right, left)):
@@ -114,10 +120,12 @@ def environment(
                 raise SecurityError(f"the template builds a text longer than {MAX_SEQ}")
             return super().call_binop(context, operator, left, right)
 
+        # Any: Jinja2's values and environment (any template value)
         def wrap_str_format(self, value: Any) -> Any:
             if super().wrap_str_format(value) is None:
                 return None
 
+            # Any: Jinja2's values and environment (any template value)
             def refused(*args: Any, **kwargs: Any) -> str:
                 raise SecurityError(
                     'str.format is not available in templates ("{:999999999}" would '
@@ -148,6 +156,7 @@ def environment(
         bytecode_cache=_bytecode_cache(),
     )
 
+    # Any: Jinja2's values and environment (any template value)
     def bounded_format(value: Any, *args: Any, **kwargs: Any) -> str:
         _check_widths(str(value), SecurityError)
         return str(value) % (kwargs or args)
@@ -179,6 +188,7 @@ def _bytecode_cache() -> Any:
         return None
 
 
+# Any: Jinja2's values and environment (any template value)
 def render_template(env: Any, name: str, ctx: dict[str, Any]) -> str:
     """Render with every failure turned into one line: `template FILE:LINE: what; fix`."""
     try:

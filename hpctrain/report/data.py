@@ -62,7 +62,7 @@ class RunData:
 jsonl = read_jsonl  # the kernel's tolerant JSON-lines reader
 
 
-def timestamp(value: Any) -> float | None:
+def timestamp(value: Any) -> float | None:  # Any: a JSON value of any type
     """Seconds since the epoch from a float or an ISO time ('...Z' or with an offset)."""
     if isinstance(value, (int, float)):
         return float(value)

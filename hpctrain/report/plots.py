@@ -18,6 +18,7 @@ def _series(rd: RunData, key: str, scale: float = 1.0) -> tuple[list[int], list[
     return xs, ys
 
 
+# Any: matplotlib objects (optional extra, untyped)
 def _mark(ax: Any, rd: RunData, color: str, labelled: bool) -> None:
     """Restarts: a dashed line where training resumed; checkpoints: ticks on the step axis."""
     for i, seg in enumerate(rd.segments[1:]):
@@ -91,6 +92,7 @@ def write(runs: list[RunData], out: Path) -> list[Path]:
     return written + ([gpu] if gpu else [])
 
 
+# Any: matplotlib objects (optional extra, untyped)
 def _gpu(runs: list[RunData], out: Path, plt: Any) -> Path | None:
     """GPU utilisation (nvidia-smi samples) and memory (per-step peak) when the run has them."""
     have_smi = any(r.gpu for r in runs)

@@ -131,7 +131,7 @@ def _clock(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def _num(x: Any, fmt: str = ".4g") -> str:
+def _num(x: Any, fmt: str = ".4g") -> str:  # Any: a JSON value of any type
     return format(x, fmt) if isinstance(x, (int, float)) else "?"
 
 

@@ -29,7 +29,6 @@ from hpctrain.kernel.checkpoint import (  # noqa: F401  (the format lives in the
     MANIFEST,
     STAGING_PREFIX,
     STEP_RE,
-    fsync_path,
     list_files,
     newest_verified,
     sha256_file,
@@ -38,8 +37,8 @@ from hpctrain.kernel.checkpoint import (  # noqa: F401  (the format lives in the
     step_name,
     step_of,
     verify,
-    write_atomic,
 )
+from hpctrain.kernel.files import fsync_path, write_atomic  # noqa: F401  (re-exported, as before)
 from train_entry.checkpoint.checkpointer import STRATEGIES, Checkpointer  # noqa: F401
 from train_entry.checkpoint.common import LOW_SPACE, SaveFailed  # noqa: F401
 from train_entry.checkpoint.compare import compare  # noqa: F401

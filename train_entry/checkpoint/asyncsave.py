@@ -11,11 +11,19 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from train_entry.checkpoint.base import Texts
 from train_entry.checkpoint.common import OtherRank, SaveFailed, attempt
+from train_entry.checkpoint.ranks import Causes
+from train_entry.checkpoint.steps import SaveSteps
+
+if TYPE_CHECKING:  # the package imports no torch until a Checkpointer is used
+    import torch
+
+    from train_entry.state import TrainState
 
 
 @dataclass
@@ -30,11 +38,12 @@ class _Pending:
     done: threading.Event
     error: BaseException | None = None
     failed: bool = False  # agreed by every rank's writer thread: some rank's save failed
-    causes: list | None = None  # then every rank's (kind, text) or None (SaveFailed)
-    phases: dict = None  # type: ignore[assignment]
+    # then every rank's (kind, text) or None (SaveFailed)
+    causes: Causes | None = None
+    phases: dict[str, float] = field(default_factory=dict)  # always given
 
 
-class AsyncSaves:
+class AsyncSaves(SaveSteps):
     """The async half of Checkpointer (a mixin: it uses the checkpointer's helpers)."""
 
     def _async_setup(self) -> None:
@@ -45,7 +54,7 @@ class AsyncSaves:
         if self._writer is None:
             # one writer thread for every async save: a thread start per save cost the loop
             # milliseconds (the new thread takes the GIL before the call returns)
-            self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+            self._jobs = queue.SimpleQueue()
             self._writer = threading.Thread(
                 target=self._writer_loop, daemon=True, name="hpctrain-async-save"
             )
@@ -63,18 +72,19 @@ class AsyncSaves:
 
     def _save_async(
         self,
-        state: Any,
-        holder: dict,
-        texts: dict[str, Any],
+        state: TrainState,
+        holder: dict[str, Any],  # Any: a torch state dict (tensors and plain leaves)
+        texts: Texts,
         final: Path,
         staging: Path,
         t0: float,
-        phases: dict,
+        phases: dict[str, float],
     ) -> Path:
         """Return as soon as the model buffers are copied; parameters and optimizer state are
         copied by the writer thread before the optimizer's next step (which waits for it)."""
         _, rank, world = self._dist()
         self._async_setup()
+        assert self._stager is not None  # made by _async_setup
         t = time.perf_counter()
         self._stager.begin(
             holder,
@@ -114,16 +124,15 @@ class AsyncSaves:
             finally:
                 job[0].done.set()
 
-    def _write_async(
-        self, p: _Pending, texts: dict[str, Any], final: Path, rank: int, world: int
-    ) -> None:
+    def _write_async(self, p: _Pending, texts: Texts, final: Path, rank: int, world: int) -> None:
         """The writer thread of an async save (collectives on the save's own gloo group)."""
         from train_entry.checkpoint.writer import HashingWriter, SyncedFiles
 
         group = self._async_group
-        staged = None
+        staged: dict[str, Any] | None = None  # Any: a torch state dict, staged on CPU
         t = time.perf_counter()
         try:
+            assert self._stager is not None  # made by _async_setup before the job was queued
             staged = self._stager.finish()
         except BaseException as exc:  # noqa: BLE001 - reported by wait()
             p.error = exc
@@ -147,7 +156,7 @@ class AsyncSaves:
             side = SyncedFiles(p.staging)
             error = attempt(self._write_texts, side, texts) or p.error
             writer, results, entries = None, None, None
-            if not_staged:
+            if not_staged or staged is None:  # the same: not_staged says whether any rank's is None
                 error = error or OtherRank("another rank could not stage its state")
             else:
                 writer = HashingWriter(p.staging)
@@ -180,12 +189,12 @@ class AsyncSaves:
             if p.failed:  # why, from every rank, so each raises the same SaveFailed at wait()
                 p.causes = self._causes(p.error, group)
 
-    def _hook(self, optimizer: Any) -> None:
+    def _hook(self, optimizer: torch.optim.Optimizer | None) -> None:
         """The optimizer's step waits until an async save has copied what the step changes."""
         if optimizer is None or self._hooked is optimizer:
             return
 
-        def wait_for_staging(*_: Any) -> None:
+        def wait_for_staging(*_: object) -> None:
             p = self._pending
             if p is not None and not p.staged.is_set():
                 t = time.perf_counter()
@@ -223,14 +232,14 @@ class AsyncSaves:
             raise SaveFailed(pending.step, self.dir, pending.error, pending.causes)
 
 
-def deferrable(model: Any, optimizer: Any) -> set[int]:
+def deferrable(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> set[int]:
     """Storage addresses of what only the optimizer's step changes: parameters (a DTensor's local
     shard) and optimizer state. An async save copies these on its writer thread."""
     import torch
 
     from train_entry.compat import local_tensor
 
-    def ptr(t: Any) -> int:
+    def ptr(t: torch.Tensor) -> int:
         return local_tensor(t).data_ptr()
 
     out = {ptr(p) for p in model.parameters()}

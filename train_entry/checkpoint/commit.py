@@ -11,10 +11,11 @@ from typing import Any
 
 from hpctrain.kernel import checkpoint as fmt
 from hpctrain.kernel.files import utc_now
+from train_entry.checkpoint.prune import Pruning
 
 
 def commit(
-    ck: Any,
+    ck: Pruning,
     staging: Path,
     final: Path,
     step: int,
@@ -26,12 +27,12 @@ def commit(
     publish(ck, staging, final, step)
 
 
-def latest_tmp(ck: Any) -> Path:
+def latest_tmp(ck: Pruning) -> Path:
     return fmt.latest_tmp(ck.dir)
 
 
 def write_manifest(
-    ck: Any,
+    ck: Pruning,
     staging: Path,
     final: Path,
     step: int,
@@ -55,7 +56,7 @@ def write_manifest(
     fmt.write_manifest(staging, final, fields, files, pool=io_pool())
 
 
-def publish(ck: Any, staging: Path, final: Path, step: int) -> None:
+def publish(ck: Pruning, staging: Path, final: Path, step: int) -> None:
     """Rank 0, once every file of the folder is durable: rename, `latest`, one fsync of the
     checkpoints folder; then prune (the delete runs on a thread)."""
     fmt.publish(staging, final)

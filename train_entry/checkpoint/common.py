@@ -8,7 +8,15 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # importing the package imports no torch
+    from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
+    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.planner import SavePlan
+
+# Where a leaf lies in a nested state dict: the keys and list indices down to it (DCP's OBJ_PATH).
+ObjPath = tuple[str | int, ...]
 
 LOW_SPACE = 64 << 20  # a save that failed with less free than this failed for lack of space
 SPACE_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
@@ -122,6 +130,7 @@ class SaveFailed(Exception):
         super().__init__(f"checkpoint of step {step} into {folder} failed: {self.reason}")
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> BaseException | None:
     """Run one step of a save on this rank: None, or the error it raised (for _agree, which makes
     every rank raise SaveFailed together: a rank that raised alone would leave the others waiting
@@ -150,6 +159,7 @@ class AppState:
     list (saved once, by the lowest rank) would not describe them. Runs on a device mesh save flat;
     a load reads whichever form the checkpoint has (`is_flat`)."""
 
+    # Any: torch objects (tensors, modules, optimizers, state dicts)
     def __init__(self, model: Any, optimizer: Any, flat: bool = False) -> None:
         self.model, self.optimizer, self.flat = model, optimizer, flat
 
@@ -158,7 +168,7 @@ class AppState:
 
         return StateDictOptions(flatten_optimizer_state_dict=True) if self.flat else None
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
         if self.optimizer is None:
@@ -166,7 +176,7 @@ class AppState:
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
         return {"model": model_sd, "optim": optim_sd}
 
-    def load_state_dict(self, sd: dict) -> None:
+    def load_state_dict(self, sd: dict[str, Any]) -> None:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
         if self.optimizer is None:
@@ -181,6 +191,7 @@ class AppState:
             )
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def is_flat(metadata: Any) -> bool:
     """The checkpoint's optimizer state is flattened per parameter (AppState(flat=True)): its
     param groups are keyed by parameter name (`param_groups.<fqn>.lr`), not by group index."""
@@ -200,11 +211,12 @@ class StateDicts:
     state or a post-state-dict hook) builds it again."""
 
     def __init__(self) -> None:
-        self._key: Any = None
-        self._sd: dict | None = None
+        self._key: Any = None  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        self._sd: dict[str, Any] | None = None
         self.reused = False  # the last get() returned the previous state dict (same tensors)
 
-    def get(self, model: Any, optimizer: Any, flat: bool = False) -> dict:
+    # Any: torch objects (tensors, modules, optimizers, state dicts)
+    def get(self, model: Any, optimizer: Any, flat: bool = False) -> dict[str, Any]:
         if flat:  # flattened param groups are keyed by name: built afresh each save (no cache)
             self.reused, self._key, self._sd = False, None, None
             return AppState(model, optimizer, flat=True).state_dict()
@@ -223,12 +235,13 @@ class StateDicts:
         return sd
 
 
-def _fingerprint(model: Any, optimizer: Any) -> list:
+# Any: torch objects (tensors, modules, optimizers, state dicts)
+def _fingerprint(model: Any, optimizer: Any) -> list[object]:
     import torch
 
     from train_entry.compat import local_tensor
 
-    out: list = [id(model), id(optimizer)]
+    out: list[object] = [id(model), id(optimizer)]
     out.extend(
         (local_tensor(t).data_ptr(), t.shape, t.dtype)
         for t in (*model.parameters(), *model.buffers())
@@ -248,6 +261,7 @@ def _fingerprint(model: Any, optimizer: Any) -> list:
     return out
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def _cacheable(model: Any) -> bool:
     from torch import nn
 
@@ -264,19 +278,25 @@ class PlanCache:
     is the same on every rank (agreed in the all-reduce the save makes anyway) writes its final
     plan straight away, and rank 0 writes the metadata with the offsets every rank reports."""
 
-    def __init__(self) -> None:
-        self.local: Any = None
-        self.final: Any = None
-        self.metadata: Any = None
-        self._planner: Any = None  # set up on `_sd` (the StateDicts result the plan was made of)
-        self._sd: Any = None
+    _leaves: list[tuple[str, ObjPath]]  # the cached planner's non-tensor leaves
+    _candidate: tuple[SavePlan, DefaultSavePlanner, dict[str, Any]]  # the last plan made
 
-    def planner(self, sd: dict, rank: int, same: bool | None = None) -> tuple[Any, bool]:
+    def __init__(self) -> None:
+        self.local: SavePlan | None = None
+        self.final: SavePlan | None = None
+        self.metadata: Metadata | None = None
+        # set up on `_sd` (the StateDicts result the plan was made of)
+        self._planner: DefaultSavePlanner | None = None
+        self._sd: dict[str, Any] | None = None
+
+    def planner(
+        self, sd: dict[str, Any], rank: int, same: bool | None = None
+    ) -> tuple[DefaultSavePlanner, bool]:
         """A planner set up on `sd` and whether this rank's plan differs from the cached one.
         `same`: `sd` is the StateDicts result, True when its tensors are unchanged (reused); then
         a planner set up on it before is reused, its non-tensor leaves taken afresh. None (an
         async save's staged copy, new each time): the planner is not kept."""
-        from torch.distributed.checkpoint import DefaultSavePlanner
+        from train_entry.compat import DefaultSavePlanner
 
         if same and self.final is not None and self._planner is not None and sd is self._sd:
             p = self._planner
@@ -288,6 +308,7 @@ class PlanCache:
         local = p.create_local_plan()
         changed = (
             self.final is None
+            or self.local is None  # set together with `final`
             or local.items != self.local.items
             or local.planner_data != self.local.planner_data
         )
@@ -297,7 +318,7 @@ class PlanCache:
             self._leaves = _leaves(p)
         return p, changed
 
-    def keep(self, final: Any, metadata: Any) -> None:
+    def keep(self, final: SavePlan, metadata: Metadata) -> None:
         """After a full dcp.save succeeded on every rank."""
         self.local, self._planner, self._sd = self._candidate
         self._leaves = _leaves(self._planner)
@@ -307,21 +328,21 @@ class PlanCache:
         self.local = self.final = self.metadata = self._planner = self._sd = None
 
 
-def _leaves(p: Any) -> list[tuple[str, tuple]]:
+def _leaves(p: DefaultSavePlanner) -> list[tuple[str, ObjPath]]:
     """The planner's non-tensor leaves (fqn, path in the state dict): what changes in place."""
     import torch
 
     return [(k, p.mappings[k]) for k, v in p.state_dict.items() if not isinstance(v, torch.Tensor)]
 
 
-def _at(obj: Any, path: tuple) -> Any:
+def _at(obj: Any, path: ObjPath) -> Any:  # Any: a leaf of a torch state dict
     for key in path:
         obj = obj[key]
     return obj
 
 
-def planner() -> Any:
+def planner() -> DefaultSavePlanner:
     """DCP's default planner for a full save (PlanCache decides when one is needed)."""
-    from torch.distributed.checkpoint import DefaultSavePlanner
+    from train_entry.compat import DefaultSavePlanner
 
     return DefaultSavePlanner()

@@ -26,7 +26,7 @@ def _load_weights(folder: Path) -> dict[str, Any]:
     return out
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: Any, b: Any) -> bool:  # Any: torch objects (tensors, modules, optimizers, state dicts)
     """Bit-exact equality of nested containers of tensors and plain values."""
     import torch
 

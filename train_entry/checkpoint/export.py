@@ -93,6 +93,7 @@ def script_weights(folder: Path) -> Weights:
     # The user's own file (written by hpctrain.runtime with torch.save): loaded the way the
     # runtime loads it.
     state = torch.load(folder / SCRIPT_STATE, map_location="cpu", weights_only=False)
+    # Any: torch objects (tensors, modules, optimizers, state dicts)
     model: Any = state.get("model") if isinstance(state, dict) else None  # unpickled user data
     tensors = (
         {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.kernel.checkpoint import newest_verified
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.strategies import engine_checkpoint
 from train_entry.checkpoint.common import AppState, is_flat
+from train_entry.checkpoint.ranks import RankCollectives
+
+if TYPE_CHECKING:  # the package imports no torch until a Checkpointer is used
+    from train_entry.state import TrainState
 
 
-class Loading:
+class Loading(RankCollectives):
     """Checkpointer.load_latest and the check that a folder can load into this run."""
 
-    def load_latest(self, state: Any) -> int | None:
+    def load_latest(self, state: TrainState) -> int | None:
         """Restore `state` in place from the newest verified checkpoint; the step, or None if none."""
         from train_entry import state as st
 
@@ -40,13 +44,12 @@ class Loading:
             if load_path is None:
                 raise UserError(f"DeepSpeed could not load {folder}")
         else:
-            import torch.distributed.checkpoint as dcp
-
-            from train_entry.checkpoint.writer import RawReader
+            from train_entry.checkpoint.reader import RawReader
+            from train_entry.compat import dcp_load
 
             reader = RawReader(str(folder))
             flat = is_flat(reader.read_metadata())
-            dcp.load({"app": AppState(state.model, state.optimizer, flat)}, storage_reader=reader)
+            dcp_load({"app": AppState(state.model, state.optimizer, flat)}, storage_reader=reader)
         state.load_loop_state(st.loads((folder / "train_state.json").read_text()))
         rng_file = folder / "rng" / f"rank-{rank:05d}.json"
         if rng_file.exists():
@@ -64,7 +67,7 @@ class Loading:
             )
         return state.step
 
-    def _check_compatible(self, folder: Path, manifest: dict, world: int) -> None:
+    def _check_compatible(self, folder: Path, manifest: dict[str, Any], world: int) -> None:
         saved = manifest.get("strategy")
         if engine_checkpoint(saved) != engine_checkpoint(self.strategy):
             raise UserError(

@@ -8,9 +8,10 @@ import threading
 from pathlib import Path
 
 from hpctrain.kernel.checkpoint import prune
+from train_entry.checkpoint.base import Base
 
 
-class Pruning:
+class Pruning(Base):
     """Checkpointer's prune; `wait()` joins the deleting thread (`_join_purge`)."""
 
     def _prune(self, newest: int) -> None:

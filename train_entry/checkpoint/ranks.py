@@ -3,16 +3,23 @@ of flags, a broadcast and a gather (a mixin of Checkpointer; every method is a c
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
+from train_entry.checkpoint.base import Base
 from train_entry.checkpoint.common import OtherRank, SaveFailed, cause_of
 
+if TYPE_CHECKING:  # the package imports no torch until a Checkpointer is used
+    from torch.distributed import ProcessGroup
 
-class RankCollectives:
+# Every rank's (rank, (kind, text)) of its failure, or (rank, None): what SaveFailed takes.
+Causes = list[tuple[int, tuple[str, str] | None]]
+
+
+class RankCollectives(Base):
     """The checkpointer's collectives; without a process group each answers for one rank."""
 
     @staticmethod
-    def _dist() -> tuple[Any, int, int]:
+    def _dist() -> tuple[Any, int, int]:  # Any: the torch.distributed module, or None
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
@@ -24,7 +31,7 @@ class RankCollectives:
         if dist is not None:
             dist.barrier()
 
-    def _broadcast(self, obj: Any) -> Any:
+    def _broadcast(self, obj: Any) -> Any:  # Any: whatever rank 0 sends (pickled)
         dist, _, _ = self._dist()
         if dist is None:
             return obj
@@ -32,7 +39,15 @@ class RankCollectives:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
-    def _any_rank(self, flag: bool, *more: bool, group: Any = None) -> Any:
+    @overload
+    def _any_rank(self, flag: bool, /, *, group: ProcessGroup | None = None) -> bool: ...
+    @overload
+    def _any_rank(
+        self, flag: bool, first: bool, /, *more: bool, group: ProcessGroup | None = None
+    ) -> list[bool]: ...
+    def _any_rank(
+        self, flag: bool, /, *more: bool, group: ProcessGroup | None = None
+    ) -> bool | list[bool]:
         """Whether any rank's `flag` is set (one all-reduce MAX); with `more` flags, a list of
         such answers, all in the same all-reduce."""
         dist, _, _ = self._dist()
@@ -59,18 +74,18 @@ class RankCollectives:
             raise SaveFailed(step, self.dir, error, self._causes(error))
         return agreed[1:-1]
 
-    def _causes(self, error: BaseException | None, group: Any = None) -> list:
+    def _causes(self, error: BaseException | None, group: ProcessGroup | None = None) -> Causes:
         """Every rank's (kind, text) of its failure, or None: gathered only once the ranks agreed
         that one failed, so each raises the same SaveFailed (and stops, or goes on, together)."""
         dist, _, world = self._dist()
         mine = cause_of(error, self.dir)
         if dist is None:
             return [(0, mine)]
-        out: list[Any] = [None] * world
+        out: list[tuple[str, str] | None] = [None] * world
         dist.all_gather_object(out, mine, group=group)
         return list(enumerate(out))
 
-    def _agree_on(self, error: BaseException | None, step: int, group: Any) -> None:
+    def _agree_on(self, error: BaseException | None, step: int, group: ProcessGroup | None) -> None:
         """`_agree` for a sync save; on an async save's group, every rank raises (the thread's
         own agreement then makes every rank's wait() raise SaveFailed)."""
         if group is None:
@@ -78,7 +93,7 @@ class RankCollectives:
         elif self._any_rank(error is not None, group=group):
             raise error or OtherRank("another rank failed")
 
-    def _gather(self, obj: Any, group: Any = None) -> list[Any]:
+    def _gather(self, obj: Any, group: ProcessGroup | None = None) -> list[Any]:  # Any: pickled
         dist, rank, world = self._dist()
         if dist is None:
             return [obj]

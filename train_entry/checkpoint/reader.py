@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
 from torch.futures import Future
+
+from train_entry.compat import FileSystemReader, dcp_load
 
 RAW_SUFFIX = ".raw"
 DENSE = 0.5  # map the whole file when at least this share of it is wanted
@@ -45,13 +46,20 @@ class RawReader(FileSystemReader):
     """A DCP StorageReader for hpctrain checkpoints (raw per-rank files, or DCP's own files)."""
 
     def set_up_storage_reader(
-        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+        self,
+        metadata: Metadata,
+        is_coordinator: bool,
+        *args: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        **kwargs: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
     ) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._md = metadata
 
-    def _chunk(self, index: Any) -> tuple[torch.dtype, torch.Size]:
+    def _chunk(self, index: MetadataIndex) -> tuple[torch.dtype, torch.Size]:
         meta = self._md.state_dict_metadata[index.fqn]
+        assert index.offset is not None  # a tensor chunk's index always has its offset
+        if not isinstance(meta, TensorStorageMetadata):  # asked only for tensors (not BYTE_IO)
+            raise KeyError(f"{index.fqn} is stored as bytes, not as a tensor")
         for chunk in meta.chunks:
             if tuple(chunk.offsets) == tuple(index.offset):
                 return meta.properties.dtype, chunk.sizes
@@ -108,10 +116,11 @@ class RawReader(FileSystemReader):
                 planner.commit_tensor(req, target)
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def _read(f: Any, offset: int, length: int) -> torch.Tensor:
     """`length` bytes at `offset` as a uint8 tensor (64-byte aligned storage, so any dtype views)."""
     buf = torch.empty(length, dtype=torch.uint8)
-    view = memoryview(buf.numpy())
+    view = buf.numpy().data
     got = 0
     while got < length:
         n = os.preadv(f.fileno(), [view[got:]], offset + got)
@@ -121,7 +130,9 @@ def _read(f: Any, offset: int, length: int) -> torch.Tensor:
     return buf
 
 
-def tensor_entries(folder: str | os.PathLike, prefix: str = "") -> dict[str, TensorStorageMetadata]:
+def tensor_entries(
+    folder: str | os.PathLike[str], prefix: str = ""
+) -> dict[str, TensorStorageMetadata]:
     """Every tensor of a checkpoint whose flattened name starts with `prefix` (DCP names:
     "app.model.<parameter>"), with its global size and dtype, in the metadata's order."""
     md = RawReader(str(folder)).read_metadata()
@@ -133,7 +144,7 @@ def tensor_entries(folder: str | os.PathLike, prefix: str = "") -> dict[str, Ten
 
 
 def load_full(
-    folder: str | os.PathLike, prefix: str = "", keys: Iterable[str] | None = None
+    folder: str | os.PathLike[str], prefix: str = "", keys: Iterable[str] | None = None
 ) -> dict[str, torch.Tensor]:
     """The full (unsharded) tensors of a checkpoint on CPU, named without `prefix`: those whose
     name starts with `prefix`, or only `keys` (full names). One process, no process group."""
@@ -143,9 +154,7 @@ def load_full(
         k: torch.empty(entries[k].size, dtype=entries[k].properties.dtype, device="cpu")
         for k in names
     }
-    import torch.distributed.checkpoint as dcp
-
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
         warnings.simplefilter("ignore", UserWarning)
-        dcp.load(sd, storage_reader=RawReader(str(folder)))
+        dcp_load(sd, storage_reader=RawReader(str(folder)))
     return {k.removeprefix(prefix): v for k, v in sd.items()}

@@ -10,7 +10,7 @@ import torch
 from train_entry.compat import copy_state_dict, cpu_state_dict, local_tensor
 
 
-def _layout(obj: Any) -> Any:
+def _layout(obj: Any) -> Any:  # Any: torch objects (tensors, modules, optimizers, state dicts)
     """The structure of a state dict: keys, and each tensor's type, dtype, shape and device."""
     if isinstance(obj, dict):
         return tuple((k, _layout(v)) for k, v in obj.items())
@@ -22,6 +22,7 @@ def _layout(obj: Any) -> Any:
     return type(obj)
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def _select(obj: Any, keep: Any) -> Any:
     """The same nested structure holding only the tensors `keep(tensor)` accepts (others None)."""
     if isinstance(obj, dict):
@@ -44,14 +45,17 @@ class Stager:
     installs an optimizer pre-step hook). Safe because one save finishes before the next starts."""
 
     def __init__(self) -> None:
-        self.layout: Any = None
-        self.cache: Any = None
-        self._stream: Any = None
-        self._ready: Any = None
-        self._sd: Any = None
+        self.layout: Any = None  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        self.cache: Any = None  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        self._stream: torch.cuda.Stream | None = None
+        self._ready: torch.cuda.Event | None = None
+        self._sd: Any = None  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        # Any: torch objects (tensors, modules, optimizers, state dicts)
         self._pairs: Any = None  # for the last sd: (now src, now dst), (later src, later dst)
 
-    def begin(self, sd: dict, movable: Callable[[], set[int]], same: bool = False) -> None:
+    def begin(
+        self, sd: dict[str, Any], movable: Callable[[], set[int]], same: bool = False
+    ) -> None:
         """`same`: `sd` is the last save's state dict, holding the same tensors (StateDicts)."""
         if not (same and sd is self._sd and self._pairs is not None):
             layout = _layout(sd)
@@ -67,14 +71,15 @@ class Stager:
             )
             self._sd = sd
         if self._cuda:
-            self._stream = self._stream or torch.cuda.Stream()
-            self._ready = torch.cuda.Event()
+            # torch.cuda.Stream/Event take untyped constructor arguments (their __new__)
+            self._stream = self._stream or torch.cuda.Stream()  # type: ignore[no-untyped-call]
+            self._ready = torch.cuda.Event()  # type: ignore[no-untyped-call]
             self._ready.record()  # the step's kernels before the copy
         copy_state_dict(*self._pairs[0])
 
-    def finish(self) -> dict:
+    def finish(self) -> dict[str, Any]:
         src, dst = self._pairs[1]
-        if self._stream is not None:
+        if self._stream is not None and self._ready is not None:  # set together by begin()
             self._stream.wait_event(self._ready)
             with torch.cuda.stream(self._stream):
                 copy_state_dict(src, dst, non_blocking=True)
@@ -82,9 +87,11 @@ class Stager:
         else:
             copy_state_dict(src, dst)
         # the full structure: staged tensors, the scalars as they were at begin()
-        return _merge_staged(self._sd, self.cache)
+        merged: dict[str, Any] = _merge_staged(self._sd, self.cache)
+        return merged
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def _devices(obj: Any) -> set[str]:
     if isinstance(obj, dict):
         return set().union(*(_devices(v) for v in obj.values())) if obj else set()
@@ -95,6 +102,7 @@ def _devices(obj: Any) -> set[str]:
     return set()
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def _select_like(cache: Any, pattern: Any) -> Any:
     """The cache's tensors at the places `pattern` holds one."""
     if isinstance(pattern, dict):
@@ -104,7 +112,7 @@ def _select_like(cache: Any, pattern: Any) -> Any:
     return cache if pattern is not None else None
 
 
-def _prune_none(obj: Any) -> Any:
+def _prune_none(obj: Any) -> Any:  # Any: torch objects (tensors, modules, optimizers, state dicts)
     """Drop the None leaves (and empty containers) so _copy_state_dict sees tensors only."""
     if isinstance(obj, dict):
         out = {k: _prune_none(v) for k, v in obj.items()}
@@ -118,6 +126,7 @@ def _prune_none(obj: Any) -> Any:
     return obj
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def _merge_staged(sd: Any, cache: Any) -> Any:
     if isinstance(sd, dict):
         return {k: _merge_staged(v, cache[k]) for k, v in sd.items()}

@@ -53,8 +53,8 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     if t.numel() == 0:
         return memoryview(b"")
     if t.dtype in _NUMPY_DTYPES:  # numpy's view is a few microseconds cheaper than torch's
-        return memoryview(t.numpy().reshape(-1).view("u1"))
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+        return t.numpy().reshape(-1).view("u1").data  # the array's memoryview
+    return t.reshape(-1).view(torch.uint8).numpy().data
 
 
 _NUMPY_DTYPES = {
@@ -76,12 +76,12 @@ class HashingWriter(WriterBase):
     """A DCP StorageWriter: one raw file per rank; `entries` holds {relative path: {"size",
     "sha256"}} of what this rank wrote, `phases` the seconds spent writing, hashing, syncing."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
         self.entries: dict[str, dict[str, Any]] = {}
         self.phases: dict[str, float] = {}
         self.final_plan: SavePlan | None = None
-        self._fsync: _CFuture | None = None
+        self._fsync: _CFuture[float] | None = None
 
     def durable(self) -> None:
         """Wait until this rank's raw file is fsynced (started by `write_plan`)."""
@@ -120,7 +120,7 @@ class HashingWriter(WriterBase):
         fd = os.open(Path(self.path) / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             with os.fdopen(fd, "wb", buffering=0, closefd=False) as f:
-
+                # Any: torch objects (tensors, modules, optimizers, state dicts)
                 def put(buf: Any) -> None:
                     nonlocal write_s, hash_s
                     t0 = time.perf_counter()
@@ -188,7 +188,7 @@ class HashingWriter(WriterBase):
         }
 
 
-def load_plain(folder: str | os.PathLike) -> dict[str, Any]:
+def load_plain(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """The whole state dict of a DCP checkpoint (raw or DCP's own files) on CPU, without a
     process group: what torch's dcp_to_torch_save loads, for our raw files too."""
     return load_everything(RawReader(str(folder)))
@@ -199,14 +199,6 @@ def _fsync_close(fd: int) -> float:
         t0 = time.perf_counter()
         os.fsync(fd)
         return time.perf_counter() - t0
-    finally:
-        os.close(fd)
-
-
-def fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
     finally:
         os.close(fd)
 
@@ -233,7 +225,7 @@ class SyncedFiles:
         self.root = root
         self.entries: dict[str, dict[str, Any]] = {}
         self._pool = io_pool()
-        self._futures: list[_CFuture] = []
+        self._futures: list[_CFuture[float]] = []
 
     def write(self, rel: str, data: bytes | str) -> None:
         """Written now (so the file is there when rank 0 lists the folder), fsynced on the pool."""

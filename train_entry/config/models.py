@@ -18,6 +18,7 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+# Any: a pydantic field's default (any type)
 def _f(default: Any, description: str, **kw: Any) -> Any:
     return Field(default, description=description, **kw)
 

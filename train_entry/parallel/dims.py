@@ -18,6 +18,7 @@ from hpctrain.kernel import mesh as layouts
 class ParallelDims:
     layout: layouts.Layout
     rank: int
+    # Any: torch objects (tensors, modules, optimizers, state dicts)
     mesh: Any = None  # torch DeviceMesh, None without tp/pp
 
     @classmethod

@@ -66,7 +66,7 @@ def tp_plan(model: nn.Module, tp_mesh: Any, config: Any) -> None:
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
     # nn.Module.__getattr__ is typed Tensor | Module; a GPT's blocks are a ModuleList or ModuleDict
-    blocks: Any = model.blocks
+    blocks: Any = model.blocks  # Any: torch objects (tensors, modules, optimizers, state dicts)
     return list(blocks.values() if isinstance(blocks, nn.ModuleDict) else blocks)
 
 
@@ -77,7 +77,7 @@ class GPTStage(nn.Module):
     def __init__(self, gpt: nn.Module, lo: int, hi: int, *, first: bool, last: bool) -> None:
         super().__init__()
         # nn.Module.__getattr__ is typed Tensor | Module: these are the GPT's submodules
-        blocks: Any = gpt.blocks
+        blocks: Any = gpt.blocks  # Any: torch objects (tensors, modules, optimizers, state dicts)
         self.tok: nn.Module | None = cast(nn.Module, gpt.tok) if first else None
         self.pos: nn.Module | None = cast(nn.Module, gpt.pos) if first else None
         self.blocks = nn.ModuleDict({str(i): blocks[i] for i in range(lo, hi)})

@@ -80,7 +80,7 @@ class Pipeline:
         *,
         loss: Callable[..., Any],
         pp_rank: int,
-        pp_group: Any,
+        pp_group: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
         device: torch.device,
         cfg: Any,
         grad_accum: int,
@@ -110,10 +110,12 @@ class Pipeline:
             scale_grads=grad_accum == 1,
         )
 
+    # Any: torch objects (tensors, modules, optimizers, state dicts)
     def _loss(self, out: Any, target: Any) -> torch.Tensor:
         value: torch.Tensor = self.loss(out, target)
         return value if self.scale == 1 else value / self.scale
 
+    # Any: torch objects (tensors, modules, optimizers, state dicts)
     def run(self, batch: Any) -> torch.Tensor | None:
         """One micro-step; the mean loss on the rank holding the last stage, else None."""
         inputs, target = _split_batch(batch)
@@ -131,6 +133,7 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def _split_batch(batch: Any) -> tuple[Any, Any]:
     """(input of the first stage, target of the loss): a dict's first entry and its 'targets' or
     'labels'; a tuple or list's two items."""

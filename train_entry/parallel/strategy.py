@@ -98,6 +98,7 @@ class ParallelStrategy(Strategy):
         return s
 
     # ---- one micro-step
+    # Any: torch objects (tensors, modules, optimizers, state dicts)
     def micro_step(self, batch: Any, last: bool) -> torch.Tensor:
         with ExitStack() as stack:
             stack.enter_context(self.autocast())

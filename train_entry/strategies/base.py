@@ -25,10 +25,10 @@ class Strategy:
 
     def __init__(
         self,
-        model: Any,
-        optimizer: Any,
-        scheduler: Any,
-        scaler: Any = None,
+        model: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        optimizer: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        scheduler: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        scaler: Any = None,  # Any: torch objects (tensors, modules, optimizers, state dicts)
         *,
         device: torch.device,
         grad_accum: int,
@@ -52,6 +52,7 @@ class Strategy:
         """Checks that need no process group (at parse time, before any process group exists)."""
 
     # ---- one step
+    # Any: torch objects (tensors, modules, optimizers, state dicts)
     def micro_step(self, batch: Any, last: bool) -> torch.Tensor:
         """Forward and backward of one micro-batch (gradients reduced when `last`); this rank's
         loss, detached. A pipeline runs all its stages' microbatches here (parallel/strategy.py)."""

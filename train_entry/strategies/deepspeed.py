@@ -104,9 +104,10 @@ def validate(cfg: Any, *, world: int, accum: int) -> dict[str, Any]:
 
     conf = build_config(cfg, world=world, accum=accum)
     src = cfg.deepspeed.config_file or "the generated DeepSpeed config"
+    # Any: DeepSpeed objects or JSON config values (untyped)
     tb: Any  # JSON values (a user file may hold anything)
-    mb: Any
-    ga: Any
+    mb: Any  # Any: DeepSpeed objects or JSON config values (untyped)
+    ga: Any  # Any: DeepSpeed objects or JSON config values (untyped)
     tb, mb, ga = (
         conf.get(k)
         for k in (

@@ -18,6 +18,7 @@ from train_entry.strategies.base import Strategy, clip_and_step
 
 
 @contextlib.contextmanager
+# Any: torch objects (tensors, modules, optimizers, state dicts)
 def _sync(model: Any, last: bool) -> Iterator[None]:
     # Off: gradients accumulate unsharded-free locally; the last micro-step reduce-scatters them all.
     model.set_requires_gradient_sync(last)

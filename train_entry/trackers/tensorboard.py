@@ -24,6 +24,7 @@ class TensorBoard:
         folder = run_dir / "tensorboard"
         # purge_step: a restart that resumed at `step` hides the events written after it
         # (steps redone after a kill), so every step appears once.
+        # Any: the tracker's client object (third-party)
         self.writer: Any = SummaryWriter(str(folder), purge_step=step + 1 if step else None)
         return str(folder)
 

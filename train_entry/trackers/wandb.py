@@ -24,7 +24,7 @@ class WandB:
         import wandb
 
         run_id = resume_id or uuid.uuid4().hex[:8]  # W&B ids: lowercase letters and digits
-        self.run: Any = wandb.init(
+        self.run: Any = wandb.init(  # Any: the tracker's client object (third-party)
             project=project or "hpctrain",
             name=name,
             id=run_id,

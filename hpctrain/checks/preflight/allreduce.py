@@ -36,7 +36,14 @@ def wait_reports(out: Path, nnodes: int, deadline: float) -> dict[int, dict[str,
 
 
 def timed_allreduce(
-    torch: Any, dist: Any, buf: Any, group: Any, world: int, sync: Any, device: Any
+    # Any: torch objects (torch is imported lazily)
+    torch: Any,
+    dist: Any,  # Any: torch objects (torch is imported lazily)
+    buf: Any,  # Any: torch objects (torch is imported lazily)
+    group: Any,  # Any: torch objects (torch is imported lazily)
+    world: int,
+    sync: Any,  # Any: torch objects (torch is imported lazily)
+    device: Any,  # Any: torch objects (torch is imported lazily)
 ) -> tuple[float, bool]:
     """Seconds per all-reduce of `buf` (the slowest member's), and whether the sum was right."""
     dist.all_reduce(buf, group=group)  # warm-up: connections, buffers

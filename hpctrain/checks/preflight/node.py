@@ -165,7 +165,9 @@ def check_gpu_health() -> dict[str, str]:
 
 
 def check_compute(
-    torch: Any, devices: list[Any], n: int
+    torch: Any,  # Any: torch objects (torch is imported lazily)
+    devices: list[Any],
+    n: int,  # Any: torch objects (torch is imported lazily)
 ) -> tuple[list[dict[str, str]], float | None]:
     """On each device: an exact integer-valued matmul checked by Freivalds' test (C v == A (B v) in
     float64), the best time of a few float32 matmuls on normal data, and that those are finite."""
@@ -180,7 +182,7 @@ def check_compute(
     a_rand, b_rand = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
     for dev in devices:
 
-        def sync(dev: Any = dev) -> None:
+        def sync(dev: Any = dev) -> None:  # Any: torch objects (torch is imported lazily)
             if dev.type == "cuda":
                 torch.cuda.synchronize(dev)
 

@@ -176,7 +176,7 @@ class Preemption(Strict):
 
     @field_validator("signal", mode="before")
     @classmethod
-    def _sig(cls, v: Any) -> Any:
+    def _sig(cls, v: Any) -> Any:  # Any: pydantic validator input (raw YAML)
         if not isinstance(v, str):
             return v
         v = v.upper().removeprefix("SIG")

@@ -101,12 +101,12 @@ class Profile(Strict):
 
     @field_validator("version", mode="before")
     @classmethod
-    def _version(cls, v: Any) -> Any:
+    def _version(cls, v: Any) -> Any:  # Any: pydantic validator input (raw YAML) or annotation
         return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
 
     @field_validator("scheduler", mode="before")
     @classmethod
-    def _scheduler(cls, v: Any) -> Any:
+    def _scheduler(cls, v: Any) -> Any:  # Any: pydantic validator input (raw YAML) or annotation
         if isinstance(v, str) and v.strip().lower() in UNSUPPORTED_SCHEDULERS:
             raise ValueError(
                 f"{v!r}: {UNSUPPORTED_SCHEDULERS[v.strip().lower()]} is not supported; hpctrain "
@@ -204,6 +204,7 @@ def model_at(path: tuple[str | int, ...]) -> type[BaseModel] | None:
     return model
 
 
+# Any: pydantic validator input (raw YAML) or annotation
 def _model_of(annotation: Any) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
