@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 from test_preempt_cli import sigkill_job
 
 from hpctrain import dispatch
@@ -114,21 +115,27 @@ def wait_until(cond, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def reference_run(tmp_path_factory: pytest.TempPathFactory, layout: str) -> Path:
+    """`layout`'s uninterrupted run (checkpoints at 10 and 20), trained once per test session:
+    under pytest-xdist its folder and lock are shared by the workers, so this file and the live
+    tests (tests/test_parallel_slurm.py, on the other worker) never train it twice."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the session's folder, above each worker's own
+    home = Home(root / "layouts")
+    home.root.mkdir(exist_ok=True)
+    run = home.root / "runs" / f"ref-{layout}"
+    with FileLock(home.root / f"ref-{layout}.lock"):
+        if not (run / "final_params.sha256").is_file():
+            shutil.rmtree(run, ignore_errors=True)  # a half-built one of an interrupted session
+            home.submit(run.name, layout, "--checkpoint-every", "10", wait=True)
+    return run
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict[str, Path]:
-    """Each layout's uninterrupted run (checkpoints at 10 and 20), and plain FSDP's."""
-    # a fixed folder of the session, so a second setup of this module fixture (pytest-xdist can
-    # tear it down between two of this file's tests) finds the finished runs instead of redoing them
-    home = Home(tmp_path_factory.getbasetemp() / "layouts")
-    home.root.mkdir(exist_ok=True)
-    out = {}
-    for name in LAYOUTS:
-        run = home.root / "runs" / f"ref-{name}"
-        if not (run / "final_params.sha256").is_file():
-            shutil.rmtree(run, ignore_errors=True)  # a half-built one of an interrupted setup
-            home.submit(run.name, name, "--checkpoint-every", "10", wait=True)
-        out[name] = run
-    return out
+    """Each layout's uninterrupted run, and plain FSDP's."""
+    return {layout: reference_run(tmp_path_factory, layout) for layout in LAYOUTS}
 
 
 @pytest.mark.parametrize("layout", ["tp", "pp", "tp-pp"])
@@ -150,7 +157,8 @@ def test_layout_trains_like_plain_fsdp(reference, layout):
     assert f"layout: {mesh} (fsdp" in home.hp("report", name, "--no-plots").stdout
 
 
-@pytest.mark.parametrize("layout", ["tp", "pp", "tp-pp"])
+# the 2D layouts do the same live on Slurm (tests/test_parallel_slurm.py)
+@pytest.mark.parametrize("layout", ["tp-pp"])
 def test_preempt_requeue_then_sigkill_resume_is_bit_identical(reference, tmp_path, layout):
     """`hpctrain preempt` mid-run (save, exit 75, requeue, resume), then SIGKILL of the whole
     job and `hpctrain resume`: the final parameters equal the uninterrupted run's, bit for bit."""

@@ -1,19 +1,22 @@
-"""A 2D layout (FSDP2 x TP) live on the loopback Slurm cluster (2 nodes x 2, the shipped
-`loopback` profile): `hpctrain preempt` -> save, exit 75, Slurm requeue -> resume, then
-`scancel --signal=KILL --full` -> `hpctrain resume`, and end bit-identical to the
-same layout trained uninterrupted (torchrun, 4 ranks).
+"""The 2D layouts, FSDP2 x TP (dp 2 x tp 2) and FSDP2 x PP (pp 2 x dp 2, 1F1B), live on the
+loopback Slurm cluster (2 nodes x 2, the shipped `loopback` profile): `hpctrain preempt` -> save,
+exit 75, Slurm requeue -> resume, then SIGKILL of every training process (srun, torchrun and
+the ranks: no handler runs; the batch shell records the failure) -> `hpctrain resume`, ending
+bit-identical to the same layout trained uninterrupted (the reference runs of
+tests/test_parallel_layouts.py, shared across the xdist workers).
 
-Measured: on the test cluster (Slurm 22.05) the batch shell's trap sees TERM from that scancel and
-the ranks save before the job ends CANCELLED, so this is a cancel + resume, not a hard kill; a true
-SIGKILL of every process + `hpctrain resume` is covered on the local profile
-(tests/test_parallel_layouts.py)."""
+(`scancel --signal=KILL --full` is no hard kill here: on Slurm 22.05 the batch shell's trap sees
+TERM and the ranks save before the job ends CANCELLED.)"""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 
 import pytest
-from test_parallel_layouts import BASE, LAYOUTS, _torchrun, final_hash
+from test_parallel_layouts import BASE, LAYOUTS, final_hash, reference_run
+from test_preempt_cli import job_processes
 from test_slurm_e2e import ENDED, Runs, lines, steps
 
 pytestmark = [pytest.mark.slurm]
@@ -31,16 +34,13 @@ def runs(slurm_cluster, tmp_path, request):
             subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
 
 
-@pytest.mark.timeout(1500)
-# tp only: pp ran through preempt -> requeue -> resume -> cancel -> resume here but its last
-# job waited behind other sessions' jobs past the timeout; the local tests cover pp end to end
-@pytest.mark.parametrize("layout", ["tp"])
-def test_2d_layout_survives_preempt_and_sigkill_on_slurm(runs, tmp_path, layout):
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("layout", ["tp", "pp"])
+def test_2d_layout_survives_preempt_and_sigkill_on_slurm(runs, tmp_path_factory, layout):
     nodes, gpus, flags = LAYOUTS[layout]
-    train = [*BASE, *flags, "--checkpoint-every", "2"]
-    _torchrun(tmp_path / "reference", nodes * gpus, *train)
+    reference = reference_run(tmp_path_factory, layout)
     run = runs.run("run")
-    job = runs.submit("run", nodes=nodes, gpus=gpus, train=train)
+    runs.submit("run", nodes=nodes, gpus=gpus, train=[*BASE, *flags, "--checkpoint-every", "2"])
     runs.until("training past step 3", lambda: len(steps(run)) >= 3, 600)
     runs.hp("preempt", "run")
     runs.until(
@@ -51,12 +51,16 @@ def test_2d_layout_survives_preempt_and_sigkill_on_slurm(runs, tmp_path, layout)
     stopped = next(e["step"] for e in lines(run / "events.jsonl") if e["event"] == "preempted")
     runs.until("training after the requeue", lambda: max(steps(run)) >= stopped + 3, 600)
     assert max(steps(run)) < 20, "the run finished before the kill"
-    subprocess.run(["scancel", "--signal=KILL", "--full", job], check=True, timeout=30)
-    runs.wait("run", ENDED, 300)
+    killed = job_processes(run)  # srun, torchrun and the ranks carry the run folder in argv
+    for pid in killed:
+        os.kill(pid, signal.SIGKILL)
+    assert len(killed) >= 4, killed
+    info = runs.wait("run", ENDED, 300)
+    assert info["state"] == "FAILED", info
     assert "(verified)" in runs.hp("resume", "run").stdout
-    info = runs.wait("run", ENDED, 900)
+    info = runs.wait("run", ENDED, 600)
     assert info["state"] == "COMPLETED", info
-    assert final_hash(run) == final_hash(tmp_path / "reference")
+    assert final_hash(run) == final_hash(reference)
     kinds = [e["event"] for e in lines(run / "events.jsonl")]
     assert kinds[:3] == ["signal", "preempted", "requeue"] and kinds[-1] == "done", kinds
     assert "mesh " in runs.hp("status", "run").stdout
