@@ -8,10 +8,14 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.render.script import render
-from hpctrain.service.prepare import Prepared
+
+if TYPE_CHECKING:
+    # hpctrain.service.submit imports this module: no service -> remote -> service circle at run time
+    from hpctrain.service.prepare import Prepared
 
 # The folder a remote submit uploads to: WORKDIR/incoming/<run name>-<8 hex>/code (remote/submit.py).
 _UPLOAD = re.compile(r"^[^/]+-[0-9a-f]{8}\Z")
