@@ -285,14 +285,8 @@ def test_imports_are_at_the_top_but_for_a_few_with_a_reason() -> None:
 
 # `Any` switches the type checker off for a value. It stays only at a true boundary (YAML, JSON,
 # torch objects, a third-party API without types), each saying so on its line or the line above:
-# `# Any: <reason>`; anywhere else, a precise type (a TypedDict, Mapping[str, object], a Protocol).
-# Left (issue 22, to go down to 0): train_entry's config sections typed `cfg: Any`/`config: Any`
-# (want the TrainConfig section models), trainer.py's internal helpers, and eight in hpctrain/
-# (service/submit, service/status, service/prepare, remote/ssh, remote/upload, runs/progress,
-# dispatch/slurm, checks/doctor/service). Lower this number as each gets a precise type.
-MAX_BARE_ANY = 57
-
-
+# `# Any: <reason>`; anywhere else, a precise type (a TypedDict, Mapping[str, object], a Protocol,
+# the TrainConfig section models).
 def _any_annotations() -> list[tuple[str, int, bool]]:
     """(file, line, has an `# Any:` reason) of every parameter or variable annotated `Any`."""
     out = []
@@ -312,8 +306,8 @@ def _any_annotations() -> list[tuple[str, int, bool]]:
 
 def test_any_annotations_say_why() -> None:
     bare = [f"{f}:{n}" for f, n, reason in _any_annotations() if not reason]
-    assert len(bare) <= MAX_BARE_ANY, (
-        f"{len(bare)} `: Any` annotations without a reason (at most {MAX_BARE_ANY}): give a precise "
-        "type, or at a true boundary (YAML, JSON, torch, a third-party API) say why on the line "
-        "or the line above with `# Any: <reason>`:\n" + "\n".join(bare)
+    assert not bare, (
+        "`: Any` annotations without a reason: give a precise type, or at a true boundary (YAML, "
+        "JSON, torch, a third-party API) say why on the line or the line above with "
+        "`# Any: <reason>`:\n" + "\n".join(bare)
     )

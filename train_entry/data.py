@@ -23,6 +23,7 @@ from torch.utils.data import (
 )
 
 from hpctrain.kernel.errors import UserError
+from train_entry.config import TrainConfig
 from train_entry.model import call_factory, load_object
 
 
@@ -49,7 +50,7 @@ class Progressions(Dataset[dict[str, torch.Tensor]]):
         return {"idx": x[:-1], "targets": targets}
 
 
-def build_dataset(config: Any, *, rank: int, world_size: int) -> Any:
+def build_dataset(config: TrainConfig, *, rank: int, world_size: int) -> Any:
     if config.data.factory is None:
         m = config.model
         return Progressions(
@@ -175,7 +176,7 @@ class Batches:
         )
 
 
-def build_batches(config: Any, *, rank: int, world_size: int) -> Batches:
+def build_batches(config: TrainConfig, *, rank: int, world_size: int) -> Batches:
     dataset = build_dataset(config, rank=rank, world_size=world_size)
     collate = load_object(config.data.collate, "data.collate") if config.data.collate else None
     return Batches(

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hpctrain.kernel.errors import UserError
+from train_entry.config import TrainConfig
 
 
 class Block(nn.Module):
@@ -82,7 +83,7 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
 
 
-def demo_model(config: Any) -> nn.Module:
+def demo_model(config: TrainConfig) -> nn.Module:
     m = config.model
     return GPT(
         vocab_size=m.vocab_size,
@@ -121,7 +122,7 @@ def call_factory(fn: Callable[..., Any], **available: Any) -> Any:
     return fn(**{k: v for k, v in available.items() if k in params})
 
 
-def build_model(config: Any, *, rank: int, world_size: int) -> nn.Module:
+def build_model(config: TrainConfig, *, rank: int, world_size: int) -> nn.Module:
     # Same seed on every rank: FSDP2 shards each rank's own copy, so initial values must agree. In a
     # forked RNG, so the per-rank generators (dropout) keep their (seed, rank) state.
     with torch.random.fork_rng(devices=[]):

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 
+from train_entry.config import TrainConfig
 
-def build_optimizer(params: Iterable[torch.nn.Parameter], cfg: Any) -> torch.optim.Optimizer:
+
+def build_optimizer(
+    params: Iterable[torch.nn.Parameter], cfg: TrainConfig
+) -> torch.optim.Optimizer:
     o = cfg.optim
     if o.name == "sgd":
         return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
     # torch AdamW (not DeepSpeed's C++ Adams): it resumes bit-exactly (see shared/notes/cpu-distributed.md)
     return torch.optim.AdamW(
-        params, lr=o.lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+        params, lr=o.lr, betas=(o.betas[0], o.betas[1]), eps=o.eps, weight_decay=o.weight_decay
     )
 
 
-def lr_factor(step: int, cfg: Any) -> float:
+def lr_factor(step: int, cfg: TrainConfig) -> float:
     """Multiplier of optim.lr after `step` optimizer steps: linear warmup, then the configured decay."""
     s, total = cfg.schedule, cfg.train.max_steps
     if step < s.warmup_steps:
@@ -32,7 +35,7 @@ def lr_factor(step: int, cfg: Any) -> float:
 
 
 def build_scheduler(
-    optimizer: torch.optim.Optimizer, cfg: Any
+    optimizer: torch.optim.Optimizer, cfg: TrainConfig
 ) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg))
 

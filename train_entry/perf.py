@@ -8,9 +8,9 @@ torchtitan and nanoGPT, so the figures compare.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
+
+from train_entry.config import TrainConfig
 
 # Dense peak TFLOPs per GPU by name fragment and compute dtype (vendor data sheets, no sparsity);
 # fp32 is TF32 on Ampere and later (torch's default for matmuls when allowed).
@@ -35,7 +35,7 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return None
 
 
-def flops_per_token(n_params: int, cfg: Any) -> float:
+def flops_per_token(n_params: int, cfg: TrainConfig) -> float:
     """Training FLOPs per token: 6N, plus attention for the demo GPT (its sizes are known)."""
     flops = 6.0 * n_params
     if cfg.model.factory is None:

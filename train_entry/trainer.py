@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +28,8 @@ from train_entry import perf
 from train_entry.checkpoint.checkpointer import Checkpointer
 from train_entry.checkpoint.common import FATAL, SPACE, TRANSIENT, SaveFailed
 from train_entry.config import TrainConfig
-from train_entry.data import build_batches
-from train_entry.dist import init_distributed, teardown
+from train_entry.data import Batches, build_batches
+from train_entry.dist import DistInfo, init_distributed, teardown
 from train_entry.metrics import GpuSampler, Metrics, profiler, rank_logger
 from train_entry.model import build_model
 from train_entry.parallel.dims import ParallelDims
@@ -35,10 +37,11 @@ from train_entry.preempt import PREEMPTED_EXIT, StopFlag
 from train_entry.state import TrainState
 from train_entry.stepsync import Boundary, StepSync
 from train_entry.strategies import wrap
+from train_entry.strategies.base import Strategy
 from train_entry.watchdog import Watchdog, pg_timeout_min
 
 
-def to_device(batch: Any, device: torch.device) -> Any:
+def to_device(batch: object, device: torch.device) -> object:
     if isinstance(batch, torch.Tensor):
         return batch.to(device, non_blocking=True)
     if isinstance(batch, dict):
@@ -48,7 +51,7 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return batch
 
 
-def tokens_per_sample(batch: Any) -> int | None:
+def tokens_per_sample(batch: object) -> int | None:
     """Sequence length of the first 2-D integer tensor in a batch (for tokens/s), if there is one."""
     items = (
         batch.values()
@@ -128,7 +131,9 @@ class Trainer:
             f"here; hpctrain supports torch {TORCH}), then {resume}"
         )
 
-    def _try_save(self, save: Any, *, rank: int, metrics: Any, log: Any) -> bool:
+    def _try_save(
+        self, save: Callable[[], bool], *, rank: int, metrics: Metrics, log: logging.Logger
+    ) -> bool:
         """A periodic save that may fail without ending the run: every rank gets the same
         SaveFailed, reports it, keeps the previous checkpoint and tries again at the next interval,
         when the failure may pass (a full disk, a transient I/O fault). One that will repeat (an
@@ -165,7 +170,7 @@ class Trainer:
             log.warning(why)
             return False
 
-    def _train(self, info: Any) -> int:
+    def _train(self, info: DistInfo) -> int:
         cfg, t = self.cfg, self.cfg.train
         self.run_dir.mkdir(parents=True, exist_ok=True)
         log = rank_logger(self.run_dir, info.rank)
@@ -304,7 +309,7 @@ class Trainer:
             log.info(done)
             return 0
 
-    def _log(self, metrics: Any, b: Boundary, samples: int, world: int) -> None:
+    def _log(self, metrics: Metrics, b: Boundary, samples: int, world: int) -> None:
         """The metrics line of a reduced boundary: the loss averaged over micro-steps and ranks."""
         if b.log:
             metrics.step(
@@ -318,7 +323,7 @@ class Trainer:
                 wall=b.wall,
             )
 
-    def _write_mesh(self, dims: Any) -> None:
+    def _write_mesh(self, dims: ParallelDims) -> None:
         """mesh.json: this start's layout, for `status` and `report` (rewritten at every start,
         since a resume may change it)."""
         import json
@@ -337,7 +342,7 @@ class Trainer:
         with contextlib.suppress(OSError):
             RunFolder(self.run_dir).write(layout.MESH, json.dumps(record) + "\n")
 
-    def _record_saves(self, ckpt: Any, rank: int) -> None:
+    def _record_saves(self, ckpt: Checkpointer, rank: int) -> None:
         """saves.jsonl: how long each save held the loop (`hpctrain report` sums it)."""
         done = getattr(self, "_saves_recorded", 0)
         if rank == 0 and len(ckpt.timings) > done:
@@ -347,7 +352,9 @@ class Trainer:
                     folder.append(layout.SAVES, {**rec, "time": time.time()}, sort_keys=False)
         self._saves_recorded = len(ckpt.timings)
 
-    def train_step(self, w: Any, batches: Any, metrics: Any) -> tuple[torch.Tensor, float]:
+    def train_step(
+        self, w: Strategy, batches: Batches, metrics: Metrics
+    ) -> tuple[torch.Tensor, float]:
         """One optimizer step: `accum` micro-steps (gradients reduced in the last one), then the
         update. Returns this rank's summed micro-step losses and the grad norm."""
         loss_sum = torch.zeros((), device=w.device)

@@ -9,7 +9,9 @@ script itself). The job id is parsed by submitit; state comes from submitit's wa
 from __future__ import annotations
 
 import subprocess
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpctrain.dispatch import sacct
 from hpctrain.dispatch.submitit_api import failed_job_error, sacct_text, submit_sbatch
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def sbatch(
-    folder: Any, script: str, extra_args: list[str] | None = None, *, what: str = "the job"
+    folder: Path, script: str, extra_args: list[str] | None = None, *, what: str = "the job"
 ) -> str:
     """sbatch `script` (a run's job.sh, a sweep's array script); the job id, or one clear error."""
     try:
@@ -78,7 +80,7 @@ def state(job_id: str) -> str:
     return decide(sacct.find(sacct_text(job_id), job_id), lambda: _scontrol_state(job_id))
 
 
-def decide(found: sacct.Found | None, controller: Any) -> str:
+def decide(found: sacct.Found | None, controller: Callable[[], str | None]) -> str:
     """One job's state from what sacct found and, where that is not enough, the controller's
     (`controller()`: scontrol's JobState, None when it does not know the job)."""
     value = found.state.split()[0].upper() if found else ""  # "CANCELLED by 0" -> CANCELLED

@@ -20,6 +20,7 @@ SLURM = ("sbatch", "squeue", "sacct", "scancel", "scontrol")
 
 def doctor(profile: ResolvedProfile, args: list[str], echo: Callable[[str], None]) -> int:
     """Returns the exit code: the site doctor's, or 1 when the way there is broken."""
+    assert profile.login is not None  # the CLI comes here only for a profile with `login:`
     site = Site(Login.of(profile.login))
     where = site.login.where
     info = site.probe()  # raises RemoteError (one line with the fix) when SSH itself fails

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from hpctrain.kernel.errors import UserError
+from hpctrain.profiles.schema.login import Login as LoginSection
 
 PERSIST_S = 600  # an idle control connection closes after 10 minutes
 CONNECT_TIMEOUT_S = 15
@@ -48,7 +49,8 @@ class Login:
     agent: bool = True  # reach the site's hpctrain through the login-node agent (tunnel.py)
 
     @classmethod
-    def of(cls, value: Any) -> Login:
+    def of(cls, value: dict[str, Any] | LoginSection) -> Login:
+        """From the profile's section or the run index's JSON copy of it."""
         data = value if isinstance(value, dict) else value.model_dump()
         return cls(**{k: data[k] for k in FIELDS if data.get(k) is not None})
 

@@ -95,6 +95,7 @@ def submit(
 ) -> int:
     """Submit to the profile's login node; returns the site's exit code. `extra`: more options for
     the site's `submit` (sweep and chain options)."""
+    assert profile.login is not None  # the CLI comes here only for a profile with `login:`
     login = Login.of(profile.login)
     site = Site(login)
     time_min = o.time_min

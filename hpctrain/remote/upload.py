@@ -8,10 +8,14 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.render.script import render
+
+if TYPE_CHECKING:
+    # hpctrain.service.submit imports this module: no service -> remote -> service circle at run time
+    from hpctrain.service.prepare import Prepared
 
 # The folder a remote submit uploads to: WORKDIR/incoming/<run name>-<8 hex>/code (remote/submit.py).
 _UPLOAD = re.compile(r"^[^/]+-[0-9a-f]{8}\Z")
@@ -44,7 +48,7 @@ def check_upload(code_dir: Path, script: str | None = None) -> Path:
     return path
 
 
-def adopt(prepared: Any, code_dir: Path) -> None:
+def adopt(prepared: Prepared, code_dir: Path) -> None:
     """Point a prepared submission's --script at RUN/code/... instead of the upload folder, and
     render again (the script was checked where it was uploaded)."""
     req = prepared.request

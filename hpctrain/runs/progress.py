@@ -13,10 +13,13 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpctrain.kernel.files import jsonl_records
 from hpctrain.runs import trainer_progress
+
+if TYPE_CHECKING:
+    from rich.live import Live  # imported where the live display starts (CLI start-up)
 
 METRICS = "metrics.jsonl"
 TAIL_BYTES = 16384  # enough for the last ~40 metric lines; a long run's file is never read whole
@@ -255,7 +258,7 @@ class Follower:
         self.live_mode = sys.stderr.isatty() if live is None else live
         self.last_state: str | None = None
         self.last_print = 0.0
-        self.live: Any = None
+        self.live: Live | None = None
 
     def line(self, state: str) -> str:
         snap = snapshot(self.run, self.total)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain.jobs import entry_check
 from hpctrain.jobs.entry_check import describe
@@ -17,6 +17,8 @@ from hpctrain.render.script import node_python, render
 from hpctrain.runs.folder import RunDir, runs_dir_of
 
 if TYPE_CHECKING:
+    # hpctrain.plan is imported where --strategy auto needs it (CLI start-up; it may be absent)
+    from hpctrain.plan.ladder import Recommendation
     from hpctrain.profiles.resolved import ResolvedProfile
 
 
@@ -61,7 +63,7 @@ class Prepared:
             entry_check.refuse_owned(args)
             if strategy != "auto":
                 strategy = entry_check.one_source(strategy, args)
-        self.plan = None
+        self.plan: Recommendation | None = None
         if strategy == "auto":
             self.plan = plan(self.profile, o)
             strategy = self.plan.strategy
@@ -106,7 +108,7 @@ def entry_line(p: Prepared) -> str:
     return f"strategy {p.request.strategy}, {describe(p.resolved)}"
 
 
-def plan_args(rec: Any) -> list[str]:
+def plan_args(rec: Recommendation) -> list[str]:
     """train_entry flags for a plan's ZeRO stage, offload and tp x pp mesh (the user's own flags,
     after, win)."""
     tp, pp = getattr(rec, "tp", 1), getattr(rec, "pp", 1)
@@ -130,7 +132,7 @@ def plan_args(rec: Any) -> list[str]:
     return []
 
 
-def plan(profile: ResolvedProfile, o: JobOptions) -> Any:
+def plan(profile: ResolvedProfile, o: JobOptions) -> Recommendation:
     try:
         # lazy: CLI start-up: the planner for --strategy auto only
         from hpctrain.plan import recommend

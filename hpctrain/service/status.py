@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain import dispatch
@@ -98,7 +99,7 @@ def detail(r: RunDir) -> dict[str, Any]:
     return info
 
 
-def cancel(ref: str, runs_dir: Any = None) -> dict[str, Any]:
+def cancel(ref: str, runs_dir: Path | None = None) -> dict[str, Any]:
     """Cancel a run's current job (or every point of a sweep). {"sweep": name, "points": [(point,
     state)]} or {"name", "before", "after"} (after None: it was not running)."""
     found = sweepdir.find(ref, runs_dir)

@@ -8,9 +8,10 @@ records the submission in jobs.jsonl through hpctrain.dispatch.submit.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain import dispatch
 from hpctrain.jobs.options import JobOptions
@@ -22,6 +23,7 @@ from hpctrain.service.prepare import Prepared, entry_line
 
 if TYPE_CHECKING:
     from hpctrain.jobs.request import JobRequest
+    from hpctrain.plan.ladder import Recommendation
     from hpctrain.profiles.resolved import ResolvedProfile
     from hpctrain.runs.folder import RunDir
 
@@ -47,14 +49,14 @@ class Submitted:
     total_steps: int | None = None
 
 
-def submit(o: JobOptions, profile: ResolvedProfile) -> tuple[Submitted, Any]:
+def submit(o: JobOptions, profile: ResolvedProfile) -> tuple[Submitted, RunDir]:
     """Validate, render and (unless o.dry_run) create the run folder and queue the job(s).
-    Returns the record and the run folder (hpctrain.runs.folder.RunDir)."""
+    Returns the record and the run folder."""
     dry_run, replace_finished = o.dry_run, o.replace_finished
     code = Path(o.code) if o.code else None
     if code is not None:  # before anything is written: --code is moved, never any folder
         check_upload(code, o.script)
-    segments: list[Any] = []
+    segments: list[chain.Segment] = []
     if o.chain:
         segments = chain.plan(o.time_min or profile.slurm.default_time_min, profile)
         o = dataclasses.replace(o, time_min=segments[0].time_min)
@@ -109,8 +111,8 @@ def start(
     *,
     node_python: str | None = None,
     replace_finished: bool = False,
-    plan: Any = None,
-    segments: list[Any] | None = None,
+    plan: Recommendation | None = None,
+    segments: list[chain.Segment] | None = None,
     code: Path | None = None,
 ) -> str:
     """Create the run folder (run.yaml, job.sh) and queue it; the job id (a chain: `a -> b -> c`)."""
@@ -137,6 +139,12 @@ def resubmit(run: RunDir, profile: ResolvedProfile, *, time_min: int) -> str:
     return dispatch.submit(run, profile, time_min=time_min, kind="resume")
 
 
-def wait(run: RunDir, **kwargs: Any) -> str:
+def wait(
+    run: RunDir,
+    *,
+    poll_s: float | None = None,
+    on_change: Callable[[str], None] | None = None,
+    on_poll: Callable[[str], None] | None = None,
+) -> str:
     """Block until the run's job ends (hpctrain.dispatch.wait); the final state."""
-    return dispatch.wait(run, **kwargs)
+    return dispatch.wait(run, poll_s=poll_s, on_change=on_change, on_poll=on_poll)

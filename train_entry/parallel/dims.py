@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from hpctrain.kernel import mesh as layouts
+from train_entry.config import TrainConfig
 
 
 @dataclass
@@ -22,7 +23,9 @@ class ParallelDims:
     mesh: Any = None  # torch DeviceMesh, None without tp/pp
 
     @classmethod
-    def build(cls, cfg: Any, *, rank: int, world_size: int, device: torch.device) -> ParallelDims:
+    def build(
+        cls, cfg: TrainConfig, *, rank: int, world_size: int, device: torch.device
+    ) -> ParallelDims:
         layout = layouts.Layout.of(world_size, cfg.parallel.tp, cfg.parallel.pp)
         if not layout.parallel:
             return cls(layout, rank)

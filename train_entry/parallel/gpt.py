@@ -23,9 +23,12 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from train_entry.config import TrainConfig
 
 
-def tp_plan(model: nn.Module, tp_mesh: Any, config: Any) -> None:
+def tp_plan(model: nn.Module, tp_mesh: DeviceMesh, config: TrainConfig) -> None:
     """Megatron-style TP + sequence parallel for the GPT (or one of its stages), in place."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
@@ -102,7 +105,7 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def pp_split(
-    model: nn.Module, stage_ids: list[int], n_stages: int, config: Any
+    model: nn.Module, stage_ids: list[int], n_stages: int, config: TrainConfig
 ) -> tuple[list[nn.Module], Any]:
     """Equal runs of layers per stage; this rank's stages (its `stage_ids`) and the loss."""
     n = len(model.blocks)  # type: ignore[arg-type]

@@ -18,6 +18,7 @@ from torch import nn
 
 from hpctrain.kernel import mesh as layouts
 from hpctrain.kernel.errors import UserError
+from train_entry.config import TrainConfig
 from train_entry.model import call_factory, load_object
 
 
@@ -27,7 +28,7 @@ def stage_ids(pp_rank: int, pp: int, schedule: str) -> list[int]:
 
 
 def split(
-    model: nn.Module, *, pp_rank: int, cfg: Any
+    model: nn.Module, *, pp_rank: int, cfg: TrainConfig
 ) -> tuple[list[nn.Module], Callable[..., Any]]:
     par = cfg.parallel
     ids = stage_ids(pp_rank, par.pp, par.schedule)
@@ -82,7 +83,7 @@ class Pipeline:
         pp_rank: int,
         pp_group: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
         device: torch.device,
-        cfg: Any,
+        cfg: TrainConfig,
         grad_accum: int,
     ) -> None:
         from torch.distributed import pipelining

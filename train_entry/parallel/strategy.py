@@ -18,11 +18,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from train_entry.config import TrainConfig
 from train_entry.model import compute_loss
 from train_entry.optim import build_optimizer, build_scheduler
 from train_entry.parallel import pp, tp
 from train_entry.parallel.dims import ParallelDims
 from train_entry.strategies.base import Strategy
+from train_entry.strategies.fsdp import FSDPStrategy
 
 
 class ParallelStrategy(Strategy):
@@ -33,7 +35,7 @@ class ParallelStrategy(Strategy):
     # set by build()
     parts: list[nn.Module]
     dims: ParallelDims
-    cfg: Any  # the run's validated config (train_entry/config)
+    cfg: TrainConfig
     max_norm: float | None
     params: list[nn.Parameter]
     loss_context: Callable[[], ContextManager[Any]]
@@ -44,11 +46,11 @@ class ParallelStrategy(Strategy):
         cls,
         model: nn.Module,
         *,
-        cfg: Any,
+        cfg: TrainConfig,
         device: torch.device,
         grad_accum: int,
         dims: ParallelDims,
-        dp_strategy: Any,
+        dp_strategy: type[FSDPStrategy],
     ) -> ParallelStrategy:
         from train_entry.strategies import apply_activation_checkpointing, apply_compile
 

@@ -9,11 +9,13 @@ from contextlib import AbstractContextManager as ContextManager
 from typing import Any
 
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
+from train_entry.config import TrainConfig
 from train_entry.model import call_factory, load_object
 
 
-def plan_of(cfg: Any) -> Callable[..., None]:
+def plan_of(cfg: TrainConfig) -> Callable[..., None]:
     """The TP plan function: the user's (config-checked to exist for a user model) or the demo's."""
     if cfg.parallel.tp_plan:
         return load_object(cfg.parallel.tp_plan, "parallel.tp_plan")
@@ -22,11 +24,11 @@ def plan_of(cfg: Any) -> Callable[..., None]:
     return tp_plan
 
 
-def apply(part: nn.Module, *, tp_mesh: Any, cfg: Any) -> None:
+def apply(part: nn.Module, *, tp_mesh: DeviceMesh, cfg: TrainConfig) -> None:
     call_factory(plan_of(cfg), model=part, tp_mesh=tp_mesh, config=cfg)
 
 
-def loss_context(cfg: Any) -> Callable[[], ContextManager[Any]]:
+def loss_context(cfg: TrainConfig) -> Callable[[], ContextManager[Any]]:
     """loss_parallel() when the plan leaves the logits sharded on the vocabulary (forward and
     backward both run inside it); else nothing."""
     if cfg.parallel.tp > 1 and cfg.parallel.loss_parallel:

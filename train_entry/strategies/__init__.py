@@ -11,14 +11,15 @@ here, and a row there).
 from __future__ import annotations
 
 import importlib
-from typing import Any
 
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hpctrain.kernel import strategies as names
+from train_entry.config import TrainConfig
 from train_entry.model import find_blocks
+from train_entry.parallel.dims import ParallelDims
 from train_entry.strategies.base import Strategy, clip_and_step  # noqa: F401  (public names)
 
 STRATEGIES: dict[str, str] = {  # name -> module whose STRATEGY is the class
@@ -51,20 +52,28 @@ def apply_compile(model: nn.Module, *, block_class: str | None) -> None:
 
 
 def wrap(
-    model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int, dims: Any = None
+    model: nn.Module,
+    *,
+    cfg: TrainConfig,
+    device: torch.device,
+    grad_accum: int,
+    dims: ParallelDims | None = None,
 ) -> Strategy:
     if dims is not None and dims.mesh is not None:
         # tp/pp: one device mesh, the data-parallel strategy as its dp dimension (its `shard`;
         # hpctrain/kernel/strategies.py says which compose, checked at parse time)
         from train_entry.parallel.strategy import ParallelStrategy
+        from train_entry.strategies.fsdp import FSDPStrategy
 
+        dp = strategy_class(cfg.strategy)
+        assert issubclass(dp, FSDPStrategy)  # the one strategy with mesh=True (kernel/strategies)
         return ParallelStrategy.build(
             model,
             cfg=cfg,
             device=device,
             grad_accum=grad_accum,
             dims=dims,
-            dp_strategy=strategy_class(cfg.strategy),
+            dp_strategy=dp,
         )
     # 1. activation checkpointing, per block
     if cfg.train.activation_checkpointing:

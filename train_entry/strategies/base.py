@@ -19,6 +19,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from train_entry.config import TrainConfig
+
 
 class Strategy:
     name: ClassVar[str]
@@ -44,11 +46,13 @@ class Strategy:
 
     # ---- building and checking
     @classmethod
-    def wrap(cls, model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int) -> Strategy:
+    def wrap(
+        cls, model: nn.Module, *, cfg: TrainConfig, device: torch.device, grad_accum: int
+    ) -> Strategy:
         raise NotImplementedError
 
     @staticmethod
-    def validate(cfg: Any, *, world: int, accum: int) -> None:
+    def validate(cfg: TrainConfig, *, world: int, accum: int) -> None:
         """Checks that need no process group (at parse time, before any process group exists)."""
 
     # ---- one step

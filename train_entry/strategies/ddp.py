@@ -11,11 +11,12 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from train_entry.config import TrainConfig
 from train_entry.optim import DTYPES, build_optimizer, build_scheduler
 from train_entry.strategies.base import Strategy, clip_and_step
 
 
-def _comm_hook(model: DDP, cfg: Any) -> None:
+def _comm_hook(model: DDP, cfg: TrainConfig) -> None:
     hook = cfg.ddp.comm_hook
     if hook == "fp16":
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -45,11 +46,12 @@ class DDPStrategy(Strategy):
 
     @classmethod
     def wrap(
-        cls, model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int
+        cls, model: nn.Module, *, cfg: TrainConfig, device: torch.device, grad_accum: int
     ) -> DDPStrategy:
         d = cfg.ddp
         # torch >= 2.13 renamed broadcast_buffers (per-forward buffer sync) to forward_sync_buffers
-        buffers = (
+        # Any: spread into DDP(**buffers); the keyword differs between torch versions
+        buffers: dict[str, Any] = (
             {"forward_sync_buffers": d.broadcast_buffers}
             if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
             else {"broadcast_buffers": d.broadcast_buffers}

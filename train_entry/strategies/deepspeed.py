@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from hpctrain.kernel.errors import UserError
+from train_entry.config import TrainConfig
 from train_entry.optim import build_optimizer, build_scheduler
 from train_entry.strategies.base import Strategy
 
@@ -54,7 +55,7 @@ def _offload(device: str, nvme_path: str | None) -> dict[str, Any]:
     return d
 
 
-def build_config(cfg: Any, *, world: int, accum: int) -> dict[str, Any]:
+def build_config(cfg: TrainConfig, *, world: int, accum: int) -> dict[str, Any]:
     t, d = cfg.train, cfg.deepspeed
     zero: dict[str, Any] = {"stage": d.zero_stage}
     if d.offload_optimizer != "none":
@@ -94,7 +95,7 @@ def build_config(cfg: Any, *, world: int, accum: int) -> dict[str, Any]:
     return conf
 
 
-def validate(cfg: Any, *, world: int, accum: int) -> dict[str, Any]:
+def validate(cfg: TrainConfig, *, world: int, accum: int) -> dict[str, Any]:
     """Build and validate the DeepSpeed JSON with DeepSpeed's own class; no process group is needed."""
     from train_entry.dist import pick_device
 
@@ -145,7 +146,7 @@ class DeepSpeedStrategy(Strategy):
 
     @classmethod
     def wrap(
-        cls, model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int
+        cls, model: nn.Module, *, cfg: TrainConfig, device: torch.device, grad_accum: int
     ) -> DeepSpeedStrategy:
         deepspeed = import_deepspeed(device.type)
         world = torch.distributed.get_world_size()
@@ -168,7 +169,7 @@ class DeepSpeedStrategy(Strategy):
         )
 
     @staticmethod
-    def validate(cfg: Any, *, world: int, accum: int) -> None:
+    def validate(cfg: TrainConfig, *, world: int, accum: int) -> None:
         validate(cfg, world=world, accum=accum)
 
     def backward(self, loss: torch.Tensor) -> None:

@@ -9,9 +9,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from hpctrain.kernel.errors import UserError
+from train_entry.config import TrainConfig
 from train_entry.model import find_blocks
 from train_entry.optim import DTYPES, build_optimizer, build_scheduler
 from train_entry.strategies.base import Strategy, clip_and_step
@@ -34,7 +36,7 @@ class FSDPStrategy(Strategy):
     params: list[nn.Parameter]
 
     @staticmethod
-    def options(cfg: Any, device: torch.device) -> dict[str, Any]:
+    def options(cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
         """fully_shard's keyword arguments from the config (mixed precision, offload)."""
         f = cfg.fsdp
         param_dtype = DTYPES[f.param_dtype or cfg.train.precision]
@@ -50,7 +52,14 @@ class FSDPStrategy(Strategy):
         return kwargs
 
     @classmethod
-    def shard(cls, model: nn.Module, *, cfg: Any, device: torch.device, mesh: Any = None) -> int:
+    def shard(
+        cls,
+        model: nn.Module,
+        *,
+        cfg: TrainConfig,
+        device: torch.device,
+        mesh: DeviceMesh | None = None,
+    ) -> int:
         """fully_shard every block, then the root (embeddings, head, anything outside the blocks);
         over `mesh` (the device mesh's dp dimension) when given. Returns the number of blocks."""
         kwargs = cls.options(cfg, device)
@@ -72,7 +81,7 @@ class FSDPStrategy(Strategy):
 
     @classmethod
     def wrap(
-        cls, model: nn.Module, *, cfg: Any, device: torch.device, grad_accum: int
+        cls, model: nn.Module, *, cfg: TrainConfig, device: torch.device, grad_accum: int
     ) -> FSDPStrategy:
         precision = cfg.train.precision
         param_dtype = DTYPES[cfg.fsdp.param_dtype or precision]

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -157,7 +158,7 @@ def run_slurm(
     timeout_s: float,
     wait_s: float,
     poll_s: float = 2.0,
-    progress: Any = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Report:
     """A short job through the normal path (JobRequest -> render -> run folder -> dispatch) whose
     entry is `python -m hpctrain.checks.doctor.worker`: the doctor exercises the script users get."""
