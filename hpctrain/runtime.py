@@ -98,9 +98,9 @@ def exit(code: int = 0, *, step: int | None = None) -> None:  # noqa: A001 - rea
     """Leave now. With PREEMPTED, rank 0 first records a `preempted` event (`step`, else the step of
     the last Checkpoint.save) in events.jsonl, as train_entry does. Then: flush, os._exit (torch
     2.13 + gloo can abort at interpreter exit after a finished run, which torchrun would report as
-    a failure). The process group is not destroyed: the exit closes its connections, and under
-    torch 2.7.1 gloo's destroy_process_group hangs one rank after the stop votes in 2 of 4
-    two-rank runs (the job would sit there until its time limit)."""
+    a failure). The process group is not destroyed: the exit closes its connections, and gloo's
+    destroy_process_group can hang one rank at the end (torch 2.7.1: 2 of 4 two-rank runs after
+    the stop votes; once under 2.13), leaving the job there until its time limit."""
     step = step if step is not None else (_saved[-1] if _saved else None)
     if code == PREEMPTED and rank() == 0 and step is not None:
         _event({"event": "preempted", "step": step, "reason": _flag.reason})

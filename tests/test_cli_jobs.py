@@ -26,7 +26,6 @@ t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
 print(f"rank {{dist.get_rank()}}/{{dist.get_world_size()}} node {{os.environ[{jobenv.NODEID!r}]}} "
       f"sum {{t.item()}} args {{sys.argv[1:]!r}}", flush=True)
-dist.destroy_process_group()
 """
 FAIL = "import sys; sys.exit(3)\n"
 SLEEP = "import time\nfor _ in range(600): time.sleep(0.2)\n"  # no STOP polling: cancel must still stop it

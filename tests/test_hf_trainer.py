@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from test_slurm_e2e import HPCTRAIN, Runs, lines
 
+from hpctrain.jobs.request import USER_ENTRY
 from hpctrain.runs.progress import snapshot
 
 pytestmark = [pytest.mark.slurm]
@@ -183,7 +184,11 @@ def _kill_ranks(out: Path) -> list[int]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if str(SCRIPT).encode() in argv and str(out).encode() in argv and b"-m" not in argv:
+        # a rank: python -u -m hpctrain.launchers.entry SCRIPT OUT ... (not torchrun, srun, bash
+        # or `hpctrain submit --wait`, whose argv name the script and folder too)
+        python = Path(argv[0].decode()).name.startswith("python")
+        rank = python and argv[1:4] == [b"-u", b"-m", USER_ENTRY.encode()]
+        if rank and str(SCRIPT).encode() in argv and str(out).encode() in argv:
             pids.append(int(proc.name))
     for pid in pids:
         try:

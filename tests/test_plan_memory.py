@@ -182,7 +182,6 @@ def _worker(out: str) -> None:
     dist.all_gather_object(everyone, rows)
     if dist.get_rank() == 0:
         Path(out).write_text(json.dumps({"world": dist.get_world_size(), "ranks": everyone}))
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

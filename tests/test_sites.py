@@ -378,9 +378,8 @@ t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
 with open(os.path.join(sys.argv[1], f"rank-{dist.get_rank()}.txt"), "w") as f:
     f.write(f"{dist.get_world_size()} {int(t.item())} {os.environ['LOCAL_RANK']} {os.environ['GROUP_RANK']}")
-dist.destroy_process_group()
 sys.stdout.flush()
-os._exit(0)
+os._exit(0)  # no destroy_process_group: gloo's may hang a rank (train_entry/compat.py)
 """
 
 

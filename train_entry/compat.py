@@ -17,7 +17,7 @@ a version gate or a public fallback where torch offers one. The compatibility la
     local_tensor      a DTensor's local shard (its private _local_tensor), or the tensor itself
     copy_state_dict / cpu_state_dict   staging copies (torch.distributed._state_dict_utils)
     load_everything   a whole checkpoint into an empty dict, without a process group
-    GLOO_DESTROY_HANGS  gloo's destroy_process_group may hang a rank at the end (< 2.8)
+    GLOO_DESTROY_HANGS  gloo's destroy_process_group may hang a rank at the end (every version)
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ from hpctrain.kernel.support import release
 
 TORCH = release(torch.__version__)
 
-# torch 2.7.1: after the last collective, gloo's destroy_process_group hung one rank in 2 of 4
-# two-rank runs (and a resumed DeepSpeed run in the compatibility lane); never under 2.8 or 2.13.
-GLOO_DESTROY_HANGS = TORCH < (2, 8)
+# After the last collective, gloo's destroy_process_group hung one rank: torch 2.7.1 in 2 of 4
+# two-rank runs (and a resumed DeepSpeed run in the compatibility lane), torch 2.13 once in a
+# two-rank 8-step run (240 s, 2026-12-02, after rank 0 had written everything). Not version-gated
+# any more: the exit closes a gloo group's connections.
+GLOO_DESTROY_HANGS = True
 
 # DCP's public writer; train_entry.checkpoint.writer.HashingWriter overrides its write_data/finish.
 # (Its private base _FileSystemWriter would do the same, and is not needed.)

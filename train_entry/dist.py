@@ -110,8 +110,8 @@ def seed_rank(seed: int, rank: int) -> None:
 
 
 def teardown() -> None:
-    """Destroy the process group, except where that may hang (gloo under torch < 2.8): every
-    caller leaves through exit_now right after, and the exit closes the connections."""
+    """Destroy the process group, except a gloo one (compat.GLOO_DESTROY_HANGS): every caller
+    leaves through exit_now right after, and the exit closes the connections."""
     if not dist.is_initialized():
         return
     if GLOO_DESTROY_HANGS and dist.get_backend() == "gloo":

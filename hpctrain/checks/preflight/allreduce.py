@@ -139,7 +139,8 @@ def network(
             result["pairs"] = [p for part in gathered for p in part]
         if rank == 0:
             write_json(out / NET_REPORT, result)
-        dist.destroy_process_group()
+        if dist.get_backend() != "gloo":  # gloo's may hang a rank (train_entry/compat.py)
+            dist.destroy_process_group()
     except Exception as e:  # noqa: BLE001 - the failure is the finding
         write_json(
             out / NET_ERROR.format(node=me["node"]),
