@@ -13,6 +13,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 from test_parallel_layouts import BASE, LAYOUTS, final_hash, reference_run
@@ -34,6 +37,32 @@ def runs(slurm_cluster, tmp_path, request):
             subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
 
 
+def ranks(run: Path) -> list[int]:
+    """The training processes alone (not srun, torchrun or the batch shell)."""
+    out = []
+    for pid in job_processes(run):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        python = Path(cmd[0].decode(errors="replace")).name.startswith("python")
+        if python and b"train_entry" in cmd and b"torch.distributed.run" not in cmd:
+            out.append(pid)
+    return out
+
+
+@contextmanager
+def frozen(pids: list[int]) -> Iterator[None]:
+    assert pids, "no training process to hold"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("layout", ["tp", "pp"])
 def test_2d_layout_survives_preempt_and_sigkill_on_slurm(runs, tmp_path_factory, layout):
@@ -41,19 +70,25 @@ def test_2d_layout_survives_preempt_and_sigkill_on_slurm(runs, tmp_path_factory,
     reference = reference_run(tmp_path_factory, layout)
     run = runs.run("run")
     runs.submit("run", nodes=nodes, gpus=gpus, train=[*BASE, *flags, "--checkpoint-every", "2"])
-    runs.until("training past step 3", lambda: len(steps(run)) >= 3, 600)
-    runs.hp("preempt", "run")
+    # Each moment that matters is held still with SIGSTOP, so the kill never races the last steps
+    # (CI once saw the requeued half end its 6 steps before a 0.5 s poll noticed them).
+    runs.until("training past step 3", lambda: len(steps(run)) >= 3, 600, poll=0.05)
+    with frozen(ranks(run)):
+        runs.hp("preempt", "run")  # the STOP file is there when the ranks go on
     runs.until(
         "the requeued job starts",
         lambda: any(x["restart_count"] == 1 for x in lines(run / "restarts.jsonl")),
         300,
     )
     stopped = next(e["step"] for e in lines(run / "events.jsonl") if e["event"] == "preempted")
-    runs.until("training after the requeue", lambda: max(steps(run)) >= stopped + 3, 600)
+    assert stopped <= 6, f"the stop landed at step {stopped}, not at the next step boundary"
+    runs.until("training after the requeue", lambda: max(steps(run)) > stopped, 600, poll=0.05)
+    for pid in ranks(run):
+        os.kill(pid, signal.SIGSTOP)
     assert max(steps(run)) < 20, "the run finished before the kill"
     killed = job_processes(run)  # srun, torchrun and the ranks carry the run folder in argv
     for pid in killed:
-        os.kill(pid, signal.SIGKILL)
+        os.kill(pid, signal.SIGKILL)  # a stopped process dies too, running no handler
     assert len(killed) >= 4, killed
     info = runs.wait("run", ENDED, 300)
     assert info["state"] == "FAILED", info
