@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _hold import held
 from test_slurm_e2e import ENDED, Runs, lines, steps
 
 from hpctrain.kernel import jobenv
@@ -84,7 +85,8 @@ def test_examples_preempt_requeue_resume_bit_identical(runs):
             assert time.monotonic() < deadline, f"only {preempted} got past step 3"
             for name in EXAMPLES:
                 if name not in preempted and len(steps(runs.run(name))) >= 3:
-                    runs.hp("preempt", name)
+                    with held(runs.run(name)):  # lands mid-run however slow it is
+                        runs.hp("preempt", name)
                     preempted.add(name)
             time.sleep(0.5)
         for name, proc in refs.items():

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _hold import held
 from filelock import FileLock
 from test_preempt_cli import sigkill_job
 
@@ -165,7 +166,8 @@ def test_preempt_requeue_then_sigkill_resume_is_bit_identical(reference, tmp_pat
     home = Home(tmp_path)
     run = home.submit("run", layout, "--checkpoint-every", "2")
     wait_until(lambda: last_step(run) >= 3, 600, "step 3")
-    home.hp("preempt", "run")
+    with held(run):  # the preempt lands mid-run however slow it is under load
+        home.hp("preempt", "run")
     restarts = run / "restarts.jsonl"
     wait_until(
         lambda: restarts.is_file() and len(restarts.read_text().splitlines()) >= 2,

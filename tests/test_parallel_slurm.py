@@ -13,11 +13,9 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
+from _hold import frozen, ranks
 from test_parallel_layouts import BASE, LAYOUTS, final_hash, reference_run
 from test_preempt_cli import job_processes
 from test_slurm_e2e import ENDED, Runs, lines, steps
@@ -35,32 +33,6 @@ def runs(slurm_cluster, tmp_path, request):
     for jobs in (tmp_path / "runs").glob("*/jobs.jsonl"):
         for job in lines(jobs):
             subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
-
-
-def ranks(run: Path) -> list[int]:
-    """The training processes alone (not srun, torchrun or the batch shell)."""
-    out = []
-    for pid in job_processes(run):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        python = Path(cmd[0].decode(errors="replace")).name.startswith("python")
-        if python and b"train_entry" in cmd and b"torch.distributed.run" not in cmd:
-            out.append(pid)
-    return out
-
-
-@contextmanager
-def frozen(pids: list[int]) -> Iterator[None]:
-    assert pids, "no training process to hold"
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
 
 
 @pytest.mark.timeout(900)

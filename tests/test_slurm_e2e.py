@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _hold import held
 
 pytestmark = [pytest.mark.slurm]
 
@@ -224,7 +225,8 @@ def _interrupted_run_matches_reference(r: Runs, name: str, reference, interrupt)
     run = r.run(name)
     job = r.submit(name, train=FULL)
     r.until("training past step 3", lambda: len(steps(run)) >= 3, 180)
-    interrupt(job)
+    with held(run):  # the interruption lands mid-run however slow it is under load
+        interrupt(job)
     # Restart 1 is recorded by the requeued batch script when Slurm starts it again (~10 s later).
     r.until(
         "the requeued job starts",

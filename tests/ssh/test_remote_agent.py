@@ -106,6 +106,25 @@ def follow(lap: Laptop, name: str) -> subprocess.Popen:
     )
 
 
+def stuck(pid: int) -> str:
+    """What a process that did not leave is doing: its signal masks, where it waits, its children."""
+    proc = Path(f"/proc/{pid}")
+    status = [
+        x
+        for x in (proc / "status").read_text().splitlines()
+        if x.startswith(("Sig", "Shd", "State", "Threads"))
+    ]
+    kids = []
+    for task in proc.glob("task/*/children"):
+        for kid in task.read_text().split():
+            try:
+                kids.append(Path(f"/proc/{kid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+            except OSError:
+                pass
+    stacks = [f"{t.name}: {(t / 'wchan').read_text()}" for t in proc.glob("task/*")]
+    return f"--follow {pid} did not leave after SIGINT: {status} wchan {stacks} children {kids}"
+
+
 def drain(s: subprocess.Popen) -> None:
     """Read the rest as a terminal would (CI once saw a --follow, its output unread, not leave
     within 30 s of its Ctrl-C)."""
@@ -165,7 +184,11 @@ def test_status_logs_follow_cancel_through_the_agent_match_ssh_exec(laptop, tmp_
         drain(streams[2])
         (session,) = set(sessions(agent)) - set(kept)
         streams[2].send_signal(signal.SIGINT)
-        assert streams[2].wait(30) == 130
+        try:
+            streams[2].wait(30)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(stuck(streams[2].pid)) from None
+        assert streams[2].returncode == 130
         until("the interrupted follow's session ends", lambda: gone(session), 15)
         assert not gone(kept[0])
         a, b = laptop.hp("cancel", "long"), twin.hp("status", "long", "--json")

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import sshd
+from _hold import held
 
 TRAIN = [
     "--train.micro_batch=4",
@@ -88,7 +89,8 @@ def test_laptop_submits_follows_preempts_and_resumes_bit_identical(slurm_cluster
             stdin=subprocess.DEVNULL,
         )
         until("pre trains past step 3", lambda: len(steps(runs / "pre")) >= 3, 240)
-        out = laptop.hp("preempt", "pre")
+        with held(runs / "pre"):  # the preempt lands mid-run however slow it is under load
+            out = laptop.hp("preempt", "pre")
         assert re.search(r"job \d+", out.stdout), out.stdout
         # Slurm calls the batch script's exit 75 FAILED; the run's own events say what happened
         assert wait(laptop, "pre", 120)["state"] in ("PREEMPTED", "FAILED")
