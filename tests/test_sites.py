@@ -233,7 +233,7 @@ def test_torchrun_command_arguments_and_python_keys(tmp_path, standins):
     assert again == text
     assert ('exec "python" "-m" "torch.distributed.run" --nnodes=') in text
     assert (
-        '--max-restarts=0 --numa-binding="exclusive" --local-addr="${HOSTNAME}i" "${tee[@]}"'
+        '--max-restarts=2 --monitor-interval=0.5 --numa-binding="exclusive" --local-addr="${HOSTNAME}i" "${tee[@]}"'
         in text
     )
     for bad, why in (

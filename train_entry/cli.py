@@ -14,7 +14,7 @@ import os
 import sys
 from typing import NoReturn
 
-from hpctrain.kernel import jobenv
+from hpctrain.kernel import fatal, jobenv
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.errors import UserError, ValidationError
 from train_entry.config import STRATEGIES, TrainConfig, check_sizes, keys_help, load_config
@@ -137,16 +137,21 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             return 0
-        from train_entry.trainer import Trainer  # torch is imported only past this line
+        from train_entry import restart  # lazy: torch is imported only past this line
+        from train_entry.trainer import Trainer  # lazy: as above
 
+        left = restart.leave_if_fatal(args.run_dir)
+        if left is not None:
+            return left
         return Trainer(cfg, run_dir=args.run_dir, grad_accum=accum).run()
     except UserError as e:
+        one = e.problems[0] if isinstance(e, ValidationError) and len(e.problems) == 1 else None
+        _fatal(argv, f"error: {one if one is not None else e.format_message()}")
         if os.environ.get("RANK", "0") == "0":
-            one = e.problems[0] if isinstance(e, ValidationError) and len(e.problems) == 1 else None
             print(f"error: {one if one is not None else e.format_message()}", file=sys.stderr)
         return 2
     except Exception as e:
-        if _peer_gone(e):  # a secondary failure: the rank that died first says why
+        if fatal.lost_peer(e):  # a secondary failure: the rank that died first says why
             print(
                 f"hpctrain: rank {os.environ.get('RANK', '?')} stopped: another rank failed first "
                 "(its error is in the logs)",
@@ -154,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             return 1
+        _fatal(argv, fatal.cause(e, os.environ.get("RANK", "?")))  # repeats: never restarted
         if type(e).__name__ != "RunFailed":  # train_entry.trainer.RunFailed (torch-free here)
             raise
         if not getattr(e, "every_rank", False) or os.environ.get("RANK", "0") == "0":
@@ -161,9 +167,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _peer_gone(e: BaseException) -> bool:
-    """A collective that failed only because another rank exited (gloo's connection errors)."""
-    text = str(e)
-    return type(e).__name__ in ("RuntimeError", "DistBackendError", "DistNetworkError") and any(
-        m in text for m in ("Connection reset by peer", "Connection closed by peer", "Broken pipe")
-    )
+def _fatal(argv: list[str], line: str) -> None:
+    """Inside a job: the FATAL file, so no in-job restart trains into this error again."""
+    if jobenv.get(jobenv.JOB_ID) is None:
+        return
+    try:
+        run_dir = parser().parse_known_args(argv)[0].run_dir or jobenv.get(jobenv.RUN_DIR)
+    except UserError:  # the flags themselves are the error
+        run_dir = jobenv.get(jobenv.RUN_DIR)
+    if run_dir:
+        fatal.write(run_dir, line.removeprefix("error: "))
