@@ -159,9 +159,10 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
             return 1
-        _fatal(argv, fatal.cause(e, os.environ.get("RANK", "?")))  # repeats: never restarted
         if type(e).__name__ != "RunFailed":  # train_entry.trainer.RunFailed (torch-free here)
+            _fatal(argv, fatal.cause(e, os.environ.get("RANK", "?")))  # repeats: never restarted
             raise
+        _fatal(argv, str(e))  # its line says what failed where, and the fix
         if not getattr(e, "every_rank", False) or os.environ.get("RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr, flush=True)  # said once
         return 1

@@ -49,7 +49,8 @@ def leave_if_fatal(run_dir: str | Path) -> int | None:
     found = fatal.read(run_dir)
     if found is None:
         return None
-    print(f"error: {found} (an error that repeats: not restarted)", file=sys.stderr, flush=True)
+    if found:
+        print(f"error: {found} (an error that repeats: not restarted)", file=sys.stderr, flush=True)
     return 1
 
 

@@ -61,14 +61,18 @@ def write(run_dir: str | Path, line: str) -> bool:
         fd = os.open(Path(run_dir) / layout.FATAL, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except OSError:
         return False
-    with os.fdopen(fd, "w") as f:
-        f.write(" ".join(line.split()) + "\n")
+    try:  # a full disk may leave the file empty: it still says "do not restart"
+        with os.fdopen(fd, "w") as f:
+            f.write(" ".join(line.split()) + "\n")
+    except OSError:
+        return False
     return True
 
 
 def read(run_dir: str | Path) -> str | None:
-    """The recorded cause, or None when no error that repeats happened in this job start."""
+    """The recorded cause ("" when it could not be written), or None when no error that repeats
+    happened in this job start."""
     try:
-        return (Path(run_dir) / layout.FATAL).read_text().strip() or "an error that repeats"
+        return (Path(run_dir) / layout.FATAL).read_text().strip()
     except OSError:
         return None

@@ -105,7 +105,8 @@ def main() -> None:
     run_dir = _in_job()
     found = fatal.read(run_dir) if run_dir else None
     if found is not None:  # a restarted worker after an error that repeats: leave at once
-        print(f"error: {found} (an error that repeats: not restarted)", file=sys.stderr)
+        if found:
+            print(f"error: {found} (an error that repeats: not restarted)", file=sys.stderr)
         sys.exit(1)
     _status[0] = run(sys.argv[1:])
     sys.exit(_status[0])

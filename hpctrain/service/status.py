@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from hpctrain import dispatch
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
-from hpctrain.runs import points, sweepdir
+from hpctrain.runs import in_job, points, sweepdir
 from hpctrain.runs.folder import TERMINAL, BrokenRun, find_run
 from hpctrain.runs.progress import health, root_cause, snapshot
 
@@ -95,7 +95,9 @@ def detail(r: RunDir) -> dict[str, Any]:
     info["progress"] = snapshot(r.path)
     failed = info["state"] not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN", "REQUEUED")
     info["root_cause"] = root_cause(r.path) if failed else None
-    info.update(health(r.events()))
+    events = r.events()
+    info.update(health(events))
+    info["in_job_restarts"] = in_job.summary(events)  # apart from requeues ("restarts")
     return info
 
 

@@ -135,7 +135,7 @@ is_host=0
 if [ "$node" = 0 ]; then is_host=1; fi
 # In-job restarts: a fresh store for every rendezvous round. The shared one (torch >= 2.4) keeps
 # the keys of the round before, so restarted gloo ranks would read the addresses of dead peers.
-export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+if [ -z "${TORCH_DISABLE_SHARE_RDZV_TCP_STORE+set}" ]; then export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; fi  # a profile value wins
 echo "hpctrain: node $node on $(hostname) device=$device gpu=$gpu CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} restart=$HPCTRAIN_RESTART_COUNT endpoint=$HPCTRAIN_RDZV_ENDPOINT"
 tee=()
 if [ "$HPCTRAIN_TEE" = 1 ]; then tee=(--tee=3 --log-dir="$HPCTRAIN_RUN_DIR/logs/torchrun/node-$node"); fi
@@ -259,7 +259,8 @@ hpctrain_preflight() {  # every node's checks at once, then the verdict: go on, 
 }
 hpctrain_entry=(-m train_entry --run-dir /scratch/runs/golden --strategy ddp --max-steps 10)
 
-hpctrain_cause=  # an error that repeats (the FATAL file's line): the job fails with it
+hpctrain_fatal=0  # an error that repeats (the FATAL file): the job fails with it
+hpctrain_cause=  # its line (empty when the rank could not write it: then its own log says)
 
 while :; do
   rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_RUN_DIR/PREEMPTED" "$HPCTRAIN_RUN_DIR/FATAL"
@@ -313,8 +314,8 @@ while :; do
   hpctrain_node_pids=()
 
   if [ -e "$HPCTRAIN_RUN_DIR/FATAL" ]; then  # an error that repeats: neither restarted nor requeued
+    hpctrain_fatal=1
     read -r hpctrain_cause <"$HPCTRAIN_RUN_DIR/FATAL"
-    hpctrain_cause=${hpctrain_cause:-an error that repeats}
     break
   fi
   hpctrain_why=preempted
@@ -337,9 +338,13 @@ while :; do
   break
 done
 
-if [ -n "$hpctrain_cause" ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
-  echo "hpctrain: error: $hpctrain_cause (an error that repeats: not restarted)" >&2
-  hpctrain_event failed exit_code:= "$(( hpctrain_rc ? hpctrain_rc : 1 ))" reason "$hpctrain_cause"
+if [ "$hpctrain_fatal" = 1 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
+  if [ -n "$hpctrain_cause" ]; then
+    echo "hpctrain: error: $hpctrain_cause (an error that repeats: not restarted)" >&2
+    hpctrain_event failed exit_code:= "$(( hpctrain_rc ? hpctrain_rc : 1 ))" reason "$hpctrain_cause"
+  else
+    hpctrain_event failed exit_code:= "$(( hpctrain_rc ? hpctrain_rc : 1 ))"
+  fi
   hpctrain_finish FAILED "$(( hpctrain_rc ? hpctrain_rc : 1 ))"
 elif [ "$hpctrain_rc" -eq 0 ] && [ "$preempted" = 0 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
   hpctrain_event "done"
