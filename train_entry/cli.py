@@ -9,12 +9,14 @@ Errors in the flags or the config: one line on stderr (rank 0 only under torchru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import traceback
 from typing import NoReturn
 
-from hpctrain.kernel import fatal, jobenv
+from hpctrain.kernel import failures, fatal, jobenv
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.errors import UserError, ValidationError
 from train_entry.config import STRATEGIES, TrainConfig, check_sizes, keys_help, load_config
@@ -117,8 +119,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, int]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    run_dir = None
     try:
         args, cfg, accum = parse(argv)
+        run_dir = args.run_dir
         if args.print_config:
             if os.environ.get("RANK", "0") == "0":
                 sys.stdout.write(cfg.to_yaml())
@@ -151,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {one if one is not None else e.format_message()}", file=sys.stderr)
         return 2
     except Exception as e:
+        _record(run_dir, e)
         if fatal.lost_peer(e):  # a secondary failure: the rank that died first says why
             print(
                 f"hpctrain: rank {os.environ.get('RANK', '?')} stopped: another rank failed first "
@@ -178,3 +183,14 @@ def _fatal(argv: list[str], line: str) -> None:
         run_dir = jobenv.get(jobenv.RUN_DIR)
     if run_dir:
         fatal.write(run_dir, line.removeprefix("error: "))
+
+
+def _record(run_dir: str | None, e: BaseException) -> None:
+    """failures/<job>-<restart>/rank-<R>.json: what ended this rank, so `status` can tell the
+    rank that failed first from those that lost it (a record that cannot be written is skipped:
+    the traceback still reaches the node log)."""
+    if run_dir is None:
+        return
+    line = "".join(traceback.format_exception_only(type(e), e)).strip().splitlines()
+    with contextlib.suppress(OSError):
+        failures.record(run_dir, int(os.environ.get("RANK", "0")), line[0] if line else repr(e))

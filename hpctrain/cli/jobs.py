@@ -10,7 +10,8 @@ import click
 
 from hpctrain.jobs.options import JobOptions
 from hpctrain.kernel import strategies as strategy_names
-from hpctrain.runs.progress import Follower, describe, root_cause, snapshot
+from hpctrain.runs.cause import root_cause
+from hpctrain.runs.progress import Follower, describe, snapshot
 from hpctrain.service import submit as service
 from hpctrain.service.prepare import Prepared, plan_args, resolve_profile  # noqa: F401  (sweep, tests)
 from hpctrain.service.submit import wait

@@ -16,26 +16,10 @@ import os
 import socket
 from pathlib import Path
 
-from hpctrain.kernel import layout
+from hpctrain.kernel import failures, layout
 
 # torch.distributed's own errors: the network or the store failed, not the training code
 _LOST_TYPES = ("DistNetworkError", "DistStoreError", "DistBackendError")
-# what gloo, NCCL and the c10d store say when a peer went away or did not answer in time
-_LOST_MARKERS = (
-    "Connection reset by peer",
-    "Connection closed by peer",
-    "Connection refused",
-    "Broken pipe",
-    "connectFullMesh",
-    "Timed out",
-    "timed out",
-    "timeout",  # gloo's connect, NCCL's watchdog ("collective operation timeout")
-    "Timeout",
-    "pair closure",
-    "NCCL communicator was aborted",
-    "ncclRemoteError",
-    "ncclSystemError",
-)
 
 
 def lost_peer(e: BaseException) -> bool:
@@ -43,7 +27,7 @@ def lost_peer(e: BaseException) -> bool:
     name, text = type(e).__name__, str(e)
     if name in _LOST_TYPES:
         return True
-    return name == "RuntimeError" and any(m in text for m in _LOST_MARKERS)
+    return name == "RuntimeError" and failures.lost_peer(text)
 
 
 def cause(e: BaseException, rank: str | int) -> str:

@@ -142,6 +142,12 @@ ENTRIES: tuple[Entry, ...] = (
         "train_entry (watchdog)",
     ),
     Entry(
+        "failures/<job>-<restart>/rank-<R>.json",
+        'a rank ended by an exception: {"rank", "node", "host", "pid", "time", "error", '
+        '"lost_peer"} (what `status` weighs to name the rank that failed first)',
+        "train_entry",
+    ),
+    Entry(
         "heartbeat/rank-<R>.json",
         "with watchdog.stall_s: {rank, step, time, pid, host}, every 5-30 s",
         "train_entry (watchdog)",
@@ -176,6 +182,7 @@ PREFLIGHT_LATEST = "preflight.json"
 STALLED = "STALLED"
 STACKS = "stacks"
 HEARTBEAT = "heartbeat"
+FAILURES = "failures"
 
 
 def read_mesh(run_path: object) -> dict[str, object] | None:

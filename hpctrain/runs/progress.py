@@ -1,6 +1,6 @@
-"""What a run is doing, from its folder: training progress (metrics.jsonl), when it failed the
-first root-cause line (not torchrun's wrapper traceback), and its health (bad nodes, stalls, from
-events.jsonl). Used by `submit --wait` and `status`.
+"""What a run is doing, from its folder: training progress (metrics.jsonl) and its health (bad
+nodes, stalls, from events.jsonl). Used by `submit --wait` and `status`; why a run failed is
+hpctrain/runs/cause.py.
 
 No torch, no click: plain reads of the run folder, safe on a half-written last line.
 """
@@ -8,14 +8,12 @@ No torch, no click: plain reads of the run folder, safe on a half-written last l
 from __future__ import annotations
 
 import json
-import re
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.kernel.files import jsonl_records
 from hpctrain.runs import trainer_progress
 
 if TYPE_CHECKING:
@@ -55,7 +53,6 @@ def snapshot(run: Path, total: int | None = None) -> dict[str, Any] | None:
     "source" naming the file."""
     rows = _tail_rows(Path(run) / METRICS)
     if not rows:
-
         return trainer_progress.snapshot(Path(run))
     last = rows[-1]
     total = last.get("max_steps") or total
@@ -102,48 +99,6 @@ def describe(snap: dict[str, Any] | None) -> str:
     return "  ".join(parts)
 
 
-# ---------------------------------------------------------------- why it failed
-_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
-_EXC = re.compile(
-    r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure)|[A-Za-z_][\w.]*Error)"
-    r"(?::.*)?$"
-)
-_WRAPPER = ("ChildFailedError", "torch.distributed.elastic")
-
-
-def root_cause(run: Path) -> dict[str, str] | None:
-    """{"line", "log"}: the first line that says why the run failed, and the file holding it.
-
-    In order: the batch script's own `failed` reason (a setup failure), train_entry's `error:` line
-    (a bad config: exit 2), the Python exception that ended rank 0 (the last line of its
-    traceback), any rank's exception. torchrun's wrapper traceback (ChildFailedError) never counts.
-    """
-    run = Path(run)
-    for event in reversed(_jsonl(run / "events.jsonl")):
-        if event.get("event") == "failed" and event.get("reason"):
-            return {"line": str(event["reason"]), "log": str(run / "logs" / "batch.log")}
-        if event.get("event") in ("done", "requeue"):
-            break
-    logs = _logs(run)
-    for log in logs:
-        for raw in _read_lines(log):
-            rank, line = _split(raw)
-            if line.startswith("error: ") and rank in (None, 0):
-                return {"line": line, "log": str(log)}
-    found: dict[str, str] | None = None
-    for log in logs:
-        exc = _last_exception(_read_lines(log))
-        if exc is not None:
-            rank, line = exc
-            if rank in (None, 0):
-                return {"line": line, "log": str(log)}
-            found = found or {"line": line, "log": str(log)}
-    return found or _exit_code(logs)
-
-
-_ROOT = re.compile(r"^\s*(host|rank|exitcode)\s*:\s*(.+?)\s*$")
-
-
 # what `status` shows of a run's health (moved from checks/preflight/gate.py): the nodes the
 # preflight gate named, and the stalls the watchdog recorded, from events.jsonl
 def health(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -169,74 +124,6 @@ def health_lines(info: dict[str, Any]) -> list[str]:
         for s in info.get("stalls", [])
     ]
     return out
-
-
-def _exit_code(logs: list[Path]) -> dict[str, str] | None:
-    """No exception anywhere: torchrun's 'Root Cause' block still says which rank exited how."""
-    for log in logs:
-        seen: dict[str, str] = {}
-        for raw in _read_lines(log):
-            m = _ROOT.match(_split(raw)[1])
-            if m:
-                seen[m.group(1)] = m.group(2)
-            if {"host", "rank", "exitcode"} <= seen.keys():
-                rank = seen["rank"].split()[0]
-                code = seen["exitcode"].split()[0]
-                return {
-                    "line": f"rank {rank} on {seen['host']} exited with code {code} "
-                    "(no Python exception in its output)",
-                    "log": str(log),
-                }
-    return None
-
-
-def _logs(run: Path) -> list[Path]:
-    logs = run / "logs"
-    own = sorted(logs.glob("rank-*.log"), key=lambda p: _num(p.stem))
-    nodes = sorted(logs.glob("node-*.log"), key=lambda p: _num(p.stem))
-    tee = sorted((logs / "torchrun").glob("node-*/*/attempt_*/*/stderr.log"))
-    return [*own, *nodes, *tee]
-
-
-def _num(stem: str) -> int:
-    digits = stem.rsplit("-", 1)[-1]
-    return int(digits) if digits.isdigit() else 0
-
-
-def _split(raw: str) -> tuple[int | None, str]:
-    m = _PREFIX.match(raw)
-    return (int(m.group(1)), raw[m.end() :]) if m else (None, raw)
-
-
-def _last_exception(lines: list[str]) -> tuple[int | None, str] | None:
-    """The exception line of the newest traceback that is not torchrun's own."""
-    found = None
-    in_tb: dict[int | None, bool] = {}
-    for raw in lines:
-        rank, line = _split(raw)
-        if line.startswith("Traceback (most recent call last)"):
-            in_tb[rank] = True
-            continue
-        if in_tb.get(rank) and line and not line[0].isspace():
-            in_tb[rank] = False
-            if _EXC.match(line) and not any(w in line for w in _WRAPPER):
-                found = (rank, line)
-    return found
-
-
-def _read_lines(path: Path, limit: int = 2_000_000) -> list[str]:
-    try:
-        with path.open("rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            return f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return []
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return jsonl_records(_read_lines(path))
 
 
 # ---------------------------------------------------------------- following a run

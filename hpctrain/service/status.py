@@ -9,8 +9,9 @@ from hpctrain import dispatch
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
 from hpctrain.runs import in_job, points, sweepdir
+from hpctrain.runs.cause import root_cause
 from hpctrain.runs.folder import TERMINAL, BrokenRun, find_run
-from hpctrain.runs.progress import health, root_cause, snapshot
+from hpctrain.runs.progress import health, snapshot
 
 if TYPE_CHECKING:
     from hpctrain.runs.folder import RunDir
@@ -94,7 +95,9 @@ def detail(r: RunDir) -> dict[str, Any]:
         info["chain"] = segments
     info["progress"] = snapshot(r.path)
     failed = info["state"] not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN", "REQUEUED")
-    info["root_cause"] = root_cause(r.path) if failed else None
+    info["root_cause"] = cause = root_cause(r.path) if failed else None
+    if cause is not None and not info.get("reason"):
+        info["reason"] = cause["line"]  # the first line of `status`: which rank failed first, how
     events = r.events()
     info.update(health(events))
     info["in_job_restarts"] = in_job.summary(events)  # apart from requeues ("restarts")

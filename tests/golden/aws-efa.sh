@@ -213,6 +213,8 @@ while :; do
   hpctrain_now
   hpctrain_jsonl "$HPCTRAIN_RUN_DIR/restarts.jsonl" time "$hpctrain_t" job_id "$HPCTRAIN_JOB_ID" \
     restart_count:= "$HPCTRAIN_RESTART_COUNT" host "$HOSTNAME"
+  # where this start's lines begin in the appended batch.log (`status` reads srun's task lines after it)
+  echo "hpctrain: start of job $HPCTRAIN_JOB_ID restart $HPCTRAIN_RESTART_COUNT on $HOSTNAME"
 
   # Rendezvous: the head is the first node; its address from getent (never `hostname -i`, which may
   # say 127.0.1.1), from its name with the site's suffix, or from one of its interfaces (this batch

@@ -267,6 +267,8 @@ while :; do
   hpctrain_now
   hpctrain_jsonl "$HPCTRAIN_RUN_DIR/restarts.jsonl" time "$hpctrain_t" job_id "$HPCTRAIN_JOB_ID" \
     restart_count:= "$HPCTRAIN_RESTART_COUNT" host "$HOSTNAME"
+  # where this start's lines begin in the appended batch.log (`status` reads srun's task lines after it)
+  echo "hpctrain: start of job $HPCTRAIN_JOB_ID restart $HPCTRAIN_RESTART_COUNT on $HOSTNAME"
   hpctrain_preflight
   if [ "$cancelled" = 1 ]; then break; fi  # scancel during the gate: no training start
 

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -105,6 +106,12 @@ def follow(lap: Laptop, name: str) -> subprocess.Popen:
     )
 
 
+def drain(s: subprocess.Popen) -> None:
+    """Read the rest as a terminal would (CI once saw a --follow, its output unread, not leave
+    within 30 s of its Ctrl-C)."""
+    threading.Thread(target=s.stdout.read, daemon=True).start()
+
+
 def test_status_logs_follow_cancel_through_the_agent_match_ssh_exec(laptop, tmp_path):
     site = laptop.site
     prof = laptop.write_profile("agent-local", extends="local")
@@ -155,6 +162,7 @@ def test_status_logs_follow_cancel_through_the_agent_match_ssh_exec(laptop, tmp_
         kept = until("one session", lambda: x if len(x := sessions(agent)) == 1 else None, 10)
         streams.append(follow(laptop, "long"))
         started(streams[2])
+        drain(streams[2])
         (session,) = set(sessions(agent)) - set(kept)
         streams[2].send_signal(signal.SIGINT)
         assert streams[2].wait(30) == 130

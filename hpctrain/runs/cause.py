@@ -1,0 +1,322 @@
+"""Why a run failed, in one line: the rank and node that failed first and how (a signal, a Python
+exception, an exit code), never a rank that only lost its peer, nor torchrun's wrapper traceback.
+
+Read from the run folder, the newest start only:
+- events.jsonl: the batch script's own `failed` reason (a setup failure) wins outright, then
+  train_entry's `error:` line (a bad config: exit 2, said by rank 0);
+- failures/<job>-<restart>/rank-<R>.json: a rank's own record of the exception that ended it
+  (hpctrain/kernel/failures.py), with a sub-second time and whether it only lost a peer;
+- logs/node-<N>.log: every failure that torchrun's ChildFailedError blocks list (time, host, rank,
+  exit code or signal), and `[rankR]:` tracebacks, for ranks that wrote no record;
+- logs/batch.log under launcher srun: `srun: error: n2: task 3: Killed`.
+
+Each failing rank gets a weight: a cause (a killing signal, its own exception) before an exit code
+with nothing more known, before a stop signal (TERM, INT, HUP, or srun's kill after another task
+failed), before a lost peer. The first is the lowest weight, then the earliest time (untimed srun
+lines first: srun reports in the order it saw), then the order found. Used by `status` and
+`submit --wait`; no torch, no click.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from hpctrain.kernel import exitcodes, layout
+from hpctrain.kernel.failures import folder, lost_peer
+from hpctrain.kernel.files import jsonl_records
+
+CAUSE, EXIT, STOPPED, LOST_PEER = 0, 1, 2, 3
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+_STRSIGNAL = {signal.strsignal(s): s for s in signal.Signals if signal.strsignal(s)}
+
+_PREFIX = re.compile(r"^\[(?:rank|default)(\d+)\]:\s?")
+_EXC = re.compile(
+    r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit|Failure)|[A-Za-z_][\w.]*Error)"
+    r"(?::.*)?$"
+)
+_WRAPPER = ("ChildFailedError", "torch.distributed.elastic")  # torchrun's own traceback
+_FIELD = re.compile(r"^\s*(time|host|rank|exitcode)\s*:\s*(.+?)\s*$")
+# the per-node command's first line at each start (templates/sbatch.sh.j2)
+_HEADER = re.compile(r"^hpctrain: node \d+ (?:task (\d+) .*)?on (\S+) .*restart=(\S+)")
+_SRUN = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (.+?)\s*$")
+_SRUN_STOP = ("_step_signal: Terminating", "CANCELLED AT")
+_START = "hpctrain: start of job "  # the batch shell's line at each start
+
+
+@dataclass
+class Failure:
+    """What is known of one rank's end; sources fill in what they know."""
+
+    rank: int
+    host: str | None = None
+    node: int | None = None  # its node's index (node-<N>.log)
+    node_log: str | None = None
+    time: float | None = None
+    order: int = 0
+    signal: int | None = None
+    stopped: bool = False  # the signal came after the job step was already being stopped
+    exit_code: int | None = None
+    error: str | None = None  # the exception's line
+    error_log: str | None = None
+    lost_peer: bool = False
+
+    def weight(self) -> int:
+        if self.signal is not None:
+            return STOPPED if self.stopped or self.signal in STOP_SIGNALS else CAUSE
+        if self.error is not None:
+            return LOST_PEER if self.lost_peer else CAUSE
+        return EXIT
+
+    def key(self) -> tuple[int, int, float, int]:
+        return (self.weight(), self.time is not None, self.time or 0.0, self.order)
+
+    def describe(self) -> dict[str, Any]:  # Any: JSON fields of several types
+        who = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
+        out: dict[str, Any] = {"rank": self.rank, "node": self.node, "host": self.host}  # Any: as above
+        if self.signal is not None:
+            name = _signame(self.signal)
+            how = f"was killed by signal {self.signal}" + (f" ({name})" if name else "")
+            out |= {"kind": "signal", "signal": self.signal, "line": f"{who} {how}"}
+        elif self.error is not None:
+            lost = " (it lost a peer; no rank recorded a cause)" if self.lost_peer else ""
+            kind = "lost_peer" if self.lost_peer else "exception"
+            out |= {"kind": kind, "error": self.error, "line": f"{who}: {self.error}{lost}"}
+        else:
+            out |= {
+                "kind": "exit",
+                "exit_code": self.exit_code,
+                "line": f"{who} exited with code {self.exit_code} "
+                "(no Python exception in its output)",
+            }
+        out["log"] = (self.error_log if self.error else None) or self.node_log
+        return out
+
+
+Rank = Callable[[int], Failure]  # the Failure of a rank, made at its first mention
+
+
+def root_cause(run: Path) -> dict[str, Any] | None:  # Any: JSON fields of several types
+    """{"line", "log"} and, for a rank, {"rank", "node", "host", "kind": "signal"|"exception"|"exit"|
+    "lost_peer", "signal"|"error"|"exit_code"}; {"kind": "setup"|"config"} for the batch script's
+    reason or train_entry's `error:` line. None when nothing says why."""
+    run = Path(run)
+    for event in reversed(_jsonl(run / layout.EVENTS)):
+        if event.get("event") == "failed" and event.get("reason"):
+            reason = str(event["reason"])
+            return {"kind": "setup", "line": reason, "log": str(run / layout.BATCH_LOG)}
+        if event.get("event") in ("done", "requeue"):
+            break
+    nodes = {p: _newest(_read_lines(p)) for p in _sorted(run, "logs/node-*.log")}
+    for log, lines in nodes.items():
+        for raw in lines:
+            rank, line = _split(raw)
+            if line.startswith("error: ") and rank in (None, 0):
+                return {"kind": "config", "line": line, "log": str(log)}
+    ranks: dict[int, Failure] = {}
+
+    def at(rank: int) -> Failure:
+        return ranks.setdefault(rank, Failure(rank, order=len(ranks)))
+
+    for log, lines in nodes.items():
+        _torchrun_blocks(lines, log, at)
+    if _srun_launcher(nodes.values()):  # its `task N` is a rank (under torchrun: a node)
+        _srun_lines(run, at)
+    _records(run, at)
+    for log in [*_sorted(run, "logs/rank-*.log"), *nodes]:  # tracebacks explain a failing rank
+        for rank, line in _exceptions(nodes.get(log) or _read_lines(log), _num(log.stem), log):
+            f = ranks.get(rank) if rank is not None else None
+            if f is not None and f.error is None and f.signal is None:
+                f.error, f.error_log, f.lost_peer = line, str(log), lost_peer(line)
+    ok = (exitcodes.OK, exitcodes.PREEMPTED)
+    failed = [f for f in ranks.values() if f.exit_code not in ok or f.signal or f.error]
+    if failed:
+        return min(failed, key=Failure.key).describe()
+    return _any_exception(run, list(nodes))
+
+
+def _torchrun_blocks(lines: list[str], log: Path, at: Rank) -> None:
+    """Every failure a ChildFailedError block lists (the 'Root Cause' and the 'Other Failures')."""
+    seen: dict[str, str] = {}
+    # the node's own name, as the start line wrote it (torchrun's getfqdn may say `localhost`)
+    own = next((m.group(2) for x in lines if (m := _HEADER.match(x))), None)
+    for raw in lines:
+        m = _FIELD.match(_split(raw)[1])
+        if not m:
+            continue
+        seen[m.group(1)] = m.group(2)
+        if {"time", "host", "rank", "exitcode"} <= seen.keys():
+            rank, code = int(seen["rank"].split()[0]), int(seen["exitcode"].split()[0])
+            f = at(rank)
+            f.host, f.node_log, f.node = own or seen["host"], str(log), _num(log.stem)
+            when = _when(seen["time"])
+            f.time = when if f.time is None or when is None else min(f.time, when)
+            if code < 0:
+                f.signal = -code
+            else:
+                f.exit_code = code
+            seen = {}
+
+
+def _srun_lines(run: Path, at: Rank) -> None:
+    """launcher srun: srun's line per task; one after srun began stopping the step is a stop."""
+    stopping = False
+    for line in _since_start(_read_lines(run / layout.BATCH_LOG)):
+        if any(s in line for s in _SRUN_STOP):
+            stopping = True
+        m = _SRUN.match(line)
+        if not m:
+            continue
+        host, tasks, what = m.groups()
+        for rank in _task_ranks(tasks):
+            f = at(rank)
+            f.host = f.host or host
+            f.node_log = f.node_log or str(run / layout.BATCH_LOG)
+            code = re.match(r"Exited with exit code (\d+)", what)
+            if code:
+                f.exit_code = int(code.group(1))
+            elif what in _STRSIGNAL:
+                f.signal, f.stopped = int(_STRSIGNAL[what]), stopping
+
+
+def _records(run: Path, at: Rank) -> None:
+    """The ranks' own records of this start (train_entry writes one at an exception)."""
+    starts = _jsonl(run / layout.RESTARTS)
+    if not starts:
+        return
+    last = starts[-1]
+    where = run / folder(str(last.get("job_id")), str(last.get("restart_count", 0)))
+    for path in sorted(where.glob("rank-*.json"), key=lambda p: _num(p.stem)):
+        try:
+            rec = json.loads(path.read_text())
+            rank = int(rec["rank"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        f = at(rank)
+        f.host = f.host or rec.get("host")
+        if isinstance(rec.get("node"), int):
+            f.node = rec["node"] if f.node is None else f.node
+            f.node_log = f.node_log or str(run / layout.node_log(rec["node"]))
+        if isinstance(rec.get("time"), (int, float)):
+            f.time = float(rec["time"])  # sub-second: better than torchrun's whole seconds
+        f.error, f.lost_peer = str(rec.get("error")), bool(rec.get("lost_peer"))
+        f.error_log = f.node_log or str(path)
+        if f.exit_code is None and f.signal is None:
+            f.exit_code = 1
+
+
+def _any_exception(run: Path, nodes: list[Path]) -> dict[str, Any] | None:  # Any: as above
+    """No rank is known to have failed (a user script without torchrun's blocks): the newest
+    exception any log holds, rank 0's first."""
+    found = None
+    for log in [*_sorted(run, "logs/rank-*.log"), *nodes, *_tees(run)]:
+        for rank, line in _exceptions(_read_lines(log), None, log):
+            if rank in (None, 0):
+                return {"kind": "exception", "line": line, "log": str(log)}
+            found = found or {"kind": "exception", "line": line, "log": str(log)}
+    return found
+
+
+def _exceptions(lines: list[str], own: int | None, log: Path) -> list[tuple[int | None, str]]:
+    """(rank, line) of each rank's newest traceback that is not torchrun's own. `own`: the rank
+    of a rank-R.log (its lines carry no prefix)."""
+    found: dict[int | None, str] = {}
+    in_tb: dict[int | None, bool] = {}
+    for raw in lines:
+        rank, line = _split(raw)
+        rank = own if rank is None and log.stem.startswith("rank-") else rank
+        if line.startswith("Traceback (most recent call last)"):
+            in_tb[rank] = True
+            continue
+        if in_tb.get(rank) and line and not line[0].isspace():
+            in_tb[rank] = False
+            if _EXC.match(line) and not any(w in line for w in _WRAPPER):
+                found[rank] = line
+    return list(found.items())
+
+
+def _srun_launcher(logs: Iterable[list[str]]) -> bool:
+    """The per-node command under launcher srun names its task in its header."""
+    return any((m := _HEADER.match(x)) and m.group(1) for lines in logs for x in lines)
+
+
+def _newest(lines: list[str]) -> list[str]:
+    """A node log's lines of the newest start: from the first of the last run of headers with
+    the same restart count (launcher srun writes one header per task)."""
+    heads = [(i, m.group(3)) for i, x in enumerate(lines) if (m := _HEADER.match(x))]
+    if not heads:
+        return lines
+    start, key = heads[-1]
+    for i, k in reversed(heads):
+        if k != key:
+            break
+        start = i
+    return lines[start:]
+
+
+def _since_start(lines: list[str]) -> list[str]:
+    starts = [i for i, x in enumerate(lines) if x.startswith(_START)]
+    return lines[starts[-1] + 1 :] if starts else lines
+
+
+def _task_ranks(spec: str) -> list[int]:
+    out: list[int] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        if lo.isdigit() and (hi.isdigit() or not hi):
+            out += range(int(lo), int(hi or lo) + 1)
+    return out
+
+
+def _when(text: str) -> float | None:
+    """torchrun's `2026-12-04_01:58:30` (the node's local time, whole seconds)."""
+    try:
+        return datetime.fromisoformat(text.replace("_", "T")).timestamp()
+    except ValueError:
+        return None
+
+
+def _signame(num: int) -> str | None:
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return None
+
+
+def _sorted(run: Path, pattern: str) -> list[Path]:
+    return sorted(run.glob(pattern), key=lambda p: _num(p.stem))
+
+
+def _tees(run: Path) -> list[Path]:
+    return sorted((run / layout.LOGS / "torchrun").glob("node-*/*/attempt_*/*/stderr.log"))
+
+
+def _num(stem: str) -> int:
+    digits = stem.rsplit("-", 1)[-1]
+    return int(digits) if digits.isdigit() else 0
+
+
+def _split(raw: str) -> tuple[int | None, str]:
+    m = _PREFIX.match(raw)
+    return (int(m.group(1)), raw[m.end() :]) if m else (None, raw)
+
+
+def _read_lines(path: Path, limit: int = 2_000_000) -> list[str]:
+    try:
+        with path.open("rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return []
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return jsonl_records(_read_lines(path))
