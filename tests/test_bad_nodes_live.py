@@ -306,6 +306,8 @@ def test_a_stalled_rank_dumps_stacks_requeues_and_resumes(live):
         "stall_entry",
         "--set",
         "watchdog.stall_s=15",
+        "--set",  # the requeue path (in-job restarts: tests/test_in_job_restart.py)
+        "preemption.max_in_job_restarts=0",
         "--set",
         f"environment.env.PYTHONPATH={live.root / 'mods'}",
         "--",

@@ -259,7 +259,9 @@ def until(what: str, cond, timeout: float) -> None:
 def test_live_sigkill_of_rank_3_is_named_by_status(tmp_path):
     home = Home(tmp_path)
     home.hp(
-        "submit", "--profile", "local", "--nodes", "2", "--gpus", "2", "--name", "kill3", "--",
+        # no in-job restart: the job must end, and status say why
+        "submit", "--profile", "local", "--set", "preemption.max_in_job_restarts=0",
+        "--nodes", "2", "--gpus", "2", "--name", "kill3", "--",
         "--strategy", "ddp", "--max-steps", "2000", "--checkpoint-every", "10000",
         "--train.log_every=1",
     )  # fmt: skip

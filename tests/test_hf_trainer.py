@@ -69,6 +69,8 @@ def _submit(runs: Runs, name: str, *extra: str, wait: bool) -> subprocess.Popen 
         "--name",
         name,
         *NO_GATE,
+        "--set",  # the SIGKILL below tests a failed job, not an in-job restart
+        "preemption.max_in_job_restarts=0",
         "--script",
         str(SCRIPT),
         *(["--wait"] if wait else []),

@@ -27,7 +27,7 @@ RUN = "/scratch/runs/demo"
 TORCHRUN_FLAGS = (
     f'--nnodes="${jobenv.NNODES}" --nproc-per-node="${jobenv.GPUS_PER_NODE}" '
     f'--rdzv-backend=c10d --rdzv-endpoint="${jobenv.RDZV_ENDPOINT}" '
-    f'--rdzv-id="${jobenv.JOB_ID}" --rdzv-conf="is_host=$is_host" --max-restarts=0 '
+    f'--rdzv-id="${jobenv.JOB_ID}" --rdzv-conf="is_host=$is_host" --max-restarts=2 --monitor-interval=0.5 '
     '"${tee[@]}" "$@"'
 )
 SRUN_TASK = [

@@ -32,11 +32,20 @@ def script(
 ) -> str:
     import os
 
+    # the stand-in python for this render only: a live job of a later test in this process must
+    # get the real one
+    before = os.environ.get(jobenv.PYTHON)
     os.environ[jobenv.PYTHON] = str(bin_ / "python")
-    # the stand-ins record commands; the preflight gate runs live (tests/test_bad_nodes.py)
-    profile = resolve(name, {"preflight.enabled": False, **flags})
-    req = JobRequest.build(profile, name="s", nodes=nodes, gpus=gpus, args=[])
-    return render(profile, req, str(run_dir))
+    try:
+        # the stand-ins record commands; the preflight gate runs live (tests/test_bad_nodes.py)
+        profile = resolve(name, {"preflight.enabled": False, **flags})
+        req = JobRequest.build(profile, name="s", nodes=nodes, gpus=gpus, args=[])
+        return render(profile, req, str(run_dir))
+    finally:
+        if before is None:
+            os.environ.pop(jobenv.PYTHON, None)
+        else:
+            os.environ[jobenv.PYTHON] = before
 
 
 def node_env(rec: Path, node: int = 0) -> dict:
@@ -233,7 +242,7 @@ def test_torchrun_command_arguments_and_python_keys(tmp_path, standins):
     assert again == text
     assert ('exec "python" "-m" "torch.distributed.run" --nnodes=') in text
     assert (
-        '--max-restarts=0 --numa-binding="exclusive" --local-addr="${HOSTNAME}i" "${tee[@]}"'
+        '--max-restarts=2 --monitor-interval=0.5 --numa-binding="exclusive" --local-addr="${HOSTNAME}i" "${tee[@]}"'
         in text
     )
     for bad, why in (

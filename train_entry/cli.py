@@ -16,7 +16,7 @@ import sys
 import traceback
 from typing import NoReturn
 
-from hpctrain.kernel import failures, jobenv
+from hpctrain.kernel import failures, fatal, jobenv
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.errors import UserError, ValidationError
 from train_entry.config import STRATEGIES, TrainConfig, check_sizes, keys_help, load_config
@@ -141,17 +141,22 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             return 0
-        from train_entry.trainer import Trainer  # torch is imported only past this line
+        from train_entry import restart  # lazy: torch is imported only past this line
+        from train_entry.trainer import Trainer  # lazy: as above
 
+        left = restart.leave_if_fatal(args.run_dir)
+        if left is not None:
+            return left
         return Trainer(cfg, run_dir=args.run_dir, grad_accum=accum).run()
     except UserError as e:
+        one = e.problems[0] if isinstance(e, ValidationError) and len(e.problems) == 1 else None
+        _fatal(argv, f"error: {one if one is not None else e.format_message()}")
         if os.environ.get("RANK", "0") == "0":
-            one = e.problems[0] if isinstance(e, ValidationError) and len(e.problems) == 1 else None
             print(f"error: {one if one is not None else e.format_message()}", file=sys.stderr)
         return 2
     except Exception as e:
         _record(run_dir, e)
-        if _peer_gone(e):  # a secondary failure: the rank that died first says why
+        if fatal.lost_peer(e):  # a secondary failure: the rank that died first says why
             print(
                 f"hpctrain: rank {os.environ.get('RANK', '?')} stopped: another rank failed first "
                 "(its error is in the logs)",
@@ -160,19 +165,24 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         if type(e).__name__ != "RunFailed":  # train_entry.trainer.RunFailed (torch-free here)
+            _fatal(argv, fatal.cause(e, os.environ.get("RANK", "?")))  # repeats: never restarted
             raise
+        _fatal(argv, str(e))  # its line says what failed where, and the fix
         if not getattr(e, "every_rank", False) or os.environ.get("RANK", "0") == "0":
             print(f"error: {e}", file=sys.stderr, flush=True)  # said once
         return 1
 
 
-def _peer_gone(e: BaseException) -> bool:
-    """A collective that failed only because another rank exited (gloo's connection errors)."""
-    return type(e).__name__ in (
-        "RuntimeError",
-        "DistBackendError",
-        "DistNetworkError",
-    ) and failures.lost_peer(str(e))
+def _fatal(argv: list[str], line: str) -> None:
+    """Inside a job: the FATAL file, so no in-job restart trains into this error again."""
+    if jobenv.get(jobenv.JOB_ID) is None:
+        return
+    try:
+        run_dir = parser().parse_known_args(argv)[0].run_dir or jobenv.get(jobenv.RUN_DIR)
+    except UserError:  # the flags themselves are the error
+        run_dir = jobenv.get(jobenv.RUN_DIR)
+    if run_dir:
+        fatal.write(run_dir, line.removeprefix("error: "))
 
 
 def _record(run_dir: str | None, e: BaseException) -> None:

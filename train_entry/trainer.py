@@ -24,7 +24,7 @@ import torch
 from hpctrain.kernel import layout
 from hpctrain.kernel.checkpoint import LATEST
 from hpctrain.kernel.rundir import RunFolder
-from train_entry import perf
+from train_entry import perf, restart
 from train_entry.checkpoint.checkpointer import Checkpointer
 from train_entry.checkpoint.common import FATAL, SPACE, TRANSIENT, SaveFailed
 from train_entry.config import TrainConfig
@@ -221,6 +221,10 @@ class Trainer:
             metrics.peak_flops = peak * info.world_size
         if ckpt.load_latest(state) is not None:
             batches.restore(state.data)
+        # an in-job restart (preemption.max_in_job_restarts): one event, by rank 0
+        if restart.agreed_restart(device) and info.rank == 0:
+            with contextlib.suppress(OSError):
+                restart.record(self.run_dir, resumed=state.step)
         metrics.start(state.step)
         ranks = f"{info.world_size} rank{'s' if info.world_size != 1 else ''}"
         shards = ranks if dims.mesh is None else f"dp {dims.dp}"

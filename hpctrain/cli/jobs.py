@@ -163,6 +163,7 @@ def submit(**o: Any) -> None:  # Any: click's parsed options (any option type)
         click.echo(
             f"dry run: would submit {rec.name} to {rec.where} with profile {rec.profile}\n"
             f"  topology: {rec.topology}, time {rec.time_min} min, {rec.entry}\n"
+            f"  on failure: {rec.recovery}\n"
             f"  run folder: {rec.run_path}\n  script: {rec.script_lines} lines "
             "(`hpctrain render` with the same options prints it)"
         )

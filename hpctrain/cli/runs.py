@@ -13,7 +13,7 @@ from hpctrain.cli.table import plain_table
 from hpctrain.kernel.errors import UserError
 from hpctrain.remote.forward import each_json, each_site, maybe_forward
 from hpctrain.remote.index import sites
-from hpctrain.runs import points, sweepdir
+from hpctrain.runs import in_job, points, sweepdir
 from hpctrain.runs.folder import all_runs, find_run
 from hpctrain.runs.progress import describe, health_lines
 from hpctrain.service import status as status_service
@@ -68,6 +68,7 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
         f"  topology: {info['nodes']} node(s) x {info['gpus_per_node']}, strategy {info['strategy']}"
         f"{', mesh ' + info['mesh'] if info.get('mesh') else ''}\n"
         f"  restarts: {info['restarts']} ({info['starts']} start(s) of the script)\n"
+        f"{in_job.line(info['in_job_restarts'])}\n"
         f"  training: {describe(info['progress'])}\n"
         f"  newest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}\n"
         f"  folder: {info['path']}"

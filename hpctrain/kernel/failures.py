@@ -17,16 +17,22 @@ from pathlib import Path
 from hpctrain.kernel import jobenv, layout
 from hpctrain.kernel.rundir import RunFolder
 
-# what a collective says when another rank went away (gloo, NCCL, the store, torchrun's wrapper):
-# the consequence of a failure elsewhere, never its cause
+# what a collective says when another rank went away or did not answer in time (gloo, NCCL, the
+# c10d store, torchrun's wrapper): the consequence of a failure elsewhere, never its cause, and
+# worth an in-job restart (kernel/fatal.py)
 LOST_PEER = (
     "connection closed by peer",
     "connection reset by peer",
+    "connection refused",
     "broken pipe",
+    "connectfullmesh",
+    "pair closure",
     "communicator was aborted",
+    "ncclremoteerror",
+    "ncclsystemerror",
     "remote process exited",
-    "collective operation timeout",
-    "timed out waiting",
+    "timed out",
+    "timeout",  # gloo's connect, NCCL's watchdog ("collective operation timeout")
     "childfailederror",
     "another rank failed first",
 )

@@ -97,6 +97,12 @@ VARS: tuple[Var, ...] = (
         "events, train_entry logs",
     ),
     Var(
+        "IN_JOB_RESTART",
+        "launcher srun: how many times the workers were restarted inside this job start (0 first)",
+        SCRIPT,
+        "train_entry (in-job restart record)",
+    ),
+    Var(
         "RDZV_ENDPOINT",
         "`head-address:port` for torchrun's c10d rendezvous",
         SCRIPT,
@@ -210,6 +216,7 @@ TEE = BY_KEY["TEE"].name
 JOB_ID = BY_KEY["JOB_ID"].name
 RESTART_COUNT = BY_KEY["RESTART_COUNT"].name
 RDZV_ENDPOINT = BY_KEY["RDZV_ENDPOINT"].name
+IN_JOB_RESTART = BY_KEY["IN_JOB_RESTART"].name
 NODEID = BY_KEY["NODEID"].name
 DEVICE = BY_KEY["DEVICE"].name
 PG_TIMEOUT_S = BY_KEY["PG_TIMEOUT_S"].name

@@ -56,7 +56,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         "events.jsonl",
         '{"time", "event": "signal"|"requeue"|"preempted"|"done"|"failed"|"timeout"|"resume"|'
-        '"segment_end"|"chain_cancel"|"cancel", ...}',
+        '"segment_end"|"chain_cancel"|"cancel"|"in_job_restart", ...}',
         "batch script, train_entry, resume, cancel (Slurm)",
     ),
     Entry(
@@ -69,6 +69,12 @@ ENTRIES: tuple[Entry, ...] = (
         "launcher srun: a rank left with exit 75 (saved for a restart; srun sees 0), so the batch "
         "shell requeues; removed at each start. Without it, exit 0 after a stop request is COMPLETED",
         "per-node command",
+    ),
+    Entry(
+        "FATAL",
+        "an error that repeats (user code, config, a checkpoint that does not load): its cause in "
+        "one line; no in-job restart follows, the job fails with it; removed at each start",
+        "train_entry, hpctrain.launchers.entry",
     ),
     Entry(
         "state.json",
@@ -158,6 +164,7 @@ RESTARTS = "restarts.jsonl"
 EVENTS = "events.jsonl"
 STOP = "STOP"
 PREEMPTED = "PREEMPTED"
+FATAL = "FATAL"
 STATE = "state.json"
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"

@@ -23,6 +23,8 @@ import os
 import runpy
 import sys
 
+from hpctrain.kernel import fatal, jobenv
+
 USAGE = "usage: python -m hpctrain.launchers.entry SCRIPT [ARGS...] | -m MODULE [ARGS...]"
 _status = [0]
 
@@ -70,8 +72,23 @@ def run(argv: list[str]) -> int:
         return _code(e)
     except BaseException as e:
         _report(e)
-        return 130 if isinstance(e, KeyboardInterrupt) else 1
+        if isinstance(e, KeyboardInterrupt):
+            return 130
+        _fatal(e)
+        return 1
     return 0
+
+
+def _in_job() -> str | None:
+    """The run folder when started by hpctrain's batch script (which removes FATAL at each start)."""
+    return jobenv.get(jobenv.RUN_DIR) if jobenv.get(jobenv.JOB_ID) else None
+
+
+def _fatal(e: BaseException) -> None:
+    """An exception of the script's own (not a lost peer): FATAL, so no in-job restart repeats it."""
+    run_dir = _in_job()
+    if run_dir and not fatal.lost_peer(e):
+        fatal.write(run_dir, fatal.cause(e, os.environ.get("RANK", "?")))
 
 
 def _report(e: BaseException) -> None:
@@ -85,6 +102,12 @@ def _report(e: BaseException) -> None:
 
 def main() -> None:
     atexit.register(_leave)  # first, so it runs after every handler the user's code registers
+    run_dir = _in_job()
+    found = fatal.read(run_dir) if run_dir else None
+    if found is not None:  # a restarted worker after an error that repeats: leave at once
+        if found:
+            print(f"error: {found} (an error that repeats: not restarted)", file=sys.stderr)
+        sys.exit(1)
     _status[0] = run(sys.argv[1:])
     sys.exit(_status[0])
 

@@ -14,6 +14,9 @@ if TYPE_CHECKING:
     from hpctrain.profiles.resolved import ResolvedProfile
 
 
+MONITOR_S = 0.5  # seconds between the agent's looks at its workers (torch's default 0.1 in 2.13)
+
+
 def tasks_per_node(req: JobRequest) -> int:
     return 1
 
@@ -30,6 +33,12 @@ def context(profile: ResolvedProfile, req: JobRequest) -> dict[str, Any]:
         command = [Sh(f'"${jobenv.PYTHON}"'), Sh("-m"), Sh("torch.distributed.run")]
     return {
         "torchrun_command": command,
+        # in-job restarts: the agent restarts every node's workers (c10d rendezvous); a small
+        # monitor interval notices a dead worker fast
+        "torchrun_restarts": [
+            Sh(f"--max-restarts={profile.preemption.max_in_job_restarts}"),
+            Sh(f"--monitor-interval={MONITOR_S}"),
+        ],
         "torchrun_args": [
             Sh(a.split("=", 1)[0] + ("=" + shvalue(a.split("=", 1)[1]) if "=" in a else ""))
             for a in launch.torchrun_args

@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from hpctrain.report.data import RunData, timestamp
+from hpctrain.runs.in_job import summary as in_job_summary
 
 END_EVENTS = ("done", "failed", "timeout")
 
@@ -66,6 +67,12 @@ def summarize(rd: RunData, *, sacct: bool = True) -> dict[str, Any]:
     step_times = [r["step_time_s"] for r in rows if isinstance(r.get("step_time_s"), (int, float))]
     typical = sorted(step_times)[len(step_times) // 2] if step_times else 0.0
     restarts = []
+    # an in-job restart's event is written at its resume, between the two stretches it separates
+    in_job = [
+        t
+        for t in (timestamp(e.get("time")) for e in rd.events if e.get("event") == "in_job_restart")
+        if t is not None
+    ]
     for prev, nxt in zip(segs, segs[1:], strict=False):
         resumed = nxt.first_step - 1
         again = max(0, prev.last_step - resumed)
@@ -74,17 +81,26 @@ def summarize(rd: RunData, *, sacct: bool = True) -> dict[str, Any]:
             if nxt.start_time is not None and prev.end_time is not None
             else None
         )
-        redone += again
-        lost += max(0.0, gap or 0.0)
+        inside = any(
+            prev.end_time is not None
+            and nxt.start_time is not None
+            and prev.end_time - 1 <= t <= nxt.start_time + 1  # event times are whole seconds
+            for t in in_job
+        )
+        if not inside:  # the in-job ones are counted from their events, below
+            redone += again
+            lost += max(0.0, gap or 0.0)
         restarts.append(
             {
                 "after_step": prev.last_step,
                 "resumed_at": resumed,
                 "steps_redone": again,
                 "seconds_lost": gap,
+                "in_job": inside,
             }
         )
     blocked = sum(float(s.get("blocked_s") or 0) for s in rd.saves)
+    jobs = in_job_summary(rd.events)
 
     job_ids = [str(j["job_id"]) for j in rd.jobs if j.get("job_id")]
     gpu_hours, source = None, None
@@ -113,9 +129,13 @@ def summarize(rd: RunData, *, sacct: bool = True) -> dict[str, Any]:
         "gpus_per_node": rd.request.get("gpus"),
         "starts": len(rd.starts),
         "jobs": len(rd.jobs),
-        "restarts": max(0, len(segs) - 1),
+        "restarts": sum(1 for r in restarts if not r["in_job"]),
         "steps_redone": redone,
         "restart_seconds_lost": lost,
+        # from the events: a restart that resumed from the step it reached splits no stretch
+        "in_job_restarts": jobs["count"],
+        "steps_redone_in_job": jobs["steps_redone"],
+        "in_job_seconds_lost": jobs["time_lost_s"],
         "restart_details": restarts,
         "saves": len(rd.saves),
         "save_seconds_blocked": blocked,
@@ -159,6 +179,8 @@ def text(s: dict[str, Any]) -> str:
         f"  restarts {s['restarts']} ({s['starts']} start(s), {s['jobs']} submission(s)); "
         f"steps redone {s['steps_redone']}; "
         f"time lost to restarts {_clock(s['restart_seconds_lost'])}",
+        f"  in-job restarts {s['in_job_restarts']}; steps redone {s['steps_redone_in_job']}; "
+        f"time lost {_clock(s['in_job_seconds_lost'])}",
         f"  checkpoints saved {s['saves']}, loop blocked {s['save_seconds_blocked']:.2f} s; "
         f"newest: {newest}",
     ]

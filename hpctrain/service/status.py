@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from hpctrain import dispatch
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
-from hpctrain.runs import points, sweepdir
+from hpctrain.runs import in_job, points, sweepdir
 from hpctrain.runs.cause import root_cause
 from hpctrain.runs.folder import TERMINAL, BrokenRun, find_run
 from hpctrain.runs.progress import health, snapshot
@@ -98,7 +98,9 @@ def detail(r: RunDir) -> dict[str, Any]:
     info["root_cause"] = cause = root_cause(r.path) if failed else None
     if cause is not None and not info.get("reason"):
         info["reason"] = cause["line"]  # the first line of `status`: which rank failed first, how
-    info.update(health(r.events()))
+    events = r.events()
+    info.update(health(events))
+    info["in_job_restarts"] = in_job.summary(events)  # apart from requeues ("restarts")
     return info
 
 

@@ -47,6 +47,22 @@ class Submitted:
     chain_time_min: int = 0
     max_time_min: int | None = None
     total_steps: int | None = None
+    recovery: str = ""  # what a failure during training leads to
+
+
+def recovery(profile: ResolvedProfile) -> str:
+    """One line: how a failure during training is recovered (the preemption section)."""
+    pre = profile.preemption
+    inside = (
+        f"restarted in the job up to {pre.max_in_job_restarts} time(s)"
+        if pre.max_in_job_restarts
+        else "no in-job restart"
+    )
+    requeue = f"requeued up to {pre.max_restarts} time(s)" if pre.requeue else "never requeued"
+    return (
+        f"a dead, stalled or timed-out worker: {inside} (preemption.max_in_job_restarts); "
+        f"a preemption or stall: {requeue}; an error that repeats fails at once"
+    )
 
 
 def submit(o: JobOptions, profile: ResolvedProfile) -> tuple[Submitted, RunDir]:
@@ -82,6 +98,7 @@ def submit(o: JobOptions, profile: ResolvedProfile) -> tuple[Submitted, RunDir]:
         script_lines=len(p.script.splitlines()),
         max_time_min=profile.slurm.max_time_min,
         total_steps=p.resolved["max_steps"] if p.resolved else None,
+        recovery=recovery(profile),
     )
     if len(segments) > 1:
         rec.chain = chain.describe(segments)

@@ -133,17 +133,24 @@ export HPCTRAIN_DEVICE=$device
 if [ "$device" = cpu ] && [ -z "${ACCELERATE_USE_CPU+set}" ]; then export ACCELERATE_USE_CPU=1; fi  # a profile value wins
 is_host=0
 if [ "$node" = 0 ]; then is_host=1; fi
+# In-job restarts: a fresh store for every rendezvous round. The shared one (torch >= 2.4) keeps
+# the keys of the round before, so restarted gloo ranks would read the addresses of dead peers.
+if [ -z "${TORCH_DISABLE_SHARE_RDZV_TCP_STORE+set}" ]; then export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; fi  # a profile value wins
 echo "hpctrain: node $node on $(hostname) device=$device gpu=$gpu CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} restart=$HPCTRAIN_RESTART_COUNT endpoint=$HPCTRAIN_RDZV_ENDPOINT"
 tee=()
 if [ "$HPCTRAIN_TEE" = 1 ]; then tee=(--tee=3 --log-dir="$HPCTRAIN_RUN_DIR/logs/torchrun/node-$node"); fi
-exec "$HPCTRAIN_PYTHON" -m torch.distributed.run --nnodes="$HPCTRAIN_NNODES" --nproc-per-node="$HPCTRAIN_GPUS_PER_NODE" --rdzv-backend=c10d --rdzv-endpoint="$HPCTRAIN_RDZV_ENDPOINT" --rdzv-id="$HPCTRAIN_JOB_ID" --rdzv-conf="is_host=$is_host" --max-restarts=0 "${tee[@]}" "$@"
+exec "$HPCTRAIN_PYTHON" -m torch.distributed.run --nnodes="$HPCTRAIN_NNODES" --nproc-per-node="$HPCTRAIN_GPUS_PER_NODE" --rdzv-backend=c10d --rdzv-endpoint="$HPCTRAIN_RDZV_ENDPOINT" --rdzv-id="$HPCTRAIN_JOB_ID" --rdzv-conf="is_host=$is_host" --max-restarts=2 --monitor-interval=0.5 "${tee[@]}" "$@"
 '
 
 hpctrain_wait() {  # PID...: wait for all, through trapped signals; hpctrain_rc = first failure
-  local pid rc
+  local pid rc fatal=0
   local -a left=("$@")
   hpctrain_rc=0
   while [ "${#left[@]}" -gt 0 ]; do
+    if [ "$fatal" = 0 ] && [ -e "$HPCTRAIN_RUN_DIR/FATAL" ]; then
+      fatal=1  # an error that repeats: stop the step now, before a restart trains into it again
+      kill -TERM "$@" 2>/dev/null
+    fi
     local -a still=()
     for pid in "${left[@]}"; do
       if kill -0 "$pid" 2>/dev/null; then still+=("$pid"); continue; fi
@@ -252,8 +259,11 @@ hpctrain_preflight() {  # every node's checks at once, then the verdict: go on, 
 }
 hpctrain_entry=(-m train_entry --run-dir /scratch/runs/golden --strategy ddp --max-steps 10)
 
+hpctrain_fatal=0  # an error that repeats (the FATAL file): the job fails with it
+hpctrain_cause=  # its line (empty when the rank could not write it: then its own log says)
+
 while :; do
-  rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_RUN_DIR/PREEMPTED"
+  rm -f "$HPCTRAIN_STOP_FILE" "$HPCTRAIN_RUN_DIR/PREEMPTED" "$HPCTRAIN_RUN_DIR/FATAL"
   hpctrain_now
   hpctrain_jsonl "$HPCTRAIN_RUN_DIR/restarts.jsonl" time "$hpctrain_t" job_id "$HPCTRAIN_JOB_ID" \
     restart_count:= "$HPCTRAIN_RESTART_COUNT" host "$HOSTNAME"
@@ -302,9 +312,14 @@ while :; do
   hpctrain_launch+=(--cpus-per-task=1)
   "${hpctrain_launch[@]}" bash -c "$hpctrain_node_cmd" hpctrain-node "${hpctrain_entry[@]}" &
   hpctrain_node_pids=("$!")
-  hpctrain_wait "${hpctrain_node_pids[@]}"
+  hpctrain_wait "${hpctrain_node_pids[@]}"  # torchrun restarts its workers itself (--max-restarts)
   hpctrain_node_pids=()
 
+  if [ -e "$HPCTRAIN_RUN_DIR/FATAL" ]; then  # an error that repeats: neither restarted nor requeued
+    hpctrain_fatal=1
+    read -r hpctrain_cause <"$HPCTRAIN_RUN_DIR/FATAL"
+    break
+  fi
   hpctrain_why=preempted
   if hpctrain_stalled; then preempted=1; hpctrain_why=stall; fi
   # A stop request the entry did not act on: it trained to its end and every node left with 0 (and
@@ -325,7 +340,15 @@ while :; do
   break
 done
 
-if [ "$hpctrain_rc" -eq 0 ] && [ "$preempted" = 0 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
+if [ "$hpctrain_fatal" = 1 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
+  if [ -n "$hpctrain_cause" ]; then
+    echo "hpctrain: error: $hpctrain_cause (an error that repeats: not restarted)" >&2
+    hpctrain_event failed exit_code:= "$(( hpctrain_rc ? hpctrain_rc : 1 ))" reason "$hpctrain_cause"
+  else
+    hpctrain_event failed exit_code:= "$(( hpctrain_rc ? hpctrain_rc : 1 ))"
+  fi
+  hpctrain_finish FAILED "$(( hpctrain_rc ? hpctrain_rc : 1 ))"
+elif [ "$hpctrain_rc" -eq 0 ] && [ "$preempted" = 0 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
   hpctrain_event "done"
   hpctrain_finish COMPLETED 0
 elif [ "$timed_out" = 1 ]; then

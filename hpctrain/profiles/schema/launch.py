@@ -173,6 +173,18 @@ class Preemption(Strict):
     )
     requeue: bool = Field(True, description="Requeue the job after a preemption (`--requeue`).")
     max_restarts: int = Field(10, ge=0, description="Stop requeueing after this many restarts.")
+    max_in_job_restarts: int = Field(
+        2,
+        ge=0,
+        le=100,
+        description="A worker that dies, stalls (watchdog.stall_s) or times out in a collective "
+        "(watchdog.pg_timeout_s): every node's workers stop and training starts again inside the "
+        "same allocation from the newest verified checkpoint, up to this many times per job start "
+        "(torchrun: `--max-restarts`; launcher srun: a new srun step). Then the usual path: a stall "
+        "requeues (max_restarts), a dead worker fails the job. An error that would repeat (an "
+        "exception in the training code, a bad config, a checkpoint that does not load) is never "
+        "retried: the job fails at once with its cause. 0: no in-job restart.",
+    )
 
     @field_validator("signal", mode="before")
     @classmethod

@@ -1,0 +1,62 @@
+"""The FATAL file: an error that will repeat, so an in-job restart would only fail again.
+
+A worker that dies of a lost peer (a rank killed, a node gone, a collective or a gloo connect that
+timed out) is restarted inside the job (`preemption.max_in_job_restarts`). An error that comes
+back at every start (an exception in the training code, a bad config, a checkpoint that does not
+load, a disk that is full) is not: the first rank to meet it writes `FATAL` (its cause, one line),
+a restarted worker that finds the file leaves at once, and the batch shell stops the step and ends
+the job FAILED with that cause. The batch shell removes the file at each start of the job.
+
+Torch-free (the kernel): exceptions are told apart by their type's name and message.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from hpctrain.kernel import failures, layout
+
+# torch.distributed's own errors: the network or the store failed, not the training code
+_LOST_TYPES = ("DistNetworkError", "DistStoreError", "DistBackendError")
+
+
+def lost_peer(e: BaseException) -> bool:
+    """A failure another rank (or the network) caused: worth a restart, never FATAL."""
+    name, text = type(e).__name__, str(e)
+    if name in _LOST_TYPES:
+        return True
+    return name == "RuntimeError" and failures.lost_peer(text)
+
+
+def cause(e: BaseException, rank: str | int) -> str:
+    """One line: who failed how ("rank 1 on n1: ValueError: boom")."""
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    return (
+        f"rank {rank} on {socket.gethostname()}: {type(e).__name__}{': ' + first if first else ''}"
+    )
+
+
+def write(run_dir: str | Path, line: str) -> bool:
+    """Record the cause; the first rank to get here wins (later ones are the same error or its
+    echo). False when another rank wrote it first or the folder cannot be written."""
+    try:
+        fd = os.open(Path(run_dir) / layout.FATAL, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except OSError:
+        return False
+    try:  # a full disk may leave the file empty: it still says "do not restart"
+        with os.fdopen(fd, "w") as f:
+            f.write(" ".join(line.split()) + "\n")
+    except OSError:
+        return False
+    return True
+
+
+def read(run_dir: str | Path) -> str | None:
+    """The recorded cause ("" when it could not be written), or None when no error that repeats
+    happened in this job start."""
+    try:
+        return (Path(run_dir) / layout.FATAL).read_text().strip()
+    except OSError:
+        return None
