@@ -94,6 +94,12 @@ def exec_twin(laptop: Laptop, root: Path | Laptop) -> Laptop:
     return twin
 
 
+def _as_from_a_terminal() -> None:
+    # A shell starts a foreground command with SIGINT at its default; a test run started in the
+    # background (`make test &`, nohup) passes SIGINT on ignored, and then Ctrl-C would do nothing.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def follow(lap: Laptop, name: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "hpctrain", "logs", name, "--follow"],
@@ -103,6 +109,7 @@ def follow(lap: Laptop, name: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         stdin=subprocess.DEVNULL,
+        preexec_fn=_as_from_a_terminal,
     )
 
 
