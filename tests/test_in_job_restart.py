@@ -150,7 +150,8 @@ def test_launcher_srun_never_restarts_an_error_that_repeats(tmp_path):
     assert out.returncode == 1 and len(calls) == 1, (calls, out.stdout)
     failed = lines(run_dir / "events.jsonl")[-1]
     assert failed["event"] == "failed" and failed["reason"] == "rank 0 on n1: ValueError: boom"
-    assert "hpctrain: error: rank 0 on n1: ValueError: boom (an error that repeats" in out.stderr
+    # said once, by the rank that met it (and first in status): the batch log does not repeat it
+    assert "an error that repeats" in out.stderr and "boom" not in out.stderr, out.stderr
 
 
 def test_torchrun_gets_max_restarts_from_the_profile(tmp_path):
@@ -203,7 +204,7 @@ class Job:
 
     def ranks(self) -> dict[int, int]:
         """rank -> pid of the training processes (not torchrun or the shells)."""
-        from test_parallel_slurm import ranks
+        from _hold import ranks
 
         out = {}
         for pid in ranks(self.run):
@@ -358,3 +359,28 @@ def test_a_killed_rank_restarts_in_the_job_under_launcher_srun(slurm_cluster, tm
     assert [e["restart"] for e in events if e["event"] == "in_job_restart"] == [1], events
     assert not [e for e in events if e["event"] == "requeue"], events
     assert info["in_job_restarts"]["count"] == 1, info
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LIVE_S * 2)
+def test_a_preempted_run_is_not_restarted_in_the_job(reference, tmp_path):
+    """Its workers leave 75 after their save; torchrun restarts them like any failed worker, and
+    they must leave at once (the STOP file) instead of training to the next step and saving again
+    (seen live: a resumed run started at steps 13, 15 and 17, one save per in-job restart)."""
+    from _hold import held
+
+    job = Job(tmp_path, "pre")
+    job.submit()
+    deadline = time.monotonic() + LIVE_S
+    while not job.steps() or job.steps()[-1]["step"] < 3:
+        assert time.monotonic() < deadline and job.state() in ("PENDING", "RUNNING")
+        time.sleep(0.02)
+    with held(job.run):
+        job.home.hp("preempt", job.name)
+    assert job.wait() == "COMPLETED"  # the local profile starts the script again at once
+    log = (job.run / "train.log").read_text()
+    assert log.count("checkpoint saved, exit 75") == 1, log[-3000:]
+    nodes = "".join(p.read_text() for p in (job.run / "logs").glob("node-*.log"))
+    assert "not started again: a stop was asked" in nodes  # torchrun did restart them
+    assert not job.events("in_job_restart")
+    assert (job.run / layout.FINAL_PARAMS).read_text() == reference

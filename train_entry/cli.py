@@ -141,12 +141,12 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
             return 0
-        from train_entry import restart  # lazy: torch is imported only past this line
-        from train_entry.trainer import Trainer  # lazy: as above
+        refused = fatal.refused_start(args.run_dir)  # before torch: a restart that leaves is quick
+        if refused is not None:
+            print(refused[1], file=sys.stderr, flush=True)
+            return refused[0]
+        from train_entry.trainer import Trainer  # lazy: torch is imported only past this line
 
-        left = restart.leave_if_fatal(args.run_dir)
-        if left is not None:
-            return left
         return Trainer(cfg, run_dir=args.run_dir, grad_accum=accum).run()
     except UserError as e:
         one = e.problems[0] if isinstance(e, ValidationError) and len(e.problems) == 1 else None

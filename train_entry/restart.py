@@ -5,8 +5,8 @@ group again (`--max-restarts`, TORCHELASTIC_RESTART_COUNT), or the batch shell s
 step (launcher srun, IN_JOB_RESTART). Every start resumes from the newest verified checkpoint by
 itself. This module adds what a restart needs on top:
 
-- `leave_if_fatal`: before joining the process group, a restarted worker whose job met an error that
-  repeats (the FATAL file) leaves at once, saying that cause, instead of training into it again.
+- (train_entry/cli.py, before torch) a worker started again after an error that repeats (the FATAL
+  file) or after a stop was asked (the STOP file) leaves at once: kernel/fatal.refused_start.
 - `agreed_restart`: whether this start is a restart. One all-reduce MAX at start: a torchrun agent
   that restarts its node's workers because another node's failed counts no restart of its own.
 - `record`: rank 0 writes one `in_job_restart` event per restart: its number in this job start,
@@ -21,14 +21,13 @@ import contextlib
 import json
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from hpctrain.kernel import fatal, jobenv, layout
+from hpctrain.kernel import jobenv, layout
 from hpctrain.kernel.files import read_jsonl
 from hpctrain.kernel.rundir import RunFolder
 
@@ -39,19 +38,6 @@ def local_restart() -> int:
     """This worker's own count: torchrun's, or the batch shell's srun-step counter."""
     value = os.environ.get(TORCHRUN_RESTARTS) or jobenv.get(jobenv.IN_JOB_RESTART) or "0"
     return int(value) if value.isdigit() else 0
-
-
-def leave_if_fatal(run_dir: str | Path) -> int | None:
-    """Exit code 1 when this job start already met an error that repeats (only inside a job: the
-    batch shell removes FATAL at each start, so the file is this start's); else None."""
-    if jobenv.get(jobenv.JOB_ID) is None:
-        return None
-    found = fatal.read(run_dir)
-    if found is None:
-        return None
-    if found:
-        print(f"error: {found} (an error that repeats: not restarted)", file=sys.stderr, flush=True)
-    return 1
 
 
 def agreed_restart(device: torch.device) -> int:

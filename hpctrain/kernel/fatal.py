@@ -16,7 +16,7 @@ import os
 import socket
 from pathlib import Path
 
-from hpctrain.kernel import failures, layout
+from hpctrain.kernel import failures, jobenv, layout
 
 # torch.distributed's own errors: the network or the store failed, not the training code
 _LOST_TYPES = ("DistNetworkError", "DistStoreError", "DistBackendError")
@@ -60,3 +60,21 @@ def read(run_dir: str | Path) -> str | None:
         return (Path(run_dir) / layout.FATAL).read_text().strip()
     except OSError:
         return None
+
+
+def refused_start(run_dir: str | Path) -> tuple[int, str] | None:
+    """(exit code, one line) when a worker started in this job start must not train, else None.
+
+    FATAL: an error that repeats was met (exit 1; its writer already said the cause). The STOP
+    file: a stop was asked (exit 75, the newest checkpoint stands). torchrun restarts workers that
+    left 75 after their save like any other failure, and each restart would train to the next step
+    boundary and save again, spending the grace time. The batch shell removes both files at each
+    start of the job, so what is found is this start's."""
+    if jobenv.get(jobenv.JOB_ID) is None:
+        return None
+    if read(run_dir) is not None:
+        return 1, "hpctrain: not started again: this job met an error that repeats (FATAL)"
+    stop = jobenv.get(jobenv.STOP_FILE)
+    if stop and os.path.exists(stop):
+        return 75, "hpctrain: not started again: a stop was asked in this job (exit 75)"
+    return None

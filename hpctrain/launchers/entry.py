@@ -103,11 +103,10 @@ def _report(e: BaseException) -> None:
 def main() -> None:
     atexit.register(_leave)  # first, so it runs after every handler the user's code registers
     run_dir = _in_job()
-    found = fatal.read(run_dir) if run_dir else None
-    if found is not None:  # a restarted worker after an error that repeats: leave at once
-        if found:
-            print(f"error: {found} (an error that repeats: not restarted)", file=sys.stderr)
-        sys.exit(1)
+    refused = fatal.refused_start(run_dir) if run_dir else None
+    if refused is not None:  # an error that repeats, or a stop already asked: leave at once
+        print(refused[1], file=sys.stderr)
+        sys.exit(refused[0])
     _status[0] = run(sys.argv[1:])
     sys.exit(_status[0])
 

@@ -288,7 +288,7 @@ done
 
 if [ "$hpctrain_fatal" = 1 ] && [ "$cancelled" = 0 ] && [ "$timed_out" = 0 ]; then
   if [ -n "$hpctrain_cause" ]; then
-    echo "hpctrain: error: $hpctrain_cause (an error that repeats: not restarted)" >&2
+    echo "hpctrain: the run failed with an error that repeats (first in \`hpctrain status\`): not restarted" >&2
     hpctrain_event failed exit_code:= "$(( hpctrain_rc ? hpctrain_rc : 1 ))" reason "$hpctrain_cause"
   else
     hpctrain_event failed exit_code:= "$(( hpctrain_rc ? hpctrain_rc : 1 ))"
