@@ -27,22 +27,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from hpctrain.kernel import jobenv, layout
+from hpctrain.kernel import fatal, jobenv, layout
 from hpctrain.kernel.files import read_jsonl
 from hpctrain.kernel.rundir import RunFolder
-
-TORCHRUN_RESTARTS = "TORCHELASTIC_RESTART_COUNT"  # torchrun's agent sets it in every worker
-
-
-def local_restart() -> int:
-    """This worker's own count: torchrun's, or the batch shell's srun-step counter."""
-    value = os.environ.get(TORCHRUN_RESTARTS) or jobenv.get(jobenv.IN_JOB_RESTART) or "0"
-    return int(value) if value.isdigit() else 0
 
 
 def agreed_restart(device: torch.device) -> int:
     """The largest restart count of any rank (0: the first start). A collective, once per start."""
-    mine = local_restart()
+    mine = fatal.restarts()
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return mine
     t = torch.tensor([mine], dtype=torch.int64, device=device)

@@ -75,6 +75,15 @@ def refused_start(run_dir: str | Path) -> tuple[int, str] | None:
     if read(run_dir) is not None:
         return 1, "hpctrain: not started again: this job met an error that repeats (FATAL)"
     stop = jobenv.get(jobenv.STOP_FILE)
-    if stop and os.path.exists(stop):
+    if restarts() > 0 and stop and os.path.exists(stop):  # a first start trains to its stop
         return 75, "hpctrain: not started again: a stop was asked in this job (exit 75)"
     return None
+
+
+TORCHRUN_RESTARTS = "TORCHELASTIC_RESTART_COUNT"  # torchrun's agent sets it in every worker
+
+
+def restarts() -> int:
+    """This worker's in-job restart count: torchrun's, or the batch shell's srun-step counter."""
+    value = os.environ.get(TORCHRUN_RESTARTS) or jobenv.get(jobenv.IN_JOB_RESTART) or "0"
+    return int(value) if value.isdigit() else 0

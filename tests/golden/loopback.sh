@@ -217,7 +217,9 @@ hpctrain_preflight() {  # every node's checks at once, then the verdict: go on, 
   all=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)
   started=$(date +%s.%N)
   mkdir -p "$dir"
-  check=(srun --nodes="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0)
+  # --ntasks too: under launcher srun the job has one task per GPU, and srun would take that from
+  # SLURM_NTASKS and start two checks per node, which then share one node folder
+  check=(srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0)
   check+=(--cpus-per-task=1)
   timeout -k 5 60 "${check[@]}" bash -c "$hpctrain_preflight_cmd" hpctrain-preflight \
     "$dir" --nodes "$all" --budget-s 60 --matmul-n 512 \
