@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _hold import held
 
 from hpctrain import dispatch
 from hpctrain.kernel import jobenv
@@ -159,7 +160,8 @@ def test_preempt_requeue_resume_is_bit_identical(cli, tmp_path, reference):
     run = tmp_path / "runs" / "pre"
     at = random.Random(SEED).randint(2, 12)
     wait_until(lambda: last_step(run) >= at, what=f"step {at}")
-    out = cli("preempt", "pre")
+    with held(run):  # the preempt lands mid-run however slow it is under load
+        out = cli("preempt", "pre")
     assert "SIGUSR2" in out.stdout
     final = dispatch.wait(RunDir(run), poll_s=0.5)
     assert final == "COMPLETED", (run / "logs" / "batch.log").read_text()[-3000:]
