@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _hold import held
+from _hold import held, ranks
 
 pytestmark = [pytest.mark.slurm]
 
@@ -360,21 +360,19 @@ def test_wrong_interface_name_fails_fast_naming_it(runs):
 def test_fsdp_and_deepspeed_jobs_at_once_across_two_nodes_on_different_ports(runs):
     # Issue items 6 and 7 in one pair of runs (the live suite must stay short): an FSDP job and a
     # DeepSpeed job, 2 nodes x 1 GPU each, side by side on the same nodes (2 gres GPUs each).
-    jobs = {
-        strategy: runs.submit(
-            strategy,
-            "--strategy",
-            strategy,
-            gpus=1,
-            train=[
-                "--train.micro_batch=8",
-                "--train.global_batch=16",
-                "--max-steps=8",
-                "--checkpoint-every=4",
-            ],
-        )
-        for strategy in ("fsdp", "deepspeed")
-    }
+    train = [
+        "--train.micro_batch=8",
+        "--train.global_batch=16",
+        "--max-steps=8",
+        "--checkpoint-every=4",
+    ]
+    jobs = {"fsdp": runs.submit("fsdp", "--strategy", "fsdp", gpus=1, train=train)}
+    # the first job's ranks wait (SIGSTOP) until the second's exist: under load its 8 steps once
+    # ended before the second job started
+    runs.until("fsdp's ranks", lambda: ranks(runs.run("fsdp")), 240, poll=0.05)
+    with held(runs.run("fsdp")):
+        jobs["deepspeed"] = runs.submit("deepspeed", "--strategy", "deepspeed", gpus=1, train=train)
+        runs.until("deepspeed's ranks", lambda: ranks(runs.run("deepspeed")), 240, poll=0.2)
     endpoints = {}
     for strategy in jobs:
         info = runs.wait(strategy, ENDED, 240)
