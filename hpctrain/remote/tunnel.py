@@ -145,10 +145,12 @@ class Tunnel:
                     stream.write(data)
                     stream.flush()
         except KeyboardInterrupt:
-            _drop(out)  # a reader that stopped reading must not hold Ctrl-C's exit (its last flush)
             return 130  # closing the connection stops the command on the site
         except BrokenPipeError:  # our reader went away (`| head`): stop quietly, as a pipe would
-            _drop(out)
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
+            except (OSError, ValueError):
+                pass
             return 141
         finally:
             conn.close()
@@ -239,11 +241,3 @@ class Tunnel:
         if not isinstance(remote, str):
             return None
         return self.ssh.control(op, "-L", f"{self.local}:{remote}")
-
-
-def _drop(out: BinaryIO) -> None:
-    """What is still unwritten on `out` goes nowhere: the command is leaving."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
-    except (OSError, ValueError):
-        pass
