@@ -39,7 +39,8 @@ LANE_PY    ?= $(or $(shell p="$$(pyenv prefix $(LANE_PYVER) 2>/dev/null)/bin/pyt
 # LANE_MARKS=` runs them all).
 LANE_TESTS ?= tests/test_support.py tests/test_ckpt_writer.py tests/test_checkpoint.py \
               tests/test_faults.py tests/test_runtime.py tests/test_resume_exact.py \
-              tests/test_export.py tests/test_export_mesh.py tests/test_compat.py
+              tests/test_export.py tests/test_export_mesh.py tests/test_compat.py \
+              tests/test_random_kills.py
 LANE_MARKS ?= not slow or lane
 
 venv-compat: $(LANE_STAMP)
@@ -85,7 +86,7 @@ lint: $(STAMP)
 
 # Rewrite the golden scripts after an intended template change (say so in the commit message).
 golden: $(STAMP)
-	HPCTRAIN_UPDATE_GOLDEN=1 $(PYTEST) -q tests/test_render.py -k golden
+	HPCTRAIN_UPDATE_GOLDEN=1 $(PYTEST) -q tests/test_render.py tests/test_spares.py -k golden
 
 # The generated documents: contract tables in docs/design.md, the profile key reference.
 docs: $(STAMP)
@@ -104,7 +105,7 @@ test: $(STAMP) $(LANE_STAMP) sysdeps lint
 	bash tests/slurm/cluster.sh up --optional
 	@$(MAKE) --no-print-directory test-compat >.test-compat.log 2>&1 & lane=$$!; \
 	rm -f $(TEST_LOG); HPCTRAIN_TEST_LOG=$(TEST_LOG) $(PYTEST) -q -x -n 2 --durations=25 \
-	  -m "not compat" tests; rc=$$?; bash tests/slurm/cluster.sh down; \
+	  -m "not compat and not lane_only" tests; rc=$$?; bash tests/slurm/cluster.sh down; \
 	wait $$lane; lane_rc=$$?; echo "--- the compatibility lane (exit $$lane_rc):"; \
 	tail -n 40 .test-compat.log; [ $$rc -eq 0 ] && [ $$lane_rc -eq 0 ]
 

@@ -20,6 +20,7 @@ import json
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -85,10 +86,24 @@ def segment_rate(times: list[float], start: float, end: float) -> float | None:
     return 1.0 / common.median(gaps) if len(gaps) >= 3 else None
 
 
+def segment_mean_rate(times: list[float], start: float, end: float) -> float | None:
+    """Steps / seconds over the intervals wholly inside [start, end]: every step counts, also
+    the occasional slow one that the median drops (a snapshot every N steps, a save)."""
+    inside = [t for t in times if start <= t <= end]
+    return (len(inside) - 1) / (inside[-1] - inside[0]) if len(inside) >= 4 else None
+
+
 def run(
-    sides: list[Side], *, warmup: int, segment: int, reps: int, timeout: float = 300
+    sides: list[Side],
+    *,
+    warmup: int,
+    segment: int,
+    reps: int,
+    timeout: float = 300,
+    rate: Callable[[list[float], float, float], float | None] = segment_rate,
 ) -> dict[str, list[float]]:
-    """Typical steps/s of every side in every repetition: {name: [rate per rep]}."""
+    """Steps/s of every side in every repetition: {name: [rate per rep]}; `rate` reads one
+    segment's (default: the typical rate, 1 / the median interval)."""
     rates: dict[str, list[float]] = {s.name: [] for s in sides}
     try:
         for s in sides:  # start one at a time: start-up is not measured
@@ -104,10 +119,10 @@ def run(
                 _wait_steps(s, done + segment, timeout)
                 end = time.time()
                 s.signal(signal.SIGSTOP)
-                rate = segment_rate(s.times, start, end)
-                if rate is None:
+                got = rate(s.times, start, end)
+                if got is None:
                     raise common.NotMeasured(f"{s.name}: too few steps inside segment {rep + 1}")
-                rates[s.name].append(rate)
+                rates[s.name].append(got)
     finally:
         for s in sides:
             if s.proc is not None:

@@ -45,9 +45,10 @@ BENCHMARKS = {
     "cli": "benchmarks.cli",  # 5 submit --dry-run vs bare imports; 4,096-node render
     "collective": "benchmarks.collective",  # 6 doctor's all-reduce bus bandwidth vs bare gloo
     "scale": "benchmarks.scale",  # 7 4,096-rank commit/verify; runs/status over 1,000
-    "preflight": "benchmarks.preflight",  # 7 the gate's checkpoint round trip; gate cost, stall to requeue (live Slurm)
+    "preflight": "benchmarks.preflight",  # 7 round trip, reduced check; gate, stall (live Slurm)
     "remote": "benchmarks.remote",  # 8 status/logs over SSH vs on the login node; connections
     "parallel": "benchmarks.parallel",  # 9 tp 2 / pp 2 vs plain mesh loops; the pipeline bubble
+    "recovery": "benchmarks.recovery",  # 10 in-job restart vs fresh start; snapshot cost; steps redone
 }
 
 

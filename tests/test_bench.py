@@ -70,6 +70,35 @@ def test_a_segment_counts_only_intervals_inside_it():
     assert segment_rate(times, 11.9, 12.6) is None  # too few steps
 
 
+def test_a_mean_rate_counts_the_slow_snapshot_steps():
+    from benchmarks.interleave import segment_mean_rate, segment_rate
+
+    # 2 steps/s, every third step 0.5 s slower (a snapshot): the median skips it, the mean not
+    times, t = [], 0.0
+    for i in range(13):
+        t += 0.5 + (0.5 if i % 3 == 2 else 0.0)
+        times.append(t)
+    assert segment_rate(times, 0.0, t) == pytest.approx(2.0)
+    assert segment_mean_rate(times, 0.0, t) == pytest.approx(12 / (times[-1] - times[0]))
+    assert segment_mean_rate(times, 0.0, times[2]) is None  # too few steps
+
+
+def test_recovery_reads_the_trainers_snapshot_line():
+    from benchmarks import recovery
+
+    assert "recovery" in harness.BENCHMARKS
+    log = (
+        "step 3\nsnapshots in memory every 2 step(s): 1.9 MiB per rank, 12.5 ms each, "
+        "2% of a 400.0 ms step\n"
+    )
+    fig = recovery.trainer_figure(log)
+    assert fig is not None and fig["every_steps"] == 2 and fig["mib_per_rank"] == 1.9
+    assert fig["cost_per_step"] == pytest.approx(12.5 / (2 * 400.0))
+    assert recovery.trainer_figure("no such line") is None
+    text = "resumed from the in-memory snapshot of step 14 in 0.03s"
+    assert recovery.LOADED.findall(text) == ["0.03"]
+
+
 def test_a_missing_piece_is_reported_not_measured(monkeypatch):
     monkeypatch.setitem(harness.BENCHMARKS, "ghost", "benchmarks.no_such_module")
     (row,) = harness.run_one("ghost", quick=True)

@@ -195,7 +195,7 @@ def test_three_segment_chain_ends_each_segment_by_the_time_limit_bit_identical(s
         assert info["state"] == "COMPLETED", (info, events)
         chain = [(c["job_id"], c["state"]) for c in info["chain"]]
         done = [e["job_id"] for e in events if e["event"] == "done"]
-        assert len(done) == 1 and done[0] in segs[1:], events
+        assert len(done) == 1 and done[0] in segs[1:], (info, events)
         k = segs.index(done[0])  # the segment that finished training
         # each segment before it got Slurm's time-limit warning (nothing here signalled it), saved
         # and ended its part without a requeue; the next one resumed from that checkpoint
@@ -253,3 +253,35 @@ def test_three_segment_chain_ends_each_segment_by_the_time_limit_bit_identical(s
         assert re.findall(rf"step (\d+)/{STEPS}\n", (run / "train.log").read_text()) == starts
     finally:
         subprocess.run(["scancel", *segs, ref_id], capture_output=True, timeout=30)
+
+
+@pytest.mark.parametrize(
+    "ended, states, expected",
+    [
+        # segment 1 ended its part, segment 2 still queued: the chain goes on
+        (True, {"9": "COMPLETED", "10": "PENDING", "11": "PENDING"}, "PENDING"),
+        # the window where the current segment reads done but the next has not been seen yet
+        (False, {"9": "COMPLETED", "10": "RUNNING", "11": "PENDING"}, "RUNNING"),
+        # training completed in segment 2, which cancelled segment 3: the chain is COMPLETED
+        (True, {"9": "COMPLETED", "10": "COMPLETED", "11": "CANCELLED"}, "COMPLETED"),
+    ],
+)
+def test_a_chain_is_not_finished_while_a_later_segment_is_queued(
+    tmp_path, monkeypatch, ended, states, expected
+):
+    """Seen under load: `status` said COMPLETED between segment 1's end and segment 2's start."""
+    from hpctrain.dispatch import slurm
+    from hpctrain.runs.folder import RunDir
+
+    run = RunDir(tmp_path / "runs" / "long")
+    run.path.mkdir(parents=True)
+    for job in ("9", "10", "11"):
+        run.add_job(job, kind="chain", scheduler="slurm")
+    run.append("restarts.jsonl", {"job_id": "9", "restart_count": 0})
+    if ended:
+        run.event("segment_end", job_id="9")
+    if states["10"] == "COMPLETED":
+        run.append("restarts.jsonl", {"job_id": "10", "restart_count": 0})
+        run.event("done", job_id="10")
+    monkeypatch.setattr(slurm, "state", lambda job_id: states[job_id])
+    assert slurm.SCHEDULER.state(run) == expected

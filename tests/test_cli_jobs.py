@@ -297,8 +297,8 @@ USER_ERRORS = [
     (["--name", "$(id)"], ["not a valid run name"]),
     (["--name", "a\nb"], ["not a valid run name"]),
     (
-        ["--gpus", "3", "--nodes", "3", "--time", "99"],
-        ["3 problems", "use --gpus 2", "use --nodes 2", "use --time 30"],
+        ["--gpus", "3", "--nodes", "4", "--time", "99"],
+        ["3 problems", "use --gpus 2", "use --nodes 3", "use --time 30"],
     ),
     (["--script", "missing.py"], ["missing.py is not a file"]),
     (["--module", "not a module"], ["is not a Python module name"]),

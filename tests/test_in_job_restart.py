@@ -4,8 +4,8 @@ inside the job from the newest checkpoint, an error that repeats (the FATAL file
 Live on the local profile (real torchrun, c10d, gloo; 2 simulated nodes x 2 CPU workers): SIGKILL of
 one rank -> COMPLETED in the same job start, bit-identical to an uninterrupted run; an exception in
 the training code -> FAILED with its cause, at most one restart; `max_in_job_restarts: 0` -> today's
-FAILED. The srun launcher's new-step loop runs here with stand-in srun/python; its live SIGKILL
-test needs the loopback Slurm cluster (marked slurm).
+FAILED. The srun launcher's new-step loop, with stand-in srun/python: tests/test_in_job_script.py;
+its live SIGKILL test on the loopback Slurm cluster: tests/test_in_job_slurm.py.
 
 Measured (2 loaded cores): kill -> the first new step after it 5.5 s (torchrun's restart of both
 nodes' workers: process start, import torch, rendezvous, load the checkpoint, redo 6 steps).
@@ -16,13 +16,10 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from test_render import make_standins, run_script
-from test_sites import script
 
 from hpctrain.kernel import fatal, jobenv, layout
 
@@ -68,7 +65,7 @@ def test_the_first_rank_to_write_fatal_wins(tmp_path):
 
 
 def test_restart_record_counts_steps_redone_and_time_lost(tmp_path, monkeypatch):
-    from train_entry import restart
+    from hpctrain.runtime import recovery
 
     monkeypatch.setenv(jobenv.JOB_ID, "77")
     monkeypatch.setenv(jobenv.RESTART_COUNT, "0")
@@ -76,7 +73,7 @@ def test_restart_record_counts_steps_redone_and_time_lost(tmp_path, monkeypatch)
     rows = [{"step": s, "loss": 1.0, "step_time_s": 0.5, "time": now - 4} for s in (26, 27)]
     (tmp_path / layout.METRICS).write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / layout.STALLED).write_text("{}\n")
-    first = restart.record(tmp_path, resumed=20)
+    first = recovery.record(tmp_path, resumed=20, source="train_entry")
     assert first["restart"] == 1 and first["reason"] == "stall", first
     assert (first["reached_step"], first["steps_redone"]) == (27, 7)
     assert 4 <= first["down_s"] < 30 and first["time_lost_s"] == pytest.approx(
@@ -84,83 +81,10 @@ def test_restart_record_counts_steps_redone_and_time_lost(tmp_path, monkeypatch)
     )
     assert not (tmp_path / layout.STALLED).exists()  # the batch shell must not requeue it too
     assert (tmp_path / layout.STACKS / "77-0" / "STALLED-1").is_file()
-    again = restart.record(tmp_path, resumed=27)
+    again = recovery.record(tmp_path, resumed=27, source="train_entry")
     assert (
         again["restart"] == 2 and again["reason"] == "worker failed" and again["steps_redone"] == 0
     )
-
-
-# ---------------------------------------------------------------- the batch script
-
-SRUN_CALLS = """#!/bin/bash
-# Stand-in srun: one line per step; runs the command once per node.
-echo step >>"$RECORD/srun.calls"
-while [ "${1#-}" != "$1" ]; do shift; done
-pids=()
-for ((i = 0; i < SLURM_NNODES; i++)); do SLURM_NODEID=$i "$@" & pids+=($!); done
-rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
-"""
-FLAKY_PYTHON = f"""#!{sys.executable}
-# Stand-in worker: fails (exit 1) in its first FAIL_STEPS steps, then finishes; MODE=fatal writes
-# FATAL as a rank with an error that repeats would.
-import os, sys
-if sys.argv[1:2] == ["-c"]:
-    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])
-restart = int(os.environ[{jobenv.IN_JOB_RESTART!r}])
-with open(os.path.join(os.environ["RECORD"], "restarts.txt"), "a") as f:
-    f.write(f"{{restart}}\\n")
-if os.environ.get("MODE") == "fatal":
-    with open(os.path.join(os.environ[{jobenv.RUN_DIR!r}], "FATAL"), "w") as f:
-        f.write("rank 0 on n1: ValueError: boom\\n")
-    sys.exit(1)
-sys.exit(1 if restart < int(os.environ["FAIL_STEPS"]) else 0)
-"""
-SLURM_ENV = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
-
-
-def srun_job(tmp_path, env: dict[str, str]) -> tuple[object, Path, list[str]]:
-    standins = make_standins(tmp_path)
-    bin_, rec = standins
-    (bin_ / "srun").write_text(SRUN_CALLS)
-    (bin_ / "python").write_text(FLAKY_PYTHON)
-    run_dir = tmp_path / "runs" / "s"
-    text = script("loopback", {"launch.launcher": "srun"}, run_dir, bin_, nodes=2, gpus=1)
-    out = run_script(text, standins, env={**SLURM_ENV, **env})
-    calls = (rec / "srun.calls").read_text().splitlines()
-    return out, run_dir, calls
-
-
-def test_launcher_srun_starts_a_new_step_after_a_failed_one(tmp_path):
-    out, run_dir, calls = srun_job(tmp_path, {"FAIL_STEPS": "1"})
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert len(calls) == 2 and "in-job restart 1 of 2, a new srun step" in out.stdout
-    events = [e["event"] for e in lines(run_dir / "events.jsonl")]
-    assert events == ["done"], events
-    assert len(lines(run_dir / "restarts.jsonl")) == 1  # one start of the script: no requeue
-
-
-def test_launcher_srun_gives_up_after_max_in_job_restarts(tmp_path):
-    out, run_dir, calls = srun_job(tmp_path, {"FAIL_STEPS": "9"})
-    assert out.returncode == 1 and len(calls) == 3, (calls, out.stdout)  # the first + 2 restarts
-    assert [e["event"] for e in lines(run_dir / "events.jsonl")] == ["failed"]
-
-
-def test_launcher_srun_never_restarts_an_error_that_repeats(tmp_path):
-    out, run_dir, calls = srun_job(tmp_path, {"FAIL_STEPS": "9", "MODE": "fatal"})
-    assert out.returncode == 1 and len(calls) == 1, (calls, out.stdout)
-    failed = lines(run_dir / "events.jsonl")[-1]
-    assert failed["event"] == "failed" and failed["reason"] == "rank 0 on n1: ValueError: boom"
-    # said once, by the rank that met it (and first in status): the batch log does not repeat it
-    assert "an error that repeats" in out.stderr and "boom" not in out.stderr, out.stderr
-
-
-def test_torchrun_gets_max_restarts_from_the_profile(tmp_path):
-    bin_, _ = make_standins(tmp_path)
-    text = script("local", {}, tmp_path / "r" / "a", bin_)
-    assert "--max-restarts=2 --monitor-interval=0.5 " in text
-    assert "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; fi" in text
-    off = script("local", {"preemption.max_in_job_restarts": 0}, tmp_path / "r" / "b", bin_)
-    assert "--max-restarts=0 " in off
 
 
 # ---------------------------------------------------------------- live, local profile
@@ -241,19 +165,44 @@ class Job:
         return [e for e in lines(self.run / layout.EVENTS) if e["event"] == name]
 
 
+def reference_of(tmp_path_factory, strategy: str) -> str:
+    """The uninterrupted run of TRAIN under `strategy`, once per module."""
+    if strategy not in _references:
+        job = Job(tmp_path_factory.mktemp(f"in-job-ref-{strategy}"), "ref")
+        job.submit(train=with_strategy(strategy), wait=True)
+        assert job.state() == "COMPLETED"
+        _references[strategy] = (job.run / layout.FINAL_PARAMS).read_text()
+    return _references[strategy]
+
+
+_references: dict[str, str] = {}
+
+
+def with_strategy(strategy: str) -> list[str]:
+    return [*TRAIN[:1], strategy, *TRAIN[2:]]
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> str:
-    job = Job(tmp_path_factory.mktemp("in-job-ref"), "ref")
-    job.submit(wait=True)
-    assert job.state() == "COMPLETED"
-    return (job.run / layout.FINAL_PARAMS).read_text()
+    return reference_of(tmp_path_factory, "ddp")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(LIVE_S * 3)
-def test_a_killed_rank_restarts_in_the_job_bit_identical(tmp_path, reference):
+@pytest.mark.parametrize(
+    ("strategy", "every"),
+    [("ddp", 0), ("ddp", 4), ("fsdp", 4)],
+    ids=["ddp-from-disk", "ddp-from-memory", "fsdp-from-memory"],
+)
+def test_a_killed_rank_restarts_in_the_job_bit_identical(
+    tmp_path, tmp_path_factory, strategy, every
+):
+    """every 0: snapshots off, the restart loads the disk checkpoint (every 10 steps); every 4: the
+    newest in-memory snapshot every rank holds (hpctrain/runtime/recovery.py; FSDP2: each rank's
+    shards)."""
+    reference = reference_of(tmp_path_factory, strategy)
     job = Job(tmp_path, "kill")
-    job.submit()
+    job.submit(train=[*with_strategy(strategy), f"--snapshot.every_steps={every}"])
     reached, killed = job.kill_one(3, after_step=25)
     assert job.wait() == "COMPLETED", (job.run / "logs" / "batch.log").read_text()[-3000:]
     assert (job.run / layout.FINAL_PARAMS).read_text() == reference  # exact resume
@@ -264,7 +213,19 @@ def test_a_killed_rank_restarts_in_the_job_bit_identical(tmp_path, reference):
     # the newest metrics line lags the loop by one step (whose save may have committed), and the
     # ranks stopped one after another may finish one more reduction once the others go on
     assert reached <= ev["reached_step"] <= reached + 2, (reached, ev)
-    assert ev["resumed_step"] == max(reached, ev["reached_step"]) // 10 * 10, (reached, ev)
+    top = max(reached, ev["reached_step"])
+    if every:
+        # the newest snapshot of every rank: the killed rank may have died inside the last one
+        assert top - 2 * every <= ev["resumed_step"] <= top, (reached, ev)
+        assert ev["resumed_step"] % every == 0 or ev["resumed_step"] % 10 == 0, ev
+        assert ev["steps_redone"] <= 2 * every, ev
+        log = (job.run / "train.log").read_text()
+        # a step saved to disk takes no snapshot: under load the kill can come after the save of
+        # 30 and before the next snapshot, and then the disk checkpoint is the newest state
+        memory = f"resumed from the in-memory snapshot of step {ev['resumed_step']}" in log
+        assert memory == bool(ev["resumed_step"] % 10), (ev, log[-2000:])
+    else:
+        assert ev["resumed_step"] == top // 10 * 10, (reached, ev)
     assert ev["steps_redone"] == ev["reached_step"] - ev["resumed_step"], ev
     assert ev["time_lost_s"] > 0, ev
     after = next(r["time"] for r in job.steps() if r["time"] > killed and r["step"] > reached)
@@ -318,6 +279,60 @@ def test_an_exception_in_the_training_code_is_not_retried(tmp_path):
     print(f"\nan error that repeats: FAILED {took:.1f} s after submit")
 
 
+STALL_MODULE = '''"""train_entry, but rank 1 hangs after step 27 of the first worker start."""
+import os
+import time
+
+from train_entry import watchdog
+from train_entry.cli import main
+from train_entry.dist import exit_now
+
+beat = watchdog.Watchdog.beat
+
+
+def hang(self, step):
+    beat(self, step)
+    if self.rank == 1 and step == 27 and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        while True:  # the hang: this rank never takes another step
+            time.sleep(1)
+
+
+watchdog.Watchdog.beat = hang
+exit_now(main())
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(LIVE_S * 3)
+def test_a_stalled_rank_is_restarted_in_the_job_from_memory(tmp_path, reference):
+    """The stall watchdog (watchdog.stall_s) ends every rank of a hung group with its stacks
+    written; torchrun starts the group again in the job, from the snapshot of step 24 (every 4;
+    the disk has 20): 3 steps redone, no requeue, bit-identical."""
+    mods = tmp_path / "mods"
+    mods.mkdir()
+    (mods / "stall_entry.py").write_text(STALL_MODULE)
+    job = Job(tmp_path, "stall")
+    job.submit(
+        "--module", "stall_entry", "--set", "watchdog.stall_s=10",
+        "--set", f"environment.env.PYTHONPATH={mods}",
+        train=[*TRAIN, "--snapshot.every_steps=4"],
+    )  # fmt: skip
+    assert job.wait() == "COMPLETED", (job.run / "logs" / "batch.log").read_text()[-3000:]
+    assert (job.run / layout.FINAL_PARAMS).read_text() == reference
+    assert [s["restart_count"] for s in lines(job.run / layout.RESTARTS)] == [0]  # no requeue
+    assert not job.events("requeue")
+    (stall,) = job.events("stall")
+    (ev,) = job.events("in_job_restart")
+    assert ev["reason"] == "stall" and ev["resumed_step"] == 24, ev
+    assert ev["steps_redone"] == 3 and stall["last_step"] == 27, (ev, stall)
+    stacks = Path(stall["stacks"])
+    assert "in hang" in (stacks / "rank-1.txt").read_text()  # the hung rank, caught in the act
+    assert (stacks / f"{layout.STALLED}-1").is_file()  # the marker, moved by the restart
+    assert not (job.run / layout.STALLED).exists()
+    info = json.loads(job.home.hp("status", "stall", "--json").stdout)
+    assert info["in_job_restarts"]["count"] == 1 and info["restarts"] == 0, info
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(LIVE_S * 3)
 def test_no_in_job_restart_when_the_profile_says_0(tmp_path):
@@ -329,44 +344,15 @@ def test_no_in_job_restart_when_the_profile_says_0(tmp_path):
     assert "--max-restarts=0 " in (job.run / layout.JOB_SH).read_text()
 
 
-# ---------------------------------------------------------------- live, the loopback Slurm cluster
-
-
-@pytest.mark.slurm
-@pytest.mark.timeout(900)
-def test_a_killed_rank_restarts_in_the_job_under_launcher_srun(slurm_cluster, tmp_path, reference):
-    """launcher srun on Slurm: the killed task ends the step (--kill-on-bad-exit), the batch shell
-    starts a new one; same job id, no requeue, bit-identical. Not run here: needs the cluster."""
-    from test_parallel_slurm import frozen, ranks
-    from test_slurm_e2e import ENDED, Runs
-
-    runs = Runs(tmp_path)
-    job_id = runs.submit("srun", "--set", "launch.launcher=srun", train=TRAIN)
-    run = runs.run("srun")
-    runs.until("training past step 25", lambda: Job.steps_of(run) >= 25, 600, poll=0.02)
-    pids = ranks(run)
-    assert len(pids) == 4, pids
-    with frozen(pids[:-1]):
-        os.kill(pids[-1], signal.SIGSTOP)
-        reached = Job.steps_of(run)
-        assert reached < STEPS, "the run finished before the kill"
-        os.kill(pids[-1], signal.SIGKILL)
-    info = runs.wait("srun", ENDED, 600)
-    assert info["state"] == "COMPLETED" and str(info["job_id"]) == job_id, info
-    assert (run / layout.FINAL_PARAMS).read_text() == reference
-    assert [s["restart_count"] for s in lines(run / layout.RESTARTS)] == [0]
-    events = lines(run / layout.EVENTS)
-    assert [e["restart"] for e in events if e["event"] == "in_job_restart"] == [1], events
-    assert not [e for e in events if e["event"] == "requeue"], events
-    assert info["in_job_restarts"]["count"] == 1, info
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(LIVE_S * 2)
 def test_a_preempted_run_is_not_restarted_in_the_job(reference, tmp_path):
-    """Its workers leave 75 after their save; torchrun restarts them like any failed worker, and
-    they must leave at once (the STOP file) instead of training to the next step and saving again
-    (seen live: a resumed run started at steps 13, 15 and 17, one save per in-job restart)."""
+    """Its workers leave 75 after their save. torchrun would restart them like any failed worker:
+    the batch shell ends the step a second after the first rank left 75 (kernel/fatal.
+    left_preempted; under load torchrun's 2 restarts cost 20 s of the grace time and a chain
+    segment ended TIMEOUT), and a worker restarted meanwhile leaves at once (the STOP file) instead
+    of training to the next step and saving again (seen live: a resumed run started at steps 13, 15
+    and 17, one save per in-job restart)."""
     from _hold import held
 
     job = Job(tmp_path, "pre")
@@ -380,7 +366,7 @@ def test_a_preempted_run_is_not_restarted_in_the_job(reference, tmp_path):
     assert job.wait() == "COMPLETED"  # the local profile starts the script again at once
     log = (job.run / "train.log").read_text()
     assert log.count("checkpoint saved, exit 75") == 1, log[-3000:]
-    nodes = "".join(p.read_text() for p in (job.run / "logs").glob("node-*.log"))
-    assert "not started again: a stop was asked" in nodes  # torchrun did restart them
+    batch = (job.run / "logs" / "batch.log").read_text()
+    assert "a rank left 75 after the stop's checkpoint: ending the step" in batch, batch[-3000:]
     assert not job.events("in_job_restart")
     assert (job.run / layout.FINAL_PARAMS).read_text() == reference

@@ -59,7 +59,7 @@ def test_loopback_matches_the_live_cluster() -> None:
         1,
         None,
         None,
-        2,
+        3,  # n1, n2 and the spare n3 (tests/test_spares_live.py)
     )
     assert (p.slurm.default_time_min, p.slurm.max_time_min) == (10, 30)
     assert (p.network.socket_ifname, p.network.gloo_ifname) == ("lo", "lo")

@@ -133,12 +133,12 @@ def test_gpus_per_node_request_and_container():
 def test_request_problems_all_at_once():
     profile = resolve("loopback", {})
     with pytest.raises(ValidationError) as e:
-        JobRequest.build(profile, name="ok", nodes=3, gpus=3, time_min=31)
+        JobRequest.build(profile, name="ok", nodes=4, gpus=3, time_min=31)
     msg = str(e.value)
     assert "3 problems" in msg
     assert "--gpus 3 is more than the 2 GPUs per node" in msg and "use --gpus 2" in msg
     assert (
-        "--nodes 3 is more than the 2 nodes" in msg
+        "--nodes 4 is more than the 3 nodes" in msg
         and "--time 31 is more than the 30 minutes" in msg
     )
 

@@ -68,7 +68,7 @@ def test_run_dir_outside_hpctrain_says_how_to_fix(monkeypatch):
     from hpctrain import runtime
 
     monkeypatch.delenv(jobenv.RUN_DIR, raising=False)
-    monkeypatch.setattr(runtime, "_chosen", [])
+    monkeypatch.setattr(runtime.job, "_chosen", [])  # the module that holds it
     with pytest.raises(RuntimeError, match=r"runtime.run_dir\('runs/NAME'\)"):
         runtime.run_dir()
 
@@ -123,7 +123,7 @@ def test_log_metrics_writes_what_status_and_report_read(tmp_path, monkeypatch):
     from hpctrain import runtime
 
     monkeypatch.setenv(jobenv.RUN_DIR, str(tmp_path))
-    monkeypatch.setattr(runtime, "_last", {})
+    monkeypatch.setattr(runtime.job, "_last", {})
     runtime.log_metrics(1, total=10, loss=2.5, samples=16)
     runtime.log_metrics(2, total=10, loss=2.0, samples=16)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

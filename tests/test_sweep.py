@@ -3,6 +3,7 @@ element requeues alone; locally the points run K at a time through the local exe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -235,20 +236,29 @@ def test_array_element_preempted_requeues_alone_and_resume_sweep_is_one_array(sl
         ]
         # two points fit on the two nodes at once: point 2 waits, and is cancelled before it starts
         hp("cancel", "arr/2")
-        for p in (first, second):  # each point is stopped as soon as it trains
+        # each point is held still the moment it trains, whichever starts first (under load point 1
+        # once trained all 60 steps while the test waited for point 0), so the stops land mid-run
+        with contextlib.ExitStack() as stack:
+            waiting = [first, second]
+
+            def both_train() -> bool:
+                for p in list(waiting):
+                    if len(lines(p / "metrics.jsonl")) >= 3:
+                        stack.enter_context(held(p))
+                        waiting.remove(p)
+                return not waiting
+
             try:
                 # 38-101 s at load 19-22 (2 CPU hogs and other work on 2 cores); quiet: ~10 s
-                until(f"{p.name} trains", lambda p=p: len(lines(p / "metrics.jsonl")) >= 3, 480)
+                until("both points train", both_train, 480)
             except AssertionError:
                 queue = subprocess.run(["squeue"], capture_output=True, text=True).stdout
                 raise AssertionError(
-                    f"{p.name} did not train in 480 s\n{queue}\n{dump(p)}"
+                    f"{[p.name for p in waiting]} did not train in 480 s\n{queue}\n"
+                    + "\n".join(dump(p) for p in waiting)
                 ) from None
-            with held(p):  # the stop lands mid-run however slow it is under load
-                if p == first:
-                    assert f"job {array}_0" in hp("preempt", "arr/0").stdout
-                else:  # TERM: it saves at the next step boundary and stops
-                    hp("cancel", "arr/1")
+            assert f"job {array}_0" in hp("preempt", "arr/0").stdout
+            hp("cancel", "arr/1")  # TERM: it saves at the next step boundary and stops
         rows = until("every point ends", ended, 480)["points"]
         assert [r["state"] for r in rows] == ["COMPLETED", "CANCELLED", "CANCELLED"], "\n".join(
             dump(p) for p in pts

@@ -22,9 +22,12 @@ from typing import Any
 import torch
 
 from hpctrain.kernel import layout
-from hpctrain.kernel.checkpoint import LATEST
+from hpctrain.kernel.checkpoint import LATEST, step_folders
 from hpctrain.kernel.rundir import RunFolder
-from train_entry import perf, restart
+from hpctrain.kernel.strategies import engine_checkpoint
+from hpctrain.runtime import recovery
+from hpctrain.runtime.recovery import Snapshots
+from train_entry import perf, snapshot
 from train_entry.checkpoint.checkpointer import Checkpointer
 from train_entry.checkpoint.common import FATAL, SPACE, TRANSIENT, SaveFailed
 from train_entry.config import TrainConfig
@@ -219,12 +222,19 @@ class Trainer:
         if peak is not None:
             metrics.flops_per_token = perf.flops_per_token(n_params, cfg)
             metrics.peak_flops = peak * info.world_size
-        if ckpt.load_latest(state) is not None:
+        # an in-job restart (preemption.max_in_job_restarts) resumes from the newest in-memory
+        # snapshot when it is newer than the newest disk checkpoint (hpctrain/runtime/recovery.py)
+        restarted = recovery.agreed_restart(device)
+        snaps = self._snapshots(state, dims, metrics.line)
+        disk = step_folders(ckpt.dir)
+        newest = disk[0][0] if disk else -1
+        if restarted and snaps is not None and snaps.restore(newest) is not None:
             batches.restore(state.data)
-        # an in-job restart (preemption.max_in_job_restarts): one event, by rank 0
-        if restart.agreed_restart(device) and info.rank == 0:
+        elif ckpt.load_latest(state) is not None:
+            batches.restore(state.data)
+        if restarted and info.rank == 0:  # one event per restart
             with contextlib.suppress(OSError):
-                restart.record(self.run_dir, resumed=state.step)
+                recovery.record(self.run_dir, resumed=state.step, source="train_entry")
         metrics.start(state.step)
         ranks = f"{info.world_size} rank{'s' if info.world_size != 1 else ''}"
         shards = ranks if dims.mesh is None else f"dp {dims.dp}"
@@ -274,6 +284,8 @@ class Trainer:
                 )
                 if saved:
                     self._record_saves(ckpt, info.rank)
+                if snaps is not None:
+                    snaps.step(state.step, saved=saved)
                 beat.beat(state.step)
 
                 # preemption: every rank read the same votes, so all stop at the same step
@@ -299,6 +311,8 @@ class Trainer:
                 log.info(why)
                 if info.rank == 0:
                     self._event({"event": "preempted", "step": state.step, "reason": stop.reason})
+                if snaps is not None:
+                    snaps.close()
                 return PREEMPTED_EXIT
 
             # ---- the end: last checkpoint, wait for async saves, the final params hash
@@ -308,10 +322,30 @@ class Trainer:
             digest = w.params_sha256()  # a collective for FSDP2 / ZeRO-3
             if info.rank == 0:
                 RunFolder(self.run_dir).write(layout.FINAL_PARAMS, digest + "\n")
+            if snaps is not None:
+                snaps.close()
             done = f"done: {state.step} steps, final params sha256 {digest[:16]}..."
             metrics.line(done)
             log.info(done)
             return 0
+
+    def _snapshots(
+        self, state: TrainState, dims: ParallelDims, log: Callable[[str], None]
+    ) -> Snapshots | None:
+        """In-memory snapshots for in-job restarts (snapshot.every_steps); DeepSpeed's engine
+        saves its own state, so its restarts load the disk checkpoint."""
+        every = self.cfg.snapshot.every_steps
+        if not snapshot.enabled(every) or engine_checkpoint(self.cfg.strategy):
+            return None
+        payload, apply = snapshot.for_train_state(state, flat=dims.mesh is not None)
+        return Snapshots(
+            self.run_dir,
+            every=every,
+            budget=self.cfg.snapshot.budget,
+            payload=payload,
+            apply=apply,
+            log=log,
+        )
 
     def _log(self, metrics: Metrics, b: Boundary, samples: int, world: int) -> None:
         """The metrics line of a reduced boundary: the loss averaged over micro-steps and ranks."""

@@ -37,6 +37,14 @@ def _job_options(f: Any) -> Any:  # Any: click's parsed options (any option type
             "without a bad node (docs/bad-nodes.md). DDP/FSDP only.",
         ),
         click.option(
+            "--spare-nodes",
+            type=int,
+            help="Hot spares (Slurm): the allocation holds K nodes more than training uses; a "
+            "node the preflight gate finds bad, at the start or after a failed training step, "
+            "is swapped for one in the same job (default: the profile's preemption.spare_nodes, "
+            "docs/recovery.md).",
+        ),
+        click.option(
             "--exclude",
             multiple=True,
             metavar="NODES",
@@ -164,7 +172,8 @@ def submit(**o: Any) -> None:  # Any: click's parsed options (any option type)
             f"dry run: would submit {rec.name} to {rec.where} with profile {rec.profile}\n"
             f"  topology: {rec.topology}, time {rec.time_min} min, {rec.entry}\n"
             f"  on failure: {rec.recovery}\n"
-            f"  run folder: {rec.run_path}\n  script: {rec.script_lines} lines "
+            + (f"  {rec.snapshots}\n" if rec.snapshots else "")
+            + f"  run folder: {rec.run_path}\n  script: {rec.script_lines} lines "
             "(`hpctrain render` with the same options prints it)"
         )
         if rec.chain:

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from hpctrain.plan import OPTIMIZERS, PRECISIONS, Plan, gib, make_plan, no_fit_message, workload
 from hpctrain.plan.parallel import SCHEDULES
+from hpctrain.plan.snapshots import for_plan
 
 
 class Count(click.ParamType):  # type: ignore[type-arg]  # click.ParamType[int] fails on click < 8.2
@@ -248,6 +249,9 @@ def _print_table(result: Plan) -> None:
         )
     if rec.offload_lost:
         console.print(f"offload lost: {rec.offload_lost}")
+    snapshots = for_plan(result)
+    if snapshots is not None:
+        console.print(snapshots.line(), markup=False)
 
 
 def _print_parallel(console, result, rows: int = 6) -> None:  # type: ignore[no-untyped-def]

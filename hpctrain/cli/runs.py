@@ -13,7 +13,7 @@ from hpctrain.cli.table import plain_table
 from hpctrain.kernel.errors import UserError
 from hpctrain.remote.forward import each_json, each_site, maybe_forward
 from hpctrain.remote.index import sites
-from hpctrain.runs import in_job, points, sweepdir
+from hpctrain.runs import in_job, points, spares, sweepdir
 from hpctrain.runs.folder import all_runs, find_run
 from hpctrain.runs.progress import describe, health_lines
 from hpctrain.service import status as status_service
@@ -83,7 +83,7 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
             f"  why it failed: {info['root_cause']['line']}\n"
             f"  full log: {info['root_cause']['log']}"
         )
-    for line in health_lines(info):
+    for line in health_lines(info) + spares.lines(info["spares"]):
         click.echo(line)
     for start in info["history"]:
         click.echo(

@@ -126,6 +126,12 @@ class Slurm:
         if not job_id:
             return "UNKNOWN"
         value = state(job_id)
+        if value not in LIVE:
+            # a chain between two segments: the one that ended its part is done, the next still
+            # queued (seen under load: COMPLETED read in that window, while the chain went on)
+            for later in chain.cancel_ids(run)[1:]:
+                if (next_state := state(later)) in LIVE:
+                    return next_state
         if value == "UNKNOWN" and any(
             e.get("event") == "cancel" and e.get("job_id") == job_id for e in run.events()
         ):

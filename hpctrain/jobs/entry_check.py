@@ -87,7 +87,9 @@ def check_train_entry(
     domain: int | None = None,
 ) -> dict[str, Any]:
     """Validate train_entry's config at world = nodes x gpus; return what it resolved to
-    ({"strategy", "global_batch", "micro_batch", "grad_accum", "max_steps", "world_size"}).
+    ({"strategy", "global_batch", "micro_batch", "grad_accum", "max_steps", "world_size", "dp",
+    "tp", "pp", and for the snapshot plan "params" (the demo GPT's; None for a factory),
+    "optimizer", "snapshot_every", "snapshot_budget"}).
     The parallel layout is checked against the topology: tp inside a node (and inside the
     profile's fast-link `domain`, slurm.gpus_per_domain, when smaller), pp stages dividing the
     layers, tp x pp dividing the world.
@@ -196,7 +198,19 @@ def _check_train_entry(
         "max_steps": t.max_steps,
         "world_size": world,
         "dp": world // (cfg.parallel.tp * cfg.parallel.pp),  # tp and pp peers share a batch
+        "tp": cfg.parallel.tp,
+        "pp": cfg.parallel.pp,
+        # for the snapshot memory plan (hpctrain/plan/snapshots.py): None = a factory's model
+        "params": cfg.model.demo_params(),
+        "optimizer": _optimizer(cfg.optim.name, cfg.optim.momentum),
+        "snapshot_every": cfg.snapshot.every_steps,
+        "snapshot_budget": cfg.snapshot.budget,
     }, (None if cfg.train.tracker != "none" else probe)  # None: check again every time
+
+
+def _optimizer(name: str, momentum: float) -> str:
+    """train_entry's optimizer as the plan names it (hpctrain.plan.OPTIMIZERS)."""
+    return "sgd-momentum" if name == "sgd" and momentum > 0 else name
 
 
 def _check_domain(tp: int, gpus: int, domain: int | None) -> None:

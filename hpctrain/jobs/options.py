@@ -20,6 +20,8 @@ class JobOptions:
     gpus: int | None = None
     """GPUs per node (local profile: CPU workers per simulated node)."""
     min_nodes: int | None = None
+    spare_nodes: int | None = None
+    """--spare-nodes: hot spares, the profile's preemption.spare_nodes for this run."""
     exclude: tuple[str, ...] = ()
     time_min: int | None = None
     """--time in minutes (None: the profile's slurm.default_time_min)."""

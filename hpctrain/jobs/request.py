@@ -73,6 +73,15 @@ class JobRequest:
         """The request allows fewer nodes than asked for."""
         return self.min_nodes is not None and self.min_nodes < self.nodes
 
+    def allocated(self, profile: ResolvedProfile) -> int:
+        """Nodes the allocation holds: the training nodes and the hot spares
+        (preemption.spare_nodes, Slurm only)."""
+        return self.nodes + self.spares(profile)
+
+    @staticmethod
+    def spares(profile: ResolvedProfile) -> int:
+        return profile.preemption.spare_nodes if profile.scheduler == "slurm" else 0
+
     @classmethod
     def build(
         cls,
@@ -223,12 +232,31 @@ class JobRequest:
                     key="--gpus",
                 )
             )
+        spares = profile.preemption.spare_nodes
+        if spares and profile.scheduler != "slurm":
+            out.append(
+                Problem(
+                    f"--spare-nodes {spares} (preemption.spare_nodes): hot spares are nodes of a "
+                    f"Slurm allocation, and {where} runs on this machine; fix: --spare-nodes 0, "
+                    "or a Slurm profile",
+                    key="--spare-nodes",
+                )
+            )
         if slurm.max_nodes is not None and self.nodes > slurm.max_nodes:
             out.append(
                 Problem(
                     f"--nodes {self.nodes} is more than the {slurm.max_nodes} nodes {where} allows; "
                     f"use --nodes {slurm.max_nodes} or fewer",
                     key="--nodes",
+                )
+            )
+        elif slurm.max_nodes is not None and spares and self.nodes + spares > slurm.max_nodes:
+            out.append(
+                Problem(
+                    f"--nodes {self.nodes} + --spare-nodes {spares} = {self.nodes + spares} nodes "
+                    f"to allocate, more than the {slurm.max_nodes} {where} allows; fix: fewer "
+                    "--spare-nodes or --nodes",
+                    key="--spare-nodes",
                 )
             )
         if slurm.max_time_min is not None and self.time_min > slurm.max_time_min:

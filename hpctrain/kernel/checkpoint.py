@@ -9,7 +9,7 @@
 A checkpoint verifies when every file the manifest lists has its size and checksum. A truncated or
 corrupted one is reported and skipped, never deleted. This module owns the names, the verification
 and the commit sequence (`write_manifest`, `publish`, `prune`), which train_entry's Checkpointer
-and the runtime API (hpctrain/runtime.py) both call; the writers own what goes into staging.
+and the runtime API (hpctrain/runtime/) both call; the writers own what goes into staging.
 """
 
 from __future__ import annotations

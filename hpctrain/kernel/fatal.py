@@ -16,7 +16,7 @@ import os
 import socket
 from pathlib import Path
 
-from hpctrain.kernel import failures, jobenv, layout
+from hpctrain.kernel import exitcodes, failures, jobenv, layout
 
 # torch.distributed's own errors: the network or the store failed, not the training code
 _LOST_TYPES = ("DistNetworkError", "DistStoreError", "DistBackendError")
@@ -80,10 +80,31 @@ def refused_start(run_dir: str | Path) -> tuple[int, str] | None:
     return None
 
 
+def left_preempted(code: int) -> None:
+    """A worker leaving PREEMPTED (75: its stop's checkpoint is committed; the save ends with a
+    barrier, so every rank's part is) marks the run folder (layout.PREEMPTED). The batch shell then
+    ends the step: torchrun would start every worker again (--max-restarts), each only to leave 75
+    too (refused_start), spending the grace time before the time limit or the preemption's kill
+    (measured under load: 2 restarts, 20 s, a chain segment ended TIMEOUT)."""
+    run_dir = jobenv.get(jobenv.RUN_DIR)
+    if code != exitcodes.PREEMPTED or not run_dir or jobenv.get(jobenv.JOB_ID) is None:
+        return
+    try:
+        (Path(run_dir) / layout.PREEMPTED).touch()
+    except OSError:
+        pass  # the batch shell still ends the step when torchrun gives up
+
+
+# the events.jsonl event of a node swapped for a hot spare (the preflight gate writes it; the
+# restart it causes is recorded by hpctrain/runtime/recovery.py, `status` reads it)
+SPARE_SWAPPED = "spare_swapped"
 TORCHRUN_RESTARTS = "TORCHELASTIC_RESTART_COUNT"  # torchrun's agent sets it in every worker
 
 
 def restarts() -> int:
-    """This worker's in-job restart count: torchrun's, or the batch shell's srun-step counter."""
-    value = os.environ.get(TORCHRUN_RESTARTS) or jobenv.get(jobenv.IN_JOB_RESTART) or "0"
-    return int(value) if value.isdigit() else 0
+    """This worker's in-job restart count: torchrun's restarts of its workers in this step plus
+    the batch shell's new steps (launcher srun's restarts, a hot spare swapped in)."""
+    total = 0
+    for value in (os.environ.get(TORCHRUN_RESTARTS), jobenv.get(jobenv.IN_JOB_RESTART)):
+        total += int(value) if value and value.isdigit() else 0
+    return total

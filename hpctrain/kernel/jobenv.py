@@ -98,7 +98,8 @@ VARS: tuple[Var, ...] = (
     ),
     Var(
         "IN_JOB_RESTART",
-        "launcher srun: how many times the workers were restarted inside this job start (0 first)",
+        "new training steps started inside this job start (0 first): launcher srun's in-job "
+        "restarts, and a step after a hot spare swapped in (either launcher)",
         SCRIPT,
         "train_entry (in-job restart record)",
     ),
@@ -134,6 +135,12 @@ VARS: tuple[Var, ...] = (
         "train_entry (watchdog)",
     ),
     # --- set by people
+    Var(
+        "SNAPSHOT_DIR",
+        "node-local memory folder for in-job restart snapshots (default /dev/shm)",
+        USER,
+        "train_entry, hpctrain.runtime (kernel/snapshot.py)",
+    ),
     Var(
         "SITE_PATH",
         "colon-separated folders where admins publish profiles and templates",
@@ -221,6 +228,7 @@ NODEID = BY_KEY["NODEID"].name
 DEVICE = BY_KEY["DEVICE"].name
 PG_TIMEOUT_S = BY_KEY["PG_TIMEOUT_S"].name
 STALL_S = BY_KEY["STALL_S"].name
+SNAPSHOT_DIR = BY_KEY["SNAPSHOT_DIR"].name
 SITE_PATH = BY_KEY["SITE_PATH"].name
 STOP_AT_STEP = BY_KEY["STOP_AT_STEP"].name
 TEST_SIGNAL_AT = BY_KEY["TEST_SIGNAL_AT"].name

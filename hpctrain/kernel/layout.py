@@ -56,8 +56,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         "events.jsonl",
         '{"time", "event": "signal"|"requeue"|"preempted"|"done"|"failed"|"timeout"|"resume"|'
-        '"segment_end"|"chain_cancel"|"cancel"|"in_job_restart", ...}',
-        "batch script, train_entry, resume, cancel (Slurm)",
+        '"segment_end"|"chain_cancel"|"cancel"|"in_job_restart"|"preflight"|"spare_swapped", ...}',
+        "batch script, train_entry, resume, cancel (Slurm), preflight gate",
     ),
     Entry(
         "STOP",
@@ -124,9 +124,10 @@ ENTRIES: tuple[Entry, ...] = (
         "submit --chain",
     ),
     Entry(
-        "preflight/<job>-<restart>/",
+        "preflight/<job>-<restart>[-<round>]/",
         "the preflight gate of one start: node-<id>.json, fail-<id>.txt, net.json, verdict.json "
-        "(docs/bad-nodes.md)",
+        "(docs/bad-nodes.md); `-<round>`: its check after the round-th failed training step "
+        "(hot spares, preemption.spare_nodes)",
         "preflight node checks, gate",
     ),
     Entry("preflight.json", "the newest preflight verdict (what `status` shows)", "preflight gate"),

@@ -1,5 +1,5 @@
 """The stop flag, torch-free: one implementation for train_entry (train_entry/preempt.py adds the
-all-rank agreement over torch.distributed) and for user scripts (hpctrain/runtime.py).
+all-rank agreement over torch.distributed) and for user scripts (hpctrain/runtime/).
 
 torchrun forwards only INT/TERM/HUP/QUIT to its workers, so Slurm's warning signal (USR2) reaches
 the batch shell only; its trap touches the STOP_FILE (jobenv), which every rank polls at each step

@@ -108,6 +108,7 @@ def main() -> None:
         print(refused[1], file=sys.stderr)
         sys.exit(refused[0])
     _status[0] = run(sys.argv[1:])
+    fatal.left_preempted(_status[0])  # a script that left 75 by sys.exit, not runtime.exit
     sys.exit(_status[0])
 
 

@@ -3,6 +3,7 @@
 model.py   the memory model: what each strategy holds per rank (measured, tests/test_plan_memory.py)
 ladder.py  the decision tree and out-of-memory ladder; recommend() for `submit --strategy auto`
 inputs.py  the model size (a count or a factory on the meta device) and the GPU memory -> Workload
+snapshots.py  the node-local memory of the in-memory snapshots (`plan`'s last line, --dry-run)
 """
 
 from hpctrain.plan.inputs import count_params, workload

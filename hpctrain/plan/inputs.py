@@ -40,11 +40,10 @@ def workload(
     if model is not None:
         params, largest = count_params(model)
     mem = gpu_mem_gib
-    if profile is not None and (mem is None or domain is None):
+    if profile is not None and None in (mem, domain, host_mem_gib):
         pmem, host, pdomain = _profile_memory(profile, nodes=nodes, gpus=gpus)
-        if mem is None:
-            mem = pmem
-            host_mem_gib = host_mem_gib if host_mem_gib is not None else host
+        mem = mem if mem is not None else pmem
+        host_mem_gib = host_mem_gib if host_mem_gib is not None else host
         domain = domain if domain is not None else pdomain
     if domain is not None and not (domain % gpus == 0 or gpus % domain == 0):
         raise UserError(
@@ -88,13 +87,31 @@ def _profile_memory(
     prof = resolve(name)
     slurm = _get(prof, "slurm")
     gpu_mem = _get(slurm, "gpu_mem_gib")
-    host = _parse_mem(_get(slurm, "mem"))
+    host = node_memory_gib(
+        _get(slurm, "mem"),
+        gpu_mem_gib=_get(slurm, "gpu_mem_gib"),
+        gpus=_get(slurm, "gpus_per_node"),
+    )
     domain = _get(slurm, "gpus_per_domain")
     if gpu_mem is None and not (_get(slurm, "gpus_per_node") or 0):
         ram = _meminfo_gib()
         if ram:
             return ram / max(1, nodes * gpus), ram, domain
     return gpu_mem, host, domain
+
+
+def node_memory_gib(
+    mem: Any,  # Any: slurm.mem as parsed YAML ("480G", 500000, None)
+    *,
+    gpu_mem_gib: float | None,
+    gpus: int | None,
+) -> float | None:
+    """A node's memory in GiB from a profile's slurm section: slurm.mem; a profile without GPUs
+    (local, CPU workers) runs on this machine: its RAM; else None (not known)."""
+    host = _parse_mem(mem)
+    if host is None and gpu_mem_gib is None and not gpus:
+        return _meminfo_gib()
+    return host
 
 
 def _get(obj: Any, key: str) -> Any:  # Any: parsed YAML or JSON of any shape

@@ -22,6 +22,7 @@ from hpctrain.plan.model import (
     estimate,
 )
 from hpctrain.plan.parallel import Candidate, assume_shape, choose, ring
+from hpctrain.plan.snapshots import for_plan
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Plan:
                 else None
             ),
             "parallel": [c.to_dict() for c in self.parallel],
+            "snapshots": snap.to_dict() if (snap := for_plan(self)) else None,
         }
 
     def to_json(self) -> str:

@@ -164,16 +164,22 @@ def cpus_per_task(profile: ResolvedProfile, req: JobRequest) -> int | None:
     return launch_context.task_cpus(profile, req)
 
 
-def sbatch_directives(profile: ResolvedProfile, req: JobRequest, run_dir: str) -> list[str]:
-    """Every #SBATCH line, in a fixed order, from the request (topology) and the profile."""
-    s, pre = profile.slurm, profile.preemption
-    tasks = launch_context.tasks_per_node(profile, req)
+def node_directives(profile: ResolvedProfile, req: JobRequest) -> list[str]:
+    """#SBATCH --nodes (and --ntasks-per-node): the training nodes plus the hot spares
+    (preemption.spare_nodes), which the allocation holds and the training steps leave out."""
+    spares = req.spares(profile)
     if req.node_range:
         # a range: no --ntasks-per-node, with which Slurm counts min x tasks and gives the minimum;
         # the srun steps inside give their own --ntasks-per-node
-        d = [f"--job-name={req.name}", f"--nodes={req.min_nodes}-{req.nodes}"]
-    else:
-        d = [f"--job-name={req.name}", f"--nodes={req.nodes}", f"--ntasks-per-node={tasks}"]
+        return [f"--nodes={(req.min_nodes or req.nodes) + spares}-{req.nodes + spares}"]
+    tasks = launch_context.tasks_per_node(profile, req)
+    return [f"--nodes={req.nodes + spares}", f"--ntasks-per-node={tasks}"]
+
+
+def sbatch_directives(profile: ResolvedProfile, req: JobRequest, run_dir: str) -> list[str]:
+    """Every #SBATCH line, in a fixed order, from the request (topology) and the profile."""
+    s, pre = profile.slurm, profile.preemption
+    d = [f"--job-name={req.name}", *node_directives(profile, req)]
     gpu = launch_context.gpu_directive(profile, req.gpus)
     if gpu:
         d.append(gpu)
@@ -208,7 +214,7 @@ def sbatch_directives(profile: ResolvedProfile, req: JobRequest, run_dir: str) -
                 "profile's own key)"
             )
         d.append(extra)
-    if req.nodes == 1:
+    if req.allocated(profile) == 1:
         d += list(s.single_node_sbatch)
     return d + launch_context.container_sbatch(profile)
 
@@ -324,6 +330,8 @@ def context(
         "chain": chain and slurm,  # submit --chain: segments hand over (hpctrain/runs/chain.py)
         "profile": profile,
         "job": req,
+        # hot spares (preemption.spare_nodes): nodes the allocation holds beyond the training ones
+        "spares": req.spares(profile),
         "run_dir": run_dir,
         "sbatch": sbatch_directives(profile, req, run_dir) if slurm else [],
         "srun_args": list(profile.slurm.srun_args),
@@ -396,12 +404,7 @@ def check_topology(text: str, profile: ResolvedProfile, req: JobRequest) -> None
     keyed: dict[str, list[str]] = {}
     for d in lines:
         keyed.setdefault(d.split("=", 1)[0], []).append(d)
-    tasks = launch_context.tasks_per_node(profile, req)
-    expect = (
-        {"--nodes": f"--nodes={req.min_nodes}-{req.nodes}"}
-        if req.node_range
-        else {"--nodes": f"--nodes={req.nodes}", "--ntasks-per-node": f"--ntasks-per-node={tasks}"}
-    )
+    expect = {d.split("=", 1)[0]: d for d in node_directives(profile, req)}
     gpu = launch_context.gpu_directive(profile, req.gpus)
     if gpu:
         expect[gpu.split("=", 1)[0]] = gpu

@@ -1,4 +1,4 @@
-"""In-job restarts of a run, from its `in_job_restart` events (train_entry/restart.py writes one per
+"""In-job restarts of a run, from its `in_job_restart` events (hpctrain/runtime/recovery.py writes one per
 restart): what `status` shows apart from requeues (which are starts of the batch script)."""
 
 from __future__ import annotations

@@ -11,22 +11,29 @@ from hpctrain.jobs.entry_check import describe
 from hpctrain.jobs.options import JobOptions
 from hpctrain.jobs.request import JobRequest
 from hpctrain.kernel.errors import UserError
+from hpctrain.kernel.snapshot import BUDGET as DEFAULT_BUDGET
 from hpctrain.kernel.yamlsafe import yaml_scalar
 from hpctrain.profiles import resolve
 from hpctrain.render.script import node_python, render
 from hpctrain.runs.folder import RunDir, runs_dir_of
 
 if TYPE_CHECKING:
-    # hpctrain.plan is imported where --strategy auto needs it (CLI start-up; it may be absent)
-    from hpctrain.plan.ladder import Recommendation
+    # hpctrain.plan is imported where --strategy auto or a dry run needs it (CLI start-up; it may
+    # be absent)
+    from hpctrain.plan.ladder import Plan, Recommendation
+    from hpctrain.plan.snapshots import SnapshotPlan
     from hpctrain.profiles.resolved import ResolvedProfile
 
 
 def flags(
-    partition: str | None, account: str | None, qos: str | None, sets: tuple[str, ...]
+    partition: str | None,
+    account: str | None,
+    qos: str | None,
+    sets: tuple[str, ...],
+    spare_nodes: int | None = None,
 ) -> dict[str, object]:
-    """The command line's profile overrides: --set KEY=VALUE and the --partition/--account/--qos
-    shortcuts, as a flags layer (hpctrain.profiles.resolve)."""
+    """The command line's profile overrides: --set KEY=VALUE and the --partition/--account/--qos/
+    --spare-nodes shortcuts, as a flags layer (hpctrain.profiles.resolve)."""
     out: dict[str, object] = {}
     for item in sets:
         key, sep, value = item.partition("=")
@@ -38,6 +45,8 @@ def flags(
     for key, given in (("partition", partition), ("account", account), ("qos", qos)):
         if given is not None:
             out[f"slurm.{key}"] = given
+    if spare_nodes is not None:
+        out["preemption.spare_nodes"] = spare_nodes
     return out
 
 
@@ -47,7 +56,7 @@ def _scalar(text: str) -> object:
 
 
 def resolve_profile(o: JobOptions) -> ResolvedProfile:
-    return resolve(o.profile, flags(o.partition, o.account, o.qos, o.sets))
+    return resolve(o.profile, flags(o.partition, o.account, o.qos, o.sets, o.spare_nodes))
 
 
 class Prepared:
@@ -64,8 +73,11 @@ class Prepared:
             if strategy != "auto":
                 strategy = entry_check.one_source(strategy, args)
         self.plan: Recommendation | None = None
+        self.planned: Plan | None = None  # the whole plan (its workload: the model's size)
         if strategy == "auto":
-            self.plan = plan(self.profile, o)
+            self.planned = planned(self.profile, o)
+            self.plan = self.planned.recommendation
+            assert self.plan is not None  # planned() raised when nothing fits
             strategy = self.plan.strategy
             if not (o.script or o.module):  # train_entry takes the plan's details as flags
                 args = (*plan_args(self.plan), *args)
@@ -133,9 +145,18 @@ def plan_args(rec: Recommendation) -> list[str]:
 
 
 def plan(profile: ResolvedProfile, o: JobOptions) -> Recommendation:
+    """The strategy of --strategy auto (hpctrain.plan.recommend); UserError when nothing fits."""
+    rec = planned(profile, o).recommendation
+    assert rec is not None  # planned() raised when nothing fits
+    return rec
+
+
+def planned(profile: ResolvedProfile, o: JobOptions) -> Plan:
+    """`hpctrain plan` for --strategy auto, the whole plan (its workload holds the model's size);
+    UserError when nothing fits."""
     try:
         # lazy: CLI start-up: the planner for --strategy auto only
-        from hpctrain.plan import recommend
+        from hpctrain.plan import make_plan, no_fit_message, workload
     except ImportError:
         raise UserError(
             "--strategy auto needs hpctrain.plan, which is not available in this install; "
@@ -147,13 +168,51 @@ def plan(profile: ResolvedProfile, o: JobOptions) -> Recommendation:
             "--model pkg.mod:factory"
         )
     source = profile.source
-    return recommend(
-        params=o.params,
-        model=o.plan_model,
-        nodes=o.nodes or 1,
-        gpus=o.gpus or (profile.slurm.gpus_per_node or 1),
-        # from the resolved profile, so `--set slurm.KEY=V` counts
-        gpu_mem_gib=profile.slurm.gpu_mem_gib,
-        domain=profile.slurm.gpus_per_domain,
-        profile=str(source) if source else profile.name,
+    result = make_plan(
+        workload(
+            params=o.params,
+            model=o.plan_model,
+            precision="bf16",
+            optimizer="adamw",
+            nodes=o.nodes or 1,
+            gpus=o.gpus or (profile.slurm.gpus_per_node or 1),
+            # from the resolved profile, so `--set slurm.KEY=V` counts
+            gpu_mem_gib=profile.slurm.gpu_mem_gib,
+            domain=profile.slurm.gpus_per_domain,
+            profile=str(source) if source else profile.name,
+        )
+    )
+    if result.recommendation is None:
+        raise UserError(no_fit_message(result))
+    return result
+
+
+def snapshots(p: Prepared) -> SnapshotPlan | None:
+    """The run's in-memory snapshots and their node-local memory (hpctrain/plan/snapshots.py):
+    the model's size from train_entry's config (the demo GPT), else from the plan of --strategy
+    auto (--params/--model), else measured at the first snapshot. None without hpctrain.plan."""
+    try:
+        from hpctrain.plan.inputs import node_memory_gib  # lazy: CLI start-up: dry runs only
+        from hpctrain.plan.model import GIB  # lazy: as above
+        from hpctrain.plan.snapshots import plan_snapshots  # lazy: as above
+    except ImportError:
+        return None
+    r, rec = p.resolved or {}, p.plan
+    params = r.get("params")  # train_entry's demo GPT; None for its model factory
+    if params is None and p.planned is not None:
+        params = p.planned.workload.params  # --params/--model of --strategy auto
+    slurm = p.profile.slurm
+    mem = node_memory_gib(slurm.mem, gpu_mem_gib=slurm.gpu_mem_gib, gpus=slurm.gpus_per_node)
+    return plan_snapshots(
+        # a --script/--module holds what it hands hpctrain.runtime: its size is not known before
+        strategy=p.request.strategy if p.resolved is not None or rec else "script",
+        params=params,
+        nodes=p.request.nodes,
+        gpus=p.request.gpus,
+        optimizer=r.get("optimizer", "adamw"),
+        tp=r.get("tp", rec.tp if rec else 1),
+        pp=r.get("pp", rec.pp if rec else 1),
+        node_mem_bytes=None if mem is None else int(mem * GIB),
+        every_steps=r.get("snapshot_every"),
+        budget=r.get("snapshot_budget", DEFAULT_BUDGET),
     )

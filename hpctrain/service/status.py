@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain import dispatch
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
-from hpctrain.runs import in_job, points, sweepdir
+from hpctrain.runs import in_job, points, spares, sweepdir
 from hpctrain.runs.cause import root_cause
 from hpctrain.runs.folder import TERMINAL, BrokenRun, find_run
 from hpctrain.runs.progress import health, snapshot
@@ -101,7 +102,25 @@ def detail(r: RunDir) -> dict[str, Any]:
     events = r.events()
     info.update(health(events))
     info["in_job_restarts"] = in_job.summary(events)  # apart from requeues ("restarts")
+    info["spares"] = spares.summary(
+        events,
+        asked=int(
+            ((r.frozen().get("profile") or {}).get("preemption") or {}).get("spare_nodes") or 0
+        )
+        if info["scheduler"] == "slurm"
+        else 0,
+        newest_start=info["history"][-1] if info["history"] else None,
+        verdict=_json(r.path / layout.PREFLIGHT_LATEST),
+    )
     return info
+
+
+def _json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def cancel(ref: str, runs_dir: Path | None = None) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from hpctrain.kernel import layout
 from hpctrain.remote.upload import adopt, check_upload, install
 from hpctrain.runs import chain
 from hpctrain.service import nodetorch
-from hpctrain.service.prepare import Prepared, entry_line
+from hpctrain.service.prepare import Prepared, entry_line, snapshots
 
 if TYPE_CHECKING:
     from hpctrain.jobs.request import JobRequest
@@ -48,6 +48,7 @@ class Submitted:
     max_time_min: int | None = None
     total_steps: int | None = None
     recovery: str = ""  # what a failure during training leads to
+    snapshots: str = ""  # dry run: the in-memory snapshots' memory (hpctrain/plan/snapshots.py)
 
 
 def recovery(profile: ResolvedProfile) -> str:
@@ -59,8 +60,14 @@ def recovery(profile: ResolvedProfile) -> str:
         else "no in-job restart"
     )
     requeue = f"requeued up to {pre.max_restarts} time(s)" if pre.requeue else "never requeued"
+    spares = (
+        f"a node the preflight gate confirms bad: swapped for one of {pre.spare_nodes} hot "
+        "spare(s) in the job (preemption.spare_nodes); "
+        if pre.spare_nodes and profile.scheduler == "slurm"
+        else ""
+    )
     return (
-        f"a dead, stalled or timed-out worker: {inside} (preemption.max_in_job_restarts); "
+        f"{spares}a dead, stalled or timed-out worker: {inside} (preemption.max_in_job_restarts); "
         f"a preemption or stall: {requeue}; an error that repeats fails at once"
     )
 
@@ -89,7 +96,8 @@ def submit(o: JobOptions, profile: ResolvedProfile) -> tuple[Submitted, RunDir]:
         name=req.name,
         job_id=None,
         where="Slurm (sbatch)" if slurm else "this machine (local executor)",
-        topology=f"{req.nodes} node(s) x {req.gpus} {'GPU' if slurm else 'worker'}(s)",
+        topology=f"{req.nodes} node(s) x {req.gpus} {'GPU' if slurm else 'worker'}(s)"
+        + (f" + {req.spares(profile)} hot spare node(s)" if req.spares(profile) else ""),
         entry=entry_line(p),
         run_path=run.path,
         profile=profile.name,
@@ -104,6 +112,8 @@ def submit(o: JobOptions, profile: ResolvedProfile) -> tuple[Submitted, RunDir]:
         rec.chain = chain.describe(segments)
         rec.chain_time_min = sum(x.time_min for x in segments)
     if dry_run:
+        planned = snapshots(p)
+        rec.snapshots = planned.line(interval=True) if planned is not None else ""
         return rec, run
     rec.job_id = start(
         run,

@@ -151,12 +151,20 @@ exec "$HPCTRAIN_PYTHON" -m torch.distributed.run --nnodes="$HPCTRAIN_NNODES" --n
 
 hpctrain_wait() {  # PID...: wait for all, through trapped signals; hpctrain_rc = first failure
   local pid rc fatal=0
+  local saved=0
   local -a left=("$@")
   hpctrain_rc=0
   while [ "${#left[@]}" -gt 0 ]; do
     if [ "$fatal" = 0 ] && [ -e "$HPCTRAIN_RUN_DIR/FATAL" ]; then
       fatal=1  # an error that repeats: stop the step now, before a restart trains into it again
       kill -TERM "$@" 2>/dev/null
+    fi
+    # A rank left 75, the stop's checkpoint committed (kernel/fatal.left_preempted): a second later
+    # end the step, or torchrun starts every worker again only for each to leave 75 too.
+    if [ "$saved" = 1 ]; then saved=2; kill -TERM "$@" 2>/dev/null; fi
+    if [ "$saved" = 0 ] && [ "$preempted" = 1 ] && [ -e "$HPCTRAIN_RUN_DIR/PREEMPTED" ]; then
+      saved=1
+      echo "hpctrain: a rank left 75 after the stop's checkpoint: ending the step (no in-job restart)"
     fi
     local -a still=()
     for pid in "${left[@]}"; do

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# A real two-node Slurm cluster on this one machine, for the live tests.
+# A real three-node Slurm cluster on this one machine, for the live tests.
 #
-#   sudo bash tests/slurm/cluster.sh up       # install what is missing, start, wait until n1 n2 are idle
+#   sudo bash tests/slurm/cluster.sh up       # install what is missing, start, wait until n1-n3 are idle
 #   sudo bash tests/slurm/cluster.sh status   # each daemon we started, then sinfo
 #   sudo bash tests/slurm/cluster.sh down     # cancel jobs, stop exactly the daemons we started
 #   bash tests/slurm/cluster.sh check-link    # may `up` point /etc/slurm/slurm.conf here? (exit 2: no)
 #
-# Debian 12's slurm-wlm 22.05 + munge + slurmdbd on MariaDB (so sacct is real). Two slurmd "nodes",
-# n1 (127.0.0.2) and n2 (127.0.0.3), each in its own UTS + mount namespace with its own hostname and
-# a private /etc/hosts, so torchrun's c10d rendezvous sees two hosts that resolve. Loopback only.
+# Debian 12's slurm-wlm 22.05 + munge + slurmdbd on MariaDB (so sacct is real). Three slurmd "nodes",
+# n1 (127.0.0.2), n2 (127.0.0.3) and n3 (127.0.0.4), each in its own UTS + mount namespace with its
+# own hostname and a private /etc/hosts, so torchrun's c10d rendezvous sees hosts that resolve.
+# Loopback only. Most tests ask for two nodes: n3 has a higher Weight, so Slurm gives n1 and n2
+# first and n3 only to a job that needs it (a hot spare: --nodes 2 --spare-nodes 1).
 # Facts behind every choice: ../shared/notes/slurm-on-one-machine.md.
 #
 # Jobs run as root on this test cluster: SlurmUser is root and the tests submit as root. That is a
@@ -37,9 +39,11 @@ CTLD_PORT=6817
 DBD_PORT=6819
 DB_PORT=${HPCTRAIN_SLURM_DB_PORT:-13306}
 DB_PASS=hpctrain-test        # a local, loopback-only test database
-NODES=(n1 n2)
-declare -A ADDR=([n1]=127.0.0.2 [n2]=127.0.0.3)
-declare -A PORT=([n1]=6821 [n2]=6822)
+NODES=(n1 n2 n3)
+declare -A ADDR=([n1]=127.0.0.2 [n2]=127.0.0.3 [n3]=127.0.0.4)
+declare -A PORT=([n1]=6821 [n2]=6822 [n3]=6823)
+# Slurm allocates the lowest Weight first: the two-node tests keep n1 and n2, n3 is the spare
+declare -A WEIGHT=([n1]=1 [n2]=1 [n3]=10)
 GPUS_PER_NODE=2              # must match site_configs/loopback.yaml slurm.gpus_per_node
 PACKAGES=(slurmctld slurmd slurm-client slurmdbd munge mariadb-server)
 
@@ -170,7 +174,7 @@ install_packages() {
 write_config() {
     local ctl_host mem n
     ctl_host=$(hostname -s)
-    mem=2000   # MB per node; the two nodes share one machine, so this is nominal (config_overrides)
+    mem=2000   # MB per node; the nodes share one machine, so this is nominal (config_overrides)
     mkdir -p "$ETC" "$RUN" "$LOG" "$STATE/ctld" "$STATE/dev"
     for n in "${NODES[@]}"; do mkdir -p "$STATE/spool/$n"; done
 
@@ -181,7 +185,7 @@ write_config() {
     done
 
     cat >"$CONF.new" <<EOF
-# Written by tests/slurm/cluster.sh: a two-node test cluster on loopback. Do not edit; edit the script.
+# Written by tests/slurm/cluster.sh: a three-node test cluster on loopback. Do not edit; edit the script.
 ClusterName=$CLUSTER
 SlurmctldHost=$ctl_host(127.0.0.1)
 SlurmctldPort=$CTLD_PORT
@@ -223,7 +227,7 @@ EOF
     for n in "${NODES[@]}"; do
         echo "NodeName=$n NodeHostname=$n NodeAddr=${ADDR[$n]} Port=${PORT[$n]} CPUs=2 Boards=1" \
             "SocketsPerBoard=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=$mem" \
-            "Gres=gpu:$GPUS_PER_NODE State=UNKNOWN" >>"$CONF.new"
+            "Gres=gpu:$GPUS_PER_NODE Weight=${WEIGHT[$n]} State=UNKNOWN" >>"$CONF.new"
     done
     # OverSubscribe: two small jobs may share the nodes' cores at once (GPUs are never shared).
     echo "PartitionName=debug Nodes=$(IFS=,; echo "${NODES[*]}") Default=YES MaxTime=30 State=UP" \
@@ -354,7 +358,7 @@ start_slurmd() {
 nodes_idle() {
     local states
     states=$(sinfo -h -N -p debug -o '%N %t' 2>/dev/null | sort -u)
-    [[ $(grep -cE '^n[12] (idle|mix|alloc)$' <<<"$states") -eq ${#NODES[@]} ]]
+    [[ $(grep -cE "^($(IFS='|'; echo "${NODES[*]}")) (idle|mix|alloc)\$" <<<"$states") -eq ${#NODES[@]} ]]
 }
 
 up() {

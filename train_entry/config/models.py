@@ -8,6 +8,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from hpctrain.kernel import mesh
+from hpctrain.kernel import snapshot as snapshot_store
 from hpctrain.kernel import strategies as strategy_names
 
 STRATEGIES = strategy_names.NAMES
@@ -35,6 +36,15 @@ class ModelConfig(_Section):
     n_heads: int = _f(4, "Demo GPT: attention heads (must divide d_model).", ge=1)
     seq_len: int = _f(16, "Demo GPT/task: tokens per sample.", ge=4)
     dropout: float = _f(0.0, "Demo GPT: dropout probability.", ge=0.0, lt=1.0)
+
+    def demo_params(self) -> int | None:
+        """The demo GPT's parameter count (train_entry/model.py: token and position embeddings,
+        n_layers blocks of 12 d^2 + 13 d, the final norm, an untied head); None for a factory's
+        model, whose size is known only once built."""
+        if self.factory is not None:
+            return None
+        v, d, n, s = self.vocab_size, self.d_model, self.n_layers, self.seq_len
+        return 2 * v * d + s * d + n * (12 * d * d + 13 * d) + 2 * d
 
 
 class DataConfig(_Section):
@@ -199,6 +209,21 @@ class CheckpointConfig(_Section):
     async_save: bool = _f(False, "Save in the background (periodic saves only).")
 
 
+class SnapshotConfig(_Section):
+    every_steps: int | None = _f(
+        None,
+        "In-memory snapshot every N steps, for in-job restarts (docs/recovery.md). None = as "
+        "often as their cost stays under `budget` of a step; 0 = off.",
+        ge=0,
+    )
+    budget: float = _f(
+        snapshot_store.BUDGET,
+        "With every_steps None: the share of a step's time snapshots may cost.",
+        gt=0,
+        le=1,
+    )
+
+
 class ProfileConfig(_Section):
     active: int = _f(
         0, "Steps to record with torch.profiler (0 = off); trace in <run>/profile/.", ge=0
@@ -229,6 +254,9 @@ class TrainConfig(_Section):
     )
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="Checkpoints."
+    )
+    snapshot: SnapshotConfig = Field(
+        default_factory=SnapshotConfig, description="In-memory snapshots."
     )
     profile: ProfileConfig = Field(default_factory=ProfileConfig, description="torch.profiler.")
 

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from hpctrain.runtime import fix_ddp_buckets
 from train_entry.config import TrainConfig
 from train_entry.optim import DTYPES, build_optimizer, build_scheduler
 from train_entry.strategies.base import Strategy, clip_and_step
@@ -65,14 +66,8 @@ class DDPStrategy(Strategy):
             find_unused_parameters=d.find_unused_parameters,
             **buffers,
         )
-        # Fix the bucket layout now, the same at every start. DDP otherwise rebuilds its buckets after
-        # the first step in gradient-ready order, which moves gradients to other offsets of the ring
-        # all-reduce: with more than 2 ranks that is another summation order, and a resumed run (first
-        # step again with the initial layout) drifts from an uninterrupted one in the last bits. (Found
-        # by the 4-rank Slurm preemption test; same call DDP makes itself in _update_process_group.)
-        if not d.find_unused_parameters:
-            model.reducer._push_all_rebuilt_params()
-            model.reducer._rebuild_buckets()
+        # the same bucket layout at every start (exact resumes with more than 2 ranks; why: there)
+        fix_ddp_buckets(model)
         _comm_hook(model, cfg)
         optimizer = build_optimizer(model.parameters(), cfg)
         scaler = torch.amp.GradScaler(device.type) if cfg.train.precision == "fp16" else None

@@ -10,11 +10,14 @@ all-reduce of all healthy nodes
 is compared with the profile's `expected_busbw_gbps`; with two nodes a slow link cannot be pinned
 on either, so it is reported, not excluded (`hpctrain doctor --bisect` narrows it down).
 
-Prints shell assignments for the batch shell (`eval`): hpctrain_gate=ok|shrink|requeue|fail,
+Hot spares (`--train`, `--spare-nodes`): the verdict `swap` first (spares.py).
+
+Prints shell assignments for the batch shell (`eval`): hpctrain_gate=ok|swap|shrink|requeue|fail,
 hpctrain_good, hpctrain_bad (comma-separated Slurm names), hpctrain_exclude (what the requeued job
-excludes), hpctrain_gate_reason. Writes verdict.json and the run's preflight.json; when a node
-failed (or a warning was raised), also one `preflight` event in events.jsonl naming each failed
-node with its reason.
+excludes), hpctrain_gate_reason, hpctrain_train (the nodes to train on) and
+hpctrain_spares_left. Writes verdict.json and the run's preflight.json; when a node failed (or a
+warning was raised), also one `preflight` event in events.jsonl naming each failed node with its
+reason.
 """
 
 from __future__ import annotations
@@ -38,7 +41,9 @@ from hpctrain.checks.preflight import (
     NODE_FAILURE,
     NODE_REPORT,
     VERDICT,
+    spares,
 )
+from hpctrain.checks.preflight.spares import place
 from hpctrain.kernel.files import write_atomic
 from hpctrain.kernel.rundir import RunFolder
 
@@ -47,7 +52,7 @@ NO_REPORT = "no report within"
 
 @dataclass
 class Verdict:
-    action: str  # ok | shrink | requeue | fail
+    action: str  # ok | swap | shrink | requeue | fail
     good: list[str]
     bad: dict[str, str]  # node name -> reason
     warnings: list[str] = field(default_factory=list)
@@ -58,6 +63,9 @@ class Verdict:
     reason: str = ""
     busbw_gbps: float | None = None
     seconds: float | None = None
+    train: list[str] = field(default_factory=list)  # the nodes to train on (hot spares)
+    spares_left: list[str] = field(default_factory=list)
+    swapped: list[tuple[str, str]] = field(default_factory=list)  # (node out, spare in)
 
     def shell(self) -> str:
         values = {
@@ -66,6 +74,8 @@ class Verdict:
             "hpctrain_bad": ",".join(self.bad),
             "hpctrain_exclude": ",".join(self.exclude),
             "hpctrain_gate_reason": self.reason,
+            "hpctrain_train": ",".join(self.train),
+            "hpctrain_spares_left": ",".join(self.spares_left),
         }
         lines = [f"{k}={shlex.quote(v)}" for k, v in values.items()]
         lines.append(f"hpctrain_update=({' '.join(shlex.quote(u) for u in self.update)})")
@@ -218,7 +228,7 @@ def job_nodes(job_id: str | None) -> dict[str, list[str]]:
 
 def requeue_update(
     bad: list[str], current: dict[str, list[str]], min_nodes: int, max_nodes: int
-) -> list[str]:
+) -> list[str]:  # min_nodes, max_nodes: of the allocation (hot spares included)
     """What the requeued job must change: the bad nodes excluded (with earlier exclusions), out
     of a required node list, and the node count restated (Slurm narrows it to the allocation)."""
     exclude = sorted(set(current["ExcNodeList"]) | set(bad))
@@ -257,10 +267,11 @@ def decide(
     can_requeue: bool,
     excluded: list[str],
     partition: list[str] | None = None,
+    spares: int = 0,
 ) -> tuple[str, str, list[str]]:
     """(action, reason, exclude list). `partition`: every node of the job's partition, so a
     requeue that excludes too many of them to ever start again fails instead (Slurm would keep it
-    PENDING with BadConstraints for good)."""
+    PENDING with BadConstraints for good). `spares`: the hot spares a requeued job asks for again."""
     if not bad:
         return "ok", "", []
     named = ", ".join(f"{n} ({r})" for n, r in bad.items())
@@ -283,14 +294,15 @@ def decide(
             exclude,
         )
     left = None if partition is None else [n for n in partition if n not in exclude]
-    if can_requeue and left is not None and len(left) < min_nodes:
+    if can_requeue and left is not None and len(left) < min_nodes + spares:
         return (
             "fail",
             (
                 f"{', '.join(bad)} failed the preflight checks, and without "
                 f"{', '.join(exclude)} the partition has {len(left)} node(s) for a job of at "
-                f"least {min_nodes}, so a requeue could never start: {named}; fix: repair or "
-                "replace the node, or submit with fewer --nodes (or --min-nodes)"
+                f"least {min_nodes + spares}, so a requeue could never start: {named}; fix: "
+                "repair or replace the node, or submit with fewer --nodes (or --min-nodes, "
+                "--spare-nodes)"
             ),
             exclude,
         )
@@ -334,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-id", default=os.environ.get("SLURM_JOB_ID"))
     ap.add_argument("--restart-count", type=int, default=0)
     ap.add_argument("--started", type=float, default=None, help="epoch seconds the gate started")
+    ap.add_argument("--train", help="hot spares: the training nodes (the rest: spares)")
+    ap.add_argument("--spare-nodes", type=int, default=0, help="hot spares the job asks for")
+    ap.add_argument("--when", choices=("start", "training"), default="start")
     a = ap.parse_args(argv)
     names = [n for n in a.nodes.split(",") if n]
     good, bad, warnings, busbw = judge(
@@ -345,18 +360,32 @@ def main(argv: list[str] | None = None) -> int:
         min_fraction=a.min_fraction,
     )
     good, bad, warnings = all_silent(names, good, bad, warnings)
+    spare_mode = a.train is not None
+    train = [n for n in (a.train or "").split(",") if n] if spare_mode else list(good)
+    spots = place(names, train, [n for n in names if n not in train], bad) if spare_mode else None
     current = job_nodes(a.job_id) if bad else {"ExcNodeList": [], "ReqNodeList": []}
-    action, reason, exclude = decide(
-        good,
-        bad,
-        min_nodes=a.min_nodes,
-        on_fail=a.on_fail,
-        can_requeue=bool(a.can_requeue),
-        excluded=current["ExcNodeList"],
-        partition=partition_nodes(os.environ.get("SLURM_JOB_PARTITION")) if bad else None,
-    )
+    settled = spares.settled(spots, bad) if spots is not None else None
+    if settled is not None:  # every bad training node has a good spare in its place
+        action, reason, exclude = *settled, list[str]()
+    else:
+        action, reason, exclude = decide(
+            spots.train if spots is not None else good,
+            bad,
+            min_nodes=a.min_nodes,
+            on_fail=a.on_fail,
+            can_requeue=bool(a.can_requeue),
+            excluded=current["ExcNodeList"],
+            partition=partition_nodes(os.environ.get("SLURM_JOB_PARTITION")) if bad else None,
+            spares=a.spare_nodes,
+        )
+    train = spots.train if spots is not None else good
     update = (
-        requeue_update(list(bad), current, a.min_nodes, a.max_nodes or len(names))
+        requeue_update(
+            list(bad),
+            current,
+            a.min_nodes + a.spare_nodes,
+            (a.max_nodes or len(names)) + a.spare_nodes,
+        )
         if action == "requeue"
         else []
     )
@@ -371,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
         reason=reason,
         busbw_gbps=busbw,
         seconds=seconds,
+        train=train,
+        spares_left=spots.spares_left if spots is not None else [],
+        swapped=spots.swapped if spots is not None and action == "swap" else [],
     )
     record = {"job_id": a.job_id, "restart_count": a.restart_count, "nodes": names, **asdict(v)}
     write_atomic(a.folder / VERDICT, json.dumps(record, indent=1) + "\n")
@@ -394,6 +426,16 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": seconds,
             },
         )
+    spares.record(
+        a.run_dir,
+        v.swapped,
+        bad,
+        when=a.when,
+        job_id=a.job_id,
+        restart_count=a.restart_count,
+        train=v.train,
+        left=len(v.spares_left),
+    )
     for name, why in bad.items():
         print(f"hpctrain: preflight: node {name} failed: {why}", file=sys.stderr)
     for w in warnings:

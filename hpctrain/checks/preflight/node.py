@@ -11,6 +11,11 @@
    all-reduce whose bus bandwidth the gate compares with the profile's figure; with 3 or more nodes
    also each ring pair, so a slow link names its node.
 
+`--when training` (the hot-spare round after a failed training step, in a job start whose start
+gate ran the full checks on every node) is the reduced check: it skips what cannot have changed
+since then (SKIPPED_IN_TRAINING) and keeps every check that can find a node's hardware or network
+bad.
+
 Everything runs within the deadline (`--budget-s` from the start); stdlib only at import time, so
 a broken torch is reported, not a traceback. The gate (gate.py) reads the files and decides.
 """
@@ -41,6 +46,30 @@ from hpctrain.checks.preflight import (
 from hpctrain.checks.preflight.allreduce import network, wait_reports
 from hpctrain.kernel.support import torch_problem
 
+# The reduced check (`--when training`) skips these, and only these. The start gate of this job
+# start passed them on every node it now checks (the training nodes and the spares left: a node that
+# failed then was swapped out or dropped), and their answer depends on software that is fixed for
+# the job, not on the node's hardware, so a failed training step cannot have changed it. They are
+# also its slowest part after `import torch` (the trainer's imports, and the round trip's cold
+# torch.distributed.checkpoint / torch._dynamo imports: benchmarks/preflight.py). Kept: torch's
+# import and release (the matmul and all-reduce need torch; a node whose Python no longer runs is a
+# finding, fail-<id>.txt), doctor's node checks (an interface or InfiniBand port gone down, a GPU
+# fallen off the bus, /dev/shm filled by dead ranks' files), the GPU health counters (ECC
+# errors appear during training), devices, the exact matmul and NaN, lagging, and the all-reduce
+# with its ring pairs: whatever can confirm a node bad after a failure.
+SKIPPED_IN_TRAINING = {
+    "entry": (
+        "the entry's import (or module lookup, or script compile) reads the job's code and Python "
+        "environment, the same files as at the start gate; were they broken since, every node "
+        "would fail alike (a software fault: no spare helps, the new step meets it at once)"
+    ),
+    "checkpoint": (
+        "the checkpoint round trip checks torch's checkpoint API (fixed for the job) and that the "
+        "node can write the run folder, which this check still does (node-<id>.json; a node "
+        "that cannot leaves no report and fails)"
+    ),
+}
+
 
 def check(name: str, ok: bool | None, detail: str) -> dict[str, str]:
     """A check row like doctor's: status pass | fail | warn."""
@@ -55,11 +84,11 @@ def check(name: str, ok: bool | None, detail: str) -> dict[str, str]:
 
 
 def check_imports(
-    entry_kind: str, entry_target: str, scratch: Path | None = None
+    entry_kind: str, entry_target: str, scratch: Path | None = None, *, entry: bool = True
 ) -> tuple[list[dict[str, str]], Any]:
-    """torch (its release within hpctrain's supported range), then the entry (train_entry's
-    trainer, and one tiny checkpoint save + verify + load in `scratch`; a user module found; a
-    script compiled)."""
+    """torch (its release within hpctrain's supported range), then, with `entry`, the entry
+    (train_entry's trainer, and one tiny checkpoint save + verify + load in `scratch`; a user
+    module found; a script compiled)."""
     t0 = time.perf_counter()
     try:
         import torch  # lazy: the check itself: does torch import here
@@ -75,6 +104,8 @@ def check_imports(
     problem = torch_problem(torch.__version__)
     if problem:
         return [*rows, check("torch", False, problem)], torch
+    if not entry:
+        return rows, torch
     try:
         if entry_kind == "train_entry":
             importlib.import_module("train_entry.trainer")
@@ -228,11 +259,24 @@ def check_compute(
     return rows, (worst if rows and all(r["status"] == "pass" for r in rows) else None)
 
 
+def skipped_rows() -> list[dict[str, str]]:
+    """The reduced check's record of what it did not run, and why (status `skip`)."""
+    return [
+        {"name": name, "status": "skip", "detail": f"not checked after a failed step: {why}"}
+        for name, why in SKIPPED_IN_TRAINING.items()
+    ]
+
+
 def local_report(node: int, name: str, args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     want_gpu = os.environ.get(ENV_WANT_GPU) == "1"
     gpus = int(os.environ.get(ENV_GPUS_PER_NODE, "0") or 0)
-    rows, torch = check_imports(args.entry_kind, args.entry_target, args.out / f"checkpoint-{node}")
+    full = args.when == "start"
+    rows, torch = check_imports(
+        args.entry_kind, args.entry_target, args.out / f"checkpoint-{node}", entry=full
+    )
+    if not full and torch is not None:
+        rows += skipped_rows()
     cuda = bool(torch is not None and want_gpu and torch.cuda.is_available())
     for c in node_checks(
         env=dict(os.environ),
@@ -277,6 +321,7 @@ def local_report(node: int, name: str, args: argparse.Namespace) -> dict[str, An
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "ok": ok,
+        "when": args.when,
         "checks": rows,
         "matmul_s": matmul_s,
         "device": "cuda" if cuda else "cpu",
@@ -307,6 +352,12 @@ def main(argv: list[str] | None = None) -> int:
         "--entry-kind", default="train_entry", choices=("train_entry", "module", "script")
     )
     ap.add_argument("--entry-target", default="train_entry")
+    ap.add_argument(
+        "--when",
+        choices=("start", "training"),
+        default="start",
+        help="training: the reduced check after a failed training step (SKIPPED_IN_TRAINING)",
+    )
     a = ap.parse_args(argv)
     start = time.monotonic()
     names = a.nodes.split(",")

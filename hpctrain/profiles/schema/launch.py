@@ -185,6 +185,18 @@ class Preemption(Strict):
         "exception in the training code, a bad config, a checkpoint that does not load) is never "
         "retried: the job fails at once with its cause. 0: no in-job restart.",
     )
+    spare_nodes: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Hot spares (Slurm only; `submit --spare-nodes` overrides it): the allocation "
+        "holds this many nodes more than training uses. A node the preflight gate finds bad at the "
+        "start, or one whose failure ended a training step and that the gate then confirms bad, is "
+        "swapped for a spare and training starts again in the same job, on the new node list "
+        "(no requeue, no queue wait; a `spare_swapped` event, and `status` names the node out and "
+        "the spares left). With no good spare left, the gate's usual path applies "
+        "(preflight.on_fail: shrink, or exclude + requeue). 0: no spares.",
+    )
 
     @field_validator("signal", mode="before")
     @classmethod

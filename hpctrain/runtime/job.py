@@ -1,48 +1,18 @@
-"""The runtime API for your own training script (`hpctrain submit --script train.py`).
-
-    from hpctrain import runtime
-
-    ckpt = runtime.Checkpoint()                  # <run folder>/checkpoints, train_entry's format
-    found = ckpt.load()                          # the newest verified checkpoint, or None
-    step = found.step if found else 0
-    if found:
-        model.load_state_dict(found.state["model"])
-        optimizer.load_state_dict(found.state["optimizer"])
-    while step < total:
-        ...one optimizer step...
-        step += 1
-        if runtime.should_stop():                # the STOP file or a signal, agreed by all ranks
-            ckpt.save(step, {"model": model.state_dict(), "optimizer": optimizer.state_dict()})
-            runtime.exit(runtime.PREEMPTED)      # 75: the batch shell requeues, the job resumes
-
-`should_stop()`, `run_dir()`, `restart_count()` and `exit()` need no torch; `Checkpoint` imports it
-when it saves or loads. Nothing here imports click. With torch.distributed initialised, every rank
-must call `should_stop()` and `Checkpoint.save/load` at the same point (they are collectives).
-
-A checkpoint is a `checkpoints/step-<8 digits>/` folder with a MANIFEST.json (every file with its
-size and sha256) written last and a `checkpoints/latest` pointer, exactly like train_entry's, so
-`hpctrain status`, `report` and `resume` read it the same way. Per rank, the RNG state (Python,
-NumPy, torch CPU and CUDA) is saved and restored automatically; a data position is whatever you
-put in the state dict (e.g. {"epoch": 1, "offset": 4096}).
+"""Where a user script runs and when it must stop: the run folder, restart counts, the stop flag
+agreed by all ranks, `exit`, metrics lines and the params hash. Nothing here imports torch until a
+process group is up (`_dist`) or a function needs it (`_torch`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import os
-import random
-import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpctrain.kernel import checkpoint as fmt  # the format: step names, manifest, verify, latest
-from hpctrain.kernel import exitcodes, jobenv, layout
-from hpctrain.kernel.files import utc_now
+from hpctrain.kernel import exitcodes, fatal, jobenv, layout
 from hpctrain.kernel.rundir import RunFolder
 from hpctrain.kernel.stopflag import DEFAULT_SIGNALS, StopFlag
 from hpctrain.kernel.stopflag import die_with_launcher as die_with_launcher  # public here too
@@ -54,8 +24,6 @@ ENV_RESTART_COUNT = jobenv.RESTART_COUNT
 
 PREEMPTED = exitcodes.PREEMPTED  # a verified checkpoint was saved because the stop flag was raised
 STOP_SIGNALS = DEFAULT_SIGNALS
-STATE_FILE = "state.pt"
-SAVES = layout.SAVES  # one line per save: what `hpctrain report` sums
 
 
 # ---------------------------------------------------------------- where am I
@@ -104,6 +72,7 @@ def exit(code: int = 0, *, step: int | None = None) -> None:  # noqa: A001 - rea
     step = step if step is not None else (_saved[-1] if _saved else None)
     if code == PREEMPTED and rank() == 0 and step is not None:
         _event({"event": "preempted", "step": step, "reason": _flag.reason})
+    fatal.left_preempted(code)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -201,117 +170,6 @@ def _device(dist: Any) -> Any:  # Any: torch objects (torch is imported lazily)
 
 
 # ---------------------------------------------------------------- checkpoints
-@dataclass
-class Found:
-    step: int
-    state: dict[str, Any]
-    path: Path
-
-
-class Checkpoint:
-    """Atomic, verified checkpoints of any state dict, in train_entry's format.
-
-    save(step, state): rank 0 writes `state` (torch.save: tensors, optimizer state, plain data);
-    every rank writes its RNG state; rank 0 then writes the manifest last, renames the staging
-    folder to step-<N>, moves `latest` and keeps the newest `keep`. load(): the newest checkpoint
-    whose manifest verifies (a damaged one is reported and skipped, never deleted), RNG restored.
-    """
-
-    def __init__(
-        self,
-        folder: str | os.PathLike[str] | None = None,
-        *,
-        keep: int = 2,
-        strategy: str = "script",
-    ) -> None:
-        if keep < 2:
-            raise ValueError(f"keep={keep}: keep at least 2 (the newest may be half written)")
-        self.dir = Path(folder).absolute() if folder else run_dir() / "checkpoints"
-        self.keep, self.strategy = keep, strategy
-        self.blocked_s: list[float] = []  # seconds each save held the loop
-
-    # ------------------------------------------------------------ save
-    def save(self, step: int, state: dict[str, Any]) -> Path:
-        torch = _torch()
-        t0 = time.monotonic()
-        dist = _dist()
-        me, world = (dist.get_rank(), dist.get_world_size()) if dist else (0, 1)
-        name = fmt.step_name(step)
-        final, staging = self.dir / name, self.dir / fmt.staging_name(step)
-        if me == 0:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            if staging.exists():
-                shutil.rmtree(staging)  # a save of this step killed half way: never a checkpoint
-            if final.exists():  # not resumed from, so it did not verify: keep it aside
-                final.rename(final.with_name(f"{name}.unverified-{time.time_ns()}"))
-            (staging / "rng").mkdir(parents=True)
-        _barrier(dist)
-        _write(staging / "rng" / f"rank-{me:05d}.pt", _to_bytes(_capture_rng()))
-        if me == 0:
-            _write(staging / STATE_FILE, _to_bytes(state))
-        _barrier(dist)
-        if me == 0:
-            self._commit(fmt, staging, final, step, world, torch.__version__)
-        _barrier(dist)
-        self.blocked_s.append(time.monotonic() - t0)
-        _saved.append(step)
-        if me == 0:  # what `hpctrain report` sums as time lost to blocking saves
-            rec = {"step": step, "blocked_s": self.blocked_s[-1], "time": time.time()}
-            with contextlib.suppress(OSError, RuntimeError):
-                RunFolder(run_dir()).append(SAVES, rec, sort_keys=False)
-        return final
-
-    def _commit(
-        self,
-        fmt: Any,  # Any: torch objects (torch is imported lazily)
-        staging: Path,
-        final: Path,
-        step: int,
-        world: int,
-        torch_version: str,
-    ) -> None:
-        """Rank 0, every rank's files written: the kernel's commit sequence, as train_entry's
-        (the manifest with every file hashed and fsynced, rename, `latest`, rename-then-delete
-        prune)."""
-        fields = {
-            "step": step,
-            "strategy": self.strategy,
-            "world_size": world,
-            "torch": torch_version,
-            "time": utc_now(),
-        }
-        fmt.write_manifest(staging, final, fields)
-        fmt.publish(staging, final)
-        fmt.prune(self.dir, step, self.keep, log=_warn)
-
-    # ------------------------------------------------------------ load
-    def load(self, *, restore_rng: bool = True) -> Found | None:
-        """The newest verified checkpoint (state on CPU), or None when there is none yet."""
-        torch = _torch()
-        dist = _dist()
-        me = dist.get_rank() if dist else rank()  # before init_process_group (Lightning): RANK
-        choice = None
-        if me == 0 or dist is None:  # without a process group every process looks for itself
-            found = fmt.newest_verified(self.dir, warn=_warn if me == 0 else None)
-            choice = str(found[0]) if found else None
-        if dist is not None:
-            box = [choice]
-            dist.broadcast_object_list(box, src=0)
-            choice = box[0]
-        if choice is None:
-            return None
-        folder = Path(choice)
-        state = torch.load(folder / STATE_FILE, map_location="cpu", weights_only=False)
-        rng = folder / "rng" / f"rank-{me:05d}.pt"
-        if restore_rng and rng.exists():
-            _restore_rng(torch.load(rng, map_location="cpu", weights_only=False))
-        m = fmt.STEP_RE.match(folder.name)
-        assert m is not None  # newest_verified only returns step folders
-        step = int(m.group(1))
-        if me == 0:
-            _warn(f"resuming from {folder} (step {step})")
-        return Found(step, state, folder)
-
 
 _last: dict[str, float] = {}
 
@@ -352,6 +210,18 @@ def params_sha256(module_or_state: Any) -> str:  # Any: torch objects (torch is 
     return h.hexdigest()
 
 
+def fix_ddp_buckets(ddp: Any) -> Any:  # Any: torch objects (torch is imported lazily)
+    """Fix a DistributedDataParallel model's gradient buckets now, the same at every start; returns
+    it. DDP otherwise rebuilds its buckets after the first step in gradient-ready order, which moves
+    gradients to other offsets of the ring all-reduce: with more than 2 ranks that is another
+    summation order, and a resumed run (its first step on the initial layout) drifts from an
+    uninterrupted one in the last bits. Not with find_unused_parameters (DDP's own call then)."""
+    if not ddp.find_unused_parameters:
+        ddp.reducer._push_all_rebuilt_params()  # what DDP does itself in _update_process_group
+        ddp.reducer._rebuild_buckets()
+    return ddp
+
+
 # ---------------------------------------------------------------- helpers
 def _warn(msg: str) -> None:
     print(f"[hpctrain runtime] {msg}", file=sys.stderr, flush=True)
@@ -360,39 +230,3 @@ def _warn(msg: str) -> None:
 def _barrier(dist: Any) -> None:  # Any: torch objects (torch is imported lazily)
     if dist is not None:
         dist.barrier()
-
-
-def _to_bytes(obj: Any) -> bytes:  # Any: torch objects (torch is imported lazily)
-    torch = _torch()
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
-
-
-def _write(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _capture_rng() -> dict[str, Any]:
-    torch = _torch()
-    out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if "numpy" in sys.modules:  # the script uses numpy: its generator is part of the state
-        out["numpy"] = sys.modules["numpy"].random.get_state()
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    return out
-
-
-def _restore_rng(saved: dict[str, Any]) -> None:
-    torch = _torch()
-    random.setstate(saved["python"])
-    torch.set_rng_state(saved["torch"])
-    if "numpy" in saved:
-        import numpy as np  # lazy: numpy only for a state that holds its generator
-
-        np.random.set_state(saved["numpy"])
-    if "cuda" in saved and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(saved["cuda"])

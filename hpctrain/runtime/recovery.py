@@ -1,0 +1,391 @@
+"""What an in-job restart needs on a training rank, shared by train_entry and the runtime API
+(`preemption.max_in_job_restarts`, hpctrain/kernel/fatal.py; docs/recovery.md). Imports torch: only
+a rank that has it loads this module (`runtime.Checkpoint` on its first snapshot or load).
+
+A worker that dies, stalls or times out is restarted inside the job: torchrun's agent starts the
+group again (`--max-restarts`, TORCHELASTIC_RESTART_COUNT), or the batch shell starts a new srun
+step (launcher srun, IN_JOB_RESTART). A worker started again after an error that repeats (the FATAL
+file) or after a stop was asked (the STOP file) leaves at once (kernel/fatal.refused_start, before
+torch). On top of that:
+
+- `agreed_restart`: whether this start is a restart. One all-reduce MAX at start: a torchrun agent
+  that restarts its node's workers because another node's failed counts no restart of its own.
+- `record`: rank 0 writes one `in_job_restart` event per restart: its number in this job start,
+  why (a stall, else a failed worker), the step resumed from, the step reached before the failure
+  (the newest metrics.jsonl line), the steps redone, the seconds from that step to the resume
+  (`down_s`) and the time lost (`down_s` plus the redone steps at the last step time).
+- Snapshots in memory: every N steps each rank keeps its state as bytes in node-local memory
+  (hpctrain/kernel/snapshot.py, the store) and sends a copy to its partner, the rank with its
+  local rank on the next node (`Exchange`). At an in-job restart the newest snapshot every rank can
+  get (`choose`: from its own node, else a node holding a copy) loads when it is newer than the
+  newest disk checkpoint. Snapshots never move `latest`: the disk stays the durable record.
+  `Snapshots` decides when (every N steps, or auto: as often as the cost stays under `budget` of a
+  step) and whether they fit in memory; what goes in is the caller's (`payload`, `apply`):
+  train_entry/snapshot.for_train_state, runtime.Checkpoint.snapshot.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hpctrain.kernel import fatal, jobenv, layout
+from hpctrain.kernel import snapshot as store
+from hpctrain.kernel.fatal import SPARE_SWAPPED
+from hpctrain.kernel.files import read_jsonl
+from hpctrain.kernel.rundir import RunFolder
+
+
+def enabled(every: int | None) -> bool:
+    """Snapshots serve in-job restarts: a run hpctrain started (a job id), not set off."""
+    return every != 0 and bool(jobenv.get(jobenv.JOB_ID))
+
+
+def agreed_restart(device: torch.device) -> int:
+    """The largest restart count of any rank (0: the first start). A collective, once per start."""
+    mine = fatal.restarts()
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return mine
+    t = torch.tensor([mine], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _last_step(run_dir: Path) -> dict[str, float] | None:
+    """The newest metrics line with a step (the tail of metrics.jsonl: the file grows all run)."""
+    try:
+        with open(run_dir / layout.METRICS, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 65536))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        with contextlib.suppress(ValueError):
+            row = json.loads(line)
+            if isinstance(row, dict) and isinstance(row.get("step"), int) and "time" in row:
+                return row
+    return None
+
+
+def record(run_dir: Path, *, resumed: int, source: str) -> dict[str, object]:
+    """Rank 0, at a restart's resume: the `in_job_restart` event (`source`: train_entry, runtime;
+    the stall's marker moved to its stacks, so the batch shell does not requeue a stall this
+    restart already handled)."""
+    job, start = jobenv.get(jobenv.JOB_ID), int(jobenv.get(jobenv.RESTART_COUNT) or 0)
+    folder = RunFolder(run_dir)
+    mine = [
+        e
+        for e in read_jsonl(run_dir / layout.EVENTS)
+        if e.get("event") in ("in_job_restart", SPARE_SWAPPED)
+        and str(e.get("job_id")) == str(job)
+        and e.get("restart_count") == start
+    ]
+    before = [e for e in mine if e.get("event") == "in_job_restart"]
+    # a hot spare swapped in since the restart before (the gate's event): the step that failed
+    # was a node's, not only a worker's
+    reason = (
+        "node swapped for a spare"
+        if mine and mine[-1]["event"] == SPARE_SWAPPED
+        else "worker failed"
+    )
+    stalled = run_dir / layout.STALLED
+    hung_at = 0  # a stall's marker names the last step the hung rank completed
+    if stalled.exists():
+        reason = "stall"
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            hung_at = int(json.loads(stalled.read_text()).get("last_step") or 0)
+        keep = run_dir / layout.STACKS / f"{job or 'local'}-{start}"
+        keep.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            shutil.move(stalled, keep / f"{layout.STALLED}-{len(before) + 1}")
+    last = _last_step(run_dir)
+    # metrics are logged one step late (stepsync): a save of the step after the newest line counts
+    reached = max(int(last["step"]) if last else resumed, resumed, hung_at)
+    redone = max(0, reached - resumed)
+    down = max(0.0, time.time() - float(last["time"])) if last else 0.0
+    step_s = float(last.get("step_time_s") or 0.0) if last else 0.0
+    return folder.event(
+        "in_job_restart",
+        job_id=job,
+        restart_count=start,
+        restart=len(before) + 1,
+        reason=reason,
+        resumed_step=resumed,
+        reached_step=reached,
+        steps_redone=redone,
+        down_s=round(down, 3),
+        time_lost_s=round(down + redone * step_s, 3),
+        source=source,
+    )
+
+
+# ---------------------------------------------------------------- snapshots in memory
+MEMORY_SHARE = store.MEMORY_SHARE  # one source: the plan shows the same check
+CALIBRATE = 5  # auto: the interval is set again at each of the first snapshots
+
+
+class Exchange:
+    """Snapshot bytes between the ranks. Every method is a collective of every rank."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if _dist() else (0, 1)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE") or self.world)
+        self.folder = store.node_folder(run_dir)
+        self.node = store.node_name()
+        # own gloo groups: the bytes are on the CPU (NCCL moves no CPU tensors), the exchange never
+        # interleaves with the training group's collectives, and `put` (the snapshot thread's) never
+        # with `get` and the agreements (the loop's)
+        many = self.world > 1
+        self.group = dist.new_group(backend="gloo") if many else None
+        self.side = dist.new_group(backend="gloo") if many else None
+        # one node (or one rank): the partner copy would sit in the same memory
+        self.partner = (self.rank + local) % self.world if self.world > local else None
+        self.source = (self.rank - local) % self.world
+        if int(os.environ.get("LOCAL_RANK") or 0) == 0:
+            store.clean_stale(run_dir)
+
+    def put(self, step: int, data: memoryview) -> None:
+        """Keep this rank's `data` of `step` here and on the partner's node."""
+        store.write(self.folder, self.rank, step, data, self.world)
+        if self.partner is None:
+            return
+        size, theirs = (
+            torch.tensor([len(data)], dtype=torch.int64),
+            torch.zeros(1, dtype=torch.int64),
+        )
+        self._pairs([(size, self.partner)], [(theirs, self.source)], self.side)
+        got = torch.empty(int(theirs.item()), dtype=torch.uint8)
+        mine = torch.frombuffer(data, dtype=torch.uint8)
+        self._pairs([(mine, self.partner)], [(got, self.source)], self.side)
+        store.write(self.folder, self.source, step, got.numpy().data, self.world)
+
+    def get(self, newer_than: int) -> bytes | None:
+        """This rank's data of the newest step every rank's snapshot is held for (one copy per
+        node, the same checksum), when newer than `newer_than`; None on every rank otherwise, or
+        when any rank's copy fails its check."""
+        mine = (self.node, store.listing(self.folder))
+        held: list[tuple[str, dict[int, dict[int, dict[str, object]]]]] = [mine]
+        if self.group is not None:
+            held = [mine] * self.world
+            dist.all_gather_object(held, mine, group=self.group)
+        step, source = choose(held, self.world, newer_than)
+        if step is None:
+            return None
+        data = None
+        sends: list[tuple[torch.Tensor, int]] = []
+        recvs: list[tuple[torch.Tensor, int]] = []
+        for rank, (holder, meta) in source.items():
+            if holder == self.rank and rank == self.rank:
+                data = store.read(self.folder, rank, step, meta)
+            elif holder == self.rank:
+                out = store.read(self.folder, rank, step, meta) or bytes(int(str(meta["size"])))
+                sends.append((torch.frombuffer(bytearray(out), dtype=torch.uint8), rank))
+            elif rank == self.rank:
+                box = torch.empty(int(str(meta["size"])), dtype=torch.uint8)
+                recvs.append((box, holder))
+        if sends or recvs:
+            self._pairs(sends, recvs, self.group)
+        if recvs:
+            got = recvs[0][0].numpy().tobytes()
+            data = got if store.valid(got, source[self.rank][1]) else None
+        if not self.agree_all(data is not None):
+            return None
+        return data
+
+    def _pairs(
+        self,
+        sends: list[tuple[torch.Tensor, int]],
+        recvs: list[tuple[torch.Tensor, int]],
+        group: dist.ProcessGroup | None,
+    ) -> None:
+        reqs = [dist.isend(t, peer, group=group) for t, peer in sends]
+        reqs += [dist.irecv(t, peer, group=group) for t, peer in recvs]
+        for req in reqs:
+            if req is not None:
+                req.wait()
+
+    def agree_all(self, ok: bool) -> bool:
+        if self.group is None:
+            return ok
+        flag = torch.tensor([int(ok)], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=self.group)
+        return bool(flag.item())
+
+    def agree_max(self, *values: float) -> list[float]:
+        t = torch.tensor(values, dtype=torch.float64)
+        if self.group is not None:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return [float(v) for v in t.tolist()]
+
+
+def choose(
+    held: list[tuple[str, dict[int, dict[int, dict[str, object]]]]], world: int, newer_than: int
+) -> tuple[int | None, dict[int, tuple[int, dict[str, object]]]]:
+    """From every rank's (node, listing): the newest step newer than `newer_than` whose snapshot
+    of every rank 0..world-1 some node holds, and per rank the holder to read it from (a rank on
+    the rank's own node when there is one, else the lowest rank of a node with a copy)."""
+    first: dict[str, int] = {}  # node -> its lowest rank: one reader per node
+    for rank, (node, _) in enumerate(held):
+        first.setdefault(node, rank)
+    copies: dict[tuple[int, int], list[tuple[int, dict[str, object]]]] = {}
+    for holder in first.values():
+        for rank, steps in held[holder][1].items():
+            for step, meta in steps.items():
+                if meta.get("world") == world and 0 <= rank < world:
+                    copies.setdefault((rank, step), []).append((holder, meta))
+    for step in sorted({step for _, step in copies}, reverse=True):
+        if step <= newer_than:
+            break
+        per = [copies.get((rank, step), []) for rank in range(world)]
+        if not all(per):
+            continue
+        source = {}
+        for rank, found in enumerate(per):
+            crcs = {meta.get("crc32") for _, meta in found}
+            if len(crcs) != 1:  # two copies that differ: neither can be trusted
+                break
+            own = first.get(held[rank][0]) if rank < len(held) else None
+            source[rank] = next((f for f in found if f[0] == own), found[0])
+        else:
+            return step, source
+    return None, {}
+
+
+class Snapshots:
+    """The trainer's snapshots: `step` at step boundaries, `restore` at an in-job restart.
+
+    The loop waits only while a snapshot's bytes are made (`payload`: a copy of the state at this
+    step); a thread stores them and sends the partner's copy while training goes on (as Gemini and
+    NVIDIA's async local checkpoints do), one snapshot at a time: the next one waits for it."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        every: int | None,
+        budget: float,
+        payload: Callable[[], memoryview],
+        apply: Callable[[bytes], int],
+        log: Callable[[str], None],
+    ) -> None:
+        self.run_dir = run_dir
+        self.exchange = Exchange(run_dir)
+        self.every, self.budget, self.auto = every, budget, every is None
+        self.payload, self.apply, self.log = payload, apply, log
+        self._last: float | None = None
+        self._step_s: list[float] = []
+        self._put: threading.Thread | None = None
+        self._failed: BaseException | None = None
+        self.taken: list[dict[str, float]] = []  # per snapshot: step, seconds it held the loop
+        self.size = 0
+
+    def restore(self, disk_step: int) -> int | None:
+        """At an in-job restart: load the newest snapshot every rank can get when newer than the
+        newest disk checkpoint; its step, or None (then the disk checkpoint loads)."""
+        t = time.perf_counter()
+        data = self.exchange.get(newer_than=disk_step)
+        if data is None:
+            return None
+        step = self.apply(data)
+        if self.exchange.rank == 0:
+            self.log(
+                f"resumed from the in-memory snapshot of step {step} in {time.perf_counter() - t:.2f}s"
+            )
+        return step
+
+    def step(self, step: int, *, saved: bool) -> None:
+        """At every step boundary (every rank): take a snapshot when one is due. `saved`: a disk
+        checkpoint of this step was written (then a snapshot of it would add nothing)."""
+        now = time.perf_counter()
+        if self._last is not None:
+            self._step_s.append(now - self._last)
+        if self.every == 0 or (self.auto and len(self._step_s) < 3):
+            self._last = time.perf_counter()
+            return
+        if self.every is None or (step % self.every == 0 and not saved):
+            self._take(step)
+            if self.auto and self.every != 0 and len(self.taken) <= CALIBRATE:
+                self._calibrate()
+        self._last = time.perf_counter()
+
+    def _calibrate(self) -> None:
+        """Auto: the interval from the median cost so far (the first snapshots cost the most:
+        the first allocations), agreed by every rank."""
+        blocked = sorted(t["blocked_s"] for t in self.taken)[len(self.taken) // 2]
+        step_s = sorted(self._step_s)[len(self._step_s) // 2]
+        blocked, step_s = self.exchange.agree_max(blocked, step_s)
+        every, self.every = (
+            self.every,
+            max(1, math.ceil(blocked / (self.budget * max(step_s, 1e-9)))),
+        )
+        if self.exchange.rank == 0 and every != self.every:
+            self.log(
+                f"snapshots in memory every {self.every} step(s): {self.size / 2**20:.1f} MiB "
+                f"per rank, {blocked * 1e3:.1f} ms each, {self.budget:.0%} of a "
+                f"{step_s * 1e3:.1f} ms step (the copy to the partner in the background)"
+            )
+
+    def _take(self, step: int) -> None:
+        t = time.perf_counter()
+        self._wait()
+        data = self.payload()
+        if not self.taken and not self._fits(len(data)):
+            self.every = 0
+            return
+        self.size = len(data)
+        self._put = threading.Thread(
+            target=self._store, args=(step, data), name="hpctrain-snapshot", daemon=True
+        )
+        self._put.start()
+        self.taken.append({"step": step, "blocked_s": time.perf_counter() - t})
+
+    def _store(self, step: int, data: memoryview) -> None:
+        try:
+            self.exchange.put(step, data)
+        except BaseException as e:  # the loop's next wait raises it, as if put had run there
+            self._failed = e
+
+    def _wait(self) -> None:
+        if self._put is not None:
+            self._put.join()
+            self._put = None
+        if self._failed is not None:
+            failed, self._failed = self._failed, None
+            raise failed
+
+    def _fits(self, size: int) -> bool:
+        """The plan, at the first snapshot (every rank agrees): KEEP steps of this node's ranks
+        and of their partners' copies within MEMORY_SHARE of the node folder's free memory."""
+        ex = self.exchange
+        local = int(os.environ.get("LOCAL_WORLD_SIZE") or ex.world)
+        need = store.node_bytes(size, ranks_per_node=local, partner=ex.partner is not None)
+        free = store.free_bytes(ex.folder)
+        ok = ex.agree_all(need <= MEMORY_SHARE * free)
+        if not ok and ex.rank == 0:
+            self.log(
+                f"snapshots off: {need / 2**20:.0f} MiB per node planned, more than "
+                f"{MEMORY_SHARE:.0%} of the {free / 2**20:.0f} MiB free in {store.base()} on some "
+                f"node; in-job restarts load the disk checkpoint (set {jobenv.SNAPSHOT_DIR} to a "
+                "larger node-local memory folder, or --snapshot.every_steps=0 to say so)"
+            )
+        return ok
+
+    def close(self) -> None:
+        """At the run's end (done or preempted, its disk checkpoint saved): free the memory."""
+        self._wait()
+        store.clean(self.run_dir)
+
+
+def _dist() -> bool:
+    return dist.is_available() and dist.is_initialized()

@@ -1,0 +1,192 @@
+"""In-memory snapshots (issue 24 item 3): the node-local store, the choice of the step every rank
+can restore, and the exchange between real gloo ranks (partner copies, a lost node's ranks fetched
+from their partners, a damaged copy refused). The live in-job restarts that use them are in
+tests/test_in_job_restart.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpctrain.kernel import jobenv
+from hpctrain.kernel import snapshot as store
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def shm(tmp_path, monkeypatch):
+    monkeypatch.setenv(jobenv.SNAPSHOT_DIR, str(tmp_path / "shm"))
+    monkeypatch.setenv(jobenv.JOB_ID, "41")
+    monkeypatch.setenv(jobenv.RESTART_COUNT, "0")
+    monkeypatch.delenv("SLURMD_NODENAME", raising=False)
+    return tmp_path
+
+
+def test_a_snapshot_is_listed_once_its_data_and_meta_are_both_there(shm):
+    folder = store.node_folder(shm / "runs" / "a")
+    store.write(folder, 3, 10, b"x" * 100, world=4)
+    store.write(folder, 3, 20, b"y" * 50, world=4)
+    store.write(folder, 3, 30, b"z" * 70, world=4)  # the oldest of three goes (KEEP 2)
+    listed = store.listing(folder)
+    assert sorted(listed[3]) == [20, 30]
+    assert store.read(folder, 3, 30, listed[3][30]) == b"z" * 70
+    # torn: the data shorter than its meta says -> not listed; damaged: read says None
+    (folder / "rank-3" / "step-00000030.bin").write_bytes(b"z" * 69)
+    assert sorted(store.listing(folder)[3]) == [20]
+    (folder / "rank-3" / "step-00000020.bin").write_bytes(b"Y" * 50)
+    assert store.read(folder, 3, 20, listed[3][20]) is None
+    # data without its meta (killed between the two renames) is no snapshot
+    (folder / "rank-3" / "step-00000040.bin").write_bytes(b"w")
+    assert 40 not in store.listing(folder)[3]
+
+
+def test_folders_are_per_run_job_start_and_node(shm, monkeypatch):
+    run = shm / "runs" / "a"
+    first = store.node_folder(run)
+    monkeypatch.setenv(jobenv.NODEID, "1")
+    assert store.node_folder(run) != first  # a simulated node of the local executor
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    assert store.node_folder(run).name == "n2"
+    assert store.node_folder(shm / "other" / "a") != store.node_folder(
+        run
+    )  # same name, not same run
+    store.write(store.node_folder(run), 0, 5, b"old", world=1)
+    monkeypatch.setenv(jobenv.RESTART_COUNT, "1")  # a requeue: the earlier start's are stale
+    store.write(store.node_folder(run), 0, 9, b"new", world=1)
+    gone = store.clean_stale(run)
+    assert [p.parent.name for p in gone] == ["41-0"]
+    assert store.listing(store.node_folder(run))[0].keys() == {9}
+    store.clean(run)
+    assert not store.node_folder(run).exists()
+
+
+def held(*nodes: dict[int, list[int]], world: int = 4, crc: int = 7) -> list:
+    """(node, listing) per rank: rank r on node r // 2, each node holding `nodes[i]`
+    {rank: [steps]}."""
+    out = []
+    for rank in range(world):
+        i = rank // 2
+        listing = {
+            r: {s: {"world": world, "crc32": crc, "size": 1} for s in steps}
+            for r, steps in nodes[i].items()
+        }
+        out.append((f"node{i}", listing))
+    return out
+
+
+def test_the_newest_step_every_rank_can_get_wins():
+    from hpctrain.runtime.recovery import choose
+
+    # node 0 holds ranks 0, 1 (own) and 2, 3 (partner copies); node 1 the other way round
+    both = {0: [4, 8], 1: [4, 8], 2: [4, 8], 3: [4, 8]}
+    step, source = choose(held(both, both), 4, newer_than=0)
+    assert step == 8
+    assert {r: h for r, (h, _) in source.items()} == {0: 0, 1: 0, 2: 2, 3: 2}  # own node first
+    # rank 3 died during the snapshot of 8: its own copy and its partner copy of 8 are missing
+    part = {0: [4, 8], 1: [4, 8], 2: [4, 8], 3: [4]}
+    assert choose(held(part, part), 4, newer_than=0)[0] == 4
+    # node 1's memory is lost (a dead node, its spare empty): node 0's copies serve ranks 2, 3
+    step, source = choose(held(both, {}), 4, newer_than=0)
+    assert step == 8 and {r: h for r, (h, _) in source.items()} == {0: 0, 1: 0, 2: 0, 3: 0}
+    # not newer than the disk checkpoint: the disk loads
+    assert choose(held(both, both), 4, newer_than=8) == (None, {})
+    # another world size (a snapshot of an earlier layout) never loads
+    assert choose(held(both, both, world=4), 8, newer_than=0)[0] is None
+
+
+def test_two_copies_that_differ_are_not_trusted():
+    from hpctrain.runtime.recovery import choose
+
+    both = {0: [8], 1: [8], 2: [8], 3: [8]}
+    mixed = held(both, both)
+    mixed[2][1][1][8] = {**mixed[2][1][1][8], "crc32": 99}  # node 1's copy of rank 1's 8
+    assert choose(mixed, 4, newer_than=0)[0] is None
+
+
+WORKER = r"""
+import json, os, shutil, sys, torch, torch.distributed as dist
+from hpctrain.kernel import jobenv, snapshot as store
+from hpctrain.runtime.recovery import Exchange
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+ex = Exchange(sys.argv[1])
+for step in (3, 6):
+    ex.put(step, memoryview(bytearray(bytes([rank, step]) * (1000 + rank))))
+dist.barrier()
+lose = sys.argv[2]
+if lose == "node1" and os.environ[jobenv.NODEID] == "1" and os.environ["LOCAL_RANK"] == "0":
+    shutil.rmtree(ex.folder)  # node 1's memory is gone (a spare in its place)
+if lose == "damage" and rank == 0:
+    p = ex.folder / "rank-3" / "step-00000006.bin"  # node 0's copy of rank 3
+    p.write_bytes(b"\0" * p.stat().st_size)
+    shutil.rmtree(store.node_folder(sys.argv[1]).parent / sys.argv[3] / "rank-3")
+dist.barrier()
+old = ex.get(newer_than=6)  # the disk has step 6 already: nothing newer in memory
+got = ex.get(newer_than=0)
+mine = bytes([rank, 6]) * (1000 + rank)
+print(json.dumps({"rank": rank, "ok": got == mine, "none": got is None, "old": old}), flush=True)
+os._exit(0)  # gloo may abort in its static destructors at exit (train_entry/dist.exit_now)
+"""
+
+
+def exchange(tmp_path: Path, lose: str) -> list[dict]:
+    """Two simulated nodes x 2 gloo ranks (two torchrun agents, as the local executor runs them)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "w.py").write_text(WORKER)
+    env = {**os.environ, jobenv.SNAPSHOT_DIR: str(tmp_path / "shm"), jobenv.JOB_ID: "9"}
+    env.pop("SLURMD_NODENAME", None)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    node1 = f"{socket.gethostname()}.1"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc-per-node=2",
+                f"--node-rank={n}",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                str(tmp_path / "w.py"),
+                str(tmp_path / "run"),
+                lose,
+                node1,
+            ],
+            env={**env, jobenv.NODEID: str(n), "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )  # fmt: skip
+        for n in (0, 1)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    # two ranks of a node share one pipe: their lines may run together
+    rows = [json.loads(m) for out, _ in outs for m in re.findall(r"\{[^{}]*\}", out)]
+    return sorted(rows, key=lambda r: r["rank"])
+
+
+@pytest.mark.timeout(600)
+def test_ranks_restore_their_own_and_a_lost_node_fetches_from_partners(tmp_path):
+    rows = exchange(tmp_path, "nothing")
+    assert [r["ok"] for r in rows] == [True] * 4, rows
+    assert [r["old"] for r in rows] == [None] * 4, rows
+    rows = exchange(tmp_path / "lost", "node1")  # ranks 2, 3 get theirs from node 0's copies
+    assert [r["ok"] for r in rows] == [True] * 4, rows
+    # a damaged copy where it is the only one left: every rank falls back (to the disk)
+    rows = exchange(tmp_path / "bad", "damage")
+    assert [r["none"] for r in rows] == [True] * 4, rows
