@@ -15,8 +15,8 @@ is on the other "node", as on a real cluster.
 The model (RECOVERY_ARGS) is smaller than the other rows' demo GPT, and each step sees more tokens
 (seq 256, 16 sequences per rank): a snapshot costs in proportion to the state (parameters and
 AdamW moments), a step in proportion to the state times the tokens, so the step is heavy for its
-state. Even so the 2% rule (`snapshot.budget`) sets a snapshot every 5-20 steps here (5 MiB per
-rank, 17-100 ms a snapshot, 0.26-0.36 s a step under load, measured 2026-12-04); the 256-wide,
+state. Even so the 2% rule (`snapshot.budget`) sets a snapshot every 4-5 steps here (5 MiB per
+rank, 17 ms a snapshot counting the thread's CPU, 0.21 s a step, idle machine, 2026-12-06); the 256-wide,
 4-layer demo of the other rows takes ~40 MB of state per rank to ~0.1 s of step: there the auto
 interval is dozens of steps.
 

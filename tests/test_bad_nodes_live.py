@@ -173,7 +173,8 @@ def test_gate_names_a_broken_node_and_the_run_routes_around_it(live):
     )
     profile = live.root / "badnodes.yaml"
     profile.write_text(
-        "name: badnodes\nextends: loopback\nslurm:\n  extra_sbatch: ['--nodelist=n1,n2']\n"
+        # n3 (the hot spare of test_spares_live) excluded: with it, the requeue would get n1,n3
+        "name: badnodes\nextends: loopback\nslurm:\n  extra_sbatch: ['--nodelist=n1,n2', '--exclude=n3']\n"
         "preflight:\n  enabled: true\n  budget_s: 60\n  matmul_n: 512\n  allreduce_mib: 4\n"
     )
     with hidden_on("n2", site, live.root / "empty"):
@@ -250,7 +251,9 @@ def test_gate_names_a_broken_node_and_the_run_routes_around_it(live):
     requeued = live.root / "runs" / "requeue"
     events = _lines(requeued / "events.jsonl")
     assert [e["event"] for e in events] == ["preflight", "requeue", "done"], events
-    assert events[1]["reason"] == "preflight" and events[1]["exclude"] == "n2"
+    assert (
+        events[1]["reason"] == "preflight" and events[1]["exclude"] == "n2,n3"
+    )  # with the profile's
     second = json.loads(
         (requeued / "preflight.json").read_text()
     )  # the gate on the restart: n1 only

@@ -33,7 +33,16 @@ def test_a_snapshot_is_listed_once_its_data_and_meta_are_both_there(shm):
     folder = store.node_folder(shm / "runs" / "a")
     store.write(folder, 3, 10, b"x" * 100, world=4)
     store.write(folder, 3, 20, b"y" * 50, world=4)
+    first = (folder / "rank-3" / "step-00000010.bin").stat().st_ino
     store.write(folder, 3, 30, b"z" * 70, world=4)  # the oldest of three goes (KEEP 2)
+    # ... its file written over (its pages reused), truncated to the new size
+    assert (folder / "rank-3" / "step-00000030.bin").stat().st_ino == first
+    assert sorted(p.name for p in (folder / "rank-3").iterdir()) == [
+        "step-00000020.bin",
+        "step-00000020.json",
+        "step-00000030.bin",
+        "step-00000030.json",
+    ]
     listed = store.listing(folder)
     assert sorted(listed[3]) == [20, 30]
     assert store.read(folder, 3, 30, listed[3][30]) == b"z" * 70

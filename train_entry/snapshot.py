@@ -8,21 +8,22 @@ checkpoint holds (model and optimizer shards, scheduler, scaler, RNG, the data p
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from hpctrain.runtime.frozen import thaw
 from hpctrain.runtime.recovery import enabled as enabled  # public here too: the trainer's switch
 from train_entry.state import TrainState, capture_rng, restore_rng
 
 
 def for_train_state(
     state: TrainState, flat: bool
-) -> tuple[Callable[[], memoryview], Callable[[bytes], int]]:
+) -> tuple[Callable[[], dict[str, Any]], Callable[[bytes], int]]:
     """What a snapshot of the trainer holds, and how it loads: what a disk checkpoint holds (the
-    model and optimizer through DCP's state dict: each rank's own shards), as torch.save bytes."""
+    model and optimizer through DCP's state dict: each rank's own shards; Snapshots copies and
+    encodes it)."""
     from train_entry.checkpoint.common import AppState, StateDicts
     from train_entry.compat import local_tensor
 
@@ -37,19 +38,13 @@ def for_train_state(
             return type(obj)(local(v) for v in obj)
         return obj
 
-    def payload() -> memoryview:
-        holder = dicts.get(state.model, state.optimizer, flat=flat)
-        buf = io.BytesIO()
-        torch.save(
-            {
-                "app": local(holder),
-                "loop": state.loop_state(),
-                "rng": capture_rng(),
-                "step": state.step,
-            },
-            buf,
-        )
-        return buf.getbuffer()
+    def payload() -> dict[str, Any]:
+        return {
+            "app": local(dicts.get(state.model, state.optimizer, flat=flat)),
+            "loop": state.loop_state(),
+            "rng": capture_rng(),
+            "step": state.step,
+        }
 
     def fill(live: Any, saved: Any) -> Any:  # Any: a state dict's leaves
         if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor):
@@ -66,7 +61,7 @@ def for_train_state(
         return saved
 
     def apply(data: bytes) -> int:
-        saved = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        saved = thaw(data)
         app = AppState(state.model, state.optimizer, flat)
         app.load_state_dict(fill(app.state_dict(), saved["app"]))
         state.load_loop_state(saved["loop"])

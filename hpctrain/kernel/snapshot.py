@@ -86,9 +86,10 @@ def checksum(data: bytes | memoryview) -> int:
 
 
 def write(
-    folder: Path, rank: int, step: int, data: bytes | memoryview, world: int
+    folder: Path, rank: int, step: int, data: bytes | memoryview, world: int, crc: int | None = None
 ) -> dict[str, object]:
-    """Store rank `rank`'s snapshot of `step` under `folder` (a node folder); older ones pruned."""
+    """Store rank `rank`'s snapshot of `step` under `folder` (a node folder); older ones pruned.
+    `crc`: the checksum its sender computed (a partner's copy), else computed here."""
     where = folder / f"rank-{rank}"
     where.mkdir(parents=True, exist_ok=True, mode=0o700)
     name = f"step-{step:08d}"
@@ -97,18 +98,33 @@ def write(
         "rank": rank,
         "world": world,
         "size": len(data),
-        "crc32": checksum(data),
+        "crc32": checksum(data) if crc is None else crc,
         "time": time.time(),
     }
     tmp = where / f".{name}.bin.{os.getpid()}"
-    with open(tmp, "wb") as f:
+    _recycle(where, tmp)
+    with open(tmp, "r+b" if tmp.exists() else "wb") as f:
         f.write(data)
+        f.truncate()
     os.replace(tmp, where / f"{name}.bin")
     tmp_meta = where / f".{name}.json.{os.getpid()}"
     tmp_meta.write_text(json.dumps(meta))
     os.replace(tmp_meta, where / f"{name}.json")
     prune(where)
     return meta
+
+
+def _recycle(where: Path, tmp: Path) -> None:
+    """The oldest snapshot's file becomes `tmp` when KEEP are held (it would be pruned next):
+    writing over its pages costs a copy, a fresh tmpfs file also the pages' allocation (2.5 ms
+    against 0.7 per 5 MiB here). Its .json goes first, so it is never listed half written."""
+    steps = sorted(_steps(where))
+    if len(steps) < KEEP:
+        return
+    old = where / f"step-{steps[0]:08d}"
+    with contextlib.suppress(OSError):
+        old.with_suffix(".json").unlink()
+        old.with_suffix(".bin").rename(tmp)
 
 
 def prune(where: Path, keep: int = KEEP) -> None:

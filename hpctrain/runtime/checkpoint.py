@@ -213,16 +213,15 @@ class Checkpoint:
             return None
         return Found(step, state, snaps.exchange.folder, from_memory=True)
 
-    def _payload(self) -> memoryview:
-        torch = _torch()
+    def _payload(self) -> dict[str, Any]:  # Any: the user's state
         held = self._state() if callable(self._state) else self._state
-        buf = io.BytesIO()
-        torch.save({"state": dict(held or {}), "rng": _capture_rng(), "step": self._step}, buf)
-        return buf.getbuffer()
+        return {"state": dict(held or {}), "rng": _capture_rng(), "step": self._step}
 
     def _apply(self, data: bytes) -> int:
         """A snapshot's bytes loaded: its state kept for load(), the RNG restored; its step."""
-        saved = _torch().load(io.BytesIO(data), map_location="cpu", weights_only=False)
+        from hpctrain.runtime.frozen import thaw  # lazy: imports torch (runtime's import has none)
+
+        saved = thaw(data)
         if self._restore_rng:
             _restore_rng(saved["rng"])
         self._restored = saved["state"]

@@ -20,8 +20,10 @@ torch). On top of that:
   get (`choose`: from its own node, else a node holding a copy) loads when it is newer than the
   newest disk checkpoint. Snapshots never move `latest`: the disk stays the durable record.
   `Snapshots` decides when (every N steps, or auto: as often as the cost stays under `budget` of a
-  step) and whether they fit in memory; what goes in is the caller's (`payload`, `apply`):
-  train_entry/snapshot.for_train_state, runtime.Checkpoint.snapshot.
+  step) and whether they fit in memory; what goes in is the caller's (`payload`: the state as
+  containers of tensors, `apply`: its bytes loaded): train_entry/snapshot.for_train_state,
+  runtime.Checkpoint.snapshot. The loop waits only for `frozen.freeze` (every tensor copied into
+  one buffer: the snapshot's bytes); they are stored and sent beside training.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,6 +47,7 @@ from hpctrain.kernel import snapshot as store
 from hpctrain.kernel.fatal import SPARE_SWAPPED
 from hpctrain.kernel.files import read_jsonl
 from hpctrain.kernel.rundir import RunFolder
+from hpctrain.runtime.frozen import freeze
 
 
 def enabled(every: int | None) -> bool:
@@ -152,23 +156,28 @@ class Exchange:
         # one node (or one rank): the partner copy would sit in the same memory
         self.partner = (self.rank + local) % self.world if self.world > local else None
         self.source = (self.rank - local) % self.world
+        self._got: torch.Tensor | None = None
         if int(os.environ.get("LOCAL_RANK") or 0) == 0:
             store.clean_stale(run_dir)
 
     def put(self, step: int, data: memoryview) -> None:
-        """Keep this rank's `data` of `step` here and on the partner's node."""
-        store.write(self.folder, self.rank, step, data, self.world)
+        """Keep this rank's `data` of `step` here and on the partner's node. The partner stores
+        the sender's checksum: a copy damaged on the way fails its check when it is read."""
+        meta = store.write(self.folder, self.rank, step, data, self.world)
         if self.partner is None:
             return
-        size, theirs = (
-            torch.tensor([len(data)], dtype=torch.int64),
-            torch.zeros(1, dtype=torch.int64),
+        head, theirs = (
+            torch.tensor([len(data), int(str(meta["crc32"]))], dtype=torch.int64),
+            torch.zeros(2, dtype=torch.int64),
         )
-        self._pairs([(size, self.partner)], [(theirs, self.source)], self.side)
-        got = torch.empty(int(theirs.item()), dtype=torch.uint8)
+        self._pairs([(head, self.partner)], [(theirs, self.source)], self.side)
+        size, crc = (int(v) for v in theirs.tolist())
+        if self._got is None or self._got.numel() != size:  # reused: fresh memory faults its pages
+            self._got = torch.empty(size, dtype=torch.uint8)
+        got = self._got
         mine = torch.frombuffer(data, dtype=torch.uint8)
         self._pairs([(mine, self.partner)], [(got, self.source)], self.side)
-        store.write(self.folder, self.source, step, got.numpy().data, self.world)
+        store.write(self.folder, self.source, step, got.numpy().data, self.world, crc=crc)
 
     def get(self, newer_than: int) -> bytes | None:
         """This rank's data of the newest step every rank's snapshot is held for (one copy per
@@ -265,9 +274,10 @@ def choose(
 class Snapshots:
     """The trainer's snapshots: `step` at step boundaries, `restore` at an in-job restart.
 
-    The loop waits only while a snapshot's bytes are made (`payload`: a copy of the state at this
-    step); a thread stores them and sends the partner's copy while training goes on (as Gemini and
-    NVIDIA's async local checkpoints do), one snapshot at a time: the next one waits for it."""
+    The loop waits only while the state of this step is copied (`freeze`); a thread stores the
+    bytes and sends the partner's copy while training goes on (as Gemini and NVIDIA's async local
+    checkpoints do), one snapshot at a time: the next one waits for it. The auto interval counts
+    both: on a node that trains on its CPU the thread's CPU time comes out of training."""
 
     def __init__(
         self,
@@ -275,7 +285,7 @@ class Snapshots:
         *,
         every: int | None,
         budget: float,
-        payload: Callable[[], memoryview],
+        payload: Callable[[], Any],  # Any: the state, containers of tensors
         apply: Callable[[bytes], int],
         log: Callable[[str], None],
     ) -> None:
@@ -287,6 +297,7 @@ class Snapshots:
         self._step_s: list[float] = []
         self._put: threading.Thread | None = None
         self._failed: BaseException | None = None
+        self._buf: memoryview | None = None
         self.taken: list[dict[str, float]] = []  # per snapshot: step, seconds it held the loop
         self.size = 0
 
@@ -314,15 +325,19 @@ class Snapshots:
             self._last = time.perf_counter()
             return
         if self.every is None or (step % self.every == 0 and not saved):
-            self._take(step)
-            if self.auto and self.every != 0 and len(self.taken) <= CALIBRATE:
+            if self.auto and 0 < len(self.taken) <= CALIBRATE:
+                self._wait()  # the snapshot before, its thread's time known
                 self._calibrate()
+            self._take(step)
         self._last = time.perf_counter()
 
     def _calibrate(self) -> None:
-        """Auto: the interval from the median cost so far (the first snapshots cost the most:
-        the first allocations), agreed by every rank."""
-        blocked = sorted(t["blocked_s"] for t in self.taken)[len(self.taken) // 2]
+        """Auto: the interval from the median cost so far (the loop's wait, plus the thread's CPU
+        time when training is on the CPU), agreed by every rank."""
+        cpu = not (torch.cuda.is_available() and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
+        costs = sorted(t["blocked_s"] + (t["background_s"] if cpu else 0.0) for t in self.taken)
+        blocked = costs[len(costs) // 2]
+        how = "the loop's copy and the CPU storing and sending take" if cpu else "the loop's copy"
         step_s = sorted(self._step_s)[len(self._step_s) // 2]
         blocked, step_s = self.exchange.agree_max(blocked, step_s)
         every, self.every = (
@@ -333,26 +348,29 @@ class Snapshots:
             self.log(
                 f"snapshots in memory every {self.every} step(s): {self.size / 2**20:.1f} MiB "
                 f"per rank, {blocked * 1e3:.1f} ms each, {self.budget:.0%} of a "
-                f"{step_s * 1e3:.1f} ms step (the copy to the partner in the background)"
+                f"{step_s * 1e3:.1f} ms step ({how})"
             )
 
     def _take(self, step: int) -> None:
         t = time.perf_counter()
         self._wait()
-        data = self.payload()
+        data = self._buf = freeze(self.payload(), self._buf)  # the last one's, stored by now
         if not self.taken and not self._fits(len(data)):
             self.every = 0
             return
         self.size = len(data)
+        row = {"step": step, "blocked_s": time.perf_counter() - t, "background_s": 0.0}
         self._put = threading.Thread(
-            target=self._store, args=(step, data), name="hpctrain-snapshot", daemon=True
+            target=self._store, args=(step, data, row), name="hpctrain-snapshot", daemon=True
         )
         self._put.start()
-        self.taken.append({"step": step, "blocked_s": time.perf_counter() - t})
+        self.taken.append(row)
 
-    def _store(self, step: int, data: memoryview) -> None:
+    def _store(self, step: int, data: memoryview, row: dict[str, float]) -> None:
+        t = time.thread_time()
         try:
             self.exchange.put(step, data)
+            row["background_s"] = time.thread_time() - t
         except BaseException as e:  # the loop's next wait raises it, as if put had run there
             self._failed = e
 

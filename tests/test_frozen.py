@@ -1,0 +1,93 @@
+"""A snapshot's bytes (hpctrain/runtime/frozen.py): what goes in comes out, bit for bit, typed as
+it went in, from a fresh buffer or a reused one, and later changes to the live state do not leak
+into a snapshot already taken."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from hpctrain.runtime.frozen import freeze, thaw
+
+
+def _same(a: object, b: object) -> bool:
+    if isinstance(a, torch.Tensor):
+        return (
+            isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(
+                a.view(torch.uint8) if a.dtype == torch.bool else a,
+                b.view(torch.uint8) if b.dtype == torch.bool else b,
+            )
+        )
+    if isinstance(a, dict):
+        return isinstance(b, dict) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.dtype == b.dtype and bool((a == b).all())
+    return a == b
+
+
+def _state() -> dict[str, object]:
+    g = torch.Generator().manual_seed(3)
+    return {
+        "model": {
+            "w": torch.randn(7, 5, generator=g),
+            "half": torch.randn(3, generator=g).to(torch.bfloat16),
+            "t": torch.randn(4, 6, generator=g).t(),  # not contiguous
+            "mask": torch.tensor([True, False, True]),
+            "scalar": torch.tensor(2.5, dtype=torch.float64),
+            "empty": torch.zeros(0, 3),
+            "ids": torch.arange(5, dtype=torch.int64),
+        },
+        "optim": {
+            "param_groups": [{"lr": 1e-3, "params": [0, 1]}],
+            "state": {0: {"step": torch.tensor(4.0)}},
+        },
+        "rng": {
+            "python": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+        },
+        "loop": (3, "epoch", None),
+        "step": 12,
+    }
+
+
+def test_round_trip_is_exact_and_keeps_types():
+    state = _state()
+    back = thaw(freeze(state))
+    assert _same(state, back)
+    assert not back["model"]["t"].is_contiguous() or back["model"]["t"].shape == (6, 4)
+
+
+def test_a_taken_snapshot_does_not_follow_the_live_state():
+    state = _state()
+    data = bytes(freeze(state))
+    state["model"]["w"].add_(1.0)  # training goes on after the loop's copy
+    assert not torch.equal(thaw(data)["model"]["w"], state["model"]["w"])
+    assert torch.equal(thaw(data)["model"]["w"] + 1.0, state["model"]["w"])
+
+
+@pytest.mark.parametrize("grow", [False, True])
+def test_a_reused_buffer_gives_the_same_bytes_as_a_fresh_one(grow):
+    state = _state()
+    first = freeze(state)
+    if grow:  # a larger state than the buffer holds: a fresh buffer, the old one untouched
+        state["model"]["extra"] = torch.ones(1000)
+    where = torch.frombuffer(first, dtype=torch.uint8).data_ptr()
+    again = freeze(state, first)
+    assert _same(state, thaw(again)) and _same(thaw(again), thaw(freeze(state)))
+    # the same memory, reused only when it fits
+    assert (torch.frombuffer(again, dtype=torch.uint8).data_ptr() == where) != grow
+
+
+def test_a_parameter_comes_back_as_its_values():
+    p = torch.nn.Parameter(torch.randn(3, 3))
+    back = thaw(freeze({"p": p}))
+    assert torch.equal(back["p"], p.detach()) and not back["p"].requires_grad
