@@ -94,6 +94,14 @@ def test_recovery_reads_the_trainers_snapshot_line():
     fig = recovery.trainer_figure(log)
     assert fig is not None and fig["every_steps"] == 2 and fig["mib_per_rank"] == 1.9
     assert fig["cost_per_step"] == pytest.approx(12.5 / (2 * 400.0))
+    # recalibrated, the partner's copy on its own interval: the last line counts, both parts
+    log += (
+        "snapshots in memory every 1 step(s): 1.9 MiB per rank, 3.0 ms each, 2% of a 400.0 ms "
+        "step; the partner's copy every 8 (20.0 ms each)\n"
+    )
+    fig = recovery.trainer_figure(log)
+    assert fig is not None and (fig["every_steps"], fig["partner_every_steps"]) == (1, 8)
+    assert fig["cost_per_step"] == pytest.approx(3.0 / 400.0 + 20.0 / (8 * 400.0))
     assert recovery.trainer_figure("no such line") is None
     text = "resumed from the in-memory snapshot of step 14 in 0.03s"
     assert recovery.LOADED.findall(text) == ["0.03"]

@@ -29,7 +29,7 @@ from hpctrain.cli import main
 from hpctrain.kernel import jobenv
 
 COUNT, RAN = [0], [0]
-CASES = int(os.environ.get("TRUST_CASES", "2000"))
+CASES = int(os.environ.get("TRUST_CASES", "1000"))
 SEEDED = any(a.startswith("--hypothesis-seed") for a in sys.argv)
 MARKS = Path(os.environ.get("TMPDIR", "/tmp")) / f"hpctrain-hostile-marks-{os.getpid()}"
 

@@ -24,7 +24,7 @@ import pytest
 from hpctrain.kernel import fatal, jobenv, layout
 
 REPO = Path(__file__).resolve().parent.parent
-STEPS = 200  # ~20 ms a step: the kill lands at step 25+, long before the end
+STEPS = 100  # ~20 ms a step: the kill lands at step 25+, long before the end
 TRAIN = ["--strategy", "ddp", f"--max-steps={STEPS}", "--checkpoint-every=10"]
 LIVE_S = 240  # one run measured 10-25 s from submit to its end under load: 3x and more
 

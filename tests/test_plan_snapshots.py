@@ -42,12 +42,12 @@ def test_one_ranks_state_is_fp32_params_and_optimizer(strategy, optimizer, world
 
 def test_per_node_by_hand():
     # FSDP, AdamW, 2 nodes x 4 ranks: a rank holds 12 * 1e6 / 8 = 1.5e6 bytes; a node holds 4
-    # ranks x (own + partner copy) x 2 kept = 16 of them = 24e6 bytes. The node's 1e8 bytes give
-    # /dev/shm 5e7, of which snapshots may take half: 2.5e7.
-    s = plan_snapshots(strategy="fsdp", params=P, nodes=2, gpus=4, node_mem_bytes=10**8)
-    assert (s.rank_bytes, s.copies, s.kept, s.node_bytes) == (1_500_000, 2, 2, 24_000_000)
-    assert s.allowed_bytes == 25_000_000 and s.status == "fits" and s.fits is True
-    tight = plan_snapshots(strategy="fsdp", params=P, nodes=2, gpus=4, node_mem_bytes=95_999_999)
+    # ranks x ((own + partner copy) x 2 kept + the newest step sent) = 20 of them = 30e6 bytes. The
+    # node's 1.2e8 bytes give /dev/shm 6e7, of which snapshots may take half: 3e7.
+    s = plan_snapshots(strategy="fsdp", params=P, nodes=2, gpus=4, node_mem_bytes=12 * 10**7)
+    assert (s.rank_bytes, s.copies, s.kept, s.node_bytes) == (1_500_000, 2, 2, 30_000_000)
+    assert s.allowed_bytes == 30_000_000 and s.status == "fits" and s.fits is True
+    tight = plan_snapshots(strategy="fsdp", params=P, nodes=2, gpus=4, node_mem_bytes=119_999_999)
     assert tight.status == "too_large" and tight.fits is False
     assert "does not fit, so they will be off" in tight.line()
     assert "--snapshot.every_steps=0" in tight.line() and jobenv.SNAPSHOT_DIR in tight.line()
@@ -61,7 +61,7 @@ def test_the_runtime_check_uses_the_same_constants_and_formula():
     from hpctrain.runtime import recovery as runtime
 
     assert runtime.MEMORY_SHARE is store.MEMORY_SHARE
-    assert store.node_bytes(10, ranks_per_node=4, partner=True) == store.KEEP * 10 * 4 * 2
+    assert store.node_bytes(10, ranks_per_node=4, partner=True) == (2 * store.KEEP + 1) * 10 * 4
     from train_entry.config import TrainConfig
 
     assert TrainConfig().snapshot.budget == store.BUDGET
@@ -94,20 +94,21 @@ def test_plan_text_and_json():
     args = ["plan", "--params", str(P), "--nodes", "2", "--gpus", "4", "--gpu-mem-gib", "80"]
     res = CliRunner().invoke(main, [*args, "--host-mem-gib", "64"])
     assert res.exit_code == 0, res.output
-    # DDP: 4 ranks x (own + partner) x 2 kept x 12e6 = 192e6 bytes; 64 GiB / 2 / 2 allowed
+    # DDP: 4 ranks x ((own + partner) x 2 kept + 1) x 12e6 = 240e6 bytes; 64 GiB / 2 / 2 allowed
     assert (
-        "in-memory snapshots: 183.1 MiB per node in /dev/shm (4 rank(s) x own + partner copy x 2 "
-        "kept x 11.4 MiB) of 16.00 GiB allowed (50% of /dev/shm, 50% of the node's 64.00 GiB): fits"
+        "in-memory snapshots: 228.9 MiB per node in /dev/shm (4 rank(s) x (own + partner copy x 2 "
+        "kept + the newest step sent to the partner) x 11.4 MiB) of 16.00 GiB allowed (50% of "
+        "/dev/shm, 50% of the node's 64.00 GiB): fits"
     ) in flat(res.output)
     res = CliRunner().invoke(main, [*args, "--host-mem-gib", "64", "--json"])
     snap = json.loads(res.output)["snapshots"]
     assert snap["status"] == "fits" and snap["strategy"] == "ddp"
     assert (snap["rank_bytes"], snap["node_bytes"], snap["allowed_bytes"]) == (
         12 * P,
-        192 * P,
+        240 * P,
         16 * GIB,
     )
-    assert snap["line"].startswith("in-memory snapshots: 183.1 MiB per node")
+    assert snap["line"].startswith("in-memory snapshots: 228.9 MiB per node")
     res = CliRunner().invoke(main, [*args, "--json"])  # no node memory: checked at the first one
     assert json.loads(res.output)["snapshots"]["status"] == "unknown_memory"
 
@@ -149,13 +150,14 @@ def dry(tmp_path, monkeypatch):
 def test_dry_run_shows_the_snapshot_line(dry):
     # train_entry's demo GPT (103,168 parameters), DDP, AdamW: 12 bytes each per rank, 2 nodes x 2
     assert dry() == (
-        "in-memory snapshots (interval auto: at most 2% of a step): 9.4 MiB per node in /dev/shm "
-        "(2 rank(s) x own + partner copy x 2 kept x 1.2 MiB) of 16.00 GiB allowed (50% of "
+        "in-memory snapshots (interval auto: at most 2% of a step): 11.8 MiB per node in /dev/shm "
+        "(2 rank(s) x (own + partner copy x 2 kept + the newest step sent to the partner) x 1.2 "
+        "MiB) of 16.00 GiB allowed (50% of "
         "/dev/shm, 50% of the node's 64.00 GiB): fits"
     )
     fsdp = dry("--strategy", "fsdp", "--", "--snapshot.every_steps=4", "--optim.name=sgd")
-    # SGD with momentum: (4 + 4) bytes x P / 4 ranks, x 8 per node
-    assert fsdp.startswith("in-memory snapshots (every 4 steps): 1.6 MiB per node")
+    # SGD with momentum: (4 + 4) bytes x P / 4 ranks, x 10 per node
+    assert fsdp.startswith("in-memory snapshots (every 4 steps): 2.0 MiB per node")
     assert "off (snapshot.every_steps=0)" in dry("--", "--snapshot.every_steps=0")
     mine = dry("--script", "mine.py")
     assert "size measured at the first snapshot" in mine and "within 16.00 GiB allowed" in mine

@@ -80,8 +80,8 @@ _write = snapshot.store.write
 calls = {"n": 0}
 
 
-def write(folder, r, step, data, world, crc=None):  # the own copy: the 1st write of a put
-    out = _write(folder, r, step, data, world, crc=crc)
+def write(folder, r, step, data, world, **kw):  # the own copy: a put's 1st write
+    out = _write(folder, r, step, data, world, **kw)
     if kill and kill["phase"] == "snapshot-own" and r == rank:
         calls["n"] += 1
         if calls["n"] == kill["after"]:

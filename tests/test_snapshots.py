@@ -76,14 +76,14 @@ def test_folders_are_per_run_job_start_and_node(shm, monkeypatch):
     assert not store.node_folder(run).exists()
 
 
-def held(*nodes: dict[int, list[int]], world: int = 4, crc: int = 7) -> list:
+def held(*nodes: dict[int, list[int]], world: int = 4, digest: int = 7) -> list:
     """(node, listing) per rank: rank r on node r // 2, each node holding `nodes[i]`
     {rank: [steps]}."""
     out = []
     for rank in range(world):
         i = rank // 2
         listing = {
-            r: {s: {"world": world, "crc32": crc, "size": 1} for s in steps}
+            r: {s: {"world": world, "digest": digest, "size": 1} for s in steps}
             for r, steps in nodes[i].items()
         }
         out.append((f"node{i}", listing))
@@ -115,7 +115,7 @@ def test_two_copies_that_differ_are_not_trusted():
 
     both = {0: [8], 1: [8], 2: [8], 3: [8]}
     mixed = held(both, both)
-    mixed[2][1][1][8] = {**mixed[2][1][1][8], "crc32": 99}  # node 1's copy of rank 1's 8
+    mixed[2][1][1][8] = {**mixed[2][1][1][8], "digest": 99}  # node 1's copy of rank 1's 8
     assert choose(mixed, 4, newer_than=0)[0] is None
 
 
@@ -199,3 +199,33 @@ def test_ranks_restore_their_own_and_a_lost_node_fetches_from_partners(tmp_path)
     # a damaged copy where it is the only one left: every rank falls back (to the disk)
     rows = exchange(tmp_path / "bad", "damage")
     assert [r["none"] for r in rows] == [True] * 4, rows
+
+
+def test_the_partner_copy_goes_less_often_when_it_costs_more():
+    """The auto rule on a CPU node (hpctrain/runtime/recovery.intervals), 2% of a 200 ms step
+    = 4 ms per step: the own copy within 3 ms per step, the partner's within the rest."""
+    from hpctrain.runtime.recovery import intervals
+
+    assert intervals(0.0025, 0.0, 0.004) == (1, None)  # both together: 2.5 ms each step
+    assert intervals(0.006, 0.0, 0.004) == (2, None)
+    assert intervals(0.0025, 0.025, 0.004) == (1, 17)  # 2.5 + 25/17 = 3.97 ms per step
+    every, partner = intervals(0.005, 0.025, 0.004)
+    assert (every, partner) == (2, 18) and 0.005 / every + 0.025 / partner <= 0.004
+    # the own copy alone over budget: the partner's still gets its quarter, not nothing
+    assert intervals(0.004, 0.001, 0.004) == (2, 2)
+
+
+def test_the_newest_step_sent_to_the_partner_is_kept_past_keep(shm):
+    """Own copies every step, the partner's every 4th: a lost node's ranks restore from the newest
+    step the partners hold, so each rank keeps its own copy of that step too."""
+    folder = store.node_folder(shm / "runs" / "a")
+    for step in range(4, 13):
+        store.write(folder, 0, step, b"s%d" % step, world=2, anchor=step % 4 == 0)
+    # KEEP newest (11, 12) and the newest anchor (12): no 8 needed; then 13, 14 keep 12
+    assert sorted(store.listing(folder)[0]) == [11, 12]
+    store.write(folder, 0, 13, b"s13", world=2)
+    store.write(folder, 0, 14, b"s14", world=2)
+    listed = store.listing(folder)[0]
+    assert sorted(listed) == [12, 13, 14] and listed[12]["anchor"] is True
+    assert store.read(folder, 0, 12, listed[12]) == b"s12"
+    assert len(list((folder / "rank-0").iterdir())) == 6  # no stray temporary file

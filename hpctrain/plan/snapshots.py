@@ -1,14 +1,14 @@
 """In-memory snapshots' node-local memory, planned before the job (docs/recovery.md).
 
-Per node: ranks per node x (own + the partner's copy, on more than one node) x KEEP steps x one
-rank's state. A rank's state is what a disk checkpoint holds, through the same state dict: its
-fp32 parameters and optimizer state (the memory model's params + optimizer bytes, hpctrain/plan/
-model.py: DDP keeps fp32 params under autocast and FSDP2 fp32 shards, so the precision does not
-change it); the loop state and RNG add a few KiB, not counted. It fits when it is at most
-MEMORY_SHARE of /dev/shm, a tmpfs of SHM_SHARE of the node's memory by default. The first
-snapshot of the run checks the same sum against the folder's real free memory
-(train_entry/snapshot.py) and turns snapshots off when it does not fit; the constants are
-hpctrain/kernel/snapshot.py's, shared by both. Pure Python, no torch.
+Per node: ranks per node x ((own + the partner's copy, on more than one node) x KEEP steps, + the
+newest step sent to the partner on more than one node) x one rank's state. A rank's state is what a
+disk checkpoint holds, through the same state dict: its fp32 parameters and optimizer state (the
+memory model's params + optimizer bytes, hpctrain/plan/model.py: DDP keeps fp32 params under
+autocast and FSDP2 fp32 shards, so the precision does not change it); the loop state and RNG add a
+few KiB, not counted. It fits when it is at most MEMORY_SHARE of /dev/shm, a tmpfs of SHM_SHARE of
+the node's memory by default. The first snapshot of the run checks the same sum against the
+folder's real free memory (train_entry/snapshot.py) and turns snapshots off when it does not fit;
+the constants are hpctrain/kernel/snapshot.py's, shared by both. Pure Python, no torch.
 """
 
 from __future__ import annotations
@@ -140,7 +140,9 @@ class SnapshotPlan:
                 "loads the disk checkpoint"
             )
         copy = "own + partner copy" if self.copies > 1 else "own copy (one node: no partner)"
-        what = f"{self.ranks_per_node} rank(s) x {copy} x {self.kept} kept"
+        what = f"{self.ranks_per_node} rank(s) x ({copy} x {self.kept} kept" + (
+            " + the newest step sent to the partner)" if self.copies > 1 else ")"
+        )
         allowed = (
             f"{_gib(self.allowed_bytes)} allowed ({store.MEMORY_SHARE:.0%} of {FOLDER}, "
             f"{store.SHM_SHARE:.0%} of the node's {_gib(self.node_mem_bytes)})"

@@ -137,6 +137,7 @@ def record(run_dir: Path, *, resumed: int, source: str) -> dict[str, object]:
 # ---------------------------------------------------------------- snapshots in memory
 MEMORY_SHARE = store.MEMORY_SHARE  # one source: the plan shows the same check
 CALIBRATE = 5  # auto: the interval is set again at each of the first snapshots
+OWN_SHARE = 0.75  # auto on a CPU node: the share of the budget the node's own copy may take
 
 
 class Exchange:
@@ -160,24 +161,32 @@ class Exchange:
         if int(os.environ.get("LOCAL_RANK") or 0) == 0:
             store.clean_stale(run_dir)
 
-    def put(self, step: int, data: memoryview) -> None:
-        """Keep this rank's `data` of `step` here and on the partner's node. The partner stores
-        the sender's checksum: a copy damaged on the way fails its check when it is read."""
-        meta = store.write(self.folder, self.rank, step, data, self.world)
-        if self.partner is None:
-            return
-        head, theirs = (
-            torch.tensor([len(data), int(str(meta["crc32"]))], dtype=torch.int64),
+    def put(self, step: int, data: memoryview, send: bool = True) -> tuple[float, float]:
+        """Keep this rank's `data` of `step` here and, when `send` (the same on every rank), on the
+        partner's node. The partner stores the sender's checksum: a copy damaged on the way fails
+        its check when it is read. (CPU seconds of the own copy, seconds of the partner's.)"""
+        t = time.thread_time()
+        sent = send and self.partner is not None
+        meta = store.write(self.folder, self.rank, step, data, self.world, anchor=sent)
+        own = time.thread_time() - t
+        if not send or self.partner is None:
+            return own, 0.0
+        t = time.perf_counter()
+        digest = int(str(meta["digest"]))
+        head, theirs = (  # the 64-bit digest as a signed int64 on the wire
+            torch.tensor([len(data), digest - (digest >> 63 << 64)], dtype=torch.int64),
             torch.zeros(2, dtype=torch.int64),
         )
         self._pairs([(head, self.partner)], [(theirs, self.source)], self.side)
-        size, crc = (int(v) for v in theirs.tolist())
+        size, digest = (int(v) for v in theirs.tolist())
+        digest %= 1 << 64
         if self._got is None or self._got.numel() != size:  # reused: fresh memory faults its pages
             self._got = torch.empty(size, dtype=torch.uint8)
         got = self._got
         mine = torch.frombuffer(data, dtype=torch.uint8)
         self._pairs([(mine, self.partner)], [(got, self.source)], self.side)
-        store.write(self.folder, self.source, step, got.numpy().data, self.world, crc=crc)
+        store.write(self.folder, self.source, step, got.numpy().data, self.world, digest=digest)
+        return own, time.perf_counter() - t
 
     def get(self, newer_than: int) -> bytes | None:
         """This rank's data of the newest step every rank's snapshot is held for (one copy per
@@ -261,8 +270,8 @@ def choose(
             continue
         source = {}
         for rank, found in enumerate(per):
-            crcs = {meta.get("crc32") for _, meta in found}
-            if len(crcs) != 1:  # two copies that differ: neither can be trusted
+            digests = {meta.get("digest") for _, meta in found}
+            if len(digests) != 1:  # two copies that differ: neither can be trusted
                 break
             own = first.get(held[rank][0]) if rank < len(held) else None
             source[rank] = next((f for f in found if f[0] == own), found[0])
@@ -292,6 +301,7 @@ class Snapshots:
         self.run_dir = run_dir
         self.exchange = Exchange(run_dir)
         self.every, self.budget, self.auto = every, budget, every is None
+        self.partner_every: int | None = None  # auto on a CPU node: the partner's copy less often
         self.payload, self.apply, self.log = payload, apply, log
         self._last: float | None = None
         self._step_s: list[float] = []
@@ -332,23 +342,31 @@ class Snapshots:
         self._last = time.perf_counter()
 
     def _calibrate(self) -> None:
-        """Auto: the interval from the median cost so far (the loop's wait, plus the thread's CPU
-        time when training is on the CPU), agreed by every rank."""
+        """Auto: the intervals from the median costs so far, agreed by every rank. On a GPU node
+        the thread runs beside the step: the loop's copy is the cost, and both copies go at every
+        snapshot. On a CPU node the thread's work comes out of training: the own copy (the loop's
+        copy and its write) gets up to OWN_SHARE of the budget and goes as often as that allows,
+        the partner's (the exchange, timed whole: gloo's own threads do its work) the rest, at a
+        multiple of that interval. A failed rank restores from its own node's copy; only a lost
+        node needs the partner's."""
         cpu = not (torch.cuda.is_available() and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
-        costs = sorted(t["blocked_s"] + (t["background_s"] if cpu else 0.0) for t in self.taken)
-        blocked = costs[len(costs) // 2]
-        how = "the loop's copy and the CPU storing and sending take" if cpu else "the loop's copy"
-        step_s = sorted(self._step_s)[len(self._step_s) // 2]
-        blocked, step_s = self.exchange.agree_max(blocked, step_s)
-        every, self.every = (
-            self.every,
-            max(1, math.ceil(blocked / (self.budget * max(step_s, 1e-9)))),
+        own = _median([t["blocked_s"] + (t["own_s"] if cpu else 0.0) for t in self.taken])
+        partner = _median([t["partner_s"] for t in self.taken if t["sent"]] or [0.0])
+        own, partner, step_s = self.exchange.agree_max(own, partner, _median(self._step_s))
+        before = (self.every, self.partner_every)
+        self.every, self.partner_every = intervals(
+            own, partner if cpu else 0.0, self.budget * max(step_s, 1e-9)
         )
-        if self.exchange.rank == 0 and every != self.every:
+        if self.exchange.rank == 0 and before != (self.every, self.partner_every):
+            them = (
+                f"; the partner's copy every {self.partner_every} ({partner * 1e3:.1f} ms each)"
+                if self.partner_every
+                else ""
+            )
             self.log(
                 f"snapshots in memory every {self.every} step(s): {self.size / 2**20:.1f} MiB "
-                f"per rank, {blocked * 1e3:.1f} ms each, {self.budget:.0%} of a "
-                f"{step_s * 1e3:.1f} ms step ({how})"
+                f"per rank, {own * 1e3:.1f} ms each, {self.budget:.0%} of a "
+                f"{step_s * 1e3:.1f} ms step{them}"
             )
 
     def _take(self, step: int) -> None:
@@ -359,18 +377,22 @@ class Snapshots:
             self.every = 0
             return
         self.size = len(data)
-        row = {"step": step, "blocked_s": time.perf_counter() - t, "background_s": 0.0}
+        send = (
+            self.partner_every is None
+            or len(self.taken) < CALIBRATE  # its cost measured
+            or step % self.partner_every == 0
+        )
+        row = {"step": step, "blocked_s": time.perf_counter() - t, "sent": float(send)}
+        row.update(own_s=0.0, partner_s=0.0)
         self._put = threading.Thread(
-            target=self._store, args=(step, data, row), name="hpctrain-snapshot", daemon=True
+            target=self._store, args=(step, data, send, row), name="hpctrain-snapshot", daemon=True
         )
         self._put.start()
         self.taken.append(row)
 
-    def _store(self, step: int, data: memoryview, row: dict[str, float]) -> None:
-        t = time.thread_time()
+    def _store(self, step: int, data: memoryview, send: bool, row: dict[str, float]) -> None:
         try:
-            self.exchange.put(step, data)
-            row["background_s"] = time.thread_time() - t
+            row["own_s"], row["partner_s"] = self.exchange.put(step, data, send)
         except BaseException as e:  # the loop's next wait raises it, as if put had run there
             self._failed = e
 
@@ -403,6 +425,22 @@ class Snapshots:
         """At the run's end (done or preempted, its disk checkpoint saved): free the memory."""
         self._wait()
         store.clean(self.run_dir)
+
+
+def intervals(own: float, partner: float, budget: float) -> tuple[int, int | None]:
+    """(every, partner_every) for snapshots whose own copy costs `own` seconds and the partner's
+    `partner` (0: not counted, both go together), within `budget` seconds per step: the own copy
+    as often as OWN_SHARE of the budget allows, the partner's at a multiple of that interval
+    within the rest (at least 1 - OWN_SHARE of it)."""
+    if not partner:
+        return max(1, math.ceil(own / budget)), None
+    every = max(1, math.ceil(own / (OWN_SHARE * budget)))
+    rest = max(budget - own / every, (1 - OWN_SHARE) * budget)
+    return every, every * max(1, math.ceil(partner / rest / every))
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 def _dist() -> bool:
