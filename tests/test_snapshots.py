@@ -141,7 +141,13 @@ old = ex.get(newer_than=6)  # the disk has step 6 already: nothing newer in memo
 got = ex.get(newer_than=0)
 mine = bytes([rank, 6]) * (1000 + rank)
 print(json.dumps({"rank": rank, "ok": got == mine, "none": got is None, "old": old}), flush=True)
-os._exit(0)  # gloo may abort in its static destructors at exit (train_entry/dist.exit_now)
+# no rank leaves while another may still read the last reduction: a socket closed with unread data
+# sends a reset, and the peer loses what it had not read yet (seen once in CI: node 1's ranks died
+# in the last all-reduce and their agent waited out node 0's store, 240 s)
+try:
+    dist.barrier()
+finally:
+    os._exit(0)  # gloo may abort in its static destructors at exit (train_entry/dist.exit_now)
 """
 
 
