@@ -37,6 +37,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from statistics import median_high
 from typing import Any
 
 import torch
@@ -350,9 +351,9 @@ class Snapshots:
         multiple of that interval. A failed rank restores from its own node's copy; only a lost
         node needs the partner's."""
         cpu = not (torch.cuda.is_available() and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
-        own = _median([t["blocked_s"] + (t["own_s"] if cpu else 0.0) for t in self.taken])
-        partner = _median([t["partner_s"] for t in self.taken if t["sent"]] or [0.0])
-        own, partner, step_s = self.exchange.agree_max(own, partner, _median(self._step_s))
+        own = median_high([t["blocked_s"] + (t["own_s"] if cpu else 0.0) for t in self.taken])
+        partner = median_high([t["partner_s"] for t in self.taken if t["sent"]] or [0.0])
+        own, partner, step_s = self.exchange.agree_max(own, partner, median_high(self._step_s))
         before = (self.every, self.partner_every)
         self.every, self.partner_every = intervals(
             own, partner if cpu else 0.0, self.budget * max(step_s, 1e-9)
@@ -383,7 +384,7 @@ class Snapshots:
             or step % self.partner_every == 0
         )
         row = {"step": step, "blocked_s": time.perf_counter() - t, "sent": float(send)}
-        row.update(own_s=0.0, partner_s=0.0)
+        row |= {"own_s": 0.0, "partner_s": 0.0}  # the thread's, once stored
         self._put = threading.Thread(
             target=self._store, args=(step, data, send, row), name="hpctrain-snapshot", daemon=True
         )
@@ -437,10 +438,6 @@ def intervals(own: float, partner: float, budget: float) -> tuple[int, int | Non
     every = max(1, math.ceil(own / (OWN_SHARE * budget)))
     rest = max(budget - own / every, (1 - OWN_SHARE) * budget)
     return every, every * max(1, math.ceil(partner / rest / every))
-
-
-def _median(values: list[float]) -> float:
-    return sorted(values)[len(values) // 2]
 
 
 def _dist() -> bool:
