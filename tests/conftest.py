@@ -159,7 +159,6 @@ def _live(file: str) -> bool:
 
 
 @pytest.hookimpl(optionalhook=True)  # the compatibility lane's venv has no pytest-xdist
-@pytest.hookimpl(optionalhook=True)  # the compatibility lane's venv has no pytest-xdist
 def pytest_xdist_make_scheduler(config, log):
     """Under pytest-xdist (`make test` runs `-n 2`): every live test file in one scope, in order on
     one worker, so two live jobs never wait behind each other on the cluster's two nodes; any other

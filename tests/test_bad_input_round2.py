@@ -35,7 +35,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def _lines(flags: dict) -> tuple[list[str], str]:
-    profile = resolve("loopback", flags)
+    profile = resolve("loopback", {"preflight.enabled": True, **flags})
     text = render(profile, JobRequest.build(profile, name="t", nodes=1), "/tmp/runs/t")
     check = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("check+=(")]
     launch = next(ln for ln in text.splitlines() if "# environment.container" in ln)

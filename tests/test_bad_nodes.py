@@ -266,7 +266,7 @@ def test_min_nodes_renders_a_range_and_deepspeed_cannot_shrink(tmp_path):
     from hpctrain.profiles import resolve
     from hpctrain.render.script import render
 
-    profile = resolve("loopback", {})
+    profile = resolve("loopback", {"preflight.enabled": True})
     req = JobRequest.build(profile, name="r", nodes=2, gpus=1, min_nodes=1, exclude=["n7,n9"])
     text = render(profile, req, str(tmp_path / "r"))
     assert "#SBATCH --nodes=1-2\n" in text and "--ntasks-per-node=1\n#" not in text

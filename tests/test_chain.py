@@ -22,8 +22,6 @@ slurm:
   default_time_min: 1
 preemption:
   warning_s: 5              # Slurm checks time limits every 30 s: the warning comes 5-35 s early
-preflight:
-  enabled: false            # not what is tested here: a shorter start for each segment
 """
 TRAIN = [
     "--train.micro_batch=4",

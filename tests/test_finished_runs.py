@@ -18,10 +18,6 @@ pytestmark = [pytest.mark.slurm]
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "tests" / "scripts"
-NO_GATE = [
-    "--set",
-    "preflight.enabled=false",
-]  # the gate has its own tests; here it only costs time
 
 
 @pytest.fixture
@@ -45,12 +41,11 @@ def _started(runs: Runs, name: str) -> bool:
 def test_exit_0_after_a_stop_request_is_completed_for_every_entry(runs):
     out = runs.root / "out"
     # train_entry: one step, so the stop it sees lands at its last step (found complete: exit 0)
-    runs.submit("entry", *NO_GATE, gpus=1, train=[*TRAIN, "--max-steps=1", "--model.n_layers=1"])
+    runs.submit("entry", gpus=1, train=[*TRAIN, "--max-steps=1", "--model.n_layers=1"])
     script = [str(out / "script"), "12", "0.5"]
-    runs.submit("script", *NO_GATE, "--script", str(SCRIPTS / "ignores_stop.py"), train=script)
+    runs.submit("script", "--script", str(SCRIPTS / "ignores_stop.py"), train=script)
     runs.submit(
         "module",
-        *NO_GATE,
         "--module",
         "ignores_stop",
         "--set",

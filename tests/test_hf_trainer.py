@@ -36,10 +36,6 @@ SCRIPT = REPO / "examples" / "hf_trainer.py"
 # of Trainer's between it and the end (k < STEPS - SAVE) to SIGKILL after; the steps themselves are
 # a small part of the test (4 job starts of 4 ranks importing torch and transformers, ~25 s each).
 STEPS, SAVE = 60, 20
-NO_GATE = [
-    "--set",
-    "preflight.enabled=false",
-]  # the gate has its own tests; here it only costs time
 
 
 @pytest.fixture
@@ -68,7 +64,6 @@ def _submit(runs: Runs, name: str, *extra: str, wait: bool) -> subprocess.Popen 
         "2",
         "--name",
         name,
-        *NO_GATE,
         "--set",  # the SIGKILL below tests a failed job, not an in-job restart
         "preemption.max_in_job_restarts=0",
         "--script",

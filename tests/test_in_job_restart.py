@@ -1,7 +1,8 @@
 """In-job restarts (`preemption.max_in_job_restarts`, issue 24 item 1): a dead worker is restarted
 inside the job from the newest checkpoint, an error that repeats (the FATAL file) is not.
 
-Live on the local profile (real torchrun, c10d, gloo; 2 simulated nodes x 2 CPU workers): SIGKILL of
+Live on the local profile (real torchrun, c10d, gloo; 2 simulated nodes x 1 CPU worker: one rank
+per node is enough for a partner on the other node, and half the process starts): SIGKILL of
 one rank -> COMPLETED in the same job start, bit-identical to an uninterrupted run; an exception in
 the training code -> FAILED with its cause, at most one restart; `max_in_job_restarts: 0` -> today's
 FAILED. The srun launcher's new-step loop, with stand-in srun/python: tests/test_in_job_script.py;
@@ -27,6 +28,7 @@ REPO = Path(__file__).resolve().parent.parent
 STEPS = 100  # ~20 ms a step: the kill lands at step 25+, long before the end
 TRAIN = ["--strategy", "ddp", f"--max-steps={STEPS}", "--checkpoint-every=10"]
 LIVE_S = 240  # one run measured 10-25 s from submit to its end under load: 3x and more
+NODES, GPUS = 2, 1
 
 
 def lines(path: Path) -> list[dict]:
@@ -100,7 +102,8 @@ class Job:
 
     def submit(self, *opts: str, train: list[str] = TRAIN, wait: bool = False) -> None:
         self.home.hp(
-            "submit", "--profile", "local", "--nodes", "2", "--gpus", "2", "--name", self.name,
+            "submit", "--profile", "local", "--nodes", str(NODES), "--gpus", str(GPUS),
+            "--name", self.name,
             *opts, *(["--wait"] if wait else []), "--", *train,
         )  # fmt: skip
 
@@ -149,7 +152,7 @@ class Job:
             assert time.monotonic() < deadline and self.state() in ("PENDING", "RUNNING")
             time.sleep(0.02)
         pids = self.ranks()
-        assert len(pids) == 4, pids
+        assert len(pids) == NODES * GPUS, pids
         for pid in pids.values():
             os.kill(pid, signal.SIGSTOP)
         reached = self.steps()[-1]["step"]
@@ -203,7 +206,7 @@ def test_a_killed_rank_restarts_in_the_job_bit_identical(
     reference = reference_of(tmp_path_factory, strategy)
     job = Job(tmp_path, "kill")
     job.submit(train=[*with_strategy(strategy), f"--snapshot.every_steps={every}"])
-    reached, killed = job.kill_one(3, after_step=25)
+    reached, killed = job.kill_one(1, after_step=25)
     assert job.wait() == "COMPLETED", (job.run / "logs" / "batch.log").read_text()[-3000:]
     assert (job.run / layout.FINAL_PARAMS).read_text() == reference  # exact resume
     assert [s["restart_count"] for s in lines(job.run / layout.RESTARTS)] == [0]  # no requeue
@@ -338,7 +341,7 @@ def test_a_stalled_rank_is_restarted_in_the_job_from_memory(tmp_path, reference)
 def test_no_in_job_restart_when_the_profile_says_0(tmp_path):
     job = Job(tmp_path, "zero")
     job.submit("--set", "preemption.max_in_job_restarts=0")
-    job.kill_one(2, after_step=25)
+    job.kill_one(1, after_step=25)
     assert job.wait() == "FAILED"
     assert not job.events("in_job_restart") and not job.events("requeue")
     assert "--max-restarts=0 " in (job.run / layout.JOB_SH).read_text()

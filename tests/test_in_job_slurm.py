@@ -9,7 +9,7 @@ import os
 import signal
 
 import pytest
-from test_in_job_restart import STEPS, TRAIN, Job, lines, reference_of
+from test_in_job_restart import GPUS, NODES, STEPS, TRAIN, Job, lines, reference_of
 
 from hpctrain.kernel import layout
 
@@ -29,12 +29,17 @@ def test_a_killed_rank_restarts_in_the_job_under_launcher_srun(slurm_cluster, tm
 
     runs = Runs(tmp_path)
     job_id = runs.submit(
-        "srun", "--set", "launch.launcher=srun", train=[*TRAIN, "--snapshot.every_steps=4"]
+        "srun",
+        "--set",
+        "launch.launcher=srun",
+        nodes=NODES,
+        gpus=GPUS,
+        train=[*TRAIN, "--snapshot.every_steps=4"],
     )
     run = runs.run("srun")
     runs.until("training past step 25", lambda: Job.steps_of(run) >= 25, 600, poll=0.02)
     pids = ranks(run)
-    assert len(pids) == 4, pids
+    assert len(pids) == NODES * GPUS, pids
     with frozen(pids[:-1]):
         os.kill(pids[-1], signal.SIGSTOP)
         reached = Job.steps_of(run)

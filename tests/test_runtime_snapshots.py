@@ -6,7 +6,7 @@ newest snapshot when it is newer than the newest verified disk checkpoint, RNG r
 disk; a first start, or a run outside a job, loads the disk. The exchange between ranks is the one
 train_entry uses (hpctrain/runtime/recovery.py; tests/test_snapshots.py tests it across gloo ranks).
 
-Live on the local profile (real torchrun, c10d, gloo; 2 simulated nodes x 2 ranks): SIGKILL of one
+Live on the local profile (real torchrun, c10d, gloo; 2 simulated nodes x 1 rank): SIGKILL of one
 rank of the example -> COMPLETED in the same job start, resumed from a snapshot, bit-identical to
 an uninterrupted run of the same script.
 """
@@ -160,7 +160,7 @@ def test_a_killed_rank_of_a_user_script_restarts_from_memory_bit_identical(
     job = Job(tmp_path, "kill")
     started = time.monotonic()
     job.submit("--script", str(EXAMPLE), train=SCRIPT_ARGS)
-    reached, killed = job.kill_one(3, after_step=25)
+    reached, killed = job.kill_one(1, after_step=25)
     assert job.wait() == "COMPLETED", (job.run / "logs" / "batch.log").read_text()[-3000:]
     assert (job.run / layout.FINAL_PARAMS).read_text() == script_reference  # exact resume
     assert [s["restart_count"] for s in _lines(job.run / layout.RESTARTS)] == [0]  # no requeue

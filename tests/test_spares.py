@@ -66,7 +66,7 @@ def spare_script(launcher: str = "torchrun", **flags: object) -> str:
     profile = resolve(
         "loopback",
         {"storage.runs_dir": "/scratch/runs", "preemption.spare_nodes": 1,
-         "launch.launcher": launcher, **flags},
+         "launch.launcher": launcher, "preflight.enabled": True, **flags},
     )  # fmt: skip
     req = JobRequest.build(profile, name="golden", nodes=2, args=["--max-steps", "10"])
     return render(profile, req, "/scratch/runs/golden", python="/opt/hpctrain/bin/python")
@@ -111,7 +111,7 @@ def test_the_allocation_holds_the_spares_and_training_gets_its_node_list():
 def test_no_spares_renders_as_before():
     from test_render import GOLDEN as GOLDEN_DIR
 
-    text = spare_script(**{"preemption.spare_nodes": 0})
+    text = spare_script(**{"preemption.spare_nodes": 0, "preflight.enabled": False})
     assert text == (GOLDEN_DIR / "loopback.sh").read_text()
 
 
@@ -276,7 +276,7 @@ def run_job(tmp_path: Path, fail_nodes: str, bad: str = "", keep_good: str = "",
         (rec / "bad").write_text(bad + "\n")
     run_dir = tmp_path / "runs" / "s"
     run_dir.mkdir(parents=True)
-    profile = resolve("loopback", {"preemption.spare_nodes": 1, **flags})
+    profile = resolve("loopback", {"preemption.spare_nodes": 1, "preflight.enabled": True, **flags})
     req = JobRequest.build(profile, name="s", nodes=2, gpus=1, args=[])
     text = render(profile, req, str(run_dir), python=str(bin_ / "python"))
     (tmp_path / "job.sh").write_text(text)

@@ -114,7 +114,7 @@ def test_a_dead_bad_node_is_swapped_for_the_spare_in_the_same_job(live):
     )
     out = live.hp(
         "submit", "--profile", "loopback", "--nodes", "2", "--gpus", "2", "--spare-nodes", "1",
-        "--name", "spare", "--", *TRAIN,
+        "--set", "preflight.enabled=true", "--name", "spare", "--", *TRAIN,
     )  # fmt: skip
     job_id = re.search(r"job (\d+)", out.stdout).group(1)
     deadline, polls = time.monotonic() + LIVE_S, 0

@@ -204,69 +204,6 @@ hpctrain_stalled() {
 }
 hpctrain_rc=0  # a launch's first failure (hpctrain_wait); 0 when the gate stops the job before any
 hpctrain_nodes=  # the nodes to train on, when the gate dropped some (comma-separated)
-# Each node's part: never fails the srun step, so one bad node cannot stop the others' checks; a
-# node whose Python cannot even run leaves fail-<id>.txt (exit code, last lines of stderr).
-# shellcheck disable=SC2016
-hpctrain_preflight_cmd='
-dir=$1; shift
-node=${SLURM_NODEID:-0}
-"$HPCTRAIN_PYTHON" -m hpctrain.checks.preflight.node --out "$dir" "$@" 2>"$dir/stderr-$node.txt"
-rc=$?
-if [ ! -e "$dir/node-$node.json" ]; then
-  { echo "$rc"; tail -n 5 "$dir/stderr-$node.txt"; } >"$dir/fail-$node.txt"
-fi
-exit 0
-'
-hpctrain_preflight() {  # every node's checks at once, then the verdict: go on, shrink, requeue or fail
-  local dir="$HPCTRAIN_RUN_DIR/preflight/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT"
-  local all started gate can_requeue=0
-  local -a check hpctrain_update=()
-  local hpctrain_gate="" hpctrain_good="" hpctrain_bad="" hpctrain_exclude="" hpctrain_gate_reason=""
-  all=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)
-  started=$(date +%s.%N)
-  mkdir -p "$dir"
-  # --ntasks too: under launcher srun the job has one task per GPU, and srun would take that from
-  # SLURM_NTASKS and start two checks per node, which then share one node folder
-  check=(srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0)
-  check+=(--cpus-per-task=1)
-  timeout -k 5 60 "${check[@]}" bash -c "$hpctrain_preflight_cmd" hpctrain-preflight \
-    "$dir" --nodes "$all" --budget-s 60 --matmul-n 512 \
-    --allreduce-mib 4 --entry-kind train_entry \
-    --entry-target train_entry &
-  hpctrain_node_pids=("$!")
-  # wait returns at the step's end or at a trapped signal (then the trap has run: wait again)
-  while kill -0 "${hpctrain_node_pids[0]}" 2>/dev/null; do wait "${hpctrain_node_pids[0]}"; done
-  hpctrain_node_pids=()
-  if [ "$cancelled" = 1 ]; then return 0; fi
-  if true && [ "$HPCTRAIN_RESTART_COUNT" -lt 10 ]; then
-    can_requeue=1
-  fi
-  if ! gate=$("$HPCTRAIN_PYTHON" -m hpctrain.checks.preflight.gate "$dir" --nodes "$all" \
-      --run-dir "$HPCTRAIN_RUN_DIR" --min-nodes 2 --max-nodes 2 \
-      --on-fail shrink --budget-s 60 \
-      --slow-factor 25.0 --min-fraction 0.5 \
-      --can-requeue "$can_requeue" --restart-count "$HPCTRAIN_RESTART_COUNT" --started "$started"); then
-    hpctrain_fail "the preflight verdict could not be computed on $(hostname): its Python environment fails"
-  fi
-  eval "$gate"
-  case "$hpctrain_gate" in
-    ok) ;;
-    shrink)
-      hpctrain_nodes=$hpctrain_good
-      HPCTRAIN_NNODES=$(tr ',' '\n' <<<"$hpctrain_good" | wc -l)
-      ;;
-    requeue)
-      hpctrain_event requeue reason preflight exclude "$hpctrain_exclude" bad "$hpctrain_bad"
-      # the requeue sends TERM to this shell at once; the exclusion can only be set on a pending job
-      trap '' TERM
-      scontrol requeue "$SLURM_JOB_ID" || hpctrain_fail "scontrol requeue $SLURM_JOB_ID failed"
-      scontrol update JobId="$SLURM_JOB_ID" "${hpctrain_update[@]}" \
-        || echo "hpctrain: warning: could not exclude $hpctrain_exclude from job $SLURM_JOB_ID" >&2
-      exit 0
-      ;;
-    *) hpctrain_fail "preflight: ${hpctrain_gate_reason:-no verdict}" ;;
-  esac
-}
 hpctrain_entry=(-m train_entry --run-dir /scratch/runs/golden --strategy ddp --max-steps 10)
 
 hpctrain_fatal=0  # an error that repeats (the FATAL file): the job fails with it
@@ -279,8 +216,6 @@ while :; do
     restart_count:= "$HPCTRAIN_RESTART_COUNT" host "$HOSTNAME"
   # where this start's lines begin in the appended batch.log (`status` reads srun's task lines after it)
   echo "hpctrain: start of job $HPCTRAIN_JOB_ID restart $HPCTRAIN_RESTART_COUNT on $HOSTNAME"
-  hpctrain_preflight
-  if [ "$cancelled" = 1 ]; then break; fi  # scancel during the gate: no training start
 
   # Rendezvous: the head is the first node; its address from getent (never `hostname -i`, which may
   # say 127.0.1.1), from its name with the site's suffix, or from one of its interfaces (this batch
