@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from hpctrain.runtime.frozen import freeze, thaw
+from hpctrain.runtime.frozen import Buffer, freeze, thaw
 
 
 def _same(a: object, b: object) -> bool:
@@ -77,14 +77,20 @@ def test_a_taken_snapshot_does_not_follow_the_live_state():
 @pytest.mark.parametrize("grow", [False, True])
 def test_a_reused_buffer_gives_the_same_bytes_as_a_fresh_one(grow):
     state = _state()
-    first = freeze(state)
-    if grow:  # a larger state than the buffer holds: a fresh buffer, the old one untouched
+    buf = Buffer()
+    first = bytes(freeze(state, buf))
+    where = buf.flat.data_ptr()
+    if grow:  # a larger state than the buffer holds: a fresh buffer
         state["model"]["extra"] = torch.ones(1000)
-    where = torch.frombuffer(first, dtype=torch.uint8).data_ptr()
-    again = freeze(state, first)
+    else:  # the same layout, new values: the views made for the first are reused
+        state["model"]["w"].add_(1.0)
+    views = list(buf.views)
+    again = freeze(state, buf)
     assert _same(state, thaw(again)) and _same(thaw(again), thaw(freeze(state)))
-    # the same memory, reused only when it fits
-    assert (torch.frombuffer(again, dtype=torch.uint8).data_ptr() == where) != grow
+    assert not _same(thaw(first), thaw(again))
+    # the same memory and views, kept only when the layout fits
+    assert (buf.flat.data_ptr() == where) != grow
+    assert all(map(torch.Tensor.is_set_to, views, buf.views)) != grow
 
 
 def test_a_parameter_comes_back_as_its_values():

@@ -48,7 +48,7 @@ from hpctrain.kernel import snapshot as store
 from hpctrain.kernel.fatal import SPARE_SWAPPED
 from hpctrain.kernel.files import read_jsonl
 from hpctrain.kernel.rundir import RunFolder
-from hpctrain.runtime.frozen import freeze
+from hpctrain.runtime.frozen import Buffer, freeze
 
 
 def enabled(every: int | None) -> bool:
@@ -308,7 +308,7 @@ class Snapshots:
         self._step_s: list[float] = []
         self._put: threading.Thread | None = None
         self._failed: BaseException | None = None
-        self._buf: memoryview | None = None
+        self._buf = Buffer()
         self.taken: list[dict[str, float]] = []  # per snapshot: step, seconds it held the loop
         self.size = 0
 
@@ -373,7 +373,7 @@ class Snapshots:
     def _take(self, step: int) -> None:
         t = time.perf_counter()
         self._wait()
-        data = self._buf = freeze(self.payload(), self._buf)  # the last one's, stored by now
+        data = freeze(self.payload(), self._buf)  # the last one's buffer, stored by now
         if not self.taken and not self._fits(len(data)):
             self.every = 0
             return
