@@ -86,7 +86,7 @@ lint: $(STAMP)
 
 # Rewrite the golden scripts after an intended template change (say so in the commit message).
 golden: $(STAMP)
-	HPCTRAIN_UPDATE_GOLDEN=1 $(PYTEST) -q tests/test_render.py tests/test_spares.py -k golden
+	HPCTRAIN_UPDATE_GOLDEN=1 $(PYTEST) -q tests/test_render.py tests/test_spares.py tests/test_bad_nodes.py -k golden
 
 # The generated documents: contract tables in docs/design.md, the profile key reference.
 docs: $(STAMP)

@@ -4,6 +4,7 @@ the stall watchdog in one process, min_nodes rendering (live faults: tests/test_
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -276,3 +277,19 @@ def test_min_nodes_renders_a_range_and_deepspeed_cannot_shrink(tmp_path):
         JobRequest.build(profile, name="r", nodes=2, gpus=1, min_nodes=1, strategy="deepspeed")
     with pytest.raises(ValidationError, match="--min-nodes 3: between 1 and --nodes"):
         JobRequest.build(profile, name="r", nodes=2, gpus=1, min_nodes=3)
+
+
+def test_golden_gate():
+    """The loopback golden request with the gate on (the loopback profile has it off: every live
+    test job paid seconds for it). Refresh after an intended change: make golden."""
+    from test_render import GOLDEN, golden_script, shellcheck
+
+    text, path = (
+        golden_script("loopback", **{"preflight.enabled": True}),
+        GOLDEN / "gate" / "loopback.sh",
+    )
+    if os.environ.get(jobenv.UPDATE_GOLDEN):
+        path.write_text(text)
+    assert text == path.read_text(), f"{path} differs: review, then make golden"
+    assert "  hpctrain_preflight\n" in text and "hpctrain.checks.preflight.gate" in text
+    shellcheck(path)

@@ -66,17 +66,10 @@ def shellcheck(path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
 
 
-# the loopback profile has the preflight gate off (it costs every live test job a few seconds); its
-# rendering is locked here, and with spares in tests/golden/spares/
-GATED = {"loopback-gate": ("loopback", {"preflight.enabled": True})}
-GOLDENS = {**{name: (name, {}) for name in PROFILES}, **GATED}
-
-
-@pytest.mark.parametrize("golden", GOLDENS)
-def test_golden(golden, tmp_path):
-    name, flags = GOLDENS[golden]
-    text = golden_script(name, **flags)
-    path = GOLDEN / f"{golden}.sh"
+@pytest.mark.parametrize("name", PROFILES)
+def test_golden(name, tmp_path):
+    text = golden_script(name)
+    path = GOLDEN / f"{name}.sh"
     if os.environ.get(jobenv.UPDATE_GOLDEN):
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
@@ -87,7 +80,7 @@ def test_golden(golden, tmp_path):
         f"{name} renders differently from {path}; if intended, refresh: "
         f"make golden ({jobenv.UPDATE_GOLDEN}=1 pytest {__file__} -k golden)"
     )
-    assert golden_script(name, **flags) == text  # deterministic
+    assert golden_script(name) == text  # deterministic
     script = tmp_path / "job.sh"
     script.write_text(text)
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
@@ -95,7 +88,7 @@ def test_golden(golden, tmp_path):
 
 
 def test_every_profile_has_a_golden():
-    assert {p.stem for p in GOLDEN.glob("*.sh")} == set(GOLDENS)
+    assert {p.stem for p in GOLDEN.glob("*.sh")} == set(PROFILES)
 
 
 def test_slurm_header_order_and_topology():
