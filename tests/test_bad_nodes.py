@@ -279,10 +279,15 @@ def test_min_nodes_renders_a_range_and_deepspeed_cannot_shrink(tmp_path):
         JobRequest.build(profile, name="r", nodes=2, gpus=1, min_nodes=3)
 
 
-def test_golden_gate():
+def test_golden_gate(tmp_path, monkeypatch):
     """The loopback golden request with the gate on (the loopback profile has it off: every live
     test job paid seconds for it). Refresh after an intended change: make golden."""
-    from test_render import GOLDEN, golden_script, shellcheck
+    from test_render import GOLDEN, GOLDEN_PYTHON, golden_script, shellcheck
+
+    # as test_render's golden tests: the render depends only on the repository
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv(jobenv.SITE_PATH, raising=False)
+    monkeypatch.setenv(jobenv.PYTHON, GOLDEN_PYTHON)
 
     text, path = (
         golden_script("loopback", **{"preflight.enabled": True}),

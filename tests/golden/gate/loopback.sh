@@ -94,7 +94,7 @@ export NCCL_SOCKET_IFNAME="lo"
 export OMP_NUM_THREADS="1"
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="3"
 export TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC="600"
-export HPCTRAIN_PYTHON=/work/main/.venv/bin/python
+export HPCTRAIN_PYTHON=/opt/hpctrain/bin/python
 
 # The per-node command: each srun task (or simulated node) runs it in its own bash, with the entry's
 # argv as "$@": one task per node (launcher torchrun) or one per GPU (launcher srun). Everything
