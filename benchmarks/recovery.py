@@ -1,7 +1,7 @@
 """10. Recovery inside the job (issue 24): the time from a single-rank SIGKILL to the next new step
-over a fresh start plus the state load (target <= 1.5); what in-memory snapshots cost per step at
-their default interval (target <= 0.02); steps redone per failure with snapshots (0-1) and without
-(<= the checkpoint interval).
+over a fresh start plus the state load (target <= 1.5); steps redone per failure with snapshots
+(0-1) and without (<= the checkpoint interval). What snapshots cost per step at their default
+interval is benchmarks/snapshot_cost.py, on the same launch.
 
     .venv/bin/python benchmarks/run.py --only recovery --quick
 
@@ -15,8 +15,9 @@ is on the other "node", as on a real cluster.
 The model (RECOVERY_ARGS) is smaller than the other rows' demo GPT, and each step sees more tokens
 (seq 256, 16 sequences per rank): a snapshot costs in proportion to the state (parameters and
 AdamW moments), a step in proportion to the state times the tokens, so the step is heavy for its
-state. The 2% rule (`snapshot.budget`) sets the own copy every 2-3 steps here and the partner's
-every 8-10 (5 MiB per rank: 4.9 and 15.9 ms, 0.21 s a step, idle machine, 2026-12-06); the
+state. The auto rule (planned within 75% of `snapshot.budget`, 2%) sets the own copy every 2-3
+steps here and the partner's every 10-24 (5 MiB per rank: ~5 and ~16 ms, 0.21 s a step, idle
+machine, 2026-12-06); the
 256-wide, 4-layer demo of the other rows takes ~40 MB of state per rank to ~0.1 s of step: there
 the auto interval is dozens of steps.
 
@@ -31,18 +32,6 @@ Rows:
   in the job costs what a fresh start plus loading the state costs.
 - steps_redone_per_failure_snapshots_every_step: the same kill with `--snapshot.every_steps=1`,
   the interval that 0-1 steps redone needs (its cost is not held to 2%).
-- snapshot_cost_per_step_vs_step_time: two warm runs interleaved by pausing
-  (benchmarks/interleave.py), snapshots at the default interval (every_steps unset) against
-  `--snapshot.every_steps=0`, the same steps; per repetition the mean step time of each (every
-  interval inside the segment, snapshot steps included: the median would skip them) and
-  on/off - 1. No disk checkpoint is due while measured. The details also give the CPU time per
-  step of each (the load barely moves it) and the trainer's own figure.
-- snapshot_cost_per_step_in_run: in the snapshot side of that A/B, per snapshot: the step interval
-  that holds it minus the median interval of the steps that hold none, over the interval (paired
-  within seconds, so a load change moves it less than the A/B).
-- snapshot_cost_per_step_trainer_figure (stated): what the trainer logs when it sets the auto
-  interval, "snapshots in memory every N step(s): X MiB per rank, Y ms each, 2% of a Z ms step":
-  Y / (N * Z), from the first snapshot it took.
 - steps_redone_per_failure_with_snapshots / _without_snapshots: the `in_job_restart` event's
   `steps_redone` of the kills above, and of the same kill with `--snapshot.every_steps=0` (the
   restart loads the newest disk checkpoint, one every CHECKPOINT_EVERY steps); the worst over the
@@ -63,8 +52,7 @@ import time
 import uuid
 from pathlib import Path
 
-from benchmarks import common, interleave
-from benchmarks.training import Side
+from benchmarks import common
 from hpctrain.kernel import jobenv
 from hpctrain.kernel import snapshot as store
 from hpctrain.launchers.torchrun import MONITOR_S
@@ -119,8 +107,9 @@ def two_nodes(run_dir: Path, *extra: str, every: int = NEVER) -> list[str]:
 ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # what the batch script exports (in-job restarts)
 
 
-def ranks(proc: subprocess.Popen) -> dict[int, int]:
-    """rank -> pid of the training processes below `proc` (not bash, not the agents)."""
+def ranks(proc: subprocess.Popen, module: str = "train_entry") -> dict[int, int]:
+    """rank -> pid of the training processes (`-m module`) below `proc` (not bash, not the
+    agents)."""
     out = {}
     for pid in common.descendants(proc.pid):
         try:
@@ -129,7 +118,7 @@ def ranks(proc: subprocess.Popen) -> dict[int, int]:
         except OSError:
             continue
         rank = [v[5:] for v in env if v.startswith(b"RANK=")]
-        if rank and b"torch.distributed.run" not in cmd and b"train_entry" in cmd:
+        if rank and b"torch.distributed.run" not in cmd and module.encode() in cmd:
             out[int(rank[0])] = pid
     return out
 
@@ -256,7 +245,7 @@ def kill_rows(trials: list[dict], off: list[dict], each: list[dict]) -> list[dic
             checkpoint_every=CHECKPOINT_EVERY,
             summary=f"in_job_restart steps_redone, worst of {len(trials)}: "
             f"{[t['steps_redone'] for t in trials]}; bounded by the auto interval ({auto} "
-            f"step(s), set by the 2% rule from the first snapshot's cost) and the disk "
+            f"step(s), set by the auto rule from the first snapshots' cost) and the disk "
             f"checkpoint every {CHECKPOINT_EVERY} steps",
         )
     )
@@ -294,111 +283,6 @@ def kill_rows(trials: list[dict], off: list[dict], each: list[dict]) -> list[dic
     return rows
 
 
-def in_run_cost(rows: list[dict], every: int, baseline_s: float | None) -> list[float]:
-    """Per snapshot in one run: the excess of the step interval that holds it (the snapshot at
-    the boundary of step s delays step s + 1's completion) over the median interval of steps
-    that hold none, over `every` of those intervals. Intervals cut by a pause (> 5x the median)
-    are dropped. `baseline_s`: the median interval to use when every step holds one."""
-    t = {int(r["step"]): float(r["time"]) for r in rows if "step" in r and "time" in r}
-    gap = {k: t[k] - t[k - 1] for k in t if k - 1 in t}
-    held = {k for k in gap if (k - 1) % every == 0 or k - 1 == 4}  # the auto one at step 4
-    plain = [g for k, g in gap.items() if k not in held and k > 5]
-    med = common.median(plain) if plain else baseline_s
-    if med is None:
-        return []
-    return [(gap[k] - med) / (every * med) for k in sorted(held) if k > 5 and gap[k] < 5 * med]
-
-
-def cost_rows(quick: bool) -> list[dict]:
-    name, target = "snapshot_cost_per_step_vs_step_time", "<= 0.02"
-    stated = "snapshot_cost_per_step_trainer_figure"
-    reps = common.reps(3 if quick else 6)
-    # a multiple of an auto interval of 1, 2, 3, 4, 6 or 12; the warm-up (7) leaves every
-    # segment's first boundary, whose interval a pause cuts, off those intervals' multiples
-    segment = 24 if quick else 36
-    sides = []
-    for label, extra in (("auto", ()), ("off", (OFF,))):
-        d = common.scratch(f"snapcost-{label}-")
-        sides.append(
-            Side(label, two_nodes(d, *extra), d / "metrics.jsonl", d / "torchrun.log", env=ENV)
-        )
-    try:
-        rates = interleave.run(
-            sides, warmup=7, segment=segment, reps=reps, rate=interleave.segment_mean_rate
-        )
-    except common.NotMeasured as e:
-        return [common.not_measured(name, target, str(e)), common.not_measured(stated, "-", str(e))]
-    finally:
-        for s in sides:
-            forget(s.progress.parent)
-    per_rep = [off / on - 1 for on, off in zip(rates["auto"], rates["off"], strict=True)]
-    fig = trainer_figure((sides[0].progress.parent / "train.log").read_text(errors="replace"))
-    cpu = {s.name: s.cpu_ms_per_step() for s in sides}
-    step_ms = {s.name: 1000 / common.median(rates[s.name]) for s in sides}
-    cpu_share = cpu["auto"] / cpu["off"] - 1 if cpu["auto"] is not None and cpu["off"] else None
-    own = (
-        "not logged"
-        if fig is None
-        else (
-            f"every {fig['every_steps']} step(s), {fig['snapshot_ms']:.1f} ms each of "
-            f"{fig['mib_per_rank']:.1f} MiB per rank, the partner's copy every "
-            f"{fig['partner_every_steps']} ({fig['partner_ms']:.1f} ms), {fig['step_ms']:.0f} ms step: "
-            f"{fig['cost_per_step']:.4f} per step"
-        )
-    )
-    rows = [
-        common.settle(
-            name,
-            per_rep,
-            target,
-            train_args=RECOVERY_ARGS,
-            segment_steps=segment,
-            reps=reps,
-            step_ms=step_ms,
-            cpu_ms_per_step=cpu,
-            cpu_cost_per_step=None if cpu_share is None else round(cpu_share, 4),
-            trainer_figure=fig,
-            summary=f"mean step time with snapshots at the default interval "
-            f"{step_ms['auto']:.1f} ms vs {OFF} {step_ms['off']:.1f} ms, interleaved "
-            f"{segment}-step segments; CPU per step (both ranks) "
-            f"{cpu['auto'] or 0:.0f} vs {cpu['off'] or 0:.0f} ms"
-            + ("" if cpu_share is None else f" ({cpu_share:+.4f})")
-            + f"; the trainer's own figure: {own}",
-        )
-    ]
-    paired = "snapshot_cost_per_step_in_run"
-    if fig is None:
-        rows.append(common.not_measured(paired, target, "no 'snapshots in memory every' line"))
-    else:
-        off_rows = common.read_jsonl(sides[1].progress)
-        off_t = [r["time"] for r in off_rows if "time" in r]
-        off_gaps = [b - a for a, b in zip(off_t, off_t[1:], strict=False) if b - a > 0]
-        costs = in_run_cost(
-            common.read_jsonl(sides[0].progress),
-            fig["every_steps"],
-            common.median(off_gaps) if off_gaps else None,
-        )
-        rows.append(
-            common.settle(
-                paired,
-                costs,
-                target,
-                every_steps=fig["every_steps"],
-                snapshots=len(costs),
-                summary=f"per snapshot of the run above (every {fig['every_steps']} step(s)): "
-                f"the step interval holding it minus the median interval of steps holding none, "
-                f"over {fig['every_steps']} such intervals; {len(costs)} snapshots",
-            )
-            if costs
-            else common.not_measured(paired, target, "no snapshot interval inside a segment")
-        )
-    if fig is None:
-        rows.append(common.not_measured(stated, "-", "no 'snapshots in memory every' line"))
-    else:
-        rows.append(common.result(stated, fig["cost_per_step"], "-", None, **fig, summary=own))
-    return rows
-
-
 def run(quick: bool) -> list[dict]:
     rng = random.Random(24)
     # past the first checkpoint (and the auto interval's first snapshot, at step 4), not a
@@ -420,4 +304,4 @@ def run(quick: bool) -> list[dict]:
             ("steps_redone_per_failure_without_snapshots", f"<= {CHECKPOINT_EVERY}"),
         ):
             rows.append(common.not_measured(name, target, str(e)))
-    return rows + cost_rows(quick)
+    return rows

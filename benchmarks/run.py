@@ -48,7 +48,8 @@ BENCHMARKS = {
     "preflight": "benchmarks.preflight",  # 7 round trip, reduced check; gate, stall (live Slurm)
     "remote": "benchmarks.remote",  # 8 status/logs over SSH vs on the login node; connections
     "parallel": "benchmarks.parallel",  # 9 tp 2 / pp 2 vs plain mesh loops; the pipeline bubble
-    "recovery": "benchmarks.recovery",  # 10 in-job restart vs fresh start; snapshot cost; steps redone
+    "recovery": "benchmarks.recovery",  # 10 in-job restart vs fresh start; steps redone
+    "snapshot_cost": "benchmarks.snapshot_cost",  # 10 snapshot cost per step, in one process pair
 }
 
 

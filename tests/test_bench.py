@@ -107,6 +107,35 @@ def test_recovery_reads_the_trainers_snapshot_line():
     assert recovery.LOADED.findall(text) == ["0.03"]
 
 
+def _toggled(seg: int, start: int, drift: float) -> dict[int, float]:
+    """Step times of a toggled run: 1.0 s a step, `drift` s more each step, 0.2 s more at each
+    snapshot (every 2 steps) in the "on" segments (odd j)."""
+    times, t = {}, 100.0
+    for s in range(start, start + 17 * seg + 1):
+        times[s] = t
+        on = ((s - start) // seg) % 2 == 1  # the segment of step boundary s
+        t += 1.0 + drift * (s - start) + (0.2 if on and s % 2 == 0 else 0.0)
+    return times
+
+
+def test_snapshot_cost_compares_on_segments_with_the_off_ones_around_them():
+    from benchmarks.snapshot_cost import in_run_cost, per_rep, segments
+
+    seg, start = 4, 8
+    d = segments(_toggled(seg, start, drift=0.01), seg, start)  # the machine slows steadily
+    assert len(d) == 17
+    ab, aa = per_rep(d, block=4)
+    # each "on" segment holds 2 snapshots of 0.2 s: 4 of them hold 1.6 s more than 4 "off"
+    # ones at the same moment; the drift cancels (a plain on/off would read it as cost)
+    on = [sum(d[8 * r + 1 : 8 * r + 8 : 2]) for r in range(2)]
+    assert ab == [pytest.approx(1.6 / (t - 1.6)) for t in on]
+    assert aa == [pytest.approx(0.0, abs=1e-9)] * 2  # the two "off" sets share the moment
+    times = _toggled(seg, start, drift=0.001)
+    costs = in_run_cost(times, [start + j * seg for j in range(1, 17, 2)], every=2, segment=seg)
+    assert len(costs) == 16 and all(0.08 < c < 0.12 for c in costs)  # 0.2 s over 2 ~1 s steps
+    assert segments({8: 0.0, 12: 1.0}, seg, start) == [1.0]  # a segment needs both ends
+
+
 def test_a_missing_piece_is_reported_not_measured(monkeypatch):
     monkeypatch.setitem(harness.BENCHMARKS, "ghost", "benchmarks.no_such_module")
     (row,) = harness.run_one("ghost", quick=True)

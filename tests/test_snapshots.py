@@ -221,6 +221,20 @@ def test_the_partner_copy_goes_less_often_when_it_costs_more():
     assert intervals(0.004, 0.001, 0.004) == (2, 2)
 
 
+def test_the_auto_rule_plans_below_the_budgets_edge(shm):
+    """A cost measured at 3.5 ms a snapshot fits 2% of a 200 ms step (4 ms) every step, but the
+    measure is a median of a few snapshots: the plan keeps to AIM of the budget, every 2nd step."""
+    from hpctrain.runtime.recovery import AIM, Snapshots
+
+    snaps = Snapshots(
+        shm / "runs" / "a", every=None, budget=0.02, payload=dict, apply=int, log=print
+    )
+    snaps.taken = [{"blocked_s": 0.0015, "own_s": 0.002, "partner_s": 0.0, "sent": 0.0}] * 3
+    snaps._step_s = [0.2] * 5
+    snaps._calibrate()
+    assert AIM < 1 and (snaps.every, snaps.partner_every) == (2, None)
+
+
 def test_the_newest_step_sent_to_the_partner_is_kept_past_keep(shm):
     """Own copies every step, the partner's every 4th: a lost node's ranks restore from the newest
     step the partners hold, so each rank keeps its own copy of that step too."""

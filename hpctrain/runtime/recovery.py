@@ -139,6 +139,11 @@ def record(run_dir: Path, *, resumed: int, source: str) -> dict[str, object]:
 MEMORY_SHARE = store.MEMORY_SHARE  # one source: the plan shows the same check
 CALIBRATE = 5  # auto: the interval is set again at each of the first snapshots
 OWN_SHARE = 0.75  # auto on a CPU node: the share of the budget the node's own copy may take
+# auto: the plan's share of the budget. Its costs are medians of the first few snapshots (the own
+# copy 4.0-5.1 ms, the partner's 17-24 ms over six runs of the recovery bench, 2026-12-06), and a
+# plan at the budget's edge lands on either side of it (planned at 2%: 0.0178 [0.0141-0.0212]
+# measured, benchmarks/snapshot_cost.py)
+AIM = 0.75
 
 
 class Exchange:
@@ -343,7 +348,8 @@ class Snapshots:
         self._last = time.perf_counter()
 
     def _calibrate(self) -> None:
-        """Auto: the intervals from the median costs so far, agreed by every rank. On a GPU node
+        """Auto: the intervals from the median costs so far, agreed by every rank, planned within
+        AIM of the budget (the medians of a few snapshots are not exact). On a GPU node
         the thread runs beside the step: the loop's copy is the cost, and both copies go at every
         snapshot. On a CPU node the thread's work comes out of training: the own copy (the loop's
         copy and its write) gets up to OWN_SHARE of the budget and goes as often as that allows,
@@ -356,7 +362,7 @@ class Snapshots:
         own, partner, step_s = self.exchange.agree_max(own, partner, median_high(self._step_s))
         before = (self.every, self.partner_every)
         self.every, self.partner_every = intervals(
-            own, partner if cpu else 0.0, self.budget * max(step_s, 1e-9)
+            own, partner if cpu else 0.0, AIM * self.budget * max(step_s, 1e-9)
         )
         if self.exchange.rank == 0 and before != (self.every, self.partner_every):
             them = (
@@ -366,7 +372,7 @@ class Snapshots:
             )
             self.log(
                 f"snapshots in memory every {self.every} step(s): {self.size / 2**20:.1f} MiB "
-                f"per rank, {own * 1e3:.1f} ms each, {self.budget:.0%} of a "
+                f"per rank, {own * 1e3:.1f} ms each, {AIM * self.budget:.1%} of a "
                 f"{step_s * 1e3:.1f} ms step{them}"
             )
 
