@@ -48,7 +48,7 @@ from benchmarks.training import _cpu_s
 
 TARGET = "<= 0.02"
 SEGMENT = 8  # steps at least (~2 s here): short, so a load change lands on both sides
-BLOCK = 8  # "on" segments per repetition (30-80 s with their "off" ones): even (the A/A row)
+BLOCK = 12  # "on" segments per repetition (1-3 min with their "off" ones): even (the A/A row)
 WORKER = "benchmarks.workers.toggled"
 
 

@@ -120,12 +120,14 @@ def test_the_auto_interval_keeps_snapshots_under_their_budget(job):
     from hpctrain import runtime
 
     model = torch.nn.Linear(64, 64)
-    ckpt = runtime.Checkpoint()  # auto: the first snapshot's cost against the median step
-    for step in range(1, 7):
+    ckpt = runtime.Checkpoint()  # auto: the first snapshots' cost against the median step
+    for step in range(1, 10):
         time.sleep(0.01)
         ckpt.snapshot(step, model.state_dict)
+        if step < 9:  # still measuring: after 3 measured steps, a snapshot at every step
+            assert ckpt.snapshot_every is None
     assert ckpt.snapshot_every is not None and ckpt.snapshot_every >= 1
-    assert ckpt._snaps.taken and ckpt._snaps.taken[0]["step"] == 4  # after 3 measured steps
+    assert [t["step"] for t in ckpt._snaps.taken][:5] == [4, 5, 6, 7, 8]
 
 
 def _lines(path: Path) -> list[dict]:

@@ -29,7 +29,7 @@ _step = recovery.Snapshots.step
 def step(self: recovery.Snapshots, step: int, *, saved: bool) -> None:
     plan = getattr(self, "_toggle", None)
     if plan is None:
-        if self.auto and len(self.taken) <= recovery.CALIBRATE:  # still setting its intervals
+        if self.every is None:  # auto, still measuring its cost
             return _step(self, step, saved=saved)
         unit = self.partner_every or self.every or 1
         seg = unit * math.ceil(int(os.environ.get("BENCH_TOGGLE_STEPS", "24")) / unit)

@@ -137,7 +137,9 @@ def record(run_dir: Path, *, resumed: int, source: str) -> dict[str, object]:
 
 # ---------------------------------------------------------------- snapshots in memory
 MEMORY_SHARE = store.MEMORY_SHARE  # one source: the plan shows the same check
-CALIBRATE = 5  # auto: the interval is set again at each of the first snapshots
+# auto: the first snapshots go at every step (each also to the partner) and measure the cost;
+# the interval is set from them, the first (fresh memory and files: 2-3x the others) left out
+CALIBRATE = 5
 OWN_SHARE = 0.75  # auto on a CPU node: the share of the budget the node's own copy may take
 # auto: the plan's share of the budget. Its costs are medians of the first few snapshots (the own
 # copy 4.0-5.1 ms, the partner's 17-24 ms over six runs of the recovery bench, 2026-12-06), and a
@@ -340,10 +342,10 @@ class Snapshots:
         if self.every == 0 or (self.auto and len(self._step_s) < 3):
             self._last = time.perf_counter()
             return
+        if self.every is None and len(self.taken) >= CALIBRATE:
+            self._wait()  # the last one's thread time known
+            self._calibrate()
         if self.every is None or (step % self.every == 0 and not saved):
-            if self.auto and 0 < len(self.taken) <= CALIBRATE:
-                self._wait()  # the snapshot before, its thread's time known
-                self._calibrate()
             self._take(step)
         self._last = time.perf_counter()
 
@@ -357,8 +359,9 @@ class Snapshots:
         multiple of that interval. A failed rank restores from its own node's copy; only a lost
         node needs the partner's."""
         cpu = not (torch.cuda.is_available() and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
-        own = median_high([t["blocked_s"] + (t["own_s"] if cpu else 0.0) for t in self.taken])
-        partner = median_high([t["partner_s"] for t in self.taken if t["sent"]] or [0.0])
+        warm = self.taken[1:] or self.taken
+        own = median_high([t["blocked_s"] + (t["own_s"] if cpu else 0.0) for t in warm])
+        partner = median_high([t["partner_s"] for t in warm if t["sent"]] or [0.0])
         own, partner, step_s = self.exchange.agree_max(own, partner, median_high(self._step_s))
         before = (self.every, self.partner_every)
         self.every, self.partner_every = intervals(
