@@ -137,14 +137,10 @@ def record(run_dir: Path, *, resumed: int, source: str) -> dict[str, object]:
 
 # ---------------------------------------------------------------- snapshots in memory
 MEMORY_SHARE = store.MEMORY_SHARE  # one source: the plan shows the same check
-# auto: the first snapshots go at every step (each also to the partner) and measure the cost;
-# the interval is set from them, the first (fresh memory and files: 2-3x the others) left out
-CALIBRATE = 5
+CALIBRATE = 5  # auto: snapshots at every step measure the cost, the first (fresh memory) left out
 OWN_SHARE = 0.75  # auto on a CPU node: the share of the budget the node's own copy may take
-# auto: the plan's share of the budget. Its costs are medians of the first few snapshots (the own
-# copy 4.0-5.1 ms, the partner's 17-24 ms over six runs of the recovery bench, 2026-12-06), and a
-# plan at the budget's edge lands on either side of it (planned at 2%: 0.0178 [0.0141-0.0212]
-# measured, benchmarks/snapshot_cost.py)
+# auto: the plan's share of the budget (its costs are medians of a few snapshots; planned at 2%,
+# 0.0178 [0.0141-0.0212] measured: benchmarks/snapshot_cost.py)
 AIM = 0.75
 
 
