@@ -235,6 +235,21 @@ def test_the_auto_rule_plans_below_the_budgets_edge(shm):
     assert AIM < 1 and (snaps.every, snaps.partner_every) == (2, None)
 
 
+def test_close_at_the_end_survives_a_folder_another_rank_removed(shm):
+    """At a stop every rank of a node closes: one removes the node folder while another's thread
+    still stores its last copy there (CI: a FileNotFoundError ended a preempted run as FATAL)."""
+    from hpctrain.runtime.recovery import Snapshots
+
+    snaps = Snapshots(shm / "runs" / "a", every=1, budget=0.02, payload=dict, apply=int, log=print)
+    snaps._failed = FileNotFoundError("rank-1/.step-00000006.bin.3053")
+    snaps.close()  # no raise
+    assert not store.node_folder(shm / "runs" / "a").exists()
+    snaps.step(5, saved=False)
+    snaps.step(6, saved=True)  # a step with a disk checkpoint takes no snapshot
+    snaps.close()
+    assert [t["step"] for t in snaps.taken] == [5]
+
+
 def test_the_newest_step_sent_to_the_partner_is_kept_past_keep(shm):
     """Own copies every step, the partner's every 4th: a lost node's ranks restore from the newest
     step the partners hold, so each rank keeps its own copy of that step too."""
