@@ -29,7 +29,8 @@ Rows:
   nothing differs. Its two sides are two segments apart, the row above's one: the load changes
   more between them, so it bounds the row above's noise from above.
 - snapshot_cost_per_step_in_run: within the "on" segments, the interval holding each snapshot
-  minus the median interval of the steps holding none, over the interval.
+  minus the median interval of the steps holding none, over the interval; the mean of each
+  repetition is one figure (one snapshot's interval moves +-1.5% alone).
 - snapshot_cost_per_step_trainer_figure (stated): what the trainer logs when it sets the auto
   interval: Y / (N * Z) + the partner's copy likewise.
 """
@@ -100,6 +101,18 @@ def in_run_cost(times: dict[int, float], on: list[int], every: int, segment: int
         return []
     med = common.median(plain)
     return [(gap[k] - med) / (every * med) for k in sorted(held) if gap[k] < 5 * med]
+
+
+def in_run_per_rep(
+    times: dict[int, float], start: int, segment: int, every: int, block: int, reps: int
+) -> list[float]:
+    """in_run_cost's mean over each repetition of per_rep (`block` "on" segments)."""
+    out = []
+    for r in range(reps):
+        on = [start + j * segment for j in range(2 * block * r + 1, 2 * block * (r + 1), 2)]
+        if costs := in_run_cost(times, on, every, segment):
+            out.append(sum(costs) / len(costs))
+    return out
 
 
 def _cpu_at(samples: list[tuple[float, float]], t: float) -> float:
@@ -215,17 +228,19 @@ def run(quick: bool) -> list[dict]:
             )
         )
     costs = in_run_cost(times, [start + j * seg for j in range(1, len(d), 2)], plan["every"], seg)
+    reps = in_run_per_rep(times, start, seg, plan["every"], BLOCK, len(ab))
     rows.append(
         common.settle(
             paired,
-            costs,
+            reps,
             TARGET,
             snapshots=len(costs),
+            per_snapshot_spread=common.spread_of(costs) if costs else None,
             summary=f'in the "on" segments above: the interval holding each snapshot minus '
             f"the median interval of steps holding none, over {plan['every']} such intervals; "
-            f"{len(costs)} snapshots",
+            f"{len(costs)} snapshots, one figure per repetition (their mean)",
         )
-        if costs
+        if reps
         else common.not_measured(paired, TARGET, 'no snapshot interval in an "on" segment')
     )
     if fig is None:

@@ -119,7 +119,7 @@ def _toggled(seg: int, start: int, drift: float) -> dict[int, float]:
 
 
 def test_snapshot_cost_compares_on_segments_with_the_off_ones_around_them():
-    from benchmarks.snapshot_cost import in_run_cost, per_rep, segments
+    from benchmarks.snapshot_cost import in_run_cost, in_run_per_rep, per_rep, segments
 
     seg, start = 4, 8
     d = segments(_toggled(seg, start, drift=0.01), seg, start)  # the machine slows steadily
@@ -133,6 +133,8 @@ def test_snapshot_cost_compares_on_segments_with_the_off_ones_around_them():
     times = _toggled(seg, start, drift=0.001)
     costs = in_run_cost(times, [start + j * seg for j in range(1, 17, 2)], every=2, segment=seg)
     assert len(costs) == 16 and all(0.08 < c < 0.12 for c in costs)  # 0.2 s over 2 ~1 s steps
+    reps = in_run_per_rep(times, start, seg, every=2, block=4, reps=2)
+    assert len(reps) == 2 and all(0.08 < c < 0.12 for c in reps)  # 4 "on" segments each
     assert segments({8: 0.0, 12: 1.0}, seg, start) == [1.0]  # a segment needs both ends
 
 
