@@ -28,9 +28,8 @@ Rows:
   alternating sets (a, b, a, b, ...) of the same repetitions: what the method reads where
   nothing differs. Its two sides are two segments apart, the row above's one: the load changes
   more between them, so it bounds the row above's noise from above.
-- snapshot_cost_per_step_in_run: within the "on" segments, the interval holding each snapshot
-  minus the median interval of the steps holding none, over the interval; the mean of each
-  repetition is one figure (one snapshot's interval moves +-1.5% alone).
+- snapshot_cost_per_step_in_run: within each repetition's "on" segments, the mean interval
+  holding a snapshot minus the mean of those holding none, over the snapshot interval.
 - snapshot_cost_per_step_trainer_figure (stated): what the trainer logs when it sets the auto
   interval: Y / (N * Z) + the partner's copy likewise.
 """
@@ -85,33 +84,38 @@ def per_rep(d: list[float], block: int) -> tuple[list[float], list[float]]:
     return ab, aa
 
 
-def in_run_cost(times: dict[int, float], on: list[int], every: int, segment: int) -> list[float]:
-    """Per snapshot in the "on" segments (first step boundary of each in `on`): the excess of
-    the interval holding it (the snapshot at the boundary of step s delays step s + 1) over the
-    median of those holding none, over `every` of them. Intervals > 5x the median are dropped."""
+def in_run_cost(times: dict[int, float], on: list[int], every: int, segment: int) -> float | None:
+    """In the "on" segments (first step boundary of each in `on`): the mean interval holding a
+    snapshot (the snapshot at the boundary of step s delays step s + 1) minus the mean of those
+    holding none, over `every` of the latter. Means, not a median on one side: step times here
+    have a long tail, and a mean over a median reads the tail as cost. Intervals > 5x the median
+    are dropped."""
     gap = {
         k: times[k] - times[k - 1]
         for a in on
         for k in range(a + 1, a + segment + 1)
         if k in times and k - 1 in times
     }
-    held = {k for k in gap if (k - 1) % every == 0}
-    plain = [g for k, g in gap.items() if k not in held]
-    if not plain:
-        return []
-    med = common.median(plain)
-    return [(gap[k] - med) / (every * med) for k in sorted(held) if gap[k] < 5 * med]
+    if not gap:
+        return None
+    top = 5 * common.median(list(gap.values()))
+    held = [g for k, g in gap.items() if (k - 1) % every == 0 and g < top]
+    plain = [g for k, g in gap.items() if (k - 1) % every and g < top]
+    if not held or not plain:
+        return None
+    base = sum(plain) / len(plain)
+    return (sum(held) / len(held) - base) / (every * base)
 
 
 def in_run_per_rep(
     times: dict[int, float], start: int, segment: int, every: int, block: int, reps: int
 ) -> list[float]:
-    """in_run_cost's mean over each repetition of per_rep (`block` "on" segments)."""
+    """in_run_cost of each repetition of per_rep (`block` "on" segments)."""
     out = []
     for r in range(reps):
         on = [start + j * segment for j in range(2 * block * r + 1, 2 * block * (r + 1), 2)]
-        if costs := in_run_cost(times, on, every, segment):
-            out.append(sum(costs) / len(costs))
+        if (cost := in_run_cost(times, on, every, segment)) is not None:
+            out.append(cost)
     return out
 
 
@@ -227,18 +231,15 @@ def run(quick: bool) -> list[dict]:
                 "(a, b, a, b, ...): what the row above reads where nothing differs",
             )
         )
-    costs = in_run_cost(times, [start + j * seg for j in range(1, len(d), 2)], plan["every"], seg)
     reps = in_run_per_rep(times, start, seg, plan["every"], BLOCK, len(ab))
     rows.append(
         common.settle(
             paired,
             reps,
             TARGET,
-            snapshots=len(costs),
-            per_snapshot_spread=common.spread_of(costs) if costs else None,
-            summary=f'in the "on" segments above: the interval holding each snapshot minus '
-            f"the median interval of steps holding none, over {plan['every']} such intervals; "
-            f"{len(costs)} snapshots, one figure per repetition (their mean)",
+            summary=f'in the "on" segments above: the mean interval holding a snapshot minus '
+            f"the mean of those holding none, over {plan['every']} such intervals, per "
+            "repetition",
         )
         if reps
         else common.not_measured(paired, TARGET, 'no snapshot interval in an "on" segment')

@@ -131,10 +131,16 @@ def test_snapshot_cost_compares_on_segments_with_the_off_ones_around_them():
     assert ab == [pytest.approx(1.6 / (t - 1.6)) for t in on]
     assert aa == [pytest.approx(0.0, abs=1e-9)] * 2  # the two "off" sets share the moment
     times = _toggled(seg, start, drift=0.001)
-    costs = in_run_cost(times, [start + j * seg for j in range(1, 17, 2)], every=2, segment=seg)
-    assert len(costs) == 16 and all(0.08 < c < 0.12 for c in costs)  # 0.2 s over 2 ~1 s steps
+    on = [start + j * seg for j in range(1, 17, 2)]
+    assert in_run_cost(times, on, every=2, segment=seg) == pytest.approx(0.1, abs=0.01)
     reps = in_run_per_rep(times, start, seg, every=2, block=4, reps=2)
-    assert len(reps) == 2 and all(0.08 < c < 0.12 for c in reps)  # 4 "on" segments each
+    assert len(reps) == 2 and all(0.09 < c < 0.11 for c in reps)  # 0.2 s over 2 ~1 s steps
+    # a long tail (every third step 1.6 s) on both sides is no cost; a median on one side read 0.1
+    tail, t = {0: 0.0}, 0.0
+    for k in range(1, 49):
+        t += 1.6 if k % 3 == 0 else 1.0
+        tail[k] = t
+    assert in_run_cost(tail, [0, 12, 24, 36], every=2, segment=12) == pytest.approx(0.0, abs=1e-9)
     assert segments({8: 0.0, 12: 1.0}, seg, start) == [1.0]  # a segment needs both ends
 
 
