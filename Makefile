@@ -95,19 +95,24 @@ docs: $(STAMP)
 	$(BIN)/python -m hpctrain.profiles.docs > docs/site-profiles.md
 
 # The live Slurm tests need root (CI runs as root). The cluster is stopped whatever happens.
-# Two streams at once: the compatibility lane (its own venv, the oldest supported torch; its output
-# in .test-compat.log, printed at the end) and every test here on two pytest-xdist workers, the
-# live tests in order on one (they share the cluster's two nodes), the rest beside them
-# (tests/conftest.py). So the live suite always runs with both cores busy, as on a shared CI machine.
+# Three streams at once: lint (its output in .lint.log) and the compatibility lane (its venv's
+# install, then its tests under the oldest supported torch; output in .test-compat.log), both
+# printed at the end, beside every test here on two pytest-xdist workers, the live tests in order
+# on one (they share the cluster's two nodes), the rest beside them (tests/conftest.py). So the
+# live suite always runs with both cores busy, as on a shared CI machine. Lint and the lane's
+# install ran before the tests until session 12 (50 + 85 s with a warm pip cache); beside them
+# they end long before the main suite (the lane ~13 min, the suite ~25).
 # TEST_LOG: one line per test as it ends (outcome, seconds, id).
 TEST_LOG ?= $(CURDIR)/.test-times.log
-test: $(STAMP) $(LANE_STAMP) sysdeps lint
+test: $(STAMP) sysdeps
 	bash tests/slurm/cluster.sh up --optional
-	@$(MAKE) --no-print-directory test-compat >.test-compat.log 2>&1 & lane=$$!; \
+	@$(MAKE) --no-print-directory lint >.lint.log 2>&1 & lint=$$!; \
+	$(MAKE) --no-print-directory test-compat >.test-compat.log 2>&1 & lane=$$!; \
 	rm -f $(TEST_LOG); HPCTRAIN_TEST_LOG=$(TEST_LOG) $(PYTEST) -q -x -n 2 --durations=25 \
 	  -m "not compat and not lane_only" tests; rc=$$?; bash tests/slurm/cluster.sh down; \
+	wait $$lint; lint_rc=$$?; echo "--- lint (exit $$lint_rc):"; tail -n 30 .lint.log; \
 	wait $$lane; lane_rc=$$?; echo "--- the compatibility lane (exit $$lane_rc):"; \
-	tail -n 40 .test-compat.log; [ $$rc -eq 0 ] && [ $$lane_rc -eq 0 ]
+	tail -n 40 .test-compat.log; [ $$rc -eq 0 ] && [ $$lint_rc -eq 0 ] && [ $$lane_rc -eq 0 ]
 
 test-fast: $(STAMP) sysdeps
 	$(PYTEST) -q -m "not slurm and not slow and not compat" tests
