@@ -89,10 +89,13 @@ def spread_of(values: list[float]) -> tuple[float, float]:
 def settle(name: str, per_rep: list[float], target: str, **details) -> dict:
     """A row from per-repetition figures (each A/B ratio from one interleaved pair): the median,
     its spread, and a verdict: "met" / "missed" only when the whole spread is on one side of the
-    target, else "not settled" (never met or missed by noise)."""
+    target, else "not settled" (never met or missed by noise). Target "-": stated, no verdict."""
     if not per_rep:
         return not_measured(name, target, "no repetitions")
     med, (lo, hi) = median(per_rep), spread_of(per_rep)
+    rounded = [round(x, 4) for x in per_rep]
+    if target == "-":
+        return result(name, med, target, None, spread=(lo, hi), per_rep=rounded, **details)
     ok_lo, ok_hi = check(lo, target), check(hi, target)
     if ok_lo and ok_hi:
         verdict, meets = "met", True
@@ -107,7 +110,7 @@ def settle(name: str, per_rep: list[float], target: str, **details) -> dict:
         meets,
         spread=(lo, hi),
         verdict=verdict,
-        per_rep=[round(x, 4) for x in per_rep],
+        per_rep=rounded,
         **details,
     )
 

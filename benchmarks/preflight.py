@@ -136,13 +136,10 @@ def reduced_check_cost(root: Path, reps: int) -> dict:
             torch_s.append(float(re.search(r" in ([0-9.]+) s", imports).group(1)))
         ratios.append(sides["training"][-1] / sides["start"][-1])
     full_s, reduced_s = common.median(sides["start"]), common.median(sides["training"])
-    return common.result(
+    return common.settle(
         name,
-        common.median(ratios),
+        ratios,
         "-",
-        None,
-        spread=common.spread_of(ratios),
-        per_rep=[round(x, 4) for x in ratios],
         full_s=[round(x, 2) for x in sides["start"]],
         reduced_s=[round(x, 2) for x in sides["training"]],
         full_checks_s=[round(x, 2) for x in own["start"]],

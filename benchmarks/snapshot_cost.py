@@ -220,13 +220,10 @@ def run(quick: bool) -> list[dict]:
     ]
     if aa:
         rows.append(
-            common.result(
+            common.settle(
                 noise,
-                common.median(aa),
+                aa,
                 "-",
-                None,
-                spread=common.spread_of(aa),
-                per_rep=[round(v, 4) for v in aa],
                 summary='the same repetitions, one set of "off" segments over the other '
                 "(a, b, a, b, ...): what the row above reads where nothing differs",
             )

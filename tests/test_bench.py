@@ -58,6 +58,9 @@ def test_a_spread_that_straddles_the_target_is_not_settled():
     lo, hi = noisy["spread"]
     assert lo < 0.98 < hi and noisy["details"]["per_rep"] == [0.9, 1.05, 0.97, 1.1, 0.95]
     assert common.spread_of([3.0, 1.0, 2.0]) == (1.0, 3.0)  # < 4 values: the range
+    stated = common.settle("x", [0.90, 1.05, 0.97, 1.10, 0.95], "-")  # no target: no verdict
+    assert stated["verdict"] == "stated" and stated["meets"] is None
+    assert stated["spread"] == noisy["spread"] and stated["details"]["per_rep"][1] == 1.05
 
 
 def test_a_segment_counts_only_intervals_inside_it():

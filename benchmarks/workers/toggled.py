@@ -1,5 +1,5 @@
 """train_entry with its in-memory snapshots on and off in alternating segments of the same
-processes (the recovery bench's cost row, benchmarks/recovery.py).
+processes (the snapshot cost row, benchmarks/snapshot_cost.py).
 
 Why: two process pairs of the same configuration run 3-5% apart here for their whole lives (an
 A/A of two `--snapshot.every_steps=0` pairs, interleaved: -0.048 [-0.084..-0.028], 10
