@@ -34,7 +34,8 @@ def test_a_killed_rank_restarts_in_the_job_under_launcher_srun(slurm_cluster, tm
         "launch.launcher=srun",
         nodes=NODES,
         gpus=GPUS,
-        train=[*TRAIN, "--snapshot.every_steps=4"],
+        # no disk checkpoint near the kill: at or just past one the disk copy would load instead
+        train=[*TRAIN, "--snapshot.every_steps=4", f"--checkpoint-every={STEPS}"],
     )
     run = runs.run("srun")
     runs.until("training past step 25", lambda: Job.steps_of(run) >= 25, 600, poll=0.02)
