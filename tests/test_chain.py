@@ -283,3 +283,28 @@ def test_a_chain_is_not_finished_while_a_later_segment_is_queued(
         run.event("done", job_id="10")
     monkeypatch.setattr(slurm, "state", lambda job_id: states[job_id])
     assert slurm.SCHEDULER.state(run) == expected
+
+
+def test_a_chain_is_not_finished_when_its_segment_ends_while_status_reads_it(tmp_path, monkeypatch):
+    """Seen in a fresh-clone run (session 13): `status` read segment 10 as the current one, the batch shell wrote its
+    segment_end while sacct answered COMPLETED, and the next segment (now the current one) was
+    skipped: the chain read COMPLETED with segment 11 still pending."""
+    from hpctrain.dispatch import slurm
+    from hpctrain.runs.folder import RunDir
+
+    run = RunDir(tmp_path / "runs" / "long")
+    run.path.mkdir(parents=True)
+    for job in ("9", "10", "11"):
+        run.add_job(job, kind="chain", scheduler="slurm")
+    for job in ("9", "10"):
+        run.append("restarts.jsonl", {"job_id": job, "restart_count": 0})
+    run.event("segment_end", job_id="9")
+    states = {"9": "COMPLETED", "10": "COMPLETED", "11": "PENDING"}
+
+    def state(job_id: str) -> str:
+        if job_id == "10":  # the segment ends its part while sacct is asked about it
+            run.event("segment_end", job_id="10")
+        return states[job_id]
+
+    monkeypatch.setattr(slurm, "state", state)
+    assert slurm.SCHEDULER.state(run) == "PENDING"

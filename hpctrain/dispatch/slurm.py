@@ -126,10 +126,13 @@ class Slurm:
         if not job_id:
             return "UNKNOWN"
         value = state(job_id)
-        if value not in LIVE:
+        segments = chain.ids(run)
+        if value not in LIVE and job_id in segments:
             # a chain between two segments: the one that ended its part is done, the next still
-            # queued (seen under load: COMPLETED read in that window, while the chain went on)
-            for later in chain.cancel_ids(run)[1:]:
+            # queued (seen under load: COMPLETED read in that window, while the chain went on).
+            # The segments after the one asked about, not after the current one: the batch shell
+            # may have written segment_end meanwhile, and then the current one is the next.
+            for later in segments[segments.index(job_id) + 1 :]:
                 if (next_state := state(later)) in LIVE:
                     return next_state
         if value == "UNKNOWN" and any(
