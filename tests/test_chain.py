@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _events import flow
 
 HPCTRAIN = [sys.executable, "-m", "hpctrain"]
 PROFILE = """name: loopchain
@@ -198,7 +199,7 @@ def test_three_segment_chain_ends_each_segment_by_the_time_limit_bit_identical(s
         # each segment before it got Slurm's time-limit warning (nothing here signalled it), saved
         # and ended its part without a requeue; the next one resumed from that checkpoint
         for j in segs[:k]:
-            mine = [e for e in events if e.get("job_id") == j]
+            mine = [e for e in flow(events) if e.get("job_id") == j]
             assert [e["event"] for e in mine] == ["signal", "segment_end"], events
             assert mine[0]["signal"] == "USR2", events
         requeued = [e["job_id"] for e in events if e["event"] == "requeue"]

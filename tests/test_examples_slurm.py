@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _events import kinds
 from _hold import held
 from test_slurm_e2e import ENDED, Runs, lines, steps
 
@@ -103,10 +104,10 @@ def test_examples_preempt_requeue_resume_bit_identical(runs):
         assert info["state"] == "COMPLETED", (name, info)
         ref = (runs.root / "ref" / name / "final_params.sha256").read_text()
         assert (run / "final_params.sha256").read_text() == ref, name
-        kinds = [e["event"] for e in lines(run / "events.jsonl")]
-        assert kinds[:3] == ["signal", "preempted", "requeue"] and kinds[-1] == "done", (
+        names = kinds(lines(run / "events.jsonl"))
+        assert names[:3] == ["signal", "preempted", "requeue"] and names[-1] == "done", (
             name,
-            kinds,
+            names,
         )
         stopped = lines(run / "events.jsonl")[1]["step"]
         assert 3 <= stopped < STEPS, (name, stopped)

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _events import kinds
 from test_slurm_e2e import HPCTRAIN, Runs, lines
 
 from hpctrain.jobs.request import USER_ENTRY
@@ -146,7 +147,7 @@ def test_trainer_unchanged_and_with_the_callback_through_preemption_and_sigkill(
 
     # unchanged: the stop is recorded, the script trains on to its end, one start, nothing requeued
     run = runs.run("plain")
-    events = [e["event"] for e in lines(run / "events.jsonl")]
+    events = kinds(lines(run / "events.jsonl"))
     assert events == ["signal", "done"], events
     assert len(lines(run / "restarts.jsonl")) == 1
     assert "(from " in waited["plain"], waited["plain"]  # trainer_state.json or its log lines

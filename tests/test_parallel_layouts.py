@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _events import kinds
 from _hold import held
 from filelock import FileLock
 from test_preempt_cli import sigkill_job
@@ -184,8 +185,8 @@ def test_preempt_requeue_then_sigkill_resume_is_bit_identical(reference, tmp_pat
     assert "(verified)" in out.stdout, out.stdout
     assert dispatch.wait(RunDir(run), poll_s=0.5) == "COMPLETED", (run / "train.log").read_text()
     assert final_hash(run) == final_hash(reference[layout])
-    kinds = [json.loads(x)["event"] for x in (run / "events.jsonl").read_text().splitlines()]
-    assert kinds[:3] == ["signal", "preempted", "requeue"] and kinds[-1] == "done", kinds
+    names = kinds([json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()])
+    assert names[:3] == ["signal", "preempted", "requeue"] and names[-1] == "done", names
 
 
 def _env(**extra: str) -> dict[str, str]:

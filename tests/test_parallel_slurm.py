@@ -16,6 +16,7 @@ import signal
 import subprocess
 
 import pytest
+from _events import kinds
 from _hold import frozen, ranks
 from test_parallel_layouts import BASE, LAYOUTS, final_hash, reference_run
 from test_preempt_cli import job_processes
@@ -72,6 +73,6 @@ def test_2d_layout_survives_preempt_and_sigkill_on_slurm(runs, tmp_path_factory,
     info = runs.wait("run", ENDED, 600)
     assert info["state"] == "COMPLETED", info
     assert final_hash(run) == final_hash(reference)
-    kinds = [e["event"] for e in lines(run / "events.jsonl")]
-    assert kinds[:3] == ["signal", "preempted", "requeue"] and kinds[-1] == "done", kinds
+    names = kinds(lines(run / "events.jsonl"))
+    assert names[:3] == ["signal", "preempted", "requeue"] and names[-1] == "done", names
     assert "mesh " in runs.hp("status", "run").stdout

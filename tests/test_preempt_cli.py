@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _events import flow
 from _hold import held
 
 from hpctrain import dispatch
@@ -166,9 +167,9 @@ def test_preempt_requeue_resume_is_bit_identical(cli, tmp_path, reference):
     final = dispatch.wait(RunDir(run), poll_s=0.5)
     assert final == "COMPLETED", (run / "logs" / "batch.log").read_text()[-3000:]
 
-    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-    kinds = [e["event"] for e in events]
-    assert kinds == ["signal", "preempted", "requeue", "done"], kinds
+    events = flow([json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()])
+    names = [e["event"] for e in events]
+    assert names == ["signal", "preempted", "requeue", "done"], names
     stopped = next(e["step"] for e in events if e["event"] == "preempted")
     assert at <= stopped < 60
     restarts = [json.loads(line) for line in (run / "restarts.jsonl").read_text().splitlines()]

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _events import kinds
 from _hold import held
 
 from tests.test_slurm_e2e import ENDED, FULL, FULL_STEPS, Runs, lines, steps
@@ -143,8 +144,8 @@ def test_srun_launcher_trains_2x2_and_a_preempted_run_resumes_bit_identical(site
     )
     info = site.wait("pre", ENDED, 300)
     assert info["state"] == "COMPLETED", info
-    kinds = [e["event"] for e in lines(pre / "events.jsonl")]
-    assert kinds[:3] == ["signal", "preempted", "requeue"] and kinds[-1] == "done", kinds
+    names = kinds(lines(pre / "events.jsonl"))
+    assert names[:3] == ["signal", "preempted", "requeue"] and names[-1] == "done", names
     starts = re.findall(rf"step (\d+)/{FULL_STEPS}\n", (pre / "train.log").read_text())
     assert len(starts) >= 2 and starts[0] == "0" and int(starts[1]) > 0, starts
     assert (pre / "final_params.sha256").read_text() == (ref / "final_params.sha256").read_text()

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _events import flow, kinds
 from _hold import held, ranks
 
 pytestmark = [pytest.mark.slurm]
@@ -214,7 +215,7 @@ def test_submit_trains_across_two_nodes_to_completion(reference):
     assert (run / "checkpoints" / "latest").read_text().strip() == f"step-{FULL_STEPS:08d}"
     assert (run / "checkpoints" / f"step-{FULL_STEPS:08d}" / "MANIFEST.json").is_file()
     assert re.fullmatch(r"[0-9a-f]{64}\n", (run / "final_params.sha256").read_text())
-    assert [e["event"] for e in lines(run / "events.jsonl")] == ["done"]
+    assert kinds(lines(run / "events.jsonl")) == ["done"]
 
 
 def _interrupted_run_matches_reference(r: Runs, name: str, reference, interrupt) -> dict:
@@ -256,10 +257,10 @@ def test_hpctrain_preempt_saves_requeues_and_resumes_bit_identical(runs, referen
         assert f"job {job_id}" in out.stdout, out.stdout
 
     _interrupted_run_matches_reference(runs, "pre", reference, preempt)
-    events = lines(runs.run("pre") / "events.jsonl")
-    kinds = [e["event"] for e in events]
+    events = flow(lines(runs.run("pre") / "events.jsonl"))
+    names = [e["event"] for e in events]
     # the chain: the batch shell's trap got USR2, every rank stopped and saved, the script requeued
-    assert kinds[:3] == ["signal", "preempted", "requeue"] and kinds[-1] == "done", kinds
+    assert names[:3] == ["signal", "preempted", "requeue"] and names[-1] == "done", names
     assert events[0]["signal"] == "USR2"
     stopped = events[1]["step"]
     assert 3 <= stopped < FULL_STEPS
@@ -288,9 +289,9 @@ def test_time_limit_warning_saves_and_requeues_before_the_kill(runs):
         lambda: any(x["restart_count"] == 1 for x in lines(run / "restarts.jsonl")),
         180,
     )
-    events = lines(run / "events.jsonl")
-    kinds = [e["event"] for e in events]
-    assert kinds[:3] == ["signal", "preempted", "requeue"], kinds
+    events = flow(lines(run / "events.jsonl"))
+    names = [e["event"] for e in events]
+    assert names[:3] == ["signal", "preempted", "requeue"], names
     assert events[0]["signal"] == "USR2"
     saved = events[1]["step"]
     assert (run / "checkpoints" / f"step-{saved:08d}" / "MANIFEST.json").is_file()

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _events import kinds
 from _hold import held
 
 HPCTRAIN = [sys.executable, "-m", "hpctrain"]
@@ -269,8 +270,8 @@ def test_array_element_preempted_requeues_alone_and_resume_sweep_is_one_array(sl
         # only the preempted task was requeued: its own restarts, the other task ran once
         assert [r["restart_count"] for r in lines(first / "restarts.jsonl")] == [0, 1]
         assert [r["restart_count"] for r in lines(second / "restarts.jsonl")] == [0]
-        kinds = [e["event"] for e in lines(first / "events.jsonl")]
-        assert kinds[:3] == ["signal", "preempted", "requeue"] and kinds[-1] == "done", kinds
+        names = kinds(lines(first / "events.jsonl"))
+        assert names[:3] == ["signal", "preempted", "requeue"] and names[-1] == "done", names
         starts = re.findall(r"step (\d+)/60\n", (first / "train.log").read_text())
         assert len(starts) == 2 and starts[0] == "0" and int(starts[1]) > 0, starts
         sacct = subprocess.run(
