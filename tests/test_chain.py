@@ -254,6 +254,18 @@ def test_three_segment_chain_ends_each_segment_by_the_time_limit_bit_identical(s
         subprocess.run(["scancel", *segs, ref_id], capture_output=True, timeout=30)
 
 
+def _chain_of_three(tmp_path: Path):
+    """A chain's run folder: segments 9, 10, 11 submitted, 9 started."""
+    from hpctrain.runs.folder import RunDir
+
+    run = RunDir(tmp_path / "runs" / "long")
+    run.path.mkdir(parents=True)
+    for job in ("9", "10", "11"):
+        run.add_job(job, kind="chain", scheduler="slurm")
+    run.append("restarts.jsonl", {"job_id": "9", "restart_count": 0})
+    return run
+
+
 @pytest.mark.parametrize(
     "ended, states, expected",
     [
@@ -270,13 +282,8 @@ def test_a_chain_is_not_finished_while_a_later_segment_is_queued(
 ):
     """Seen under load: `status` said COMPLETED between segment 1's end and segment 2's start."""
     from hpctrain.dispatch import slurm
-    from hpctrain.runs.folder import RunDir
 
-    run = RunDir(tmp_path / "runs" / "long")
-    run.path.mkdir(parents=True)
-    for job in ("9", "10", "11"):
-        run.add_job(job, kind="chain", scheduler="slurm")
-    run.append("restarts.jsonl", {"job_id": "9", "restart_count": 0})
+    run = _chain_of_three(tmp_path)
     if ended:
         run.event("segment_end", job_id="9")
     if states["10"] == "COMPLETED":
@@ -287,18 +294,13 @@ def test_a_chain_is_not_finished_while_a_later_segment_is_queued(
 
 
 def test_a_chain_is_not_finished_when_its_segment_ends_while_status_reads_it(tmp_path, monkeypatch):
-    """Seen in a fresh-clone run (session 13): `status` read segment 10 as the current one, the batch shell wrote its
-    segment_end while sacct answered COMPLETED, and the next segment (now the current one) was
-    skipped: the chain read COMPLETED with segment 11 still pending."""
+    """Seen in a fresh-clone run (session 13): `status` read segment 10 as the current one, the
+    batch shell wrote its segment_end while sacct answered COMPLETED, and the next segment (now the
+    current one) was skipped: the chain read COMPLETED with segment 11 still pending."""
     from hpctrain.dispatch import slurm
-    from hpctrain.runs.folder import RunDir
 
-    run = RunDir(tmp_path / "runs" / "long")
-    run.path.mkdir(parents=True)
-    for job in ("9", "10", "11"):
-        run.add_job(job, kind="chain", scheduler="slurm")
-    for job in ("9", "10"):
-        run.append("restarts.jsonl", {"job_id": job, "restart_count": 0})
+    run = _chain_of_three(tmp_path)
+    run.append("restarts.jsonl", {"job_id": "10", "restart_count": 0})
     run.event("segment_end", job_id="9")
     states = {"9": "COMPLETED", "10": "COMPLETED", "11": "PENDING"}
 

@@ -121,10 +121,10 @@ def test_a_dead_bad_node_is_swapped_for_the_spare_in_the_same_job(live):
     )  # fmt: skip
     job_id = re.search(r"job (\d+)", out.stdout).group(1)
     deadline, polls = time.monotonic() + LIVE_S, 0
-    while steps(run) < KILL_AFTER:
+    while (now := steps(run)) < KILL_AFTER:
         assert time.monotonic() < deadline, f"not past step {KILL_AFTER} in {LIVE_S} s"
         polls += 1
-        if polls % 100 == 0 and not steps(run):  # a Python start: every ~5 s, and not once training
+        if polls % 100 == 0 and not now:  # a Python start: every ~5 s, and not once training
             state = json.loads(live.hp("status", "spare", "--json").stdout)["state"]
             assert state in ("PENDING", "RUNNING"), state
         time.sleep(0.05)
