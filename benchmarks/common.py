@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hpctrain.kernel import jobenv
+from hpctrain.kernel import jobenv, jobkey
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks"
@@ -153,6 +153,7 @@ def env(**extra: str) -> dict[str, str]:
     # A run launched by a benchmark must not inherit the caller's run folder or stop flag.
     for k in (*jobenv.RUN_SCOPED, jobenv.RESTART_COUNT):
         e.pop(k, None)
+    e[jobenv.JOB_KEY] = jobkey.fresh()  # what the batch script exports: snapshots need it
     e.update(extra)
     return e
 

@@ -7,7 +7,7 @@ interval is benchmarks/snapshot_cost.py, on the same launch.
 
 Every run here is the launch the batch script does for launcher torchrun on 2 nodes, simulated on
 this machine as the local executor does: two torchrun agents on loopback (`--nnodes=2
---nproc-per-node=1`, c10d rendezvous, agent 0 the host, `--max-restarts=2 --monitor-interval=0.5`,
+--nproc-per-node=1`, hpctrain's signed c10d rendezvous, agent 0 the host, `--max-restarts=2 --monitor-interval=0.5`,
 `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`), one rank each, DDP, the job environment's job id set (no
 job id: no snapshots) and a node index per agent, so each rank's partner (the copy of its snapshot)
 is on the other "node", as on a real cluster.
@@ -36,6 +36,9 @@ Rows:
   `steps_redone` of the kills above, and of the same kill with `--snapshot.every_steps=0` (the
   restart loads the newest disk checkpoint, one every CHECKPOINT_EVERY steps); the worst over the
   repetitions, killed at a step that is not a checkpoint step.
+- in_job_restart_signed_rendezvous_vs_c10d: the first row's kill, launched with hpctrain's signed
+  rendezvous (`--rdzv-backend=hpctrain`, issue 33) and with torch's c10d in interleaved pairs:
+  the kill to the next new step, signed over c10d (the signature is an HMAC per state sync).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ import uuid
 from pathlib import Path
 
 from benchmarks import common
-from hpctrain.kernel import jobenv
+from hpctrain.kernel import jobenv, jobkey
 from hpctrain.kernel import snapshot as store
 from hpctrain.launchers.torchrun import MONITOR_S
 
@@ -84,15 +87,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def two_nodes(run_dir: Path, *extra: str, every: int = NEVER) -> list[str]:
+def two_nodes(
+    run_dir: Path, *extra: str, every: int = NEVER, backend: str = jobkey.RDZV_BACKEND
+) -> list[str]:
     """A bash line that runs two torchrun agents, one per simulated node, as the batch script's
-    per-node command does, and waits for both (one process tree to pause, kill or wait for)."""
+    per-node command does, and waits for both (one process tree to pause, kill or wait for).
+    `backend`: the rendezvous (hpctrain's signed one, as the batch script; or torch's c10d)."""
     port, job = free_port(), f"bench-{uuid.uuid4().hex[:8]}"
     parts = []
     for node in (0, 1):
         agent = [
-            common.PY, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={job}",
+            common.PY, "-m", "hpctrain.launchers.rdzv", "--nnodes=2", "--nproc-per-node=1",
+            f"--rdzv-backend={backend}", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={job}",
             f"--rdzv-conf=is_host={int(node == 0)}", f"--max-restarts={MAX_RESTARTS}",
             f"--monitor-interval={MONITOR_S}",
             "-m", "train_entry", "--strategy", "ddp", "--run-dir", str(run_dir),
@@ -104,7 +110,8 @@ def two_nodes(run_dir: Path, *extra: str, every: int = NEVER) -> list[str]:
     return ["bash", "-c", "; ".join([*parts, wait])]
 
 
-ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}  # what the batch script exports (in-job restarts)
+# what the batch script exports (in-job restarts); common.env adds the job key
+ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def ranks(proc: subprocess.Popen, module: str = "train_entry") -> dict[int, int]:
@@ -118,7 +125,7 @@ def ranks(proc: subprocess.Popen, module: str = "train_entry") -> dict[int, int]
         except OSError:
             continue
         rank = [v[5:] for v in env if v.startswith(b"RANK=")]
-        if rank and b"torch.distributed.run" not in cmd and module.encode() in cmd:
+        if rank and b"hpctrain.launchers.rdzv" not in cmd and module.encode() in cmd:
             out[int(rank[0])] = pid
     return out
 
@@ -147,13 +154,13 @@ def trainer_figure(log: str) -> dict | None:
     }
 
 
-def one_kill(at_step: int, *extra: str) -> dict:
+def one_kill(at_step: int, *extra: str, backend: str = jobkey.RDZV_BACKEND) -> dict:
     """Launch, SIGKILL rank 1 past `at_step` (every rank held still meanwhile), wait for the next
     new step; the figures of that launch and its in-job restart."""
     d = common.scratch("recovery-")
     metrics, log = d / "metrics.jsonl", d / "torchrun.log"
     launched = time.time()
-    proc = common.launch(two_nodes(d, *extra, every=CHECKPOINT_EVERY), log, **ENV)
+    proc = common.launch(two_nodes(d, *extra, every=CHECKPOINT_EVERY, backend=backend), log, **ENV)
     try:
         common.wait_for_step(metrics, at_step, proc, timeout=600)
         pids = ranks(proc)
@@ -283,6 +290,32 @@ def kill_rows(trials: list[dict], off: list[dict], each: list[dict]) -> list[dic
     return rows
 
 
+def signed_row(rng: random.Random, steps: list[int], quick: bool) -> dict:
+    """The signed rendezvous (issue 33) against torch's c10d, in interleaved pairs of the same
+    kill: the kill to the next new step, signed over unsigned."""
+    pairs = []
+    for i in range(common.reps(2 if quick else 4)):
+        at = rng.choice(steps)
+        order = ("c10d", jobkey.RDZV_BACKEND) if i % 2 else (jobkey.RDZV_BACKEND, "c10d")
+        got = {b: one_kill(at, backend=b) for b in order}
+        pairs.append(got)
+    ratios = [p[jobkey.RDZV_BACKEND]["recovery_s"] / p["c10d"]["recovery_s"] for p in pairs]
+    starts = [
+        p[jobkey.RDZV_BACKEND]["fresh_first_step_s"] / p["c10d"]["fresh_first_step_s"]
+        for p in pairs
+    ]
+    return common.settle(
+        "in_job_restart_signed_rendezvous_vs_c10d",
+        ratios,
+        "<= 1.2",
+        fresh_start_ratio=[round(x, 3) for x in starts],
+        summary=f"SIGKILL of rank 1 to the next new step with --rdzv-backend="
+        f"{jobkey.RDZV_BACKEND} (state signed with the job key) over torch's c10d, "
+        f"{len(pairs)} interleaved pairs; launch to first step, same pairs: "
+        f"{[round(x, 3) for x in starts]}",
+    )
+
+
 def run(quick: bool) -> list[dict]:
     rng = random.Random(24)
     # past the first checkpoint (and the auto interval's first snapshot, at step 4), not a
@@ -296,12 +329,14 @@ def run(quick: bool) -> list[dict]:
         ]
         off = [one_kill(rng.choice(steps), OFF) for _ in range(common.reps(1 if quick else 2))]
         rows += kill_rows(trials, off, each)
+        rows.append(signed_row(rng, steps, quick))
     except common.NotMeasured as e:
         for name, target in (
             ("recovery_after_rank_kill_vs_fresh_start_plus_load", "<= 1.5"),
             ("steps_redone_per_failure_with_snapshots", "<= 1"),
             ("steps_redone_per_failure_snapshots_every_step", "<= 1"),
             ("steps_redone_per_failure_without_snapshots", f"<= {CHECKPOINT_EVERY}"),
+            ("in_job_restart_signed_rendezvous_vs_c10d", "<= 1.2"),
         ):
             rows.append(common.not_measured(name, target, str(e)))
     return rows

@@ -104,6 +104,13 @@ VARS: tuple[Var, ...] = (
         "train_entry (in-job restart record)",
     ),
     Var(
+        "JOB_KEY",
+        "a secret of this job start (64 hex digits from /dev/urandom, made by the batch shell): keys "
+        "the snapshots' digests and signs the rendezvous state (kernel/jobkey.py); never in a file",
+        SCRIPT,
+        "train_entry, hpctrain.runtime, the rendezvous backend (launchers/rdzv.py)",
+    ),
+    Var(
         "RDZV_ENDPOINT",
         "`head-address:port` for torchrun's c10d rendezvous",
         SCRIPT,
@@ -222,6 +229,7 @@ PYTHON = BY_KEY["PYTHON"].name
 TEE = BY_KEY["TEE"].name
 JOB_ID = BY_KEY["JOB_ID"].name
 RESTART_COUNT = BY_KEY["RESTART_COUNT"].name
+JOB_KEY = BY_KEY["JOB_KEY"].name
 RDZV_ENDPOINT = BY_KEY["RDZV_ENDPOINT"].name
 IN_JOB_RESTART = BY_KEY["IN_JOB_RESTART"].name
 NODEID = BY_KEY["NODEID"].name

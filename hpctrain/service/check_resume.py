@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from hpctrain.kernel import jobenv, layout
+from hpctrain.kernel import jobenv, jobkey, layout
 from hpctrain.kernel.checkpoint import step_name
 from hpctrain.kernel.errors import UserError
 
@@ -58,12 +58,16 @@ def check_resume(
         env = jobenv.without_run_scope(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
         env.update(extra_env)
+        env[jobenv.JOB_KEY] = jobkey.fresh()
         cmd = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
-            "--standalone",
+            "hpctrain.launchers.rdzv",  # torchrun --standalone, its state signed: a shared node
+            "--nnodes=1",
             f"--nproc-per-node={nproc}",
+            f"--rdzv-backend={jobkey.RDZV_BACKEND}",
+            "--rdzv-endpoint=127.0.0.1:0",
+            f"--rdzv-id={run_dir.name}",
             "-m",
             "train_entry",
             "--run-dir",

@@ -27,7 +27,7 @@ from hpctrain.checks.doctor.checks import (
 )
 from hpctrain.checks.doctor.report import Report
 from hpctrain.jobs.request import JobRequest
-from hpctrain.kernel import jobenv
+from hpctrain.kernel import jobenv, jobkey
 from hpctrain.render.script import environment_vars, render
 from hpctrain.runs.folder import TERMINAL, RunDir, runs_dir_of
 from hpctrain.service.submit import start
@@ -99,10 +99,10 @@ def run_local(
         cmd = [
             sys.executable,
             "-m",
-            "torch.distributed.run",
+            "hpctrain.launchers.rdzv",
             "--nnodes=1",
             f"--nproc-per-node={nodes * gpus}",
-            "--rdzv-backend=c10d",
+            f"--rdzv-backend={jobkey.RDZV_BACKEND}",
             f"--rdzv-endpoint=127.0.0.1:{port}",
             "--max-restarts=0",
             "-m",
@@ -116,6 +116,7 @@ def run_local(
             str(timeout_s),
         ]
         run_env = {**os.environ, **env, "OMP_NUM_THREADS": "1", jobenv.DEVICE: "cpu"}
+        run_env[jobenv.JOB_KEY] = jobkey.fresh()  # the login node is shared: sign the rendezvous
         try:
             proc = subprocess.run(
                 cmd,
