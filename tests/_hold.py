@@ -32,6 +32,7 @@ def ranks(run: Path) -> list[int]:
             and want in env
             and any(e.startswith(b"RANK=") for e in env)
             and b"torch.distributed.run" not in cmd
+            and b"hpctrain.launchers.rdzv" not in cmd  # the torchrun agent
         ):
             out.append(int(proc.name))
     return out

@@ -242,7 +242,7 @@ def rank_pid(run: Path, rank: int) -> int | None:
             cmd = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if want <= env and b"train_entry" in cmd and b"torch.distributed.run" not in cmd:
+        if want <= env and b"train_entry" in cmd and b"hpctrain.launchers.rdzv" not in cmd:
             return int(proc.name)
     return None
 

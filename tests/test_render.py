@@ -313,7 +313,7 @@ def test_hostile_values_arrive_intact_and_inject_nothing(scheduler, tmp_path, st
     for node in (0, 1):
         rec = json.loads((standins[1] / f"node-{node}.json").read_text())
         argv = rec["argv"]
-        assert argv[:2] == ["-m", "torch.distributed.run"]
+        assert argv[:2] == ["-m", "hpctrain.launchers.rdzv"]  # torchrun, signed rendezvous
         assert argv[-len(args) :] == args, "arguments did not arrive intact"
         assert argv[argv.index("--run-dir") + 1] == str(run_dir)
         for k, v in env_values.items():

@@ -26,7 +26,7 @@ EXAMPLES = REPO / "site_configs" / "examples"
 RUN = "/scratch/runs/demo"
 TORCHRUN_FLAGS = (
     f'--nnodes="${jobenv.NNODES}" --nproc-per-node="${jobenv.GPUS_PER_NODE}" '
-    f'--rdzv-backend=c10d --rdzv-endpoint="${jobenv.RDZV_ENDPOINT}" '
+    f'--rdzv-backend=hpctrain --rdzv-endpoint="${jobenv.RDZV_ENDPOINT}" '
     f'--rdzv-id="${jobenv.JOB_ID}" --rdzv-conf="is_host=$is_host" --max-restarts=2 --monitor-interval=0.5 '
     '"${tee[@]}" "$@"'
 )
@@ -106,7 +106,7 @@ EXPECT = {
         "hpctrain_port=29500  # rendezvous.port: fixed by the profile",
         'hpctrain_launch+=(apptainer exec --nv --bind "/cluster:/cluster" --bind "/scratch/runs/demo:'
         '/scratch/runs/demo" "/cluster/work/support/containers/pytorch.sif")  # environment.container (apptainer)',
-        f'exec "${jobenv.PYTHON}" -m torch.distributed.run {TORCHRUN_FLAGS}',
+        f'exec "${jobenv.PYTHON}" -m hpctrain.launchers.rdzv {TORCHRUN_FLAGS}',
     ],
     "juwels-booster": [
         "#SBATCH --ntasks-per-node=1",
@@ -143,7 +143,7 @@ EXPECT = {
         'export NCCL_IB_HCA="mlx5"',
         'export NCCL_IB_TIMEOUT="22"',
         "hpctrain_launch+=(--cpus-per-task=64)",
-        f'exec "${jobenv.PYTHON}" -m torch.distributed.run {TORCHRUN_FLAGS}',
+        f'exec "${jobenv.PYTHON}" -m hpctrain.launchers.rdzv {TORCHRUN_FLAGS}',
     ],
     "aws-parallelcluster-efa-pyxis": [
         "#SBATCH --ntasks-per-node=1",
@@ -161,7 +161,7 @@ EXPECT = {
         'hpctrain_launch+=(--container-image="/fsx/apps/pytorch.sqsh" --container-mounts="/fsx:/fsx,'
         '/scratch/runs/demo:/scratch/runs/demo" --container-workdir="/fsx" '
         '--container-env="FI_PROVIDER,NCCL_PROTO")  # environment.container (pyxis)',
-        f'exec "${jobenv.PYTHON}" -m torch.distributed.run {TORCHRUN_FLAGS}',
+        f'exec "${jobenv.PYTHON}" -m hpctrain.launchers.rdzv {TORCHRUN_FLAGS}',
     ],
     "azure-ndv5-pyxis": [
         "#SBATCH --ntasks-per-node=1",
@@ -178,7 +178,7 @@ EXPECT = {
         'hpctrain_launch+=(--container-image="nvcr.io#nvidia/pytorch:24.03-py3" --container-mounts='
         '"/opt/microsoft:/opt/microsoft:ro,/shared:/shared,/scratch/runs/demo:/scratch/runs/demo")'
         "  # environment.container (pyxis)",
-        f'exec "${jobenv.PYTHON}" -m torch.distributed.run {TORCHRUN_FLAGS}',
+        f'exec "${jobenv.PYTHON}" -m hpctrain.launchers.rdzv {TORCHRUN_FLAGS}',
     ],
 }
 

@@ -208,7 +208,7 @@ def test_launcher_srun_renders_one_task_per_gpu(tmp_path, standins):
         in text
     )
     assert f'srun --nodes="${jobenv.NNODES}" --ntasks-per-node=2 --kill-on-bad-exit=1' in text
-    assert "hpctrain_launch+=(--gpus-per-task=1)" in text and "torch.distributed.run" not in text
+    assert "hpctrain_launch+=(--gpus-per-task=1)" in text and "hpctrain.launchers.rdzv" not in text
     assert "export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID WORLD_SIZE=$SLURM_NTASKS" in text
     gres = script(
         "loopback",

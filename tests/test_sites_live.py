@@ -130,7 +130,7 @@ def test_srun_launcher_trains_2x2_and_a_preempted_run_resumes_bit_identical(site
             r".* master=127\.0\.0\.2:\d+",
             logs,
         ), logs[-3000:]
-    assert "torch.distributed.run" not in logs and "4 ranks" in (ref / "train.log").read_text()
+    assert "hpctrain.launchers.rdzv" not in logs and "4 ranks" in (ref / "train.log").read_text()
     assert steps(ref) == list(range(1, FULL_STEPS + 1))
 
     # the preemption chain under srun: trap -> STOP -> all ranks save, exit 75 -> requeue -> resume

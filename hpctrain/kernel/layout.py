@@ -184,6 +184,9 @@ STALLED = "STALLED"
 STACKS = "stacks"
 HEARTBEAT = "heartbeat"
 FAILURES = "failures"
+# What `resume` and `status` read as trusted (a script, a profile, a pid to signal): each must be
+# yours, not group/other-writable and not a symlink (RunFolder.unsafe).
+TRUSTED = (RUN_YAML, JOB_SH, STATE)
 
 
 def read_mesh(run_path: object) -> dict[str, object] | None:

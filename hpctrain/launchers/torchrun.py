@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.kernel import jobenv
+from hpctrain.kernel import jobenv, jobkey
 from hpctrain.render.shellwords import Sh, shvalue
 
 if TYPE_CHECKING:
@@ -30,9 +30,10 @@ def context(profile: ResolvedProfile, req: JobRequest) -> dict[str, Any]:
     if launch.torchrun:
         command = [shvalue(w) for w in launch.torchrun.split(" ")]
     else:
-        command = [Sh(f'"${jobenv.PYTHON}"'), Sh("-m"), Sh("torch.distributed.run")]
+        command = [Sh(f'"${jobenv.PYTHON}"'), Sh("-m"), Sh("hpctrain.launchers.rdzv")]
     return {
         "torchrun_command": command,
+        "rdzv_backend": jobkey.RDZV_BACKEND,  # c10d, its state signed (launchers/rdzv.py)
         # in-job restarts: the agent restarts every node's workers (c10d rendezvous); a small
         # monitor interval notices a dead worker fast
         "torchrun_restarts": [

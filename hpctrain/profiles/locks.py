@@ -9,11 +9,15 @@ environment variable, or a new network variable prefix, is covered without touch
   network variable); `APPTAINERENV_NAME`/`SINGULARITYENV_NAME` set NAME (inside the container);
 - a variable with a dedicated key (schema.DEDICATED_ENV, e.g. NCCL_SOCKET_IFNAME) is that key;
 - a network variable (schema.NETWORK_ENV_PREFIXES: NCCL_, FI_, UCX_, ...) is part of `network`;
+- a variable the watchdog section exports (schema.WATCHDOG_ENV, e.g. TORCH_NCCL_ASYNC_ERROR_HANDLING)
+  is that `watchdog.*` key, so a lock on `watchdog` covers it;
 - `scheduler` decides whether any `slurm.*` key applies at all (local drops every #SBATCH line),
   so a lock on anything under `slurm` covers `scheduler`;
 - `slurm.srun_args_if_exists` adds srun options as `slurm.srun_args` does, so a lock on that covers it.
 Options that undo a key (`--partition` in srun_args) are refused wherever they appear by the
-schema's owned-option tables, locked or not.
+schema's owned-option tables, locked or not; a torchrun option that sets what a section decides
+(schema.TORCHRUN_SECTION: `--local-addr` is `rendezvous`'s) is refused while that section is locked
+(the profile's own check, schema/profile.py: a list is one value here, its items are not seen).
 """
 
 from __future__ import annotations
@@ -50,10 +54,12 @@ def sets(path: Path_) -> list[str]:
     )
     if at is not None:
         name = inner_name(str(path[at + 1]))  # APPTAINERENV_X sets X inside the container
-        dedicated, prefixes = _tables()
+        dedicated, prefixes, watchdog = _tables()
         out.append(f"environment.env.{name}")
         if name in dedicated:
             out.append(dedicated[name])
+        if name in watchdog:
+            out.append(watchdog[name])
         if name.startswith(prefixes):
             out += [f"network.env.{name}", "network"]
     if path[:1] == ("scheduler",):
@@ -63,20 +69,24 @@ def sets(path: Path_) -> list[str]:
     return list(dict.fromkeys(out))
 
 
-_TABLES: tuple[dict[str, str], tuple[str, ...]] | None = None
+_TABLES: tuple[dict[str, str], tuple[str, ...], dict[str, str]] | None = None
 
 
-def _tables() -> tuple[dict[str, str], tuple[str, ...]]:
+def _tables() -> tuple[dict[str, str], tuple[str, ...], dict[str, str]]:
     """The schema's tables, through the profile cache (no pydantic import on a warm start)."""
     global _TABLES
     if _TABLES is None:
         t = cache.memo("lock_tables", {}, _read_tables)
-        _TABLES = (dict(t["dedicated"]), tuple(t["prefixes"]))
+        _TABLES = (dict(t["dedicated"]), tuple(t["prefixes"]), dict(t["watchdog"]))
     return _TABLES
 
 
 def _read_tables(_: Any) -> dict[str, Any]:  # Any: unused argument of a loader hook
-    return {"dedicated": dict(schema.DEDICATED_ENV), "prefixes": list(schema.NETWORK_ENV_PREFIXES)}
+    return {
+        "dedicated": dict(schema.DEDICATED_ENV),
+        "prefixes": list(schema.NETWORK_ENV_PREFIXES),
+        "watchdog": dict(schema.WATCHDOG_ENV),
+    }
 
 
 def covers(lock: str, key: str) -> bool:

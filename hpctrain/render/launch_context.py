@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from hpctrain import containers, launchers
+from hpctrain.kernel.rundir import umask_of
 from hpctrain.render.shellwords import Sh, quote, shvalue
 
 if TYPE_CHECKING:
@@ -113,4 +114,6 @@ def context(profile: ResolvedProfile, req: JobRequest, run_dir: str) -> dict[str
         "head_suffix": rdzv.host_suffix,
         "head_interface": rdzv.interface,
         "fixed_port": rdzv.port,
+        # the job's umask (storage.share): what it writes is never readable beyond the share
+        "umask": Sh(f"{umask_of(getattr(profile.storage, 'share', None)):03o}"),
     }

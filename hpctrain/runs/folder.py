@@ -17,13 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain import __version__
-from hpctrain.runs import chain
-from hpctrain.runs import index as runindex
-from hpctrain.runs import sweepdir
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.files import read_jsonl, utc_now
-from hpctrain.kernel.rundir import RunFolder
+from hpctrain.kernel.rundir import RunFolder, make_dirs, umask_of
+from hpctrain.runs import chain, sweepdir
+from hpctrain.runs import index as runindex
 
 if TYPE_CHECKING:
     from hpctrain.jobs.request import JobRequest
@@ -182,8 +181,10 @@ class RunDir(RunFolder):
                 self.moved_aside = move_aside(
                     self.path, f"{self.name}.{'failed' if failed else 'old'}-{stamp}"
                 )
-            self.path.mkdir(parents=True, exist_ok=False)
-            self.logs.mkdir()
+            # level by level, 0700 (storage.share none) or 0750 (group); an existing runs_dir is kept
+            self._mask = umask_of(getattr(profile.storage, "share", None))
+            make_dirs(self.path, self._mask, last_exists_ok=False)
+            make_dirs(self.logs, self._mask)
         except OSError as e:
             raise UserError(
                 f"cannot create the run folder {self.path}: {e.strerror or e}; fix: choose "
@@ -208,7 +209,7 @@ class RunDir(RunFolder):
         self.write(layout.RUN_YAML, yaml.safe_dump(frozen, sort_keys=True))
 
     def write_script(self, script: str) -> None:
-        self.write(layout.JOB_SH, script, mode=0o755)
+        self.write(layout.JOB_SH, script, mode=0o777 & ~self.mask())
 
     def failed_before_first_step(self, state: str | None) -> bool:
         """A run that failed before any training step (no step in metrics.jsonl, no checkpoint):

@@ -77,7 +77,10 @@ def plan(
     args: tuple[str, ...] = (),
     warn: Warn = lambda _: None,
 ) -> Planned:
-    """Check that run `r` (hpctrain.runs.folder.RunDir) can resume with these changes; writes nothing."""
+    """Check that run `r` (hpctrain.runs.folder.RunDir) can resume with these changes; writes nothing.
+    A run folder another account could have written (swapped into a shared runs_dir) is refused
+    before anything in it is read: its profile would become the job's script."""
+    r.check_safe()
     frozen = r.frozen()
     current = dispatch.state(r)
     if current in ACTIVE:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from hpctrain import dispatch
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
+from hpctrain.kernel.rundir import UnsafeRun
 from hpctrain.runs import in_job, points, spares, sweepdir
 from hpctrain.runs.cause import root_cause
 from hpctrain.runs.folder import TERMINAL, BrokenRun, find_run
@@ -19,12 +20,17 @@ if TYPE_CHECKING:
 
 
 def summary(run: RunDir) -> dict[str, Any]:
-    """One run's row; a run whose files cannot be read is a BROKEN row saying why (one broken
+    """One run's row; a run whose files cannot be read, or that another account could have
+    written (a swapped folder: nothing in it is read), is a BROKEN row saying why (one broken
     folder never hides the others)."""
     try:
         return _read_summary(run)
-    except (BrokenRun, OSError, ValueError, TypeError, AttributeError, KeyError) as e:
-        why = e.format_message() if isinstance(e, BrokenRun) else f"{type(e).__name__}: {e}"
+    except (BrokenRun, UnsafeRun, OSError, ValueError, TypeError, AttributeError, KeyError) as e:
+        why = (
+            e.format_message()
+            if isinstance(e, BrokenRun | UnsafeRun)
+            else f"{type(e).__name__}: {e}"
+        )
         return {
             "name": run.name,
             "state": "BROKEN",
@@ -45,6 +51,7 @@ def summary(run: RunDir) -> dict[str, Any]:
 
 
 def _read_summary(run: RunDir) -> dict[str, Any]:
+    run.check_safe()
     frozen = run.frozen()
     req = frozen.get("request", {})
     restarts = run.restarts()

@@ -47,6 +47,12 @@ if TYPE_CHECKING:  # the names __getattr__ below loads on first use, typed for m
         TORCHRUN_OWNED as TORCHRUN_OWNED,
     )
     from hpctrain.profiles.schema.base import (
+        TORCHRUN_SECTION as TORCHRUN_SECTION,
+    )
+    from hpctrain.profiles.schema.base import (
+        WATCHDOG_ENV as WATCHDOG_ENV,
+    )
+    from hpctrain.profiles.schema.base import (
         Strict as Strict,
     )
     from hpctrain.profiles.schema.checks import (
@@ -123,6 +129,8 @@ _WHERE = {
             "SBATCH_OWNED",
             "SRUN_OWNED",
             "TORCHRUN_OWNED",
+            "TORCHRUN_SECTION",
+            "WATCHDOG_ENV",
             "Strict",
         ),
         "base",

@@ -164,6 +164,11 @@ TORCHRUN_OWNED = {
         "no-python",
     )
 }
+# torchrun's agent checks its workers this often; in-job restarts rely on it (launchers/torchrun.py)
+TORCHRUN_OWNED["monitor-interval"] = "hpctrain sets it (a dead worker is noticed within 0.5 s)"
+# torchrun options that set what a profile section decides: refused in launch.torchrun_args while
+# a lock covers that section, unless the same lock holds launch.torchrun_args (the admin's own).
+TORCHRUN_SECTION = {"local-addr": "rendezvous"}
 # Environment variables with a dedicated profile key (one source of truth).
 DEDICATED_ENV = {
     "NCCL_SOCKET_IFNAME": "network.socket_ifname",
@@ -172,6 +177,12 @@ DEDICATED_ENV = {
     "NCCL_IB_HCA": "network.ib_hca",
     "NCCL_IB_GID_INDEX": "network.ib_gid_index",
     "NCCL_P2P_LEVEL": "network.p2p_level",
+}
+# Variables the watchdog section exports (hpctrain/render/script.py): a lock on `watchdog` (or the
+# key) covers them wherever an environment mapping would set them (hpctrain/profiles/locks.py).
+WATCHDOG_ENV = {
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "watchdog.nccl_async_error_handling",
+    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "watchdog.nccl_heartbeat_timeout_s",
 }
 # Variables the rendered script sets itself.
 OWNED_ENV_PREFIXES = (jobenv.PREFIX, "SLURM_", "TORCHELASTIC_")

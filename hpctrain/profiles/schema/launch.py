@@ -30,12 +30,16 @@ class Launch(Strict):
         None,
         description="The torchrun command, words separated by spaces: `torchrun`, `python -m "
         "torch.distributed.run`, or a site wrapper taking the same flags (`torchrun_jsc`). "
-        "Null: the node Python with `-m torch.distributed.run`.",
+        "It is given `--rdzv-backend=hpctrain` (c10d with its state signed by the job key), "
+        "which torch finds through hpctrain's `torchrun.handlers` entry point: hpctrain must be "
+        "installed in that torchrun's Python. Null: the node Python with "
+        "`-m hpctrain.launchers.rdzv` (torchrun with that backend registered).",
     )
     torchrun_args: list[TorchrunOption] = Field(
         default_factory=list,
         description="Extra torchrun options, e.g. `--numa-binding=exclusive`, `--local-addr=$HOSTNAME`"
-        " (the topology and rendezvous options are hpctrain's).",
+        " (the topology, rendezvous and `--monitor-interval` options are hpctrain's; `--local-addr` "
+        "is refused while `rendezvous` is locked, unless the lock holds launch.torchrun_args too).",
     )
     python: str | None = Field(
         None,
@@ -83,6 +87,16 @@ class Storage(Strict):
         "`$SCRATCH/hpctrain`; $VAR and ~ are expanded when you submit, so the variable "
         "must be set there). Null: `./runs` in the directory of `submit`. Always made "
         "absolute at submit time.",
+    )
+    share: Literal["none", "group"] = Field(
+        "none",
+        description="Who else may read a run folder. `none` (default): the run folder is 0700 and "
+        "the job runs under `umask 077`, so checkpoints, logs and exports are yours alone; `group`: "
+        "0750 and `umask 027`, your group reads them and never writes. Never world-readable. A "
+        "runs_dir hpctrain creates gets the same mode; one that exists is left as it is (a "
+        "group-writable one needs the sticky bit, `chmod +t`, or members can swap run folders: "
+        "`resume` and `status` refuse a run folder, run.yaml or job.sh another account could "
+        "have written).",
     )
 
     @field_validator("runs_dir")

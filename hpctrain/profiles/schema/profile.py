@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, field_valida
 
 from hpctrain.profiles.health import Preflight, Watchdog
 from hpctrain.profiles.schema import checks
-from hpctrain.profiles.schema.base import Strict
+from hpctrain.profiles.schema.base import TORCHRUN_SECTION, Strict
 from hpctrain.profiles.schema.environment import Environment
 from hpctrain.profiles.schema.launch import Launch, Preemption, Rendezvous, Storage
 from hpctrain.profiles.schema.login import Login
@@ -145,7 +145,34 @@ class Profile(Strict):
                     "fix: use launcher torchrun with scheduler local",
                 )
             ]
-        return []
+        return self._torchrun_locks()
+
+    def _torchrun_locks(self) -> list[tuple[str, str]]:
+        """A torchrun option that sets what a locked section decides (`--local-addr`, or a prefix
+        torchrun expands to it, is the rendezvous address) is refused, unless the lock also holds
+        launch.torchrun_args: then only the locking profile can have written it."""
+        locks = list(self.locked)
+
+        def held(key: str) -> str | None:
+            return next((k for k in locks if k == key or k.startswith(key + ".")), None)
+
+        if any(k in ("launch", "launch.torchrun_args") for k in locks):
+            return []
+        out = []
+        for arg in self.launch.torchrun_args:
+            word = arg.split("=", 1)[0].removeprefix("--").replace("_", "-")
+            for option, section in TORCHRUN_SECTION.items():
+                lock = held(section)
+                if lock and word and option.startswith(word):
+                    out.append(
+                        (
+                            "launch",
+                            f"launch.torchrun_args {arg!r}: torchrun reads it as --{option}, "
+                            f"which {section} decides, and {lock} is locked; fix: remove it (the "
+                            f"locking profile may set it and lock launch.torchrun_args too)",
+                        )
+                    )
+        return out
 
     @property
     def warnings(self) -> list[str]:

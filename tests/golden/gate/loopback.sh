@@ -12,6 +12,8 @@
 #SBATCH --signal=B:USR2@30
 # Rendered by hpctrain. Not `set -e`: the script must always reach its requeue and state logic.
 set -uo pipefail
+# checkpoints, logs and exports: yours alone (storage.share none: 077) or group-readable (027)
+umask 077
 
 export HPCTRAIN_RUN_DIR=/scratch/runs/golden
 export HPCTRAIN_STOP_FILE="$HPCTRAIN_RUN_DIR/STOP"
@@ -25,6 +27,11 @@ export HPCTRAIN_RUN_NAME=golden
 export HPCTRAIN_TEE=0
 # collective timeout and stall heartbeat (profile watchdog:), read by train_entry
 export HPCTRAIN_PG_TIMEOUT_S=600
+# A secret of this job start, in the environment only (kernel/jobkey.py): it signs the rendezvous
+# state and keys the snapshots, so no other account can steer them.
+HPCTRAIN_JOB_KEY=$(od -vAn -N32 -tx1 /dev/urandom | tr -d ' \n')
+if [ "${#HPCTRAIN_JOB_KEY}" != 64 ]; then echo "hpctrain: error: cannot read 32 bytes from /dev/urandom on $(hostname)"; exit 2; fi
+export HPCTRAIN_JOB_KEY
 mkdir -p "$HPCTRAIN_RUN_DIR/logs"
 export HPCTRAIN_JOB_ID="$SLURM_JOB_ID"
 export HPCTRAIN_RESTART_COUNT="${SLURM_RESTART_COUNT:-0}"
@@ -139,7 +146,7 @@ if [ -z "${TORCH_DISABLE_SHARE_RDZV_TCP_STORE+set}" ]; then export TORCH_DISABLE
 echo "hpctrain: node $node on $(hostname) device=$device gpu=$gpu CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES-unset} restart=$HPCTRAIN_RESTART_COUNT endpoint=$HPCTRAIN_RDZV_ENDPOINT"
 tee=()
 if [ "$HPCTRAIN_TEE" = 1 ]; then tee=(--tee=3 --log-dir="$HPCTRAIN_RUN_DIR/logs/torchrun/node-$node"); fi
-exec "$HPCTRAIN_PYTHON" -m torch.distributed.run --nnodes="$HPCTRAIN_NNODES" --nproc-per-node="$HPCTRAIN_GPUS_PER_NODE" --rdzv-backend=c10d --rdzv-endpoint="$HPCTRAIN_RDZV_ENDPOINT" --rdzv-id="$HPCTRAIN_JOB_ID" --rdzv-conf="is_host=$is_host" --max-restarts=2 --monitor-interval=0.5 "${tee[@]}" "$@"
+exec "$HPCTRAIN_PYTHON" -m hpctrain.launchers.rdzv --nnodes="$HPCTRAIN_NNODES" --nproc-per-node="$HPCTRAIN_GPUS_PER_NODE" --rdzv-backend=hpctrain --rdzv-endpoint="$HPCTRAIN_RDZV_ENDPOINT" --rdzv-id="$HPCTRAIN_JOB_ID" --rdzv-conf="is_host=$is_host" --max-restarts=2 --monitor-interval=0.5 "${tee[@]}" "$@"
 '
 
 hpctrain_wait() {  # PID...: wait for all, through trapped signals; hpctrain_rc = first failure
