@@ -210,3 +210,27 @@ def test_a_writable_or_linked_run_yaml_is_refused_with_the_fix(shared: Shared) -
         real.unlink()
         os.rename(aside, real)
     assert shared.hp("status", "ours").returncode == 0
+
+
+def test_a_user_private_group_may_write(tmp_path):
+    """umask 002 under the user-private-group scheme (RHEL, Debian): the group named as you, with
+    no other member, lets nobody else in; a group with a member does."""
+    import grp
+    import pwd
+
+    from hpctrain.kernel.rundir import RunFolder
+
+    me = pwd.getpwuid(os.geteuid())
+    run = tmp_path / "r"
+    run.mkdir(mode=0o775)
+    (run / "run.yaml").write_text("{}\n")
+    os.chmod(run / "run.yaml", 0o664)
+    own = grp.getgrnam(me.pw_name) if me.pw_name in {g.gr_name for g in grp.getgrall()} else None
+    if own is None or set(own.gr_mem) - {me.pw_name}:
+        pytest.fail(f"{me.pw_name} has no private group here: the suite runs as root in CI")
+    os.chown(run, -1, own.gr_gid)
+    os.chown(run / "run.yaml", -1, own.gr_gid)
+    assert RunFolder(run).unsafe() is None
+    with shared_group("u") as group, other_account("u", groups=[group]):
+        os.chown(run / "run.yaml", -1, grp.getgrnam(group).gr_gid)
+        assert "group-writable" in (RunFolder(run).unsafe() or "")
