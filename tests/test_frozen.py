@@ -97,3 +97,33 @@ def test_a_parameter_comes_back_as_its_values():
     p = torch.nn.Parameter(torch.randn(3, 3))
     back = thaw(freeze({"p": p}))
     assert torch.equal(back["p"], p.detach()) and not back["p"].requires_grad
+
+
+def test_plain_values_arrays_and_keys_come_back_as_they_went_in():
+    """The skeleton is tagged JSON (no pickle): dict keys of any plain type and their order,
+    tuples apart from lists, floats bit for bit (nan, inf, -0.0), bytes, numpy arrays of every
+    plain dtype (0-d and non-contiguous too) and numpy scalars keep their types."""
+    odd = np.arange(12, dtype=np.uint32).reshape(3, 4)[:, ::2]
+    state = {
+        3: "int key",
+        (1, "a"): [None, True, 2**70, -0.0, float("inf")],
+        "z": {"b": b"\x00\xff", "t": ()},
+        "arrays": [odd, np.array(2.5), np.zeros((0, 2), dtype=np.float16), np.array([True])],
+        "scalars": (np.float32(1.5), np.int64(-3), np.bool_(True), np.datetime64("2026-01-01")),
+    }
+    back = thaw(freeze(state))
+    assert list(back) == [3, (1, "a"), "z", "arrays", "scalars"] and _same(state, back)
+    assert str(back[(1, "a")][3]) == "-0.0" and back["arrays"][0].dtype == np.uint32
+    assert [type(v) for v in back["scalars"]] == [type(v) for v in state["scalars"]]
+    nan = thaw(freeze({"x": float("nan")}))["x"]
+    assert nan != nan
+
+
+@pytest.mark.parametrize(
+    "value", [{1, 2}, torch.Size([2]), torch.randn(2).to_sparse(), object(), bytearray(b"x")]
+)
+def test_a_value_a_snapshot_cannot_hold_is_refused_by_name(value):
+    with pytest.raises(
+        TypeError, match=rf"cannot snapshot a {type(value).__name__}.* at state\['k'\]"
+    ):
+        freeze({"k": value})

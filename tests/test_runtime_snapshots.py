@@ -34,6 +34,7 @@ def job(tmp_path, monkeypatch):
     monkeypatch.setenv(jobenv.JOB_ID, "51")
     monkeypatch.setenv(jobenv.RESTART_COUNT, "0")
     monkeypatch.setenv(jobenv.SNAPSHOT_DIR, str(tmp_path / "shm"))
+    monkeypatch.setenv(jobenv.JOB_KEY, "5e" * 32)
     for name in (fatal.TORCHRUN_RESTARTS, jobenv.IN_JOB_RESTART, "SLURMD_NODENAME", "WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     return tmp_path / "run"

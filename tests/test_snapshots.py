@@ -18,6 +18,7 @@ from hpctrain.kernel import jobenv
 from hpctrain.kernel import snapshot as store
 
 REPO = Path(__file__).resolve().parent.parent
+KEY = "5e" * 32  # the job key (kernel/jobkey.py) a batch script would export
 
 
 @pytest.fixture()
@@ -25,6 +26,7 @@ def shm(tmp_path, monkeypatch):
     monkeypatch.setenv(jobenv.SNAPSHOT_DIR, str(tmp_path / "shm"))
     monkeypatch.setenv(jobenv.JOB_ID, "41")
     monkeypatch.setenv(jobenv.RESTART_COUNT, "0")
+    monkeypatch.setenv(jobenv.JOB_KEY, KEY)
     monkeypatch.delenv("SLURMD_NODENAME", raising=False)
     return tmp_path
 
@@ -138,8 +140,8 @@ if lose == "damage" and rank == 0:
     shutil.rmtree(store.node_folder(sys.argv[1]).parent / sys.argv[3] / "rank-3")
 dist.barrier()
 old = ex.get(newer_than=6)  # the disk has step 6 already: nothing newer in memory
-got = ex.get(newer_than=0)
-mine = bytes([rank, 6]) * (1000 + rank)
+got = ex.get(newer_than=0)  # (step, this rank's data)
+mine = (6, bytes([rank, 6]) * (1000 + rank))
 print(json.dumps({"rank": rank, "ok": got == mine, "none": got is None, "old": old}), flush=True)
 # no rank leaves while another may still read the last reduction: a socket closed with unread data
 # sends a reset, and the peer loses what it had not read yet (seen once in CI: node 1's ranks died
@@ -156,6 +158,7 @@ def exchange(tmp_path: Path, lose: str) -> list[dict]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "w.py").write_text(WORKER)
     env = {**os.environ, jobenv.SNAPSHOT_DIR: str(tmp_path / "shm"), jobenv.JOB_ID: "9"}
+    env[jobenv.JOB_KEY] = KEY
     env.pop("SLURMD_NODENAME", None)
     import socket
 
@@ -264,3 +267,64 @@ def test_the_newest_step_sent_to_the_partner_is_kept_past_keep(shm):
     assert sorted(listed) == [12, 13, 14] and listed[12]["anchor"] is True
     assert store.read(folder, 0, 12, listed[12]) == b"s12"
     assert len(list((folder / "rank-0").iterdir())) == 6  # no stray temporary file
+
+
+HUNG = r"""
+import json, os, sys, threading, time, torch.distributed as dist
+from hpctrain.kernel import fatal, jobenv, snapshot as store
+from hpctrain.runtime.recovery import Exchange
+dist.init_process_group("gloo")  # torch's default timeout (30 min) for the training group
+rank = dist.get_rank()
+ex = Exchange(sys.argv[1])  # each rank its own node (LOCAL_WORLD_SIZE 1): the other is its partner
+if rank == 1:  # a copy signed with another key (another job start, or no key): never stored
+    os.environ[jobenv.JOB_KEY] = "77" * 32
+ex.put(2, memoryview(bytearray(b"k" * 4096)))
+held = {r: sorted(v) for r, v in store.listing(ex.folder).items()}
+if rank == 1:  # this rank's own write never returns (a hung tmpfs, a stopped page fault)
+    store.write = lambda *a, **kw: threading.Event().wait()
+t = time.monotonic()
+try:
+    ex.put(4, memoryview(bytearray(b"s" * 4096)))
+    out = {"raised": None}
+except Exception as e:
+    out = {"raised": type(e).__name__, "lost_peer": fatal.lost_peer(e)}
+print(json.dumps({**out, "after_s": time.monotonic() - t, "held": held}), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_hung_snapshot_write_fails_the_partner_within_the_pg_timeout(tmp_path, shm):
+    """Issue 33 finding 6: the exchange's gloo groups wait the job's collective timeout
+    (watchdog.pg_timeout_s), not torch's 30 minutes; the partner then fails as a lost peer (an
+    in-job restart) instead of hanging the job. Before it: a partner's copy signed with another
+    key is not stored (the receiver checks it with its own)."""
+    import socket
+
+    (tmp_path / "w.py").write_text(HUNG)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    env |= {"LOCAL_WORLD_SIZE": "1", "OMP_NUM_THREADS": "1", jobenv.PG_TIMEOUT_S: "3"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(tmp_path / "w.py"), str(tmp_path / "run")],
+            env={**env, "RANK": str(r), "LOCAL_RANK": "0", jobenv.NODEID: str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for r in (0, 1)
+    ]
+    try:
+        out, err = procs[0].communicate(timeout=60)  # the old code waited 30 minutes here
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    row = json.loads(out.strip().splitlines()[-1])
+    assert row["raised"] and row["lost_peer"], (row, err[-2000:])
+    assert 2.5 <= row["after_s"] < 20, row
+    assert row["held"] == {"0": [2]}, row  # its own copy only, not rank 1's

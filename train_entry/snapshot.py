@@ -13,17 +13,17 @@ from typing import Any
 
 import torch
 
-from hpctrain.runtime.frozen import thaw
 from hpctrain.runtime.recovery import enabled as enabled  # public here too: the trainer's switch
 from train_entry.state import TrainState, capture_rng, restore_rng
 
 
 def for_train_state(
     state: TrainState, flat: bool
-) -> tuple[Callable[[], dict[str, Any]], Callable[[bytes], int]]:
+) -> tuple[Callable[[], dict[str, Any]], Callable[[Any], int]]:
     """What a snapshot of the trainer holds, and how it loads: what a disk checkpoint holds (the
-    model and optimizer through DCP's state dict: each rank's own shards; Snapshots copies and
-    encodes it)."""
+    model and optimizer through DCP's state dict: each rank's own shards, DTensors as their local
+    tensors; the RNG's numpy state as an array). Snapshots copies and encodes it (frozen.py: plain
+    tensors, arrays and containers only) and hands `apply` the state it thawed."""
     from train_entry.checkpoint.common import AppState, StateDicts
     from train_entry.compat import local_tensor
 
@@ -60,8 +60,7 @@ def for_train_state(
             return type(live)(fill(a, b) for a, b in zip(live, saved, strict=True))
         return saved
 
-    def apply(data: bytes) -> int:
-        saved = thaw(data)
+    def apply(saved: Any) -> int:  # Any: the payload's dict, thawed
         app = AppState(state.model, state.optimizer, flat)
         app.load_state_dict(fill(app.state_dict(), saved["app"]))
         state.load_loop_state(saved["loop"])

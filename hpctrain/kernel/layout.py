@@ -56,7 +56,8 @@ ENTRIES: tuple[Entry, ...] = (
     Entry(
         "events.jsonl",
         '{"time", "event": "signal"|"requeue"|"preempted"|"done"|"failed"|"timeout"|"resume"|'
-        '"segment_end"|"chain_cancel"|"cancel"|"in_job_restart"|"preflight"|"spare_swapped", ...}',
+        '"segment_end"|"chain_cancel"|"cancel"|"in_job_restart"|"preflight"|"spare_swapped"|'
+        '"snapshots_off", ...}',
         "batch script, train_entry, resume, cancel (Slurm), preflight gate",
     ),
     Entry(

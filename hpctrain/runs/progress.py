@@ -102,9 +102,11 @@ def describe(snap: dict[str, Any] | None) -> str:
 # what `status` shows of a run's health (moved from checks/preflight/gate.py): the nodes the
 # preflight gate named, and the stalls the watchdog recorded, from events.jsonl
 def health(events: list[dict[str, Any]]) -> dict[str, Any]:
-    """What `status` shows: every node the gate named (newest reason), and every stall."""
+    """What `status` shows: every node the gate named (newest reason), every stall, and why
+    snapshots were off (newest reason per job: each worker start of a job says it again)."""
     bad: dict[str, str] = {}
     stalls = []
+    off: dict[str, str] = {}
     for e in events:
         if e.get("event") == "preflight":
             bad.update(e.get("bad") or {})
@@ -112,7 +114,13 @@ def health(events: list[dict[str, Any]]) -> dict[str, Any]:
             stalls.append(
                 {k: e.get(k) for k in ("time", "job_id", "rank", "host", "last_step", "stacks")}
             )
-    return {"bad_nodes": bad, "stalls": stalls}
+        elif e.get("event") == "snapshots_off":
+            off[str(e.get("job_id"))] = str(e.get("reason"))
+    return {
+        "bad_nodes": bad,
+        "stalls": stalls,
+        "snapshots_off": [{"job_id": j, "reason": r} for j, r in off.items()],
+    }
 
 
 def health_lines(info: dict[str, Any]) -> list[str]:
@@ -122,6 +130,11 @@ def health_lines(info: dict[str, Any]) -> list[str]:
         f"(job {s['job_id']}); "
         f"stacks in {s['stacks']}"
         for s in info.get("stalls", [])
+    ]
+    out += [
+        f"  snapshots off (job {o['job_id']}): {o['reason']}; in-job restarts load the disk "
+        "checkpoint"
+        for o in info.get("snapshots_off", [])
     ]
     return out
 

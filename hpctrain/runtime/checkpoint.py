@@ -145,9 +145,7 @@ class Checkpoint:
             found = fmt.newest_verified(self.dir, warn=_warn if me == 0 else None)
             choice = str(found[0]) if found else None
         if dist is not None:
-            box = [choice]
-            dist.broadcast_object_list(box, src=0)
-            choice = box[0]
+            choice = _broadcast_text(dist, choice)
         disk = Path(choice) if choice is not None else None
         restarted = _recovery().agreed_restart(_device(dist)) if dist else fatal.restarts()
         got = self._from_memory(_step_of(disk) if disk else -1, restore_rng) if restarted else None
@@ -168,7 +166,9 @@ class Checkpoint:
     def snapshot(self, step: int, state: State) -> None:
         """At every step boundary, every rank (a collective when one is due): keep `state` (a
         dict, or a function that returns it: called only when one is due) and this rank's RNG in
-        memory for an in-job restart. A step just saved to disk takes none."""
+        memory for an in-job restart. A step just saved to disk takes none. `state` may hold
+        tensors, numpy arrays, str/int/float/bool/None/bytes and dicts, lists and tuples of them;
+        anything else raises a TypeError that names it (a snapshot is data, never pickled)."""
         snaps = self._snapshots()
         if snaps is None:
             return
@@ -217,11 +217,8 @@ class Checkpoint:
         held = self._state() if callable(self._state) else self._state
         return {"state": dict(held or {}), "rng": _capture_rng(), "step": self._step}
 
-    def _apply(self, data: bytes) -> int:
-        """A snapshot's bytes loaded: its state kept for load(), the RNG restored; its step."""
-        from hpctrain.runtime.frozen import thaw  # lazy: imports torch (runtime's import has none)
-
-        saved = thaw(data)
+    def _apply(self, saved: dict[str, Any]) -> int:  # Any: the user's state, thawed
+        """A snapshot loaded: its state kept for load(), the RNG restored; its step."""
         if self._restore_rng:
             _restore_rng(saved["rng"])
         self._restored = saved["state"]
@@ -232,6 +229,20 @@ def _recovery() -> Any:  # Any: the module (it imports torch at its top)
     from hpctrain.runtime import recovery  # lazy: torch on a torch-free path (runtime's import)
 
     return recovery
+
+
+def _broadcast_text(dist: Any, text: str | None) -> str | None:  # Any: torch.distributed
+    """Rank 0's `text` on every rank, as bytes (broadcast_object_list unpickles what it gets)."""
+    torch, device = _torch(), _device(dist)
+    raw = b"" if text is None else b"+" + text.encode()
+    size = torch.tensor([len(raw)], dtype=torch.int64, device=device)
+    dist.broadcast(size, src=0)
+    box = torch.zeros(max(1, int(size.item())), dtype=torch.uint8, device=device)
+    if raw and dist.get_rank() == 0:
+        box[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(device)
+    dist.broadcast(box, src=0)
+    got = bytes(box[: int(size.item())].cpu().numpy())
+    return got[1:].decode() if got else None
 
 
 def _step_of(folder: Path) -> int:

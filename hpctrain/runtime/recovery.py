@@ -10,32 +10,29 @@ torch). On top of that:
 
 - `agreed_restart`: whether this start is a restart. One all-reduce MAX at start: a torchrun agent
   that restarts its node's workers because another node's failed counts no restart of its own.
-- `record`: rank 0 writes one `in_job_restart` event per restart: its number in this job start,
-  why (a stall, else a failed worker), the step resumed from, the step reached before the failure
-  (the newest metrics.jsonl line), the steps redone, the seconds from that step to the resume
-  (`down_s`) and the time lost (`down_s` plus the redone steps at the last step time).
+- `record`: rank 0 writes one `in_job_restart` event per restart: its number, why (a stall, else
+  a failed worker), the step resumed from and the one reached before the failure (metrics.jsonl),
+  the steps redone, the seconds from that step to the resume (`down_s`) and the time lost.
 - Snapshots in memory: every N steps each rank keeps its state as bytes in node-local memory
-  (hpctrain/kernel/snapshot.py, the store) and sends a copy to its partner, the rank with its
-  local rank on the next node (`Exchange`). At an in-job restart the newest snapshot every rank can
-  get (`choose`: from its own node, else a node holding a copy) loads when it is newer than the
-  newest disk checkpoint. Snapshots never move `latest`: the disk stays the durable record.
-  `Snapshots` decides when (every N steps, or auto: as often as the cost stays under `budget` of a
-  step) and whether they fit in memory; what goes in is the caller's (`payload`: the state as
-  containers of tensors, `apply`: its bytes loaded): train_entry/snapshot.for_train_state,
-  runtime.Checkpoint.snapshot. The loop waits only for `frozen.freeze` (every tensor copied into
-  one buffer: the snapshot's bytes); they are stored and sent beside training.
+  (kernel/snapshot.py) and sends a copy to its partner, the rank with its local rank on the next
+  node (`Exchange`). At an in-job restart the newest snapshot every rank can get (`choose`) loads
+  when it is newer than the newest disk checkpoint. Snapshots never move `latest`.
+  `Snapshots` decides when (every N steps, or auto: under `budget` of a step) and whether they
+  fit in memory; what goes in is the caller's (`payload`: the state, `apply`: it loaded, thawed):
+  train_entry/snapshot.for_train_state, runtime.Checkpoint.snapshot. The loop waits only for
+  `frozen.freeze`; the bytes are stored and sent beside training, signed with the job key.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from statistics import median_high
 from typing import Any
@@ -48,7 +45,7 @@ from hpctrain.kernel import snapshot as store
 from hpctrain.kernel.fatal import SPARE_SWAPPED
 from hpctrain.kernel.files import read_jsonl
 from hpctrain.kernel.rundir import RunFolder
-from hpctrain.runtime.frozen import Buffer, freeze
+from hpctrain.runtime.frozen import Buffer, freeze, thaw
 
 
 def enabled(every: int | None) -> bool:
@@ -138,8 +135,9 @@ def record(run_dir: Path, *, resumed: int, source: str) -> dict[str, object]:
 # ---------------------------------------------------------------- snapshots in memory
 MEMORY_SHARE = store.MEMORY_SHARE  # one source: the plan shows the same check
 CALIBRATE = 5  # auto: snapshots at every step measure the cost, the first (fresh memory) left out
-OWN_SHARE = 0.75  # auto on a CPU node: the share of the budget the node's own copy may take
+PG_TIMEOUT_S = 600  # the exchange's collective timeout without watchdog.pg_timeout_s
 AIM = 0.75  # auto: the plan's share of the budget (a plan at 2% measured 0.0178 [0.0141-0.0212])
+Pairs = list[tuple[torch.Tensor, int]]  # (tensor, peer rank) of point-to-point sends or receives
 
 
 class Exchange:
@@ -152,59 +150,74 @@ class Exchange:
         self.node = store.node_name()
         # own gloo groups: the bytes are on the CPU (NCCL moves no CPU tensors), the exchange never
         # interleaves with the training group's collectives, and `put` (the snapshot thread's) never
-        # with `get` and the agreements (the loop's)
-        many = self.world > 1
-        self.group = dist.new_group(backend="gloo") if many else None
-        self.side = dist.new_group(backend="gloo") if many else None
+        # with `get` and the agreements (the loop's); the job's collective timeout (torch's: 30
+        # min): a rank whose write hangs fails its partner in that time, as any lost peer does
+        wait = timedelta(seconds=float(jobenv.get(jobenv.PG_TIMEOUT_S) or PG_TIMEOUT_S))
+        self.group = dist.new_group(backend="gloo", timeout=wait) if self.world > 1 else None
+        self.side = dist.new_group(backend="gloo", timeout=wait) if self.world > 1 else None
         # one node (or one rank): the partner copy would sit in the same memory
         self.partner = (self.rank + local) % self.world if self.world > local else None
         self.source = (self.rank - local) % self.world
         self._got: torch.Tensor | None = None
-        if int(os.environ.get("LOCAL_RANK") or 0) == 0:
+        self.unsafe = store.ready(self.folder)  # why snapshots cannot be kept here, or None
+        self.failed: str | None = None  # the newest write that failed (the run goes on)
+        if self.unsafe is None and int(os.environ.get("LOCAL_RANK") or 0) == 0:
             store.clean_stale(run_dir)
 
     def put(self, step: int, data: memoryview, send: bool = True) -> tuple[float, float]:
         """Keep this rank's `data` of `step` here and, when `send` (the same on every rank), on the
-        partner's node. The partner stores the sender's checksum: a copy damaged on the way fails
-        its check when it is read. (CPU seconds of the own copy, seconds of the partner's.)"""
+        partner's node. The partner checks the copy with the job key (its signed header and
+        digest) before it stores it. (CPU seconds of the own copy, seconds of the partner's.)"""
         t = time.thread_time()
         sent = send and self.partner is not None
-        meta = store.write(self.folder, self.rank, step, data, self.world, anchor=sent)
+        digest = store.checksum(data)
+        self._keep(self.rank, step, data, digest=digest, anchor=sent)
         own = time.thread_time() - t
         if not send or self.partner is None:
             return own, 0.0
         t = time.perf_counter()
-        digest = int(str(meta["digest"]))
-        head, theirs = (  # the 64-bit digest as a signed int64 on the wire
-            torch.tensor([len(data), digest - (digest >> 63 << 64)], dtype=torch.int64),
-            torch.zeros(2, dtype=torch.int64),
-        )
+        mac = store.header(self.folder, self.rank, step, self.world, len(data), digest)["mac"]
+        signature = torch.frombuffer(bytearray.fromhex(str(mac)), dtype=torch.int64)
+        # the 64-bit digest as a signed int64 on the wire, the signature after it
+        head = torch.cat([torch.tensor([len(data), digest - (digest >> 63 << 64)]), signature])
+        theirs = torch.zeros(6, dtype=torch.int64)
         self._pairs([(head, self.partner)], [(theirs, self.source)], self.side)
-        size, digest = (int(v) for v in theirs.tolist())
-        digest %= 1 << 64
+        size, digest = (int(v) for v in theirs[:2].tolist())
+        meta: dict[str, object] = dict(step=step, rank=self.source, world=self.world, size=size)
+        meta |= {"digest": digest % (1 << 64), "mac": theirs[2:].numpy().tobytes().hex()}
         if self._got is None or self._got.numel() != size:  # reused: fresh memory faults its pages
-            self._got = torch.empty(size, dtype=torch.uint8)
+            self._got = torch.empty(max(0, size), dtype=torch.uint8)
         got = self._got
         mine = torch.frombuffer(data, dtype=torch.uint8)
         self._pairs([(mine, self.partner)], [(got, self.source)], self.side)
-        store.write(self.folder, self.source, step, got.numpy().data, self.world, digest=digest)
+        if store.valid(got.numpy().data, meta, self.folder, self.source, step):
+            self._keep(self.source, step, got.numpy().data, digest=meta["digest"])
+        else:
+            self.failed = f"the copy rank {self.source} sent of step {step} did not verify"
         return own, time.perf_counter() - t
 
-    def get(self, newer_than: int) -> bytes | None:
-        """This rank's data of the newest step every rank's snapshot is held for (one copy per
-        node, the same checksum), when newer than `newer_than`; None on every rank otherwise, or
-        when any rank's copy fails its check."""
+    def _keep(self, rank: int, step: int, data: memoryview, **kw: Any) -> None:  # Any: write's
+        """A failed write (a full or vanished folder) costs that copy, not the run: every rank
+        still takes part in the exchange, and a restart chooses among the copies there are."""
+        try:
+            store.write(self.folder, rank, step, data, self.world, **kw)
+        except OSError as e:
+            self.failed = f"{type(e).__name__}: {e}"
+
+    def get(self, newer_than: int) -> tuple[int, bytes] | None:
+        """(step, this rank's data) of the newest step every rank's snapshot is held for (one copy
+        per node, the same checksum), when newer than `newer_than`; None on every rank otherwise,
+        or when any rank's copy fails its check."""
         mine = (self.node, store.listing(self.folder))
-        held: list[tuple[str, dict[int, dict[int, dict[str, object]]]]] = [mine]
+        held = [mine]
         if self.group is not None:
-            held = [mine] * self.world
-            dist.all_gather_object(held, mine, group=self.group)
-        step, source = choose(held, self.world, newer_than)
+            held = [store.load(raw, self.folder) for raw in self.gather(store.dump(*mine))]
+        step, source = store.choose(held, self.world, newer_than)
         if step is None:
             return None
         data = None
-        sends: list[tuple[torch.Tensor, int]] = []
-        recvs: list[tuple[torch.Tensor, int]] = []
+        sends: Pairs = []
+        recvs: Pairs = []
         for rank, (holder, meta) in source.items():
             if holder == self.rank and rank == self.rank:
                 data = store.read(self.folder, rank, step, meta)
@@ -218,17 +231,26 @@ class Exchange:
             self._pairs(sends, recvs, self.group)
         if recvs:
             got = recvs[0][0].numpy().tobytes()
-            data = got if store.valid(got, source[self.rank][1]) else None
-        if not self.agree_all(data is not None):
+            ok = store.valid(got, source[self.rank][1], self.folder, self.rank, step)
+            data = got if ok else None
+        if not self.agree_all(data is not None) or data is None:
             return None
-        return data
+        return step, data
 
-    def _pairs(
-        self,
-        sends: list[tuple[torch.Tensor, int]],
-        recvs: list[tuple[torch.Tensor, int]],
-        group: dist.ProcessGroup | None,
-    ) -> None:
+    def gather(self, raw: bytes) -> list[bytes]:
+        """Every rank's `raw`, in rank order (bytes: what another rank sends is never unpickled)."""
+        if self.group is None:
+            return [raw]
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world)]
+        dist.all_gather(sizes, torch.tensor([len(raw)]), group=self.group)
+        top = max(1, *(int(n) for n in sizes))
+        mine = torch.zeros(top, dtype=torch.uint8)
+        mine[: len(raw)] = torch.frombuffer(bytearray(raw or b"-"), dtype=torch.uint8)[: len(raw)]
+        boxes = [torch.empty(top, dtype=torch.uint8) for _ in range(self.world)]
+        dist.all_gather(boxes, mine, group=self.group)
+        return [bytes(b[: int(n)].numpy()) for b, n in zip(boxes, sizes, strict=True)]
+
+    def _pairs(self, sends: Pairs, recvs: Pairs, group: dist.ProcessGroup | None) -> None:
         reqs = [dist.isend(t, peer, group=group) for t, peer in sends]
         reqs += [dist.irecv(t, peer, group=group) for t, peer in recvs]
         for req in reqs:
@@ -249,37 +271,7 @@ class Exchange:
         return [float(v) for v in t.tolist()]
 
 
-def choose(
-    held: list[tuple[str, dict[int, dict[int, dict[str, object]]]]], world: int, newer_than: int
-) -> tuple[int | None, dict[int, tuple[int, dict[str, object]]]]:
-    """From every rank's (node, listing): the newest step newer than `newer_than` whose snapshot
-    of every rank 0..world-1 some node holds, and per rank the holder to read it from (a rank on
-    the rank's own node when there is one, else the lowest rank of a node with a copy)."""
-    first: dict[str, int] = {}  # node -> its lowest rank: one reader per node
-    for rank, (node, _) in enumerate(held):
-        first.setdefault(node, rank)
-    copies: dict[tuple[int, int], list[tuple[int, dict[str, object]]]] = {}
-    for holder in first.values():
-        for rank, steps in held[holder][1].items():
-            for step, meta in steps.items():
-                if meta.get("world") == world and 0 <= rank < world:
-                    copies.setdefault((rank, step), []).append((holder, meta))
-    for step in sorted({step for _, step in copies}, reverse=True):
-        if step <= newer_than:
-            break
-        per = [copies.get((rank, step), []) for rank in range(world)]
-        if not all(per):
-            continue
-        source = {}
-        for rank, found in enumerate(per):
-            digests = {meta.get("digest") for _, meta in found}
-            if len(digests) != 1:  # two copies that differ: neither can be trusted
-                break
-            own = first.get(held[rank][0]) if rank < len(held) else None
-            source[rank] = next((f for f in found if f[0] == own), found[0])
-        else:
-            return step, source
-    return None, {}
+choose, intervals = store.choose, store.intervals  # the store's (no torch): one place
 
 
 class Snapshots:
@@ -297,7 +289,7 @@ class Snapshots:
         every: int | None,
         budget: float,
         payload: Callable[[], Any],  # Any: the state, containers of tensors
-        apply: Callable[[bytes], int],
+        apply: Callable[[Any], int],  # Any: that state, thawed
         log: Callable[[str], None],
     ) -> None:
         self.run_dir = run_dir
@@ -309,23 +301,44 @@ class Snapshots:
         self._step_s: list[float] = []
         self._put: threading.Thread | None = None
         self._failed: BaseException | None = None
+        self._said = False
         self._buf = Buffer()
         self.taken: list[dict[str, float]] = []  # per snapshot: step, seconds it held the loop
         self.size = 0
+        self._ready()
 
     def restore(self, disk_step: int) -> int | None:
         """At an in-job restart: load the newest snapshot every rank can get when newer than the
-        newest disk checkpoint; its step, or None (then the disk checkpoint loads)."""
+        newest disk checkpoint; its step, or None (then the disk checkpoint loads). A state whose
+        step is not the one its signed header names loads nowhere."""
         t = time.perf_counter()
-        data = self.exchange.get(newer_than=disk_step)
-        if data is None:
+        got = self.exchange.get(newer_than=disk_step) if self.every != 0 else None
+        if got is None:
             return None
-        step = self.apply(data)
+        try:
+            saved = thaw(got[1])
+        except ValueError:
+            saved = None
+        if not self.exchange.agree_all(isinstance(saved, dict) and saved.get("step") == got[0]):
+            return None
+        step = self.apply(saved)
         if self.exchange.rank == 0:
             self.log(
                 f"resumed from the in-memory snapshot of step {step} in {time.perf_counter() - t:.2f}s"
             )
         return step
+
+    def _ready(self) -> None:
+        """Every rank's folder private and the job key there, else snapshots off for the run: one
+        line and one `snapshots_off` event (rank 0), never a failure."""
+        whys = self.exchange.gather((self.exchange.unsafe or "").encode())
+        why = next((w.decode(errors="replace") for w in whys if w), None)
+        self.every = self.every if why is None else 0
+        if why is not None and self.exchange.rank == 0:
+            self.log(f"snapshots off: {why}; in-job restarts load the disk checkpoint")
+            with contextlib.suppress(Exception):  # an event never fails the run
+                run = RunFolder(jobenv.get(jobenv.RUN_DIR) or self.run_dir)
+                run.event("snapshots_off", reason=why, job_id=jobenv.get(jobenv.JOB_ID))
 
     def step(self, step: int, *, saved: bool) -> None:
         """At every step boundary (every rank): take a snapshot when one is due. `saved`: a disk
@@ -345,13 +358,10 @@ class Snapshots:
 
     def _calibrate(self) -> None:
         """Auto: the intervals from the median costs so far, agreed by every rank, planned within
-        AIM of the budget (the medians of a few snapshots are not exact). On a GPU node
-        the thread runs beside the step: the loop's copy is the cost, and both copies go at every
-        snapshot. On a CPU node the thread's work comes out of training: the own copy (the loop's
-        copy and its write) gets up to OWN_SHARE of the budget and goes as often as that allows,
-        the partner's (the exchange, timed whole: gloo's own threads do its work) the rest, at a
-        multiple of that interval. A failed rank restores from its own node's copy; only a lost
-        node needs the partner's."""
+        AIM of the budget. On a GPU node the thread runs beside the step: the loop's copy is the
+        cost, both copies go at every snapshot. On a CPU node the thread's work comes out of
+        training: the own copy (the loop's copy and its write) gets up to store.OWN_SHARE of the budget,
+        the partner's (the exchange, timed whole) the rest, at a multiple of that interval."""
         cpu = not (torch.cuda.is_available() and torch.cuda.is_initialized())  # type: ignore[no-untyped-call]
         warm = self.taken[1:] or self.taken
         own = median_high([t["blocked_s"] + (t["own_s"] if cpu else 0.0) for t in warm])
@@ -399,6 +409,9 @@ class Snapshots:
             row["own_s"], row["partner_s"] = self.exchange.put(step, data, send)
         except BaseException as e:  # the loop's next wait raises it, as if put had run there
             self._failed = e
+        if self.exchange.failed and not self._said:  # once (train.log holds rank 0's lines)
+            self._said = True
+            self.log(f"a snapshot was not kept (training goes on): {self.exchange.failed}")
 
     def _wait(self) -> None:
         if self._put is not None:
@@ -431,18 +444,6 @@ class Snapshots:
         with contextlib.suppress(Exception):
             self._wait()
         store.clean(self.run_dir)
-
-
-def intervals(own: float, partner: float, budget: float) -> tuple[int, int | None]:
-    """(every, partner_every) for snapshots whose own copy costs `own` seconds and the partner's
-    `partner` (0: not counted, both go together), within `budget` seconds per step: the own copy
-    as often as OWN_SHARE of the budget allows, the partner's at a multiple of that interval
-    within the rest (at least 1 - OWN_SHARE of it)."""
-    if not partner:
-        return max(1, math.ceil(own / budget)), None
-    every = max(1, math.ceil(own / (OWN_SHARE * budget)))
-    rest = max(budget - own / every, (1 - OWN_SHARE) * budget)
-    return every, every * max(1, math.ceil(partner / rest / every))
 
 
 def _dist() -> bool:
