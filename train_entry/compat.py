@@ -17,6 +17,7 @@ a version gate or a public fallback where torch offers one. The compatibility la
     local_tensor      a DTensor's local shard (its private _local_tensor), or the tensor itself
     copy_state_dict / cpu_state_dict   staging copies (torch.distributed._state_dict_utils)
     load_everything   a whole checkpoint into an empty dict, without a process group
+    dcp_metadata_globals  every global a DCP `.metadata` pickle may name (checkpoint/safeload.py)
     GLOO_DESTROY_HANGS  gloo's destroy_process_group may hang a rank at the end (every version)
 """
 
@@ -106,6 +107,44 @@ def load_everything(reader: Any) -> dict[str, Any]:
     sd: dict[str, Any] = {}
     _load_state_dict(sd, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)  # type: ignore[no-untyped-call]
     return sd
+
+
+# Any: classes and functions of several kinds, looked up by the name a pickle gives
+def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
+    """(module, name) -> object for every global a DCP `.metadata` pickle names: listed from real
+    files (this project's writer and DCP's own FileSystemWriter, torch 2.7-2.13, every dtype,
+    bytes items, meshes) with a recording Unpickler. Three are private, hence here; a name this
+    torch lacks is left out (such a file cannot load here anyway)."""
+    import pathlib
+
+    from torch.distributed.checkpoint import filesystem
+    from torch.distributed.checkpoint import metadata as md
+
+    found: dict[tuple[str, str], Any] = {
+        ("torch", name): v for name, v in vars(torch).items() if isinstance(v, torch.dtype)
+    }
+    found[("torch", "Size")] = torch.Size
+    for name in (
+        "Metadata",
+        "MetadataIndex",
+        "StorageMeta",
+        "TensorProperties",
+        "TensorStorageMetadata",
+        "BytesStorageMetadata",
+        "ChunkStorageMetadata",
+        "_MEM_FORMAT_ENCODING",  # TensorProperties' memory format, an Enum
+    ):
+        if hasattr(md, name):
+            found[(md.__name__, name)] = getattr(md, name)
+    for module, name in (
+        (filesystem, "_StorageInfo"),  # storage_data: (file, offset, length) of each item
+        (torch.serialization, "_get_layout"),  # a torch.layout from its name ("torch.strided")
+    ):
+        if hasattr(module, name):
+            found[(module.__name__, name)] = getattr(module, name)
+    # DCP's own writer keeps a Path in StorageMeta; Python 3.13 names it pathlib._local.PosixPath
+    found[("pathlib", "PosixPath")] = found[("pathlib._local", "PosixPath")] = pathlib.PosixPath
+    return found
 
 
 def warm_imports() -> None:

@@ -7,13 +7,15 @@ from pathlib import Path
 
 import click
 
+from hpctrain.cli.table import printable
+from hpctrain.kernel.errors import UserError
 from hpctrain.remote.forward import maybe_forward
 from hpctrain.service.export import DTYPES, FORMATS, MAX_SHARD
 from hpctrain.service.export import export as run_export
 
 
 def _warn(msg: str) -> None:
-    click.echo(f"warning: {msg}", err=True)
+    click.echo(f"warning: {printable(msg)}", err=True)
 
 
 @click.command()
@@ -80,26 +82,30 @@ def export(
     """
     maybe_forward("export", run, runs_dir)  # a run submitted to a site: exported there
 
-    done = run_export(
-        run,
-        fmt=fmt,
-        step=step,
-        dtype=dtype,
-        out=out,
-        max_shard_size=max_shard_size,
-        runs_dir=runs_dir,
-        warn=_warn,
-    )
+    try:
+        done = run_export(
+            run,
+            fmt=fmt,
+            step=step,
+            dtype=dtype,
+            out=out,
+            max_shard_size=max_shard_size,
+            runs_dir=runs_dir,
+            warn=_warn,
+        )
+    except UserError as e:  # it may quote a file name or text from the checkpoint folder
+        raise UserError(printable(e.message)) from None
     if as_json:
         click.echo(json.dumps(done, indent=2))
         return
     what = "a Hugging Face folder" if done["huggingface"] else f"{done['format']} weights"
     files = done["index"] or done["files"][0]
     more = f" ({len(done['files'])} files)" if len(done["files"]) > 1 else ""
-    click.echo(
+    head = (
         f"exported {done['run']} step {done['step']} ({done['strategy']}) as {what}, "
-        f"{done['tensors']} tensors, {done['bytes'] / 1e6:.1f} MB ({done['dtype']}):\n"
-        f"  {done['out']}/{files}{more}"
+        f"{done['tensors']} tensors, {done['bytes'] / 1e6:.1f} MB ({done['dtype']}):"
     )
+    where = f"{done['out']}/{files}{more}"
+    click.echo(f"{printable(head)}\n  {printable(where)}")
     if done["skipped"]:
         _warn(f"left out (not tensors): {', '.join(done['skipped'])}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 from typing import Any
 
@@ -9,9 +10,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from hpctrain.kernel.errors import UserError
 from hpctrain.plan import OPTIMIZERS, PRECISIONS, Plan, gib, make_plan, no_fit_message, workload
 from hpctrain.plan.parallel import SCHEDULES
 from hpctrain.plan.snapshots import for_plan
+
+
+def _flag(param: click.Parameter | None) -> str:
+    return param.opts[0] if param is not None and param.opts else "the value"
 
 
 class Count(click.ParamType):  # type: ignore[type-arg]  # click.ParamType[int] fails on click < 8.2
@@ -27,14 +33,35 @@ class Count(click.ParamType):  # type: ignore[type-arg]  # click.ParamType[int] 
         text = str(value).strip().replace("_", "").replace(",", "")
         scale = self._SCALE.get(text[-1:].lower(), 1)
         try:
-            n = round(float(text[:-1] if scale != 1 else text) * scale)
+            number = float(text[:-1] if scale != 1 else text) * scale
         except ValueError:
-            n = 0
-        if n < 1:
-            self.fail(
-                f"{value!r} is not a parameter count; write e.g. 7000000000, 7e9 or 7B", param, ctx
+            number = 0.0
+        if not math.isfinite(number) or round(number) < 1:  # inf, nan, 1e400: no count
+            # one line (UserError), not click's usage block
+            raise UserError(
+                f"{_flag(param)} {str(value)[:40]!r} is not a parameter count; write e.g. "
+                "7000000000, 7e9 or 7B"
             )
-        return n
+        return round(number)
+
+
+class Gib(click.ParamType):  # type: ignore[type-arg]  # as Count
+    """GiB of memory: any number here; hpctrain.plan.inputs.check_sizes bounds it (inf, nan)."""
+
+    name = "gib"
+
+    def convert(
+        self,
+        value: Any,  # Any: click passes the raw command-line value
+        param: click.Parameter | None,
+        ctx: click.Context | None,
+    ) -> float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise UserError(
+                f"{_flag(param)} {str(value)[:40]!r}: give the memory in GiB (80 for an 80 GiB GPU)"
+            ) from None
 
 
 @click.command()
@@ -54,13 +81,13 @@ class Count(click.ParamType):  # type: ignore[type-arg]  # click.ParamType[int] 
 )
 @click.option(
     "--gpu-mem-gib",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Gib(),
     help="Memory per GPU (default: the profile's slurm.gpu_mem_gib).",
 )
 @click.option("--profile", help="Site profile to read GPU (and host) memory from.")
 @click.option(
     "--host-mem-gib",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Gib(),
     help="Host memory per node for offload (default: the profile's slurm.mem; else unchecked).",
 )
 @click.option("--micro-batch", type=click.IntRange(min=1), help="Sequences per GPU per micro-step.")

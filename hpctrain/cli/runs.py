@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from hpctrain.cli.table import plain_table
+from hpctrain.cli.table import plain_table, printable
 from hpctrain.kernel.errors import UserError
 from hpctrain.remote.forward import each_json, each_site, maybe_forward
 from hpctrain.remote.index import sites
@@ -54,42 +54,55 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
             _table(items)
         return
 
-    info = status_service.detail(find_run(run, runs_dir))
-    segments = info.get("chain")
-    if as_json:
+    try:
+        info = status_service.detail(find_run(run, runs_dir))
+    except UserError as e:  # a broken run's reason quotes its files
+        raise UserError(printable(e.message)) from None
+    if as_json:  # json escapes every control character itself
         click.echo(json.dumps(info, indent=2))
         return
+    _echo(_detail_lines(info))
+
+
+def _echo(lines: list[str]) -> None:
+    """Each line printed as one line: run-folder text keeps no control character (ESC, BEL, a
+    newline of its own)."""
+    if lines:
+        click.echo("\n".join(printable(line) for line in lines))
+
+
+def _detail_lines(info: dict[str, Any]) -> list[str]:
     step = info["checkpoint_step"]
-    job = f"(job {info['job_id']}, {info['scheduler']}, profile {info['profile']})"
+    job = f"  (job {info['job_id']}, {info['scheduler']}, profile {info['profile']})"
     # a failed run says why in its first line
-    head = f": {info['reason']}\n  {job}" if info.get("reason") else f"  {job}"
-    click.echo(
-        f"{info['name']}: {info['state']}{head}\n"
-        f"  topology: {info['nodes']} node(s) x {info['gpus_per_node']}, strategy {info['strategy']}"
-        f"{', mesh ' + info['mesh'] if info.get('mesh') else ''}\n"
-        f"  restarts: {info['restarts']} ({info['starts']} start(s) of the script)\n"
-        f"{in_job.line(info['in_job_restarts'])}\n"
-        f"  training: {describe(info['progress'])}\n"
-        f"  newest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}\n"
-        f"  folder: {info['path']}"
+    head = f"{info['name']}: {info['state']}" + (
+        f": {info['reason']}" if info.get("reason") else ""
     )
-    if segments:
-        click.echo(
-            f"  chain: {len(segments)} jobs, one after another: "
-            + " -> ".join(f"{x['job_id']} {x['state']}" for x in segments)
+    out = [head, job] if info.get("reason") else [head + job]
+    out += [
+        f"  topology: {info['nodes']} node(s) x {info['gpus_per_node']}, strategy {info['strategy']}"
+        f"{', mesh ' + info['mesh'] if info.get('mesh') else ''}",
+        f"  restarts: {info['restarts']} ({info['starts']} start(s) of the script)",
+        in_job.line(info["in_job_restarts"]),
+        f"  training: {describe(info['progress'])}",
+        f"  newest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}",
+        f"  folder: {info['path']}",
+    ]
+    if info.get("chain"):
+        out.append(
+            f"  chain: {len(info['chain'])} jobs, one after another: "
+            + " -> ".join(f"{x['job_id']} {x['state']}" for x in info["chain"])
         )
     if info["root_cause"]:
-        click.echo(
-            f"  why it failed: {info['root_cause']['line']}\n"
-            f"  full log: {info['root_cause']['log']}"
-        )
-    for line in health_lines(info) + spares.lines(info["spares"]):
-        click.echo(line)
-    for start in info["history"]:
-        click.echo(
-            f"    start {start.get('time')} job {start.get('job_id')} restart "
-            f"{start.get('restart_count')} on {start.get('host')}"
-        )
+        out.append(f"  why it failed: {info['root_cause']['line']}")
+        out.append(f"  full log: {info['root_cause']['log']}")
+    out += health_lines(info) + spares.lines(info["spares"])
+    out += [
+        f"    start {start.get('time')} job {start.get('job_id')} restart "
+        f"{start.get('restart_count')} on {start.get('host')}"
+        for start in info["history"]
+    ]
+    return out
 
 
 @click.command()
@@ -127,23 +140,22 @@ def _table(items: list[dict[str, Any]]) -> None:
         "name", "state", "job", "nodes x gpus", "strategy", "restarts", "ckpt step", "created"
     )
     for i in items:
-        table.add_row(
+        cells = (
             i["name"],
             i["state"],
-            str(i["job_id"]),
+            i["job_id"],
             f"{i['nodes']} x {i['gpus_per_node']}",
-            str(i["strategy"]),
-            str(i["restarts"]),
-            "-" if i["checkpoint_step"] is None else str(i["checkpoint_step"]),
-            str(i["created"]),
+            i["strategy"],
+            i["restarts"],
+            "-" if i["checkpoint_step"] is None else i["checkpoint_step"],
+            i["created"],
         )
-    console = Console()
+        table.add_row(*(printable(c) for c in cells))
+    console = Console(markup=False)  # a run's name or reason is never rich markup
     if not console.is_terminal:
-        console = Console(width=200)  # piped: no truncation
+        console = Console(width=200, markup=False)  # piped: no truncation
     console.print(table)
-    for i in items:
-        if i["state"] == "BROKEN":
-            click.echo(f"{i['name']}: broken: {i['reason']}")
+    _echo([f"{i['name']}: broken: {i['reason']}" for i in items if i["state"] == "BROKEN"])
 
 
 @click.command()
@@ -234,7 +246,7 @@ def show(sweep_dir: Path, as_json: bool) -> None:
             json.dumps({"sweep": sweep_dir.name, "path": str(sweep_dir), "points": rows}, indent=2)
         )
         return
-    click.echo(f"sweep {sweep_dir.name} ({sweep_dir})")
+    _echo([f"sweep {sweep_dir.name} ({sweep_dir})"])
     body = [
         [
             str(r["index"]),

@@ -9,14 +9,18 @@
 A checkpoint verifies when every file the manifest lists has its size and checksum. A truncated or
 corrupted one is reported and skipped, never deleted. This module owns the names, the verification
 and the commit sequence (`write_manifest`, `publish`, `prune`), which train_entry's Checkpointer
-and the runtime API (hpctrain/runtime/) both call; the writers own what goes into staging.
+and the runtime API (hpctrain/runtime/) both call; the writers own what goes into staging. A digest
+is no signature: `not_private` says whether another account could have written a checkpoint, for
+the formats only a full unpickler reads (train_entry/checkpoint/safeload.py).
 """
 
 from __future__ import annotations
 
+import grp
 import hashlib
 import json
 import os
+import pwd
 import re
 import shutil
 import stat
@@ -132,6 +136,49 @@ def verify(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         return None, f"{MANIFEST} has no step (a step number is what a resume starts from)"
     return manifest, None
+
+
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _own_group(gid: int, uid: int) -> bool:
+    """A user-private group: named as the user, nobody else in it (umask 002 sites make every
+    file group-writable; with such a group that lets in no one else)."""
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return False
+    return group.gr_name == user and set(group.gr_mem) <= {user}
+
+
+def not_private(folder: Path, root: Path) -> str | None:
+    """Why another account could have written a file under `folder` (every file in it, the folder
+    and each folder up to `root`, the run folder), or None: each belongs to this user or root, is
+    no symlink below `root`, and is writable by nobody else. For formats only the full unpickler
+    reads (DeepSpeed's): their content runs as code when loaded."""
+    uid = os.geteuid()
+    folder, root = Path(os.path.abspath(folder)), Path(os.path.abspath(root))
+    chain = [folder, *(p for p in folder.parents if p.is_relative_to(root))]
+    if root not in chain:
+        return f"{folder} is not inside the run folder {root}"
+    try:
+        files = [Path(r) / n for r, dirs, names in os.walk(folder) for n in dirs + names]
+        for path in [*files, *chain]:
+            st = path.stat() if path == root else path.lstat()
+            mode = stat.S_IMODE(st.st_mode)
+            if stat.S_ISLNK(st.st_mode):
+                return f"{path} is a symlink (it may lead to a file of another account)"
+            if st.st_uid not in (uid, 0):
+                return f"{path} belongs to {_owner(st.st_uid)}, not to you"
+            if mode & 0o002 or (mode & 0o020 and not _own_group(st.st_gid, uid)):
+                return f"{path} is writable by other accounts (mode {mode:04o})"
+    except OSError as exc:
+        return f"{exc.filename or folder} cannot be checked ({exc.strerror})"
+    return None
 
 
 def step_folders(ckpt_dir: Path) -> list[tuple[int, Path]]:

@@ -5,11 +5,47 @@ workers) resolved into a hpctrain.plan.Workload."""
 from __future__ import annotations
 
 import importlib
+import math
 from typing import Any
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.plan.model import GIB, Workload
 from hpctrain.profiles import resolve
+
+# Beyond these no real run goes (the largest models have ~2e12 parameters, ~130 layers); a typo's
+# 10**24 would make the layout search loop for hours.
+MAX_PARAMS = 10**15
+MAX_GIB = 2.0**20  # a PiB of memory per GPU or node
+LIMITS = {
+    "nodes": 100_000,
+    "gpus": 100_000,
+    "domain": 100_000,
+    "layers": 10_000,
+    "heads": 100_000,
+    "hidden": 10**7,
+    "seq_len": 10**9,
+    "micro_batch": 10**9,
+    "global_batch": 10**12,
+}
+
+
+def check_sizes(counts: dict[str, int | None], mems: dict[str, float | None]) -> None:
+    """One line for a count or memory no machine has (inf, nan, 10**24), naming its flag."""
+    for key, value in counts.items():
+        most = MAX_PARAMS if key == "params" else LIMITS[key]
+        if value is not None and value > most:
+            text = str(value)
+            shown = text if len(text) <= 24 else f"{text[:6]}... ({len(text)} digits)"
+            raise UserError(
+                f"--{key.replace('_', '-')} {shown}: not a realistic value (at most {most:,}); "
+                "give a real one"
+            )
+    for key, mem in mems.items():
+        if mem is not None and not (math.isfinite(mem) and 0 < mem <= MAX_GIB):
+            raise UserError(
+                f"--{key.replace('_', '-')} {mem}: give the memory in GiB, a number above 0 and "
+                f"at most {MAX_GIB:,.0f} (80 for an 80 GiB GPU)"
+            )
 
 
 def workload(
@@ -36,6 +72,21 @@ def workload(
     profile) into a Workload."""
     if (params is None) == (model is None):
         raise UserError("give exactly one of --params N or --model pkg.mod:factory")
+    check_sizes(
+        {
+            "params": params,
+            "nodes": nodes,
+            "gpus": gpus,
+            "domain": domain,
+            "layers": layers,
+            "heads": heads,
+            "hidden": hidden,
+            "seq_len": seq_len,
+            "micro_batch": micro_batch,
+            "global_batch": global_batch,
+        },
+        {"gpu_mem_gib": gpu_mem_gib, "host_mem_gib": host_mem_gib},
+    )
     largest = None
     if model is not None:
         params, largest = count_params(model)
@@ -56,8 +107,10 @@ def workload(
             f"GPU memory unknown ({where}): set slurm.gpu_mem_gib in the site profile, or "
             "pass --gpu-mem-gib M to hpctrain plan"
         )
-    if mem <= 0:
-        raise UserError(f"--gpu-mem-gib {mem}: must be positive")
+    # the profile's values (or a --model's count) pass the same bounds as the flags
+    check_sizes(
+        {"params": params, "domain": domain}, {"gpu_mem_gib": mem, "host_mem_gib": host_mem_gib}
+    )
     assert params is not None  # exactly one of params and model was given, checked above
     return Workload(
         int(params),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import pickle
 import random
 import shutil
 import sys
@@ -22,6 +23,7 @@ from typing import Any
 from hpctrain.kernel import checkpoint as fmt  # the format: step names, manifest, verify, latest
 from hpctrain.kernel import fatal, jobenv, layout
 from hpctrain.kernel import snapshot as snapshot_store
+from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.files import utc_now
 from hpctrain.kernel.rundir import RunFolder
 from hpctrain.runtime.job import _barrier, _device, _dist, _saved, _torch, _warn, rank, run_dir
@@ -31,6 +33,22 @@ SAVES = layout.SAVES  # one line per save: what `hpctrain report` sums
 
 # Any: a state dict's values are torch objects (torch is imported lazily)
 State = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+
+
+def _load(torch: Any, path: Path, root: Path) -> Any:  # Any: the torch module; what the file holds
+    """`path` loaded weights-only; the full unpickler only when nobody but this user could have
+    written it (a script's state may hold its own objects, which run as code when loaded)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:  # what a weights-only load refuses
+        why = fmt.not_private(path.parent, root)
+        if why is not None:
+            raise UserError(
+                f"{path} holds objects a weights-only load refuses, and {why}: refusing to load "
+                "it (unpickling runs code); fix: make the run folder yours alone (chmod -R go-w), "
+                "or save tensors, containers, numbers and strings only"
+            ) from None
+        return torch.load(path, map_location="cpu", weights_only=False)
 
 
 @dataclass
@@ -150,10 +168,10 @@ class Checkpoint:
         restarted = _recovery().agreed_restart(_device(dist)) if dist else fatal.restarts()
         got = self._from_memory(_step_of(disk) if disk else -1, restore_rng) if restarted else None
         if got is None and disk is not None:
-            state = torch.load(disk / STATE_FILE, map_location="cpu", weights_only=False)
+            state = _load(torch, disk / STATE_FILE, self.dir)
             rng = disk / "rng" / f"rank-{me:05d}.pt"
             if restore_rng and rng.exists():
-                _restore_rng(torch.load(rng, map_location="cpu", weights_only=False))
+                _restore_rng(_load(torch, rng, self.dir))
             got = Found(_step_of(disk), state, disk)
             if me == 0:
                 _warn(f"resuming from {disk} (step {got.step})")

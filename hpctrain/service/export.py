@@ -9,8 +9,10 @@ into, and a failed export leaves nothing behind.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +24,41 @@ from hpctrain.runs.folder import find_run
 FORMATS = ("safetensors", "torch")
 DTYPES = ("fp32", "bf16", "fp16")
 MAX_SHARD = "5GB"  # Hugging Face's default shard size
+MAX_SHARD_BYTES = 10**15  # a petabyte: beyond any model, where a typo's 400 digits stop
+NAME_MAX, PATH_MAX = 255, 4096  # Linux's: bytes in one name, in a whole path
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
 _UNITS |= {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def parse_size(text: str) -> int:
-    """'5GB' (10^9), '500MiB' (2^20), '1000' (bytes) -> bytes."""
+    """'5GB' (10^9), '500MiB' (2^20), '1000' (bytes) -> bytes (at most MAX_SHARD_BYTES)."""
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
     unit = m.group(2).lower() if m else ""
-    if m is None or unit not in _UNITS or float(m.group(1)) <= 0:
+    shown = text if len(text) <= 40 else f"{text[:24]}... ({len(text)} characters)"
+    if m is None or unit not in _UNITS:
         raise UserError(
-            f"--max-shard-size {text!r}: give a size such as 5GB, 500MB or 2GiB (bytes without a unit)"
+            f"--max-shard-size {shown!r}: give a size such as 5GB, 500MB or 2GiB (bytes without a unit)"
         )
-    return int(float(m.group(1)) * _UNITS[unit])
+    size = int(Decimal(m.group(1)) * _UNITS[unit])  # exact for any number of digits
+    if not 0 < size <= MAX_SHARD_BYTES:
+        raise UserError(
+            f"--max-shard-size {shown!r}: a shard holds 1 byte to 1PB; give a size such as 5GB, "
+            "500MB or 2GiB"
+        )
+    return size
+
+
+def out_path(out: Path) -> Path:
+    """--out as an absolute path, refused in one line when the filesystem could not hold it."""
+    target = Path(out).expanduser().absolute()
+    longest = max(target.parts, key=lambda p: len(os.fsencode(p)))
+    if len(os.fsencode(longest)) > NAME_MAX or len(os.fsencode(str(target))) > PATH_MAX:
+        raise UserError(
+            f"--out {str(target)[:60]}... is too long for a path ({len(os.fsencode(longest))} "
+            f"bytes in one name, {len(os.fsencode(str(target)))} in all; at most {NAME_MAX} and "
+            f"{PATH_MAX}): give a shorter --out"
+        )
+    return target
 
 
 def run_folder(ref: str, runs_dir: Path | None) -> Path:
@@ -90,15 +114,19 @@ def export(
     if dtype is not None and dtype not in DTYPES:
         raise UserError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     limit = parse_size(max_shard_size)
+    given = out_path(out) if out is not None else None
     run = run_folder(ref, runs_dir)
     folder, manifest = checkpoint(run, step, warn)
     got = int(manifest.get("step", -1))
-    target = (
-        Path(out).expanduser().absolute()
-        if out is not None
-        else run / layout.EXPORT / f"{folder.name}-{fmt}{'-' + dtype if dtype else ''}"
-    )
-    if target.exists() or target.is_symlink():
+    target = given or run / layout.EXPORT / f"{folder.name}-{fmt}{'-' + dtype if dtype else ''}"
+    try:
+        taken = target.exists() or target.is_symlink()
+    except OSError as exc:
+        raise UserError(
+            f"--out {target}: cannot look there ({exc.strerror}); give an --out in a folder you "
+            "can write"
+        ) from None
+    if taken:
         raise UserError(
             f"{target} exists: export never writes into an existing path; give another --out "
             "or move it away"

@@ -9,16 +9,17 @@ from typing import Any
 
 def _load_weights(folder: Path) -> dict[str, Any]:
     """{"model": ..., "optimizer": ...} of a DCP or DeepSpeed checkpoint, on CPU, no process group."""
-    import torch
-
     if (folder / ".metadata").exists():
         from train_entry.checkpoint.writer import load_plain
 
         app = load_plain(folder)["app"]
         return {"model": app.get("model"), "optimizer": app.get("optim")}
+    from train_entry.checkpoint.safeload import load_torch
+
     out: dict[str, Any] = {"model": {}, "optimizer": {}}
     for path in sorted(folder.glob("*.pt")):
-        obj = torch.load(path, map_location="cpu", weights_only=False)
+        # DeepSpeed's optimizer files hold its loss scaler: loaded fully only when private
+        obj = load_torch(path, root=folder.parent.parent)
         if "optim" in path.name:
             out["optimizer"][path.name] = obj.get("optimizer_state_dict", obj)
         else:

@@ -23,6 +23,7 @@ import io
 import json
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ import torch
 
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.errors import UserError
+from train_entry.checkpoint.safeload import load_torch
 
 # format -> (single file, index file, shard file pattern), Hugging Face's names
 FILES = {
@@ -90,11 +92,11 @@ def dcp_weights(folder: Path) -> Weights:
 
 
 def script_weights(folder: Path) -> Weights:
-    # The user's own file (written by hpctrain.runtime with torch.save): loaded the way the
-    # runtime loads it.
-    state = torch.load(folder / SCRIPT_STATE, map_location="cpu", weights_only=False)
+    # Written by hpctrain.runtime (torch.save of the user's state), read weights-only: one that
+    # holds more than tensors and plain data is refused, whoever wrote it.
+    state = load_torch(folder / SCRIPT_STATE)
     # Any: torch objects (tensors, modules, optimizers, state dicts)
-    model: Any = state.get("model") if isinstance(state, dict) else None  # unpickled user data
+    model: Any = state.get("model") if isinstance(state, dict) else None  # the loaded state
     tensors = (
         {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}
         if isinstance(model, dict)
@@ -103,8 +105,9 @@ def script_weights(folder: Path) -> Weights:
     if not tensors:
         keys = ", ".join(map(str, state)) if isinstance(state, dict) else type(state).__name__
         raise UserError(
-            f"{folder / SCRIPT_STATE}: no model weights under 'model' (it holds: {keys}); export "
-            "reads a runtime checkpoint saved as ckpt.save(step, {'model': model.state_dict(), ...})"
+            f"{folder / SCRIPT_STATE}: no model weights under 'model' (it holds: {keys[:200]}); "
+            "export reads a runtime checkpoint saved as "
+            "ckpt.save(step, {'model': model.state_dict(), ...})"
         )
     skipped = [k for k in model if k not in tensors]
     return Weights(
@@ -229,7 +232,8 @@ def export(
 ) -> dict[str, Any]:
     """Write the weights of the checkpoint `folder` into the new folder `out` (see the module
     docstring); the summary: files, index, tensors, bytes, huggingface, skipped."""
-    src = weights(folder, manifest)
+    with quiet(f"reading the checkpoint {folder}"):
+        src = weights(folder, manifest)
     cast = DTYPES[dtype] if dtype else None
     sizes = {
         n: _nbytes(shape, cast if cast is not None and dt.is_floating_point else dt)
@@ -244,13 +248,13 @@ def export(
     )
     hf = hf_model(config, int(manifest.get("world_size") or 1))
     meta = {"format": "pt"}  # what transformers checks in a safetensors header
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.partial-{os.getpid()}"
-    staging.mkdir()
+    staging = _staging(out)
     try:
         weight_map: dict[str, str] = {}
         for shard, fname in zip(shards, names, strict=True):
-            tensors = _ready(src.take(shard), cast)
+            with quiet(f"reading the checkpoint {folder}"):
+                taken = src.take(shard)
+            tensors = _ready(taken, cast)
             _save(tensors, staging / fname, fmt, meta)
             weight_map.update(dict.fromkeys(shard, fname))
             del tensors
@@ -263,6 +267,8 @@ def export(
             if gen is not None and hf.can_generate():
                 with contextlib.suppress(Exception):  # an unusual one is not worth failing for
                     gen.save_pretrained(staging)
+        for path in staging.iterdir():
+            _not_world_writable(path)
         fd = os.open(staging, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -271,6 +277,12 @@ def export(
         if out.exists() or out.is_symlink():  # appeared meanwhile: never written into
             raise UserError(f"{out} exists now (it did not when the export started); not touched")
         os.rename(staging, out)
+    except OSError as exc:  # a full disk, a quota: said in one line, nothing left behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UserError(
+            f"writing the export {out} failed: {exc.strerror or exc} "
+            f"({exc.filename or staging}); nothing was left there"
+        ) from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -282,6 +294,32 @@ def export(
         "huggingface": hf is not None,
         "skipped": src.skipped,
     }
+
+
+def _not_world_writable(path: Path) -> None:
+    """Keep the mode the umask gave, less write access for every account."""
+    mode = path.lstat().st_mode
+    if mode & 0o002 and not stat.S_ISLNK(mode):
+        os.chmod(path, stat.S_IMODE(mode) & ~0o002)
+
+
+def _staging(out: Path) -> Path:
+    """The hidden folder beside `out` the files are written into, and any missing folder above
+    it; none of them writable by every account."""
+    name = f".{out.name}.partial-{os.getpid()}"
+    if len(os.fsencode(name)) > 255:  # a long --out: the staging name must fit the same folder
+        name = f".hpctrain-export.partial-{os.getpid()}"
+    try:
+        missing = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
+        for path in [*reversed(missing), out.parent / name]:
+            path.mkdir()
+            _not_world_writable(path)
+    except OSError as exc:
+        raise UserError(
+            f"--out {out}: cannot create {exc.filename or out.parent} ({exc.strerror or exc}); "
+            "give an --out in a folder you can write"
+        ) from None
+    return out.parent / name
 
 
 @contextlib.contextmanager

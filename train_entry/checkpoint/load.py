@@ -35,6 +35,10 @@ class Loading(RankCollectives):
         self._check_compatible(folder, manifest, world)
         started = time.monotonic()
         if engine_checkpoint(self.strategy):
+            from train_entry.checkpoint.safeload import private
+
+            # DeepSpeed's load_checkpoint unpickles its files fully (they hold its own classes)
+            private(folder, self.dir.parent)
             load_path, _ = state.model.load_checkpoint(
                 str(self.dir),
                 tag=folder.name,
@@ -45,11 +49,14 @@ class Loading(RankCollectives):
                 raise UserError(f"DeepSpeed could not load {folder}")
         else:
             from train_entry.checkpoint.reader import RawReader
+            from train_entry.checkpoint.safeload import refusals
             from train_entry.compat import dcp_load
 
             reader = RawReader(str(folder))
             flat = is_flat(reader.read_metadata())
-            dcp_load({"app": AppState(state.model, state.optimizer, flat)}, storage_reader=reader)
+            with refusals():  # a refused file is one line on every rank, not DCP's traceback
+                app = AppState(state.model, state.optimizer, flat)
+                dcp_load({"app": app}, storage_reader=reader)
         state.load_loop_state(st.loads((folder / "train_state.json").read_text()))
         rng_file = folder / "rng" / f"rank-{rank:05d}.json"
         if rng_file.exists():

@@ -18,7 +18,9 @@ files through DCP's code). It is public API, built on torch's public DCP interfa
 
 Works without a process group (one process, any world size saved) and inside one (any mesh or
 sharding: DCP reshards by the chunks in the metadata). Only the bytes of the requested chunks are
-read.
+read. Nothing read runs code (stock FileSystemReader unpickles `.metadata` and DCP's planner every
+bytes item fully): the metadata goes through a restricted unpickler and bytes items are loaded
+weights-only (safeload.py); anything else is refused with one line.
 """
 
 from __future__ import annotations
@@ -29,13 +31,19 @@ import os
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
-from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
-from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner
+from torch.distributed.checkpoint.metadata import (
+    Metadata,
+    MetadataIndex,
+    StorageMeta,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
+from train_entry.checkpoint.safeload import load_metadata, refusals, safe_bytes
 from train_entry.compat import FileSystemReader, dcp_load
 
 RAW_SUFFIX = ".raw"
@@ -44,6 +52,17 @@ DENSE = 0.5  # map the whole file when at least this share of it is wanted
 
 class RawReader(FileSystemReader):
     """A DCP StorageReader for hpctrain checkpoints (raw per-rank files, or DCP's own files)."""
+
+    # Any: DCP passes its own arguments (a rank in some torch releases)
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        rank = kwargs.get("rank")
+        md = load_metadata(
+            Path(self.path) / (".metadata" if rank is None else f"__{rank}.metadata")
+        )
+        if getattr(md, "storage_meta", None) is None:  # as FileSystemReader does
+            md.storage_meta = StorageMeta()
+        md.storage_meta.load_id = getattr(self, "load_id", None)  # type: ignore[union-attr]
+        return md
 
     def set_up_storage_reader(
         self,
@@ -75,7 +94,8 @@ class RawReader(FileSystemReader):
             else:
                 other.append(req)
         if other:  # DCP's own files (checkpoints written before the raw format)
-            super().read_data(dataclasses.replace(plan, items=other), planner).wait()
+            safe = cast(LoadPlanner, _SafeBytes(planner, self.path))
+            super().read_data(dataclasses.replace(plan, items=other), safe).wait()
         for rel, reqs in raw.items():
             self._read_raw(Path(self.path) / rel, reqs, planner)
         fut: Future[None] = Future()
@@ -100,7 +120,8 @@ class RawReader(FileSystemReader):
                 else:
                     piece = _read(f, info.offset, info.length)
                 if req.type == LoadItemType.BYTE_IO:
-                    planner.load_bytes(req, io.BytesIO(piece.numpy().tobytes()))
+                    what = f"{path}: {req.storage_index.fqn}"
+                    planner.load_bytes(req, safe_bytes(piece.numpy().tobytes(), what))
                     continue
                 dtype, sizes = self._chunk(req.storage_index)
                 tensor = piece.view(dtype).reshape(sizes)
@@ -114,6 +135,20 @@ class RawReader(FileSystemReader):
                     )
                 target.copy_(tensor)
                 planner.commit_tensor(req, target)
+
+
+class _SafeBytes:
+    """The planner as DCP's own read_data sees it, but bytes items loaded weights-only first."""
+
+    def __init__(self, planner: LoadPlanner, path: object) -> None:
+        self._planner, self._path = planner, path
+
+    def load_bytes(self, req: ReadItem, value: io.BytesIO) -> None:
+        what = f"{self._path}: {req.storage_index.fqn}"
+        self._planner.load_bytes(req, safe_bytes(value.read(), what))
+
+    def __getattr__(self, name: str) -> Any:  # Any: whatever the planner holds
+        return getattr(self._planner, name)
 
 
 # Any: torch objects (tensors, modules, optimizers, state dicts)
@@ -154,7 +189,8 @@ def load_full(
         k: torch.empty(entries[k].size, dtype=entries[k].properties.dtype, device="cpu")
         for k in names
     }
-    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": yes
+    # DCP warns "assuming the intent is to load in a single process": it is
+    with warnings.catch_warnings(), refusals():
         warnings.simplefilter("ignore", UserWarning)
         dcp_load(sd, storage_reader=RawReader(str(folder)))
     return {k.removeprefix(prefix): v for k, v in sd.items()}

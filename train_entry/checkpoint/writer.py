@@ -8,8 +8,9 @@ of a core, the largest cost of a save on a loaded machine), fsyncs the file once
 while the checksums already go to rank 0), and remembers (size, xxh3_128) for the manifest, so
 nothing is read back. The
 `.metadata` file (DCP's plan and where each tensor lies) is still DCP's own pickle, written the
-same way. `RawReader` (reader.py, public) loads such files (and DCP's own `.distcp` files, so older
-checkpoints still load); the shape and dtype of each stored chunk come from DCP's metadata.
+same way, and read back only by a restricted unpickler (safeload.py). `RawReader` (reader.py,
+public) loads such files (and DCP's own `.distcp` files, so older checkpoints still load); the
+shape and dtype of each stored chunk come from DCP's metadata.
 
 Also here: `SyncedFiles`, small side files (RNG, loop state, config) written with their checksum
 taken from memory and their fsyncs run on the I/O pool.
@@ -37,6 +38,7 @@ from torch.futures import Future
 
 from hpctrain.kernel.checkpoint import XXH3
 from train_entry.checkpoint.reader import RAW_SUFFIX, RawReader  # noqa: F401  (its reader)
+from train_entry.checkpoint.safeload import refusals
 from train_entry.compat import WriterBase, load_everything, stamp, storage_info
 
 ALIGN = 64
@@ -191,7 +193,8 @@ class HashingWriter(WriterBase):
 def load_plain(folder: str | os.PathLike[str]) -> dict[str, Any]:
     """The whole state dict of a DCP checkpoint (raw or DCP's own files) on CPU, without a
     process group: what torch's dcp_to_torch_save loads, for our raw files too."""
-    return load_everything(RawReader(str(folder)))
+    with refusals():
+        return load_everything(RawReader(str(folder)))
 
 
 def _fsync_close(fd: int) -> float:

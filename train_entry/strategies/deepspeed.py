@@ -195,13 +195,16 @@ class DeepSpeedStrategy(Strategy):
         can: the optimizer shards are read once, each tensor gathered when taken); stage 0 (no
         ZeRO optimizer files): the module state the engine saved."""
         from train_entry.checkpoint.export import Weights, quiet
+        from train_entry.checkpoint.safeload import load_torch, private
 
+        run = folder.parent.parent  # RUN/checkpoints/step-N
+        zero = any(folder.glob("*optim_states.pt"))
+        if zero:  # zero_to_fp32 unpickles every file fully (they hold DeepSpeed's own classes)
+            private(folder, run)
         with quiet(f"reading the DeepSpeed checkpoint {folder}"):
             import_deepspeed()
-            if not any(folder.glob("*optim_states.pt")):
-                states = torch.load(
-                    folder / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False
-                )
+            if not zero:  # the engine's module state: weights-only loads it
+                states = load_torch(folder / "mp_rank_00_model_states.pt", root=run)
                 sd = {k: v for k, v in states["module"].items() if isinstance(v, torch.Tensor)}
             else:
                 import inspect
