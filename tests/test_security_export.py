@@ -19,10 +19,10 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 from _accounts import other_account
-from click.testing import CliRunner
+from test_export import cli as export
+from test_export import one_line_exit_2 as refused
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from hpctrain.cli import main
 from hpctrain.kernel import jobenv
 from hpctrain.kernel.checkpoint import not_private, verify
 from hpctrain.kernel.errors import UserError
@@ -81,20 +81,6 @@ def planted(tmp_path_factory):
         res = a.python(PLANT, str(a.home), str(marker), timeout=300)
         assert res.returncode == 0, res.stderr[-3000:]
         yield a, a.home, marker
-
-
-def export(*args: str) -> object:
-    return CliRunner().invoke(main, ["export", *args])
-
-
-def refused(res: object, *words: str) -> str:
-    out = res.output.strip()  # type: ignore[attr-defined]
-    assert res.exit_code == 2, out  # type: ignore[attr-defined]
-    assert len(out.splitlines()) == 1 and out.startswith("Error: "), out
-    assert "Traceback" not in out
-    for w in words:
-        assert w in out, out
-    return out
 
 
 @pytest.mark.parametrize(

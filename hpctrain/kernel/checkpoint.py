@@ -16,7 +16,6 @@ the formats only a full unpickler reads (train_entry/checkpoint/safeload.py).
 
 from __future__ import annotations
 
-import grp
 import hashlib
 import json
 import os
@@ -29,7 +28,12 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from hpctrain.kernel.files import fsync_path, utc_now, write_atomic  # noqa: F401  (the format's API)
+from hpctrain.kernel.files import (  # noqa: F401  (the format's API)
+    fsync_path,
+    private_group,
+    utc_now,
+    write_atomic,
+)
 
 STEP_RE = re.compile(r"^step-(\d{8})$")
 STAGING_PREFIX = ".staging-"
@@ -145,16 +149,6 @@ def _owner(uid: int) -> str:
         return f"uid {uid}"
 
 
-def _own_group(gid: int, uid: int) -> bool:
-    """A user-private group: named as the user, nobody else in it (umask 002 sites make every
-    file group-writable; with such a group that lets in no one else)."""
-    try:
-        group, user = grp.getgrgid(gid), pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return False
-    return group.gr_name == user and set(group.gr_mem) <= {user}
-
-
 def not_private(folder: Path, root: Path) -> str | None:
     """Why another account could have written a file under `folder` (every file in it, the folder
     and each folder up to `root`, the run folder), or None: each belongs to this user or root, is
@@ -174,7 +168,7 @@ def not_private(folder: Path, root: Path) -> str | None:
                 return f"{path} is a symlink (it may lead to a file of another account)"
             if st.st_uid not in (uid, 0):
                 return f"{path} belongs to {_owner(st.st_uid)}, not to you"
-            if mode & 0o002 or (mode & 0o020 and not _own_group(st.st_gid, uid)):
+            if mode & 0o002 or (mode & 0o020 and not private_group(st.st_gid, uid)):
                 return f"{path} is writable by other accounts (mode {mode:04o})"
     except OSError as exc:
         return f"{exc.filename or folder} cannot be checked ({exc.strerror})"

@@ -6,8 +6,10 @@ Everything that writes into a run folder goes through these (hpctrain.runs.folde
 from __future__ import annotations
 
 import datetime as _dt
+import grp
 import json
 import os
+import pwd
 from pathlib import Path
 from typing import Any
 
@@ -90,3 +92,13 @@ def append_jsonl(path: Path, record: dict[str, Any], *, sort_keys: bool = True) 
         os.write(fd, line)
     finally:
         os.close(fd)
+
+
+def private_group(gid: int, uid: int) -> bool:
+    """A user private group (umask 002 under RHEL's and Debian's scheme): named as the user, with
+    no other member listed, so its write bit lets nobody else in."""
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return False
+    return group.gr_name == user and set(group.gr_mem) <= {user}

@@ -14,16 +14,14 @@ mode: job.sh), a folder 0700 / 0750, whatever the process's umask; the job itsel
 
 from __future__ import annotations
 
-import grp
 import os
-import pwd
 import stat
 from pathlib import Path
 from typing import IO, Any
 
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
-from hpctrain.kernel.files import append_jsonl, utc_now, write_atomic
+from hpctrain.kernel.files import append_jsonl, private_group, utc_now, write_atomic
 
 # storage.share -> the umask of the job and of every write into its run folder
 UMASK = {"none": 0o077, "group": 0o027}
@@ -159,7 +157,7 @@ class RunFolder:
                     f"{path} is owned by uid {st.st_uid}, not you (uid {me}): this run folder is "
                     f"not yours (another account may have put it there); fix: move it away{swap}"
                 )
-            if st.st_mode & 0o002 or (st.st_mode & 0o020 and not _private_group(st.st_gid)):
+            if st.st_mode & 0o002 or (st.st_mode & 0o020 and not private_group(st.st_gid, me)):
                 return (
                     f"{path} is {_who(st.st_mode)}-writable (mode {st.st_mode & 0o7777:04o}): "
                     f"another account could change it; fix: `chmod go-w {path}` (then check "
@@ -172,16 +170,6 @@ class RunFolder:
         why = self.unsafe()
         if why is not None:
             raise UnsafeRun(f"run folder not safe to use: {why}")
-
-
-def _private_group(gid: int) -> bool:
-    """A user private group (umask 002 under RHEL's and Debian's scheme): named as you, no other
-    member listed; its write bit lets nobody else in."""
-    try:
-        group, me = grp.getgrgid(gid), pwd.getpwuid(os.geteuid()).pw_name
-    except (KeyError, OSError):
-        return False
-    return group.gr_name == me and set(group.gr_mem) <= {me}
 
 
 def _who(mode: int) -> str:
