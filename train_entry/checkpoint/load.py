@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpctrain.kernel.checkpoint import newest_verified
+from hpctrain.kernel.checkpoint import newest_verified, not_private
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.strategies import engine_checkpoint
 from train_entry.checkpoint.common import AppState, is_flat
@@ -27,18 +27,25 @@ class Loading(RankCollectives):
         choice = None
         if rank == 0:
             found = newest_verified(self.dir, warn=self._warn)
-            choice = (str(found[0]), found[1]) if found else None
+            # DeepSpeed's load_checkpoint unpickles its files fully (they hold its own classes):
+            # rank 0 alone walks the folder (every rank would make it world x files lstats)
+            why = (
+                not_private(found[0], self.dir.parent)
+                if found and engine_checkpoint(self.strategy)
+                else None
+            )
+            choice = (str(found[0]), found[1], why) if found else None
         choice = self._broadcast(choice)
         if choice is None:
             return None
-        folder, manifest = Path(choice[0]), choice[1]
+        folder, manifest, why = Path(choice[0]), choice[1], choice[2]
         self._check_compatible(folder, manifest, world)
         started = time.monotonic()
         if engine_checkpoint(self.strategy):
-            from train_entry.checkpoint.safeload import private
+            if why is not None:
+                from train_entry.checkpoint.safeload import unpickle_refused
 
-            # DeepSpeed's load_checkpoint unpickles its files fully (they hold its own classes)
-            private(folder, self.dir.parent)
+                raise unpickle_refused(why)
             load_path, _ = state.model.load_checkpoint(
                 str(self.dir),
                 tag=folder.name,

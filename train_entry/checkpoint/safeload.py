@@ -184,9 +184,14 @@ def private(folder: Path, root: Path) -> None:
     """Refuse a folder another account could have written into (files, folders up to `root`)."""
     why = not_private(folder, root)
     if why is not None:
-        raise UserError(
-            f"{why}: hpctrain loads this checkpoint's files with the full unpickler (they hold "
-            "more than tensors), which runs whatever they say, so only files nobody else could "
-            "have written; fix: chmod -R go-w the run folder if it is yours, or copy the "
-            "checkpoint into a folder of your own if you trust its author"
-        )
+        raise unpickle_refused(why)
+
+
+def unpickle_refused(why: str) -> UserError:
+    """The one line for a folder `not_private` refuses, `why` being its reason."""
+    return UserError(
+        f"{why}: hpctrain loads this checkpoint's files with the full unpickler (they hold "
+        "more than tensors), which runs whatever they say, so only files nobody else could "
+        "have written; fix: chmod -R go-w the run folder if it is yours, or copy the "
+        "checkpoint into a folder of your own if you trust its author"
+    )
