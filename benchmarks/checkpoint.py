@@ -25,7 +25,7 @@ from benchmarks import common
 from benchmarks.training import TRAIN_ARGS
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     reps, steps = (4, 5) if quick else (6, 5)
     reps = max(2, common.reps(reps))  # the first one is a warm-up
     names = (
@@ -52,7 +52,7 @@ def run(quick: bool) -> list[dict]:
                 str(out),
             ],
             timeout=900,
-            BENCH_TRAIN_ARGS=json.dumps(TRAIN_ARGS),
+            extra_env={"BENCH_TRAIN_ARGS": json.dumps(TRAIN_ARGS)},
         )
         data = json.loads(out.read_text())
     except common.NotMeasured as e:

@@ -27,19 +27,19 @@ HPCTRAIN = str(Path(common.PY).with_name("hpctrain"))
 LARGE = str(common.BENCH / "profiles" / "large-ib.yaml")
 
 
-def wall(cmd: list[str], cwd: Path, **env: str) -> float:
+def wall(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
     t0 = time.perf_counter()
-    common.run(cmd, timeout=120, cwd=cwd, **env)
+    common.run(cmd, timeout=120, cwd=cwd, extra_env=env)
     return time.perf_counter() - t0
 
 
-def instructions(cmd: list[str], cwd: Path, **env: str) -> int:
+def instructions(cmd: list[str], cwd: Path, env: dict[str, str]) -> int:
     """CPU instructions of one run under callgrind (no output file)."""
     p = common.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *cmd],
         timeout=300,
         cwd=cwd,
-        **env,
+        extra_env=env,
     )
     m = re.search(r"Collected\s*:\s*(\d+)", p.stderr)
     if not m:
@@ -47,8 +47,8 @@ def instructions(cmd: list[str], cwd: Path, **env: str) -> int:
     return int(m.group(1))
 
 
-def slowest_imports(cmd: list[str], cwd: Path, **env: str) -> list[str]:
-    p = common.run([common.PY, "-X", "importtime", *cmd], timeout=120, cwd=cwd, **env)
+def slowest_imports(cmd: list[str], cwd: Path, env: dict[str, str]) -> list[str]:
+    p = common.run([common.PY, "-X", "importtime", *cmd], timeout=120, cwd=cwd, extra_env=env)
     rows = []
     for line in p.stderr.splitlines():
         m = re.match(r"import time:\s+\d+ \|\s+(\d+) \| ( *)(\S+)", line)
@@ -57,7 +57,7 @@ def slowest_imports(cmd: list[str], cwd: Path, **env: str) -> list[str]:
     return [f"{name} {us / 1e6:.3f} s" for us, name in sorted(rows, reverse=True)[:6]]
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     reps = common.reps(7 if quick else 11)
     cwd = common.scratch("cli-")
     env = {
@@ -95,12 +95,12 @@ def run(quick: bool) -> list[dict]:
     }
     rows = []
     try:
-        cold = {k: wall(c, cwd, **env) for k, c in sides.items()}  # fills the profile cache
+        cold = {k: wall(c, cwd, env) for k, c in sides.items()}  # fills the profile cache
         t: dict[str, list[float]] = {"imports": [], **{k: [] for k in sides}}
         for _ in range(reps):
             for k, c in (("imports", base), *sides.items()):
-                t[k].append(wall(c, cwd, **env))
-        imports = slowest_imports(["-m", "hpctrain", *dry[1:]], cwd, **env)
+                t[k].append(wall(c, cwd, env))
+        imports = slowest_imports(["-m", "hpctrain", *dry[1:]], cwd, env)
         b = common.median(t["imports"])
         for k in sides:
             per_rep = [x / y for x, y in zip(t[k], t["imports"], strict=True)]
@@ -127,10 +127,10 @@ def run(quick: bool) -> list[dict]:
     else:
         try:
             n = min(reps, 3)  # instruction counts barely vary: 3 pairs show it
-            ir = {"imports": [], "dry": []}
+            ir: dict[str, list[int]] = {"imports": [], "dry": []}
             for _ in range(n):
-                ir["imports"].append(instructions(base, cwd, **env))
-                ir["dry"].append(instructions(dry, cwd, **env))
+                ir["imports"].append(instructions(base, cwd, env))
+                ir["dry"].append(instructions(dry, cwd, env))
             per_rep = [x / y for x, y in zip(ir["dry"], ir["imports"], strict=True)]
             rows.append(
                 common.settle(
@@ -173,13 +173,13 @@ def run(quick: bool) -> list[dict]:
         "10",
     ]
     try:
-        wall(big, cwd, **env)
+        wall(big, cwd, env)
         t = {"4096": [], "2": []}
         for _ in range(reps):
-            t["4096"].append(wall(big, cwd, **env))
-            t["2"].append(wall(small, cwd, **env))
+            t["4096"].append(wall(big, cwd, env))
+            t["2"].append(wall(small, cwd, env))
         s4096, s2 = common.median(t["4096"]), common.median(t["2"])
-        script = common.run(big, timeout=120, cwd=cwd, **env).stdout
+        script = common.run(big, timeout=120, cwd=cwd, extra_env=env).stdout
         rows.append(
             common.settle(
                 "cli_render_4096_nodes_seconds",

@@ -28,7 +28,7 @@ def doctor(max_mib: int, cwd: Path) -> dict[int, float]:
         timeout=600,
         cwd=cwd,
         check_rc=False,
-        XDG_CONFIG_HOME=str(cwd / "xdg"),
+        extra_env={"XDG_CONFIG_HOME": str(cwd / "xdg")},
     )
     try:
         sweep = json.loads(p.stdout)["sweep"] or {}
@@ -58,7 +58,7 @@ def bare(sizes: list[int], cwd: Path) -> dict[int, float]:
     return {r["bytes"]: r["busbw_Bps"] for r in json.loads(out.read_text())["sizes"]}
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     name, target = "collective_doctor_busbw_vs_bare_gloo", ">= 0.95"
     reps, max_mib = (3, 4) if quick else (9, 8)
     reps = common.reps(reps)

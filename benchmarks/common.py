@@ -15,7 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, TypedDict
 
 from hpctrain.kernel import jobenv, jobkey
 
@@ -39,6 +41,18 @@ class NotMeasured(Exception):
 VERDICTS = ("met", "missed", "not settled", "not measured", "stated")
 
 
+class Row(TypedDict):
+    """One row of the results file (run.py writes a list of them as JSON)."""
+
+    name: str
+    ratio: float | None
+    target: str
+    meets: bool | None
+    spread: list[float] | None
+    verdict: str
+    details: dict[str, object]
+
+
 def result(
     name: str,
     ratio: float | None,
@@ -47,8 +61,8 @@ def result(
     *,
     spread: tuple[float, float] | None = None,
     verdict: str | None = None,
-    **details,
-) -> dict:
+    **details: object,
+) -> Row:
     """One row of the results file. `target` is text such as ">= 0.98"; `meets` is None for
     figures that have no target (stated as measured) and for a ratio whose spread straddles its
     target ("not settled"). `spread` is (low, high) of the repetitions (see `settle`)."""
@@ -86,7 +100,7 @@ def spread_of(values: list[float]) -> tuple[float, float]:
     return v[0], v[-1]
 
 
-def settle(name: str, per_rep: list[float], target: str, **details) -> dict:
+def settle(name: str, per_rep: list[float], target: str, **details: object) -> Row:
     """A row from per-repetition figures (each A/B ratio from one interleaved pair): the median,
     its spread, and a verdict: "met" / "missed" only when the whole spread is on one side of the
     target, else "not settled" (never met or missed by noise). Target "-": stated, no verdict."""
@@ -94,12 +108,12 @@ def settle(name: str, per_rep: list[float], target: str, **details) -> dict:
         return not_measured(name, target, "no repetitions")
     med, (lo, hi) = median(per_rep), spread_of(per_rep)
     rounded = [round(x, 4) for x in per_rep]
+    meets: bool | None
     if target == "-":
-        return result(name, med, target, None, spread=(lo, hi), per_rep=rounded, **details)
-    ok_lo, ok_hi = check(lo, target), check(hi, target)
-    if ok_lo and ok_hi:
+        verdict, meets = "stated", None
+    elif check(lo, target) and check(hi, target):
         verdict, meets = "met", True
-    elif not ok_lo and not ok_hi:
+    elif not check(lo, target) and not check(hi, target):
         verdict, meets = "missed", False
     else:
         verdict, meets = "not settled", None
@@ -118,22 +132,22 @@ def settle(name: str, per_rep: list[float], target: str, **details) -> dict:
 def check(ratio: float, target: str) -> bool:
     """Does `ratio` meet a target written as ">= x", "<= x", "< x" or "== x"?"""
     op, value = target.split()
-    value = float(value)
-    return {">=": ratio >= value, "<=": ratio <= value, "<": ratio < value, "==": ratio == value}[
+    bound = float(value)
+    return {">=": ratio >= bound, "<=": ratio <= bound, "<": ratio < bound, "==": ratio == bound}[
         op
     ]
 
 
-def measured(name: str, ratio: float, target: str, **details) -> dict:
+def measured(name: str, ratio: float, target: str, **details: object) -> Row:
     """A figure that is exact, not noisy (a count, a worst case): met or missed as it stands."""
-    return result(name, ratio, target, check(ratio, target), **details)
+    return result(name, ratio, target, check(ratio, target), spread=None, verdict=None, **details)
 
 
-def not_measured(name: str, target: str, reason: str) -> dict:
+def not_measured(name: str, target: str, reason: str) -> Row:
     return result(name, None, target, False, not_measured=reason)
 
 
-def median(values: list[float]) -> float:
+def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 
 
@@ -164,14 +178,14 @@ def run(
     timeout: float,
     cwd: Path | None = None,
     check_rc: bool = True,
-    **extra_env: str,
-) -> subprocess.CompletedProcess:
+    extra_env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run a command, capture its output; a failure becomes NotMeasured with the output's tail."""
     try:
         p = subprocess.run(
             cmd,
             cwd=cwd or ROOT,
-            env=env(**extra_env),
+            env=env(**(extra_env or {})),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -207,7 +221,7 @@ def typical_steps_per_s(times: list[float], warmup: int) -> float:
     return 1.0 / median([b - a for a, b in zip(t, t[1:], strict=False)])
 
 
-def read_jsonl(path: Path) -> list[dict]:
+def read_jsonl(path: Path) -> list[dict[str, Any]]:  # Any: whatever json.loads read
     if not path.exists():
         return []
     rows = []
@@ -233,7 +247,7 @@ def scratch(prefix: str) -> Path:
     return path
 
 
-def machine() -> dict:
+def machine() -> dict[str, object]:
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -245,7 +259,7 @@ def machine() -> dict:
     try:
         import torch  # the harness process may import torch; only the CLI paths must not
 
-        torch_version = torch.__version__
+        torch_version = str(torch.__version__)
     except ImportError:
         torch_version = "not installed"
     try:
@@ -262,22 +276,15 @@ def machine() -> dict:
     }
 
 
-class Timer:
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc):
-        self.s = time.perf_counter() - self.t0
-
-
-def launch(cmd: list[str], log: Path, **extra_env: str) -> subprocess.Popen:
+def launch(
+    cmd: list[str], log: Path, extra_env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
     """Start a command in the background (its own session), output to `log`."""
     with open(log, "ab") as out:
         return subprocess.Popen(
             cmd,
             cwd=ROOT,
-            env=env(**extra_env),
+            env=env(**(extra_env or {})),
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -303,7 +310,7 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def kill_tree(proc: subprocess.Popen, sig: int) -> None:
+def kill_tree(proc: subprocess.Popen[bytes], sig: int) -> None:
     """Send `sig` to a process we started and to everything below it, all at once."""
     for pid in [*descendants(proc.pid), proc.pid]:
         try:
@@ -313,7 +320,7 @@ def kill_tree(proc: subprocess.Popen, sig: int) -> None:
 
 
 def wait_for_step(
-    metrics: Path, step: int, proc: subprocess.Popen, timeout: float, skip_rows: int = 0
+    metrics: Path, step: int, proc: subprocess.Popen[bytes], timeout: float, skip_rows: int = 0
 ) -> int:
     """Poll metrics.jsonl until a row with step >= `step` appears (rows after `skip_rows`);
     returns that step. NotMeasured if the run ends or the time runs out first."""
@@ -321,7 +328,7 @@ def wait_for_step(
     while time.monotonic() < deadline:
         rows = read_jsonl(metrics)[skip_rows:]
         if rows and rows[-1].get("step", -1) >= step:
-            return rows[-1]["step"]
+            return int(rows[-1]["step"])
         if proc.poll() is not None:
             raise NotMeasured(f"the run exited ({proc.returncode}) before step {step}")
         time.sleep(0.05)

@@ -11,15 +11,22 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 import torch
+from torch.utils.data import Dataset, DistributedSampler
+
+if TYPE_CHECKING:
+    from train_entry.config import TrainConfig
+
+Batch = dict[str, torch.Tensor]  # the demo data's sample and batch: {"idx": ..., "targets": ...}
 
 
 def overrides() -> list[str]:
-    return json.loads(os.environ.get("BENCH_TRAIN_ARGS", "[]"))
+    args: list[str] = json.loads(os.environ.get("BENCH_TRAIN_ARGS", "[]"))
+    return args
 
 
 def no_deepspeed_builds() -> None:
@@ -32,41 +39,41 @@ def no_deepspeed_builds() -> None:
 
 @dataclass
 class Demo:
-    cfg: Any  # train_entry's resolved TrainConfig
+    cfg: TrainConfig  # train_entry's resolved config
     model: torch.nn.Module  # unwrapped, seeded as train_entry seeds it
-    dataset: Any
-    collate: Callable | None
+    dataset: Dataset[Batch]
+    collate: Callable[[list[Batch]], Batch] | None
     micro_batch: int
     accum: int
     seed: int
     clip: float | None
 
-    def loss(self, model, batch) -> torch.Tensor:
+    def loss(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         from train_entry.model import compute_loss  # the protocol: model(**batch) returns the loss
 
         return compute_loss(model, batch)
 
-    def optimizer(self, params) -> torch.optim.Optimizer:
+    def optimizer(self, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
         from train_entry.optim import build_optimizer  # the very same optimizer construction
 
         return build_optimizer(params, self.cfg)
 
-    def scheduler(self, opt):
+    def scheduler(self, opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
         from train_entry.optim import build_scheduler  # the very same warmup + decay
 
         return build_scheduler(opt, self.cfg)
 
-    def blocks(self, model) -> list[torch.nn.Module]:
+    def blocks(self, model: torch.nn.Module) -> list[torch.nn.Module]:
         """The transformer blocks FSDP2 shards one by one (the FSDP2 tutorial's `model.layers`)."""
         from train_entry.model import find_blocks
 
         return find_blocks(model, self.cfg.fsdp.block_class)
 
-    def deepspeed_config(self) -> dict:
+    def deepspeed_config(self) -> dict[str, object]:
         """DeepSpeed's getting-started config for the same batch, stage and clipping."""
         t, ds = self.cfg.train, self.cfg.deepspeed
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        conf = {
+        conf: dict[str, object] = {
             "train_batch_size": t.micro_batch * self.accum * world,
             "train_micro_batch_size_per_gpu": t.micro_batch,
             "gradient_accumulation_steps": self.accum,
@@ -92,7 +99,8 @@ def build() -> Demo:
     accum = check_sizes(cfg)
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     model = te_model.build_model(cfg, rank=rank, world_size=world)  # seeds as train_entry does
-    dataset = te_data.build_dataset(cfg, rank=rank, world_size=world)
+    # train_entry's demo Progressions: map-style, {"idx", "targets"} per sample
+    dataset = cast("Dataset[Batch]", te_data.build_dataset(cfg, rank=rank, world_size=world))
     collate = None  # torch's default_collate, as train_entry's default
     return Demo(
         cfg=cfg,
@@ -106,7 +114,9 @@ def build() -> Demo:
     )
 
 
-def forever(loader, sampler=None):
+def forever(
+    loader: Iterable[Batch], sampler: DistributedSampler[Batch] | None = None
+) -> Iterator[Batch]:
     """Batches over epochs, calling sampler.set_epoch as the guides do."""
     epoch = 0
     while True:

@@ -32,6 +32,7 @@ import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 # Run as a script, the folder must not shadow anything; import the plan as benchmarks.gpu_plan.
@@ -58,6 +59,10 @@ from benchmarks.gpu_plan import (  # noqa: E402, F401  (the plan; tests import i
     plan,
 )
 
+# Any: a step's record in the JSON report, built key by key from JSON (metrics rows, doctor's and
+# plan's --json)
+Record = dict[str, Any]
+
 
 # ---------------------------------------------------------------- running (GPU machines only)
 def child_env(**extra: str) -> dict[str, str]:
@@ -74,7 +79,7 @@ def child_env(**extra: str) -> dict[str, str]:
     return e
 
 
-def sh(cmd: list[str], timeout: float, log: Path, **env: str) -> int:
+def sh(cmd: list[str], timeout: float, log: Path, env: dict[str, str]) -> int:
     """Run a command (its own session, killed whole at the time limit); output to `log`."""
     with open(log, "ab") as out:
         p = subprocess.Popen(
@@ -93,7 +98,7 @@ def sh(cmd: list[str], timeout: float, log: Path, **env: str) -> int:
             return 124
 
 
-def rows(path: Path) -> list[dict]:
+def rows(path: Path) -> list[Record]:
     out = []
     if path.exists():
         for line in path.read_text().splitlines():
@@ -113,8 +118,9 @@ def train(
     timeout: float,
     run_dir: Path | None = None,
     max_steps: int | None = None,
-    **env: str,
-) -> dict:
+    env: dict[str, str] | None = None,
+) -> Record:
+    assert step.strategy, f"{step.name} is not a train_entry step"
     d = run_dir or work / step.name
     cmd = [
         PY,
@@ -133,11 +139,11 @@ def train(
         *step.args,
     ]
     t0 = time.monotonic()
-    rc = sh(cmd, timeout, work / f"{step.name}.log", **env)
+    rc = sh(cmd, timeout, work / f"{step.name}.log", env or {})
     r = rows(d / "metrics.jsonl")
     times = [x["time"] for x in r]
     gaps = sorted(b - a for a, b in zip(times[3:], times[4:], strict=False))
-    res = {
+    res: Record = {
         "rc": rc,
         "wall_s": round(time.monotonic() - t0, 2),
         "run_dir": str(d),
@@ -160,7 +166,7 @@ def gpt_flops_per_step(params: int, tokens: int) -> float:
     return 6.0 * params * tokens + 12.0 * BIG["n_layers"] * BIG["d_model"] * BIG["seq_len"] * tokens
 
 
-def run_step(step: Step, work: Path, gpus: int) -> dict:
+def run_step(step: Step, work: Path, gpus: int) -> Record:
     limit = step.budget_s
     if step.name == "environment":
         import torch
@@ -214,7 +220,7 @@ def run_step(step: Step, work: Path, gpus: int) -> dict:
         ref = train(step, work, gpus, limit / 3, run_dir=work / "ref")
         left = limit - (time.monotonic() - t0)
         stopped = train(
-            step, work, gpus, left / 2, run_dir=work / "preempted", **{ENV_STOP_AT_STEP: "8"}
+            step, work, gpus, left / 2, run_dir=work / "preempted", env={ENV_STOP_AT_STEP: "8"}
         )
         left = limit - (time.monotonic() - t0)
         resumed = train(step, work, gpus, left, run_dir=work / "preempted")
@@ -222,7 +228,7 @@ def run_step(step: Step, work: Path, gpus: int) -> dict:
             ref["final_params_sha256"] is not None
             and ref["final_params_sha256"] == resumed["final_params_sha256"]
         )
-        out = {
+        out: Record = {
             "reference": ref,
             "stopped": stopped,
             "resumed": resumed,
@@ -251,7 +257,7 @@ def run_step(step: Step, work: Path, gpus: int) -> dict:
     return res
 
 
-def mfu_and_memory(res: dict, gpus: int, work: Path) -> dict:
+def mfu_and_memory(res: Record, gpus: int, work: Path) -> Record:
     import torch
 
     from train_entry.config import load_config
@@ -268,7 +274,7 @@ def mfu_and_memory(res: dict, gpus: int, work: Path) -> dict:
         if ARGS.peak_tflops
         else next((p for key, p in PEAK_BF16 if key in name), None)
     )
-    out = {
+    out: Record = {
         "params": params,
         "tokens_per_step": tokens,
         "model_flops_per_step": flops,
@@ -368,7 +374,7 @@ def main(argv: list[str] | None = None) -> int:
         gpus = max(1, min(8, torch.cuda.device_count()))
     steps = plan(gpus)
     problems = check_plan(steps, gpus)
-    report = {
+    report: Record = {
         "schema": SCHEMA,
         "gpu": reason is None,
         "reason": reason,

@@ -37,7 +37,7 @@ def side(name: str, *extra: str) -> Side:
     )
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     # 60-step segments: with 10 (30) the per-repetition ratios spread 0.970-0.997 (0.976-1.003)
     # (IQR, quiet machine) around a CPU time per step equal on both sides: too wide for 2%
     reps, segment, warmup = (3, 10, 5) if quick else (7, 60, 6)

@@ -34,7 +34,7 @@ class Side:
     progress: Path  # one completion time per step (metrics.jsonl rows or plain lines)
     log: Path
     env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen | None = None
+    proc: subprocess.Popen[bytes] | None = None
     times: list[float] = field(default_factory=list)
     _offset: int = 0
 
@@ -107,7 +107,7 @@ def run(
     rates: dict[str, list[float]] = {s.name: [] for s in sides}
     try:
         for s in sides:  # start one at a time: start-up is not measured
-            s.proc = common.launch(s.cmd, s.log, **s.env)
+            s.proc = common.launch(s.cmd, s.log, s.env)
             _wait_steps(s, warmup, timeout)
             s.signal(signal.SIGSTOP)
         for rep in range(reps):

@@ -21,6 +21,7 @@ pausing (benchmarks/interleave.py), as the training rows are.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from benchmarks import common, interleave
 from benchmarks.training import MAX_STEPS, TRAIN_ARGS, Side
@@ -85,7 +86,9 @@ def _sides(layout: list[str], procs: int, script: str, flag: str) -> list[Side]:
     ]
 
 
-def _row(name: str, label: str, rates: dict, base: str, setup: dict) -> dict:
+def _row(
+    name: str, label: str, rates: dict[str, list[float]], base: str, setup: Mapping[str, object]
+) -> common.Row:
     per_rep = [a / b for a, b in zip(rates["train_entry"], rates[base], strict=True)]
     ma, mb = common.median(rates["train_entry"]), common.median(rates[base])
     return common.settle(
@@ -100,7 +103,7 @@ def _row(name: str, label: str, rates: dict, base: str, setup: dict) -> dict:
     )
 
 
-def fit_bubble(passes: dict[int, float], p: int) -> tuple[float, dict[int, dict]]:
+def fit_bubble(passes: dict[int, float], p: int) -> tuple[float, dict[int, dict[str, float]]]:
     """(slot time s, per m: the pass time, the measured idle share 1 - s m / T(m) and the
     formula's (p-1)/(m+p-1)), with T(m) = a + s m fitted by least squares over the passes."""
     xs, ys = list(passes), list(passes.values())
@@ -119,7 +122,7 @@ def fit_bubble(passes: dict[int, float], p: int) -> tuple[float, dict[int, dict]
     return s, rows
 
 
-def bubble(quick: bool) -> dict:
+def bubble(quick: bool) -> common.Row:
     name, target = "pipeline_bubble_vs_formula", "-"
     out = common.scratch("par-bubble-") / "bubble.json"
     ms = [2, 4, 8]
@@ -137,9 +140,16 @@ def bubble(quick: bool) -> dict:
             str(out),
         ],
         timeout=900,
-        BENCH_TRAIN_ARGS=json.dumps(
-            [*TRAIN_ARGS, "--parallel.pp=2", "--strategy=fsdp", f"--train.max_steps={MAX_STEPS}"]
-        ),
+        extra_env={
+            "BENCH_TRAIN_ARGS": json.dumps(
+                [
+                    *TRAIN_ARGS,
+                    "--parallel.pp=2",
+                    "--strategy=fsdp",
+                    f"--train.max_steps={MAX_STEPS}",
+                ]
+            )
+        },
     )
     got = json.loads(out.read_text())
     p = got["p"]
@@ -175,7 +185,7 @@ def _why(e: Exception, sides: list[Side]) -> str:
     return "; ".join(found) if found else str(e)
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     # 24-step segments, 7 repetitions: with 6 x 5 (12 x 7) the 4-rank rows (4 processes on 2 cores)
     # spread 0.92-1.02 (0.975-1.024) (IQR) on a quiet machine
     reps, segment, warmup = (3, 6, 4) if quick else (7, 24, 5)

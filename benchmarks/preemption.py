@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import signal
 import time
+from typing import TypedDict
 
 from benchmarks import common
 from benchmarks.restart import train_entry
@@ -25,10 +26,19 @@ from hpctrain.kernel import jobenv
 EVERY = 5
 
 
-def one(kind: str, at_step: int) -> dict:
+class Trial(TypedDict):
+    stopped_at_step: int
+    last_logged_step: int
+    resumed_from_step: int
+    redone: int
+    first_run_rc: int
+    preempted_event_written: bool
+
+
+def one(kind: str, at_step: int) -> Trial:
     d = common.scratch(f"preempt-{kind}-")
     stop, log, metrics = d / "STOP", d / "torchrun.log", d / "metrics.jsonl"
-    proc = common.launch(train_entry(d, 10_000, EVERY), log, **{jobenv.STOP_FILE: str(stop)})
+    proc = common.launch(train_entry(d, 10_000, EVERY), log, {jobenv.STOP_FILE: str(stop)})
     try:
         common.wait_for_step(metrics, at_step, proc, timeout=600)
         if kind == "signal":
@@ -48,22 +58,24 @@ def one(kind: str, at_step: int) -> dict:
     last = rows[-1]["step"]
     events = [e.get("event") for e in common.read_jsonl(d / "events.jsonl")]
     stop.unlink(missing_ok=True)  # the script removes STOP at every start
-    common.run(train_entry(d, last + 2, EVERY), timeout=600, **{jobenv.STOP_FILE: str(stop)})
+    common.run(
+        train_entry(d, last + 2, EVERY), timeout=600, extra_env={jobenv.STOP_FILE: str(stop)}
+    )
     new = common.read_jsonl(metrics)[len(rows) :]
     if not new:
         raise common.NotMeasured(f"the restarted run in {d} logged no step")
     resumed_from = new[0]["step"] - 1
-    return {
-        "stopped_at_step": at_step,
-        "last_logged_step": last,
-        "resumed_from_step": resumed_from,
-        "redone": last - resumed_from,
-        "first_run_rc": rc,
-        "preempted_event_written": "preempted" in events,
-    }
+    return Trial(
+        stopped_at_step=at_step,
+        last_logged_step=last,
+        resumed_from_step=resumed_from,
+        redone=last - resumed_from,
+        first_run_rc=rc,
+        preempted_event_written="preempted" in events,
+    )
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     reps = common.reps(1)  # an exact count per trial (not a noisy time): one trial each
     rng = random.Random(7)
     rows = []

@@ -27,6 +27,7 @@ import re
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks import common
@@ -74,7 +75,7 @@ print(json.dumps(out))
 """
 
 
-def round_trip_cost(root: Path, reps: int) -> dict:
+def round_trip_cost(root: Path, reps: int) -> common.Row:
     name, target = "preflight_checkpoint_round_trip_vs_import_check", "<= 1.5"
     sides: dict[str, list[float]] = {"off": [], "on": []}
     warm, own, ratios = [], [], []
@@ -91,7 +92,9 @@ def round_trip_cost(root: Path, reps: int) -> dict:
             if side == "on":
                 warm.append(got["warm_s"])
                 detail = next(r["detail"] for r in got["rows"] if r["name"] == "checkpoint")
-                own.append(float(re.search(r"in ([0-9.]+) s", detail).group(1)))
+                m = re.search(r"in ([0-9.]+) s", detail)
+                assert m, f"no 'in X s' in the checkpoint check's detail: {detail!r}"
+                own.append(float(m.group(1)))
         ratios.append(sides["on"][-1] / sides["off"][-1])
     off_s, on_s = common.median(sides["off"]), common.median(sides["on"])
     return common.settle(
@@ -112,7 +115,7 @@ def round_trip_cost(root: Path, reps: int) -> dict:
     )
 
 
-def reduced_check_cost(root: Path, reps: int) -> dict:
+def reduced_check_cost(root: Path, reps: int) -> common.Row:
     name = "preflight_reduced_check_vs_full"
     sides: dict[str, list[float]] = {"start": [], "training": []}
     own: dict[str, list[float]] = {"start": [], "training": []}
@@ -133,7 +136,9 @@ def reduced_check_cost(root: Path, reps: int) -> dict:
                 raise common.NotMeasured(f"the node check failed: {bad}")
             own[side].append(me["seconds"])
             imports = next(c["detail"] for c in me["checks"] if c["name"] == "imports")
-            torch_s.append(float(re.search(r" in ([0-9.]+) s", imports).group(1)))
+            m = re.search(r" in ([0-9.]+) s", imports)
+            assert m, f"no ' in X s' in the imports check's detail: {imports!r}"
+            torch_s.append(float(m.group(1)))
         ratios.append(sides["training"][-1] / sides["start"][-1])
     full_s, reduced_s = common.median(sides["start"]), common.median(sides["training"])
     return common.settle(
@@ -197,7 +202,7 @@ def _wait(run: Path, timeout: float) -> str:
             env=common.env(),
         )
         if out.returncode == 0:
-            state = json.loads(out.stdout)["state"]
+            state: str = json.loads(out.stdout)["state"]
             if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"):
                 return state
         time.sleep(2)
@@ -211,10 +216,10 @@ def _alloc_to_first_step(run: Path) -> float:
     rows = [r for r in common.read_jsonl(run / "metrics.jsonl") if "step" in r]
     if not rows:
         raise common.NotMeasured(f"{run}: no metrics rows")
-    return rows[0]["time"] - _t(start)
+    return float(rows[0]["time"]) - _t(start)
 
 
-def gate_cost(root: Path, reps: int) -> dict:
+def gate_cost(root: Path, reps: int) -> common.Row:
     name, target = "preflight_gate_alloc_to_first_step_vs_off", "<= 1.3"
     off, on, ratios, gate_s = [], [], [], []
     for i in range(reps):
@@ -247,7 +252,7 @@ def gate_cost(root: Path, reps: int) -> dict:
     )
 
 
-def stall_to_requeue(root: Path) -> dict:
+def stall_to_requeue(root: Path) -> common.Row:
     name, target = "stall_to_requeue_vs_stall_s_plus_30", "<= 1.0"
     mods = root / "mods"
     mods.mkdir()
@@ -288,7 +293,7 @@ def stall_to_requeue(root: Path) -> dict:
     )
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     root = common.scratch("preflight-")
     try:
         first = [round_trip_cost(root, common.reps(3 if quick else 5))]
@@ -309,12 +314,13 @@ def run(quick: bool) -> list[dict]:
             common.not_measured(n, t, "no live Slurm cluster (make cluster-up)")
             for n, t in zip(names, ("<= 1.3", "<= 1.0"), strict=True)
         ]
-    rows: list[dict] = []
-    for fn in (
+    rows: list[common.Row] = []
+    live: list[Callable[[], common.Row]] = [
         # live Slurm jobs queue behind others: make bench <= 15 min
         lambda: gate_cost(root, common.reps(2)),
         lambda: stall_to_requeue(root),
-    ):
+    ]
+    for fn in live:
         try:
             rows.append(fn())
         except common.NotMeasured as e:

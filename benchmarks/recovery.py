@@ -54,6 +54,7 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
+from typing import TypedDict
 
 from benchmarks import common
 from hpctrain.kernel import jobenv, jobkey
@@ -114,7 +115,7 @@ def two_nodes(
 ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
-def ranks(proc: subprocess.Popen, module: str = "train_entry") -> dict[int, int]:
+def ranks(proc: subprocess.Popen[bytes], module: str = "train_entry") -> dict[int, int]:
     """rank -> pid of the training processes (`-m module`) below `proc` (not bash, not the
     agents)."""
     out = {}
@@ -135,7 +136,33 @@ def forget(run_dir: Path) -> None:
     shutil.rmtree(store.run_folder(run_dir), ignore_errors=True)
 
 
-def trainer_figure(log: str) -> dict | None:
+class Figure(TypedDict):
+    """The trainer's log line on the auto snapshot interval."""
+
+    every_steps: int
+    mib_per_rank: float
+    snapshot_ms: float
+    step_ms: float
+    partner_every_steps: int
+    partner_ms: float
+    cost_per_step: float
+
+
+class Kill(TypedDict):
+    """One launch killed past a step: its figures and its in-job restart's."""
+
+    killed_past_step: int
+    reached_step: int
+    fresh_first_step_s: float
+    recovery_s: float
+    load_s: float
+    from_memory: bool
+    event: dict[str, object]  # the in_job_restart event's figures
+    steps_redone: int
+    trainer_figure: Figure | None
+
+
+def trainer_figure(log: str) -> Figure | None:
     """The trainer's last word on the auto interval (it logs each change while it calibrates)."""
     found = list(AUTO.finditer(log))
     if not found:
@@ -143,24 +170,24 @@ def trainer_figure(log: str) -> dict | None:
     m = found[-1]
     every, mib, ms, step_ms = int(m[1]), float(m[2]), float(m[3]), float(m[4])
     partner_every, partner_ms = (int(m[5]), float(m[6])) if m[5] else (every, 0.0)
-    return {
-        "every_steps": every,
-        "mib_per_rank": mib,
-        "snapshot_ms": ms,
-        "step_ms": step_ms,
-        "partner_every_steps": partner_every,
-        "partner_ms": partner_ms,
-        "cost_per_step": ms / (every * step_ms) + partner_ms / (partner_every * step_ms),
-    }
+    return Figure(
+        every_steps=every,
+        mib_per_rank=mib,
+        snapshot_ms=ms,
+        step_ms=step_ms,
+        partner_every_steps=partner_every,
+        partner_ms=partner_ms,
+        cost_per_step=ms / (every * step_ms) + partner_ms / (partner_every * step_ms),
+    )
 
 
-def one_kill(at_step: int, *extra: str, backend: str = jobkey.RDZV_BACKEND) -> dict:
+def one_kill(at_step: int, *extra: str, backend: str = jobkey.RDZV_BACKEND) -> Kill:
     """Launch, SIGKILL rank 1 past `at_step` (every rank held still meanwhile), wait for the next
     new step; the figures of that launch and its in-job restart."""
     d = common.scratch("recovery-")
     metrics, log = d / "metrics.jsonl", d / "torchrun.log"
     launched = time.time()
-    proc = common.launch(two_nodes(d, *extra, every=CHECKPOINT_EVERY, backend=backend), log, **ENV)
+    proc = common.launch(two_nodes(d, *extra, every=CHECKPOINT_EVERY, backend=backend), log, ENV)
     try:
         common.wait_for_step(metrics, at_step, proc, timeout=600)
         pids = ranks(proc)
@@ -206,20 +233,20 @@ def one_kill(at_step: int, *extra: str, backend: str = jobkey.RDZV_BACKEND) -> d
     loaded = LOADED.findall(text)
     if not loaded:
         raise common.NotMeasured(f"{d}/train.log has no 'resumed from ... in X s' line")
-    return {
-        "killed_past_step": at_step,
-        "reached_step": reached,
-        "fresh_first_step_s": round(first["time"] - launched, 3),
-        "recovery_s": round(after["time"] - killed, 3),
-        "load_s": float(loaded[-1]),
-        "from_memory": "resumed from the in-memory snapshot" in text,
-        "event": {k: ev.get(k) for k in ("resumed_step", "reached_step", "steps_redone", "down_s")},
-        "steps_redone": int(ev["steps_redone"]),
-        "trainer_figure": trainer_figure(text),
-    }
+    return Kill(
+        killed_past_step=at_step,
+        reached_step=reached,
+        fresh_first_step_s=round(first["time"] - launched, 3),
+        recovery_s=round(after["time"] - killed, 3),
+        load_s=float(loaded[-1]),
+        from_memory="resumed from the in-memory snapshot" in text,
+        event={k: ev.get(k) for k in ("resumed_step", "reached_step", "steps_redone", "down_s")},
+        steps_redone=int(ev["steps_redone"]),
+        trainer_figure=trainer_figure(text),
+    )
 
 
-def kill_rows(trials: list[dict], off: list[dict], each: list[dict]) -> list[dict]:
+def kill_rows(trials: list[Kill], off: list[Kill], each: list[Kill]) -> list[common.Row]:
     name, target = "recovery_after_rank_kill_vs_fresh_start_plus_load", "<= 1.5"
     ratios = [t["recovery_s"] / (t["fresh_first_step_s"] + t["load_s"]) for t in trials]
     med = {
@@ -290,7 +317,7 @@ def kill_rows(trials: list[dict], off: list[dict], each: list[dict]) -> list[dic
     return rows
 
 
-def signed_row(rng: random.Random, steps: list[int], quick: bool) -> dict:
+def signed_row(rng: random.Random, steps: list[int], quick: bool) -> common.Row:
     """The signed rendezvous (issue 33) against torch's c10d, in interleaved pairs of the same
     kill: the kill to the next new step, signed over unsigned."""
     pairs = []
@@ -316,12 +343,12 @@ def signed_row(rng: random.Random, steps: list[int], quick: bool) -> dict:
     )
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     rng = random.Random(24)
     # past the first checkpoint (and the auto interval's first snapshot, at step 4), not a
     # checkpoint step
     steps = [s for s in range(CHECKPOINT_EVERY + 2, 2 * CHECKPOINT_EVERY) if s % CHECKPOINT_EVERY]
-    rows: list[dict] = []
+    rows: list[common.Row] = []
     try:
         trials = [one_kill(rng.choice(steps)) for _ in range(common.reps(2 if quick else 5))]
         each = [

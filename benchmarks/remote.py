@@ -9,7 +9,7 @@ run is a short local-profile run submitted from the laptop over SSH (no Slurm ne
 read the same finished run folder; the site side gives the run folder's path, the laptop its name.
 Repetitions interleaved (laptop, site, laptop, site, ...); a repetition's ratio is laptop / site.
 
-The laptop reaches the site's hpctrain through the login-node agent (hpctrain/remote/agent.py),
+The laptop reaches the site's hpctrain through the login-node agent (hpctrain/agent/serve.py),
 started by the first command over the control connection, behind a socket the control master
 forwards (hpctrain/remote/tunnel.py): a later command costs the laptop's own start-up plus one
 agent round trip, with no login shell and no interpreter start on the site. Both are reported.
@@ -21,33 +21,26 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 from benchmarks import common
+from tests.ssh import sshd
 
 HPCTRAIN = str(Path(common.PY).with_name("hpctrain"))
 
 
-def _sshd():
-    sys.path.insert(0, str(common.ROOT / "tests" / "ssh"))
-    import sshd
-
-    return sshd
-
-
-def wall(cmd: list[str], cwd: Path, **env: str) -> float:
+def wall(cmd: list[str], cwd: Path, env: dict[str, str]) -> float:
     t0 = time.perf_counter()
-    common.run(cmd, timeout=120, cwd=cwd, **env)
+    common.run(cmd, timeout=120, cwd=cwd, extra_env=env)
     return time.perf_counter() - t0
 
 
-def accepted(site) -> int:
+def accepted(site: sshd.Site) -> int:
     return Path(site.log).read_text(errors="replace").count("Accepted publickey")
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     names = {
         "status": "remote_status_vs_on_login_node",
         "logs": "remote_logs_vs_on_login_node",
@@ -64,7 +57,6 @@ def run(quick: bool) -> list[dict]:
             )
         ]
     reps = common.reps(7 if quick else 15)
-    sshd = _sshd()
     root = common.scratch("remote-")
     site = sshd.up(root / "site")
     laptop = root / "laptop"
@@ -83,7 +75,7 @@ def run(quick: bool) -> list[dict]:
         f"  known_hosts: {site.known_hosts}\n  remote_python: {common.PY}\n"
         f"  workdir: {site.dir}/work\nstorage:\n  runs_dir: $SCRATCH/runs\n"
     )
-    rows: list[dict] = []
+    rows: list[common.Row] = []
     try:
         common.run(
             [
@@ -106,7 +98,7 @@ def run(quick: bool) -> list[dict]:
             ],
             timeout=300,
             cwd=laptop / "work",
-            **env,
+            extra_env=env,
         )
         path = f"{site.scratch}/runs/bench"
         sides = {
@@ -114,14 +106,14 @@ def run(quick: bool) -> list[dict]:
             "logs": ([HPCTRAIN, "logs", "bench"], [HPCTRAIN, "logs", path]),
         }
         for far, near in sides.values():  # warm: the connection is up, caches filled
-            wall(far, laptop / "work", **env)
-            wall(near, Path(site.scratch), XDG_STATE_HOME=site.state)
+            wall(far, laptop / "work", env)
+            wall(near, Path(site.scratch), {"XDG_STATE_HOME": site.state})
         before = accepted(site)
         t: dict[str, dict[str, list[float]]] = {k: {"laptop": [], "site": []} for k in sides}
         for _ in range(reps):
             for k, (far, near) in sides.items():
-                t[k]["laptop"].append(wall(far, laptop / "work", **env))
-                t[k]["site"].append(wall(near, Path(site.scratch), XDG_STATE_HOME=site.state))
+                t[k]["laptop"].append(wall(far, laptop / "work", env))
+                t[k]["site"].append(wall(near, Path(site.scratch), {"XDG_STATE_HOME": site.state}))
         opened = accepted(site) - before
         # Where the time goes, measured from the laptop over the same connection: the agent round
         # trip of each command (local socket -> control master -> sshd -> agent, the command's own
@@ -146,12 +138,14 @@ def run(quick: bool) -> list[dict]:
             "print(json.dumps(out))\n"
         )
         probed = json.loads(
-            common.run([common.PY, "-c", probe], timeout=120, cwd=laptop / "work", **env).stdout
+            common.run(
+                [common.PY, "-c", probe], timeout=120, cwd=laptop / "work", extra_env=env
+            ).stdout
         )
         shell_s = probed["ssh_true"]
         for k in sides:
             per_rep = [a / b for a, b in zip(t[k]["laptop"], t[k]["site"], strict=True)]
-            far, near, trip = (
+            far_s, near_s, trip = (
                 common.median(t[k]["laptop"]),
                 common.median(t[k]["site"]),
                 probed[k],
@@ -165,10 +159,10 @@ def run(quick: bool) -> list[dict]:
                     seconds=t[k],
                     agent_round_trip_s=trip,
                     ssh_true_s=shell_s,
-                    summary=f"`hpctrain {k}` from the laptop {far:.3f} s: the agent round trip "
+                    summary=f"`hpctrain {k}` from the laptop {far_s:.3f} s: the agent round trip "
                     f"(forwarded socket, the command in the agent's warm process, output back) "
                     f"{trip:.3f} s, the laptop's own start-up (interpreter, imports, run index) "
-                    f"the other {max(far - trip, 0):.3f} s; on the login node {near:.3f} s. "
+                    f"the other {max(far_s - trip, 0):.3f} s; on the login node {near_s:.3f} s. "
                     f"Without the agent each command would also pay `ssh HOST true` "
                     f"({shell_s:.3f} s: the site's login shell) and a Python start there",
                 )

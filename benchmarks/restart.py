@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import time
+from pathlib import Path
 
 from benchmarks import common
 from benchmarks.training import TRAIN_ARGS
@@ -19,7 +20,7 @@ from benchmarks.training import TRAIN_ARGS
 LOADED = re.compile(r"resumed from \S+ .*? in ([0-9.]+)\s*s")
 
 
-def train_entry(run_dir, steps: int, every: int) -> list[str]:
+def train_entry(run_dir: Path, steps: int, every: int) -> list[str]:
     return [
         *common.torchrun(2),
         "-m",
@@ -36,7 +37,7 @@ def train_entry(run_dir, steps: int, every: int) -> list[str]:
     ]
 
 
-def first_step_s(run_dir, steps: int, every: int, skip_rows: int) -> tuple[float, int, int]:
+def first_step_s(run_dir: Path, steps: int, every: int, skip_rows: int) -> tuple[float, int, int]:
     """Launch, wait, return (seconds from launch to the first completed step, that step, rows)."""
     t0 = time.time()
     common.run(train_entry(run_dir, steps, every), timeout=600)
@@ -47,7 +48,7 @@ def first_step_s(run_dir, steps: int, every: int, skip_rows: int) -> tuple[float
     return new[0]["time"] - t0, new[0]["step"], len(rows)
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     name, target = "restart_first_step_vs_fresh_plus_load", "<= 1.2"
     reps, n = (3, 4) if quick else (5, 4)
     reps = common.reps(reps)

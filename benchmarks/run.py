@@ -25,6 +25,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from typing import TypedDict
 
 HERE = Path(__file__).resolve().parent
 # Import the benchmark modules as `benchmarks.<name>`: the script's own folder must not shadow
@@ -53,11 +54,23 @@ BENCHMARKS = {
 }
 
 
-def run_one(name: str, quick: bool) -> list[dict]:
+class Info(TypedDict):
+    """What the Markdown report says about the whole run."""
+
+    date: str
+    mode: str
+    machine: dict[str, object]
+    load_avg_1min: list[float]  # at the start, then after each benchmark
+    wall_s: float
+    cpu_s: float
+
+
+def run_one(name: str, quick: bool) -> list[common.Row]:
     """One benchmark module's rows; a crash of the harness itself is reported, not raised."""
     try:
         module = importlib.import_module(BENCHMARKS[name])
-        return module.run(quick=quick)
+        rows: list[common.Row] = module.run(quick=quick)
+        return rows
     except Exception as e:  # noqa: BLE001 - one broken benchmark must not lose the others
         tb = traceback.format_exc().strip().splitlines()[-6:]
         return [
@@ -67,20 +80,20 @@ def run_one(name: str, quick: bool) -> list[dict]:
         ]
 
 
-def fmt_ratio(row: dict) -> str:
+def fmt_ratio(row: common.Row) -> str:
     return "not measured" if row["ratio"] is None else f"{row['ratio']:g}"
 
 
-def fmt_spread(row: dict) -> str:
+def fmt_spread(row: common.Row) -> str:
     sp = row.get("spread")
     return "-" if not sp else f"{sp[0]:g}-{sp[1]:g}"
 
 
-def fmt_verdict(row: dict) -> str:
+def fmt_verdict(row: common.Row) -> str:
     return row.get("verdict") or {True: "met", False: "missed", None: "stated"}[row["meets"]]
 
 
-def markdown(rows: list[dict], info: dict) -> str:
+def markdown(rows: list[common.Row], info: Info) -> str:
     m, load = info["machine"], info["load_avg_1min"]
     lines = [
         f"# Benchmarks {info['date']} ({info['mode']} mode)",
@@ -146,16 +159,16 @@ def main(argv: list[str] | None = None) -> int:
 
     names = args.only or list(BENCHMARKS)
     common.REPS_OVERRIDE = args.reps
-    info = {
-        "date": dt.date.today().isoformat(),
-        "mode": "quick" if args.quick else "full",
-        "machine": common.machine(),
-        "benchmarks": names,
-        "reps": args.reps,
-    }
-    info["load_avg_1min"] = [os.getloadavg()[0]]
+    info = Info(
+        date=dt.date.today().isoformat(),
+        mode="quick" if args.quick else "full",
+        machine=common.machine(),
+        load_avg_1min=[os.getloadavg()[0]],
+        wall_s=0.0,
+        cpu_s=0.0,
+    )
     t0 = time.perf_counter()
-    rows: list[dict] = []
+    rows: list[common.Row] = []
     for name in names:
         print(f"== {name}", flush=True)
         t = time.perf_counter()

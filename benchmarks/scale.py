@@ -34,10 +34,12 @@ RUNS = 1000
 HPCTRAIN = str(Path(common.PY).with_name("hpctrain"))
 
 
-def synthetic_staging(root: Path, ranks: int, shard: int) -> tuple[Path, dict[str, dict]]:
+def synthetic_staging(
+    root: Path, ranks: int, shard: int
+) -> tuple[Path, dict[str, dict[str, object]]]:
     staging = root / "checkpoints" / ".staging-step-00000100"
     (staging / "rng").mkdir(parents=True)
-    files: dict[str, dict] = {}
+    files: dict[str, dict[str, object]] = {}
 
     def put(rel: str, data: bytes) -> None:
         (staging / rel).write_bytes(data)
@@ -54,21 +56,24 @@ def synthetic_staging(root: Path, ranks: int, shard: int) -> tuple[Path, dict[st
     return staging, files
 
 
-def checkpoint_rows(quick: bool) -> list[dict]:
+def checkpoint_rows(quick: bool) -> list[common.Row]:
     from hpctrain.kernel.checkpoint import verify
-    from train_entry.checkpoint import Checkpointer
     from train_entry.checkpoint.commit import commit
+    from train_entry.checkpoint.prune import Pruner
+    from train_entry.checkpoint.steps import Target
 
     ranks = 1024 if quick else RANKS
     reps = 2 if quick else 3
     t_commit, t_verify, manifest_bytes = [], [], 0
     root = common.scratch("scale-ckpt-")
     staging, files = synthetic_staging(root, ranks, SHARD)
-    ck = Checkpointer(root, strategy="ddp", log=lambda m: None)
+    pruner = Pruner(root / "checkpoints", keep=2, log=lambda m: None)
     final = root / "checkpoints" / "step-00000100"
+    target = Target(step=100, staging=staging, final=final, rank=0, world=ranks)
     for _ in range(reps):
         t0 = time.perf_counter()
-        commit(ck, staging, final, 100, ranks, {k: dict(v) for k, v in files.items()})
+        files_now = {k: dict(v) for k, v in files.items()}
+        commit(target, strategy="ddp", files=files_now, prune=pruner.prune)
         t_commit.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         manifest, why = verify(final)
@@ -112,16 +117,16 @@ def checkpoint_rows(quick: bool) -> list[dict]:
     ]
 
 
-def cpu_and_wall(cmd: list[str], cwd: Path, **env: str) -> tuple[float, float]:
+def cpu_and_wall(cmd: list[str], cwd: Path, env: dict[str, str]) -> tuple[float, float]:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    common.run(cmd, timeout=300, cwd=cwd, **env)
+    common.run(cmd, timeout=300, cwd=cwd, extra_env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime), wall
 
 
-def runs_rows(quick: bool) -> list[dict]:
+def runs_rows(quick: bool) -> list[common.Row]:
     n = 200 if quick else RUNS
     reps = 3
     cwd = common.scratch("scale-runs-")
@@ -153,7 +158,7 @@ def runs_rows(quick: bool) -> list[dict]:
         ],
         timeout=300,
         cwd=cwd,
-        **env,
+        extra_env=env,
     )
     runs = cwd / "runs"
     for i in range(1, n):
@@ -166,7 +171,7 @@ def runs_rows(quick: bool) -> list[dict]:
     ):
         cpu, wall = [], []
         for _ in range(reps):
-            c, w = cpu_and_wall(cmd, cwd, **env)
+            c, w = cpu_and_wall(cmd, cwd, env)
             cpu.append(c)
             wall.append(w)
         rows.append(
@@ -188,7 +193,7 @@ def runs_rows(quick: bool) -> list[dict]:
     return rows
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     rows = []
     try:
         rows += checkpoint_rows(quick)

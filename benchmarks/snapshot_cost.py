@@ -38,9 +38,11 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import time
 from bisect import bisect_left
 from pathlib import Path
+from typing import Any, TypedDict
 
 from benchmarks import common
 from benchmarks.recovery import ENV, RECOVERY_ARGS, forget, ranks, trainer_figure, two_nodes
@@ -126,7 +128,14 @@ def _cpu_at(samples: list[tuple[float, float]], t: float) -> float:
     return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
 
 
-def measure(reps: int) -> dict:
+class Measured(TypedDict):
+    plan: dict[str, Any]  # Any: toggle.json as json.loads reads it (workers/toggled.py)
+    times: dict[int, float]  # step -> its metrics.jsonl time
+    cpu: list[tuple[float, float]]  # (time, the ranks' CPU seconds)
+    log: str  # train.log
+
+
+def measure(reps: int) -> Measured:
     """One toggled launch, run until `reps` repetitions are done; its step times, segments, CPU
     samples and train.log."""
     d = common.scratch("snapcost-")
@@ -134,7 +143,7 @@ def measure(reps: int) -> dict:
     cmd = two_nodes(d)
     cmd[-1] = cmd[-1].replace("-m train_entry ", f"-m {WORKER} ")
     env = {**ENV, "BENCH_TOGGLE_STEPS": str(SEGMENT), "BENCH_TOGGLE_LOG": str(toggle)}
-    proc = common.launch(cmd, d / "torchrun.log", **env)
+    proc = common.launch(cmd, d / "torchrun.log", env)
     samples: list[tuple[float, float]] = []
     try:
         deadline = time.monotonic() + 300
@@ -155,15 +164,15 @@ def measure(reps: int) -> dict:
         proc.wait(timeout=60)
         forget(d)
     rows = common.read_jsonl(metrics)
-    return {
-        "plan": plan,
-        "times": {int(r["step"]): float(r["time"]) for r in rows if "step" in r and "time" in r},
-        "cpu": samples,
-        "log": (d / "train.log").read_text(errors="replace"),
-    }
+    return Measured(
+        plan=plan,
+        times={int(r["step"]): float(r["time"]) for r in rows if "step" in r and "time" in r},
+        cpu=samples,
+        log=(d / "train.log").read_text(errors="replace"),
+    )
 
 
-def _alive(proc, d: Path, deadline: float, what: str) -> None:
+def _alive(proc: subprocess.Popen[bytes], d: Path, deadline: float, what: str) -> None:
     if proc.poll() is not None:
         tail = (d / "torchrun.log").read_text(errors="replace")[-1500:]
         raise common.NotMeasured(f"the run exited ({proc.returncode}):\n{tail}")
@@ -171,7 +180,7 @@ def _alive(proc, d: Path, deadline: float, what: str) -> None:
         raise common.NotMeasured(f"{what} in time ({d})")
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     name, noise = "snapshot_cost_per_step_vs_step_time", "snapshot_cost_noise_same_pair"
     paired, stated = "snapshot_cost_per_step_in_run", "snapshot_cost_per_step_trainer_figure"
     try:

@@ -169,16 +169,13 @@ def row(
     sides: list[Side],
     a: str,
     b: str,
-    setup: dict,
-) -> dict:
+    setup: dict[str, object],
+) -> common.Row:
     per_rep = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
     ma, mb = common.median(rates[a]), common.median(rates[b])
     cpu = {s.name: s.cpu_ms_per_step() for s in sides if s.name in (a, b)}
-    cpu_text = (
-        f"; CPU {cpu[a]:.0f} vs {cpu[b]:.0f} ms/step (both ranks)"
-        if cpu.get(a) and cpu.get(b)
-        else ""
-    )
+    ca, cb = cpu.get(a), cpu.get(b)
+    cpu_text = f"; CPU {ca:.0f} vs {cb:.0f} ms/step (both ranks)" if ca and cb else ""
     return common.settle(
         name,
         per_rep,
@@ -186,7 +183,7 @@ def row(
         **setup,
         steps_per_s_typical={a: rates[a], b: rates[b]},
         cpu_ms_per_step=cpu,
-        cpu_ratio_b_over_a=round(cpu[b] / cpu[a], 4) if cpu.get(a) and cpu.get(b) else None,
+        cpu_ratio_b_over_a=round(cb / ca, 4) if ca and cb else None,
         sides={a: SIDES[a], b: SIDES[b]},
         summary=f"{label}: {ma:.2f} vs {mb:.2f} steps/s (median over segments of 1 / median "
         f"step interval){cpu_text}. Same model, data, batch, optimizer, clip; train_entry also "
@@ -194,7 +191,7 @@ def row(
     )
 
 
-def run(quick: bool) -> list[dict]:
+def run(quick: bool) -> list[common.Row]:
     reps, segment, warmup = (3, 8, 5) if quick else (7, 8, 6)
     reps = max(3, common.reps(reps))
     setup = {

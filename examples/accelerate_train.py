@@ -64,7 +64,7 @@ def main() -> None:
         f"device {accelerator.device}, step {step}/{args.steps}"
     )
 
-    def state() -> dict:
+    def state() -> dict[str, object]:
         return {
             "model": accelerator.unwrap_model(model).state_dict(),
             "optimizer": opt.state_dict(),

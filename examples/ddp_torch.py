@@ -96,7 +96,7 @@ def main() -> None:
             flush=True,
         )
 
-    def state() -> dict:
+    def state() -> dict[str, object]:
         return {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
 
     while step < args.steps:

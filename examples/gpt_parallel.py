@@ -27,16 +27,18 @@ This file is the same plan and split train_entry uses for its built-in demo GPT
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
+from train_entry.config import TrainConfig
 from train_entry.model import GPT
 
 
-def model(config: Any) -> nn.Module:
+def model(config: TrainConfig) -> nn.Module:
     """Your model factory (here the demo GPT, built from the config's model section)."""
     m = config.model
     return GPT(
@@ -49,7 +51,7 @@ def model(config: Any) -> nn.Module:
     )
 
 
-def tp_plan(model: nn.Module, tp_mesh: Any, config: Any) -> None:
+def tp_plan(model: GPT | Stage, tp_mesh: DeviceMesh, config: TrainConfig) -> None:
     """Megatron's layout with sequence parallel. Between blocks every rank holds 1/tp of the
     tokens (Shard(1)); each attention and MLP gathers them (the Colwise input), computes its share of
     heads / hidden units, and reduce-scatters back (the Rowwise output). Norms run on the token
@@ -58,13 +60,14 @@ def tp_plan(model: nn.Module, tp_mesh: Any, config: Any) -> None:
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        ParallelStyle,
         RowwiseParallel,
         SequenceParallel,
         parallelize_module,
     )
 
     sharded_logits = config.parallel.loss_parallel
-    root: dict[str, Any] = {}
+    root: dict[str, ParallelStyle] = {}
     if getattr(model, "tok", None) is not None:  # a stage with the embeddings
         root["tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
         root["pos"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
@@ -98,7 +101,7 @@ class Stage(nn.Module):
     """Layers [lo, hi) under the model's own names; the first stage embeds, the last returns
     logits. Attributes a stage does not hold are None, so names never shift."""
 
-    def __init__(self, gpt: nn.Module, lo: int, hi: int, *, first: bool, last: bool) -> None:
+    def __init__(self, gpt: GPT, lo: int, hi: int, *, first: bool, last: bool) -> None:
         super().__init__()
         self.tok = gpt.tok if first else None
         self.pos = gpt.pos if first else None
@@ -121,8 +124,8 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def pp_split(
-    model: nn.Module, stage_ids: list[int], n_stages: int, config: Any
-) -> tuple[list[nn.Module], Any]:
+    model: GPT, stage_ids: list[int], n_stages: int, config: TrainConfig
+) -> tuple[list[nn.Module], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
     """Equal runs of layers per stage (the config check makes n_stages divide the layers)."""
     if len(model.blocks) % n_stages:
         raise ValueError(f"{n_stages} stages do not divide {len(model.blocks)} layers")

@@ -33,7 +33,7 @@ from transformers.trainer_utils import get_last_checkpoint
 VOCAB, SEQ = 256, 32
 
 
-class Synthetic(Dataset):
+class Synthetic(Dataset[dict[str, torch.Tensor]]):
     """Sample i: a short sequence from a generator seeded with i (the same on every rank)."""
 
     def __init__(self, n: int) -> None:
@@ -55,7 +55,7 @@ class Slow(TrainerCallback):
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(self, *args: object, **kwargs: object) -> None:
         time.sleep(self.seconds)
 
 
@@ -102,6 +102,7 @@ def main() -> None:
         print(f"resuming from {last}", flush=True)
     trainer.train(resume_from_checkpoint=last)
     if trainer.is_world_process_zero():
+        assert trainer.model is not None  # the model passed in above
         digest = params_sha256(trainer.model)
         with open(os.path.join(a.output_dir, "final_params.sha256"), "w") as f:
             f.write(digest + "\n")

@@ -25,7 +25,6 @@ import argparse
 import os
 import time
 from collections.abc import Sequence
-from typing import Any
 
 import lightning as L
 import torch
@@ -44,7 +43,7 @@ class Regressor(L.LightningModule):
         torch.manual_seed(0)
         self.net = nn.Sequential(nn.Linear(16, 64), nn.GELU(), nn.Dropout(0.1), nn.Linear(64, 1))
 
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
         loss = nn.functional.mse_loss(self.net(x), y)
         self.log("loss", loss)
@@ -60,7 +59,7 @@ class Slow(L.Callback):
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
 
-    def on_train_batch_end(self, *args: Any) -> None:
+    def on_train_batch_end(self, *args: object) -> None:
         time.sleep(self.seconds)
 
 

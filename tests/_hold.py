@@ -17,24 +17,25 @@ def ranks(run: Path) -> list[int]:
     """The run's training processes: torchrun's (or srun's) workers, which carry the run folder
     and a RANK in their environment; not torchrun, srun or the batch shell."""
     want = f"{jobenv.RUN_DIR}={run}".encode()
-    out = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+    me, out = os.getpid(), []
+    for pid in os.listdir("/proc"):  # tests poll this: the command line first, the cheaper read
+        if not pid.isdigit() or int(pid) == me:
             continue
         try:
-            env = (proc / "environ").read_bytes().split(b"\0")
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().split(b"\0")
+            if (
+                not os.path.basename(cmd[0]).startswith(b"python")
+                or b"torch.distributed.run" in cmd
+                or b"hpctrain.launchers.rdzv" in cmd  # the torchrun agent
+            ):
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read().split(b"\0")
         except OSError:
             continue
-        python = Path(cmd[0].decode(errors="replace")).name.startswith("python")
-        if (
-            python
-            and want in env
-            and any(e.startswith(b"RANK=") for e in env)
-            and b"torch.distributed.run" not in cmd
-            and b"hpctrain.launchers.rdzv" not in cmd  # the torchrun agent
-        ):
-            out.append(int(proc.name))
+        if want in env and any(e.startswith(b"RANK=") for e in env):
+            out.append(int(pid))
     return out
 
 

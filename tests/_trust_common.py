@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from hpctrain.cli import main
 from hpctrain.jobs.request import JobRequest
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.kernel import jobenv
 from hpctrain.profiles import resolve
 from hpctrain.render.script import render
@@ -44,4 +45,4 @@ def site_template(
 def render_local(**flags: object) -> str:
     profile = resolve("local", dict(flags))
     req = JobRequest.build(profile, name="t", nodes=1)
-    return render(profile, req, "/tmp/runs/t")
+    return render(JobSpec.build(profile, req, "/tmp/runs/t"))

@@ -1,5 +1,6 @@
 """Bad nodes without a cluster: the preflight gate's decisions on report files, its CLI, bisect,
-the stall watchdog in one process, min_nodes rendering (live faults: tests/test_bad_nodes_live.py)."""
+the stall watchdog in one process, min_nodes rendering, the gate entering the launch's own container
+(live faults: tests/test_bad_nodes_live.py)."""
 
 from __future__ import annotations
 
@@ -263,13 +264,14 @@ stuck_in_here()
 
 def test_min_nodes_renders_a_range_and_deepspeed_cannot_shrink(tmp_path):
     from hpctrain.jobs.request import JobRequest
+    from hpctrain.jobs.spec import JobSpec
     from hpctrain.kernel.errors import ValidationError
     from hpctrain.profiles import resolve
     from hpctrain.render.script import render
 
     profile = resolve("loopback", {"preflight.enabled": True})
     req = JobRequest.build(profile, name="r", nodes=2, gpus=1, min_nodes=1, exclude=["n7,n9"])
-    text = render(profile, req, str(tmp_path / "r"))
+    text = render(JobSpec.build(profile, req, tmp_path / "r"))
     assert "#SBATCH --nodes=1-2\n" in text and "--ntasks-per-node=1\n#" not in text
     assert "#SBATCH --exclude=n7,n9\n" in text
     assert f"{jobenv.NNODES}=$SLURM_NNODES" in text and "  hpctrain_preflight\n" in text
@@ -277,6 +279,50 @@ def test_min_nodes_renders_a_range_and_deepspeed_cannot_shrink(tmp_path):
         JobRequest.build(profile, name="r", nodes=2, gpus=1, min_nodes=1, strategy="deepspeed")
     with pytest.raises(ValidationError, match="--min-nodes 3: between 1 and --nodes"):
         JobRequest.build(profile, name="r", nodes=2, gpus=1, min_nodes=3)
+
+
+# --- the gate runs in the launch's own container -------------------------------------------
+
+
+def _gate_and_launch(flags: dict) -> tuple[list[str], str]:
+    from hpctrain.jobs.request import JobRequest
+    from hpctrain.jobs.spec import JobSpec
+    from hpctrain.profiles import resolve
+    from hpctrain.render.script import render
+
+    profile = resolve("loopback", {"preflight.enabled": True, **flags})
+    req = JobRequest.build(profile, name="t", nodes=1)
+    text = render(JobSpec.build(profile, req, "/tmp/runs/t"))
+    check = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("check+=(")]
+    launch = next(ln for ln in text.splitlines() if "# environment.container" in ln)
+    return check, launch.split("+=", 1)[1].split("  #")[0]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        {"environment.container.kind": "pyxis", "environment.container.image": "$IMG"},
+        {
+            "environment.container.kind": "singularity",
+            "environment.container.image": "/x.sif",
+            "environment.container.binary": "/opt/s/bin/singularity",
+            "slurm.gpus_per_node": 4,
+        },
+        {"environment.container.kind": "shifter", "environment.container.image": "docker:a/b:1"},
+        {"environment.container.kind": "edf", "environment.container.image": "my-env"},
+    ],
+)
+def test_the_preflight_gate_enters_the_same_container_as_the_launch(tmp_path, monkeypatch, flags):
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.delenv(jobenv.SITE_PATH, raising=False)
+    monkeypatch.setenv(jobenv.PYTHON, "/opt/py/bin/python")
+    check, launch = _gate_and_launch(flags)
+    assert f"check+={launch}" in check, (check, launch)
+    assert not any("apptainer" in c for c in check)  # before: every kind but pyxis
+    if flags["environment.container.kind"] == "pyxis":
+        assert '--container-image="$IMG"' in launch  # expands on the node, never quoted literally
+    if flags["environment.container.kind"] == "singularity":
+        assert launch.startswith('("/opt/s/bin/singularity" exec --nv ')
 
 
 def test_golden_gate(tmp_path, monkeypatch):

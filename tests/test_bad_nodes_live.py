@@ -101,13 +101,23 @@ class Live:
         return out
 
     def wait(self, name: str, timeout: float) -> dict:
+        """`status` until the run ended; skipped while a job of the run is in Slurm's queue (a
+        Python start of ~0.5 s CPU each; asked at least every 15 s: tests/test_slurm_e2e.py)."""
+        from test_slurm_e2e import queued
+
         deadline = time.monotonic() + timeout
         while True:
-            info = json.loads(self.hp("status", name, "--json").stdout)
+            info, asked = json.loads(self.hp("status", name, "--json").stdout), time.monotonic()
             if info["state"] in ENDED:
                 return info
-            assert time.monotonic() < deadline, f"{name}: still {info['state']} after {timeout} s"
-            time.sleep(2)
+            ids = [str(j["job_id"]) for j in _lines(self.root / "runs" / name / "jobs.jsonl")]
+            while True:
+                assert time.monotonic() < deadline, (
+                    f"{name}: still {info['state']} after {timeout} s"
+                )
+                time.sleep(2)
+                if time.monotonic() - asked >= 15 or not (ids and queued(ids)):
+                    break
 
     def dump(self) -> None:
         for run in sorted((self.root / "runs").glob("*")):

@@ -162,7 +162,10 @@ def test_raw_write_baseline_writes_and_cleans_up(tmp_path):
 
 
 def test_run_writes_json_and_markdown(tmp_path):
-    """A real quick run of the CLI benchmark through run.py, as `make bench-quick` runs it."""
+    """A real quick run of the CLI benchmark through run.py, as `make bench-quick` runs it, with
+    one repetition (a repetition is 6 timed process starts and a pair of callgrind runs, the
+    slowest part: the rows' shape needs no more; `settle` over several repetitions is tested on
+    its own above)."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     p = subprocess.run(
         [
@@ -172,7 +175,7 @@ def test_run_writes_json_and_markdown(tmp_path):
             "--only",
             "cli",
             "--reps",
-            "2",
+            "1",
             "--out",
             str(tmp_path),
         ],

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from _events import flow
+from test_slurm_e2e import queued
 
 HPCTRAIN = [sys.executable, "-m", "hpctrain"]
 PROFILE = """name: loopchain
@@ -96,6 +97,19 @@ def lines(path: Path) -> list[dict]:
         if path.is_file()
         else []
     )
+
+
+def ended(hp, name: str, job_ids: list[str]) -> dict | None:
+    """The run's `status --json` once it ended. Asked only when none of its jobs is in Slurm's
+    queue any more, or 15 s after the last time: each `status` is a Python start (~0.5 s CPU)."""
+    if queued(job_ids) and time.monotonic() - _asked.get(name, 0.0) < 15:
+        return None
+    _asked[name] = time.monotonic()
+    s = json.loads(hp("status", name, "--json").stdout)
+    return s if s["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") else None
+
+
+_asked: dict[str, float] = {}
 
 
 def until(what: str, cond, timeout: float):
@@ -181,15 +195,7 @@ def test_three_segment_chain_ends_each_segment_by_the_time_limit_bit_identical(s
             ["scontrol", "show", "job", "-o", segs[2]], capture_output=True, text=True
         ).stdout
         assert f"Dependency=afterany:{segs[1]}" in deps and "TimeLimit=00:01:00" in deps, deps
-        info = until(
-            "the chain ends",
-            lambda: (
-                (s := json.loads(hp("status", "long", "--json").stdout))["state"]
-                in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
-                and s
-            ),
-            400,
-        )
+        info = until("the chain ends", lambda: ended(hp, "long", segs), 400)
         events = lines(run / "events.jsonl")
         assert info["state"] == "COMPLETED", (info, events)
         chain = [(c["job_id"], c["state"]) for c in info["chain"]]
@@ -218,15 +224,7 @@ def test_three_segment_chain_ends_each_segment_by_the_time_limit_bit_identical(s
             assert ("chain_cancel", segs[1]) in [(e["event"], e.get("job_id")) for e in events]
         assert "chain: 3 jobs, one after another" in hp("status", "long").stdout
 
-        ref_info = until(
-            "the reference ends",
-            lambda: (
-                (s := json.loads(hp("status", "ref", "--json").stdout))["state"]
-                in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
-                and s
-            ),
-            240,
-        )
+        ref_info = until("the reference ends", lambda: ended(hp, "ref", [ref_id]), 240)
         assert ref_info["state"] == "COMPLETED", ref_info
         assert (run / "final_params.sha256").read_text() == (
             hp.root / "runs" / "ref" / "final_params.sha256"

@@ -222,12 +222,13 @@ def test_deepspeed_world_size_change_says_what_works(tmp_path):
     run(tmp_path, 1)
     manifest_path = tmp_path / "checkpoints" / "step-00000001" / "MANIFEST.json"
     manifest = json.loads(manifest_path.read_text())
-    ckpt = Checkpointer(tmp_path, strategy="deepspeed")
+    from train_entry.checkpoint.load import check_compatible
+
     with pytest.raises(UserError, match="DDP and FSDP checkpoints load into each other"):
-        ckpt._check_compatible(manifest_path.parent, manifest, 1)
+        check_compatible(manifest_path.parent, manifest, strategy="deepspeed", world=1)
     manifest["strategy"], manifest["world_size"] = "deepspeed", 4
     with pytest.raises(UserError, match="ds_to_universal.*zero_to_fp32"):
-        ckpt._check_compatible(manifest_path.parent, manifest, 2)
+        check_compatible(manifest_path.parent, manifest, strategy="deepspeed", world=2)
 
 
 def test_newest_verified_without_torch_state(tmp_path):

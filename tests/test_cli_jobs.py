@@ -93,16 +93,19 @@ def test_local_run_end_to_end_render_equals_submit(cli):
     assert (run / "job.sh").read_text() == rendered  # byte for byte what the local executor ran
     # run.yaml freezes everything needed to render the same script again (what a resume relies on)
     from hpctrain.jobs.request import JobRequest
+    from hpctrain.jobs.spec import JobSpec
     from hpctrain.profiles import Profile
     from hpctrain.render.script import render
     from hpctrain.runs.folder import RunDir
 
     frozen = RunDir(run).frozen()
     again = render(
-        Profile.model_validate(frozen["profile"]),
-        JobRequest.from_dict(frozen["request"]),
-        run,
-        python=frozen["node_python"],
+        JobSpec.build(
+            Profile.model_validate(frozen["profile"]),
+            JobRequest.from_dict(frozen["request"]),
+            run,
+            python=frozen["node_python"],
+        )
     )
     assert again == rendered
     for node in (0, 1):

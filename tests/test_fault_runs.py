@@ -12,7 +12,9 @@ import pytest
 from _faults_common import fill, hpctrain, wait_for
 from click.testing import CliRunner
 
+from hpctrain import dispatch
 from hpctrain.cli import main
+from hpctrain.runs.folder import RunDir
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
@@ -97,6 +99,9 @@ def test_full_disk_ends_failed_in_one_line_and_resumes_bit_identical(
             tmp_path, "submit", "--profile", "local", "--name", "other", "--dry-run", ok=False
         )
         assert "cannot write the run folder" in out.stderr and "no space left" in out.stderr
+    # the run's end read in this process (a `status` is a Python start, ~0.5 s CPU: at 20 polls a
+    # second it took a core from the tests beside), then `status` itself
+    wait_for(lambda: dispatch.state(RunDir(run)) not in ("PENDING", "RUNNING"))
     wait_for(lambda: "FAILED" in hpctrain(tmp_path, "status", "full").stdout)
     status = hpctrain(tmp_path, "status", "full").stdout
     saved = latest(run)

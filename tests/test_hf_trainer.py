@@ -95,7 +95,7 @@ def _submit(runs: Runs, name: str, *extra: str, wait: bool) -> subprocess.Popen 
 
 def _step(run: Path) -> int:
     snap = snapshot(run)
-    return snap["step"] if snap else 0
+    return snap.step if snap else 0
 
 
 def _final(runs: Runs, name: str) -> str:

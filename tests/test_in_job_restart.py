@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from hpctrain.kernel import fatal, jobenv, layout
 
@@ -169,12 +171,23 @@ class Job:
 
 
 def reference_of(tmp_path_factory, strategy: str) -> str:
-    """The uninterrupted run of TRAIN under `strategy`, once per module."""
+    """The uninterrupted run of TRAIN under `strategy`, trained once per test session: under
+    pytest-xdist its folder and lock are shared by the workers (as test_parallel_layouts.
+    reference_run), so tests/test_in_job_slurm.py on the live worker does not train ddp's again."""
     if strategy not in _references:
-        job = Job(tmp_path_factory.mktemp(f"in-job-ref-{strategy}"), "ref")
-        job.submit(train=with_strategy(strategy), wait=True)
-        assert job.state() == "COMPLETED"
-        _references[strategy] = (job.run / layout.FINAL_PARAMS).read_text()
+        root = tmp_path_factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            root = root.parent  # the session's folder, above each worker's own
+        folder = root / f"in-job-ref-{strategy}"
+        final = folder / "runs" / "ref" / layout.FINAL_PARAMS
+        with FileLock(root / f"in-job-ref-{strategy}.lock"):
+            if not final.is_file():
+                shutil.rmtree(folder, ignore_errors=True)  # a half-built one of a failed try
+                folder.mkdir()
+                job = Job(folder, "ref")
+                job.submit(train=with_strategy(strategy), wait=True)
+                assert job.state() == "COMPLETED"
+            _references[strategy] = final.read_text()
     return _references[strategy]
 
 

@@ -10,8 +10,12 @@ import inspect
 from importlib.metadata import version
 from pathlib import Path
 
-from hpctrain import dispatch
+import _house
+
+from hpctrain import containers, dispatch, launchers
 from hpctrain.dispatch import submitit_api
+from hpctrain.kernel import plugins
+from hpctrain.kernel import strategies as kernel_strategies
 
 REPO = Path(__file__).resolve().parent.parent
 CLI = REPO / "hpctrain" / "cli"
@@ -112,16 +116,28 @@ def test_submitit_private_names_appear_only_in_its_bridge() -> None:
     )
 
 
-def test_every_registered_scheduler_implements_the_protocol() -> None:
-    wanted = {
-        n: inspect.signature(getattr(dispatch.Scheduler, n))
-        for n in ("submit", "state", "cancel", "signal")
-    }
-    for name, module in dispatch.SCHEDULERS.items():
-        impl = importlib.import_module(module).SCHEDULER
-        for method, sig in wanted.items():
-            got = inspect.signature(getattr(type(impl), method))
-            assert list(got.parameters) == list(sig.parameters), f"{name}.{method}{got} != {sig}"
+def _protocol_methods(proto: type) -> dict[str, list[str]]:
+    names = [n for n in vars(proto) if not n.startswith("_")]
+    return {n: list(inspect.signature(getattr(proto, n)).parameters)[1:] for n in names}
+
+
+def test_every_registered_plugin_implements_its_protocol() -> None:
+    kinds = (
+        (plugins.SCHEDULERS, dispatch.Scheduler, lambda m: type(m.SCHEDULER)),
+        (plugins.LAUNCHERS, launchers.Launcher, lambda m: m),
+        (plugins.CONTAINERS, containers.ContainerKind, lambda m: m),
+    )
+    for registry, proto, impl_of in kinds:
+        wanted = _protocol_methods(proto)
+        assert wanted, proto
+        for name, module in registry.items():
+            impl = impl_of(importlib.import_module(module))
+            for method, params in wanted.items():
+                got = list(inspect.signature(getattr(impl, method)).parameters)
+                got = got[1:] if isinstance(impl, type) else got
+                assert got == params, (
+                    f"{name}.{method}({got}) != {proto.__name__}.{method}({params})"
+                )
 
 
 # Files opened for writing by hand outside hpctrain/kernel/, each for a reason: none is a run-folder
@@ -197,7 +213,7 @@ TYPED_LAYERS = (
     "hpctrain/cli",
     "hpctrain/service",
     "hpctrain/checks/doctor/service.py",
-    "hpctrain/jobs/sweep.py",
+    "hpctrain/service/sweep.py",
     "hpctrain/remote/submit.py",
 )
 
@@ -310,4 +326,61 @@ def test_any_annotations_say_why() -> None:
         "`: Any` annotations without a reason: give a precise type, or at a true boundary (YAML, "
         "JSON, torch, a third-party API) say why on the line or the line above with "
         "`# Any: <reason>`:\n" + "\n".join(bare)
+    )
+
+
+# Strategy names are spelled in hpctrain/kernel/strategies.py and compared only inside their own
+# modules (train_entry/strategies/NAME.py): everyone else asks StrategyInfo's facts.
+def _compared_names(tree: ast.AST, names: set[str]) -> list[int]:
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            sides = [node.left, *node.comparators]
+            for side in sides:
+                elts = side.elts if isinstance(side, ast.Tuple | ast.Set | ast.List) else [side]
+                if any(isinstance(e, ast.Constant) and e.value in names for e in elts):
+                    lines.append(node.lineno)
+    return lines
+
+
+def test_strategy_names_are_compared_only_in_their_modules() -> None:
+    names = set(kernel_strategies.NAMES)
+    found = []
+    for top in ("hpctrain", "train_entry"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if rel == "hpctrain/kernel/strategies.py" or rel.startswith("train_entry/strategies/"):
+                continue
+            found += [f"{rel}:{n}" for n in _compared_names(ast.parse(path.read_text()), names)]
+    assert not found, (
+        "a strategy name compared outside its module: give hpctrain/kernel/strategies.py's "
+        f"StrategyInfo the fact you need and read it there: {found}"
+    )
+
+
+# Job-state names are spelled once, in hpctrain/kernel/states.py.
+STATE_NAMES = {"PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL"}
+STATE_NAMES |= {"OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REQUEUED", "UNKNOWN", "LOST", "WAITING"}
+
+
+def test_job_states_are_spelled_only_in_the_kernel() -> None:
+    found = []
+    for top in ("hpctrain", "train_entry"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if rel == "hpctrain/kernel/states.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and node.value in STATE_NAMES:
+                    found.append(f"{rel}:{node.lineno}: {node.value}")
+    assert not found, f"use hpctrain.kernel.states: {found}"
+
+
+def test_every_import_runs_down_a_floor() -> None:
+    found = _house.imports()
+    assert ("cli", "service") in found and ("train_entry", "kernel") in found  # it reads imports
+    bad = _house.upward(found)
+    assert not bad, (
+        "an import that runs up or sideways between rooms (tests/_house.py FLOORS): move the code "
+        "to the room it belongs to, or pass the value down:\n" + "\n".join(bad)
     )

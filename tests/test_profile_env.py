@@ -22,6 +22,7 @@ import pytest
 from test_render import make_standins, run_script
 
 from hpctrain.jobs.request import JobRequest
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.kernel import jobenv
 from hpctrain.kernel.errors import UserError, ValidationError
 from hpctrain.profiles import resolve
@@ -58,7 +59,7 @@ def render_p(tmp_path, standins, flags=None, name="p"):
     os.environ[jobenv.PYTHON] = str(standins[0] / "python")  # as tests/test_render.py does
     profile = resolve(name, {"preflight.enabled": False, **(flags or {})})
     req = JobRequest.build(profile, name="h", nodes=2, gpus=1, args=[])
-    return render(profile, req, str(tmp_path / "runs" / "h"))
+    return render(JobSpec.build(profile, req, tmp_path / "runs" / "h"))
 
 
 def events(tmp_path) -> list[dict]:
@@ -146,7 +147,7 @@ def test_a_reference_cycle_is_refused_at_render_time_with_its_location(tmp_path,
     profile = resolve("p")
     req = JobRequest.build(profile, name="h", nodes=1, gpus=1, args=[])
     with pytest.raises(UserError) as e:
-        render(profile, req, str(tmp_path / "runs" / "h"))
+        render(JobSpec.build(profile, req, tmp_path / "runs" / "h"))
     msg = str(e.value)
     assert msg.startswith(f"{path}:6: environment.env.A: ") or msg.startswith(
         f"{path}:5: environment.env.B: "
@@ -165,12 +166,12 @@ def test_a_reference_cycle_is_refused_at_render_time_with_its_location(tmp_path,
 
 def derived_names() -> set[str]:
     """Every variable the bundled template (and the launcher/container parts) exports itself."""
-    texts = [(REPO / "templates" / "sbatch.sh.j2").read_text()]
+    texts = [p.read_text() for p in sorted((REPO / "templates").rglob("*.j2"))]
     for name in ("loopback", "local"):
         for launcher in ("torchrun", "srun") if name == "loopback" else ("torchrun",):
             profile = resolve(name, {"launch.launcher": launcher})
             req = JobRequest.build(profile, name="h", nodes=2, gpus=1, args=[])
-            texts.append(render(profile, req, "/r/h"))
+            texts.append(render(JobSpec.build(profile, req, "/r/h")))
     found = set()
     for text in texts:
         for names in re.findall(r"\bexport ((?:\w+=\S*\s*)+)", text):

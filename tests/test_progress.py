@@ -25,7 +25,7 @@ def test_progress_from_the_newest_metrics_lines(tmp_path):
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"ste')
     snap = snapshot(tmp_path)
-    assert snap["step"] == 10 and snap["total"] == 60 and snap["eta_s"] == 25.0
+    assert snap.step == 10 and snap.total == 60 and snap.eta_s == 25.0
     assert describe(snap) == "step 10/60  loss 2  320 samples/s  ETA 0:00:25"
 
 

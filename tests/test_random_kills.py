@@ -72,7 +72,7 @@ def count(phase, fn, before=True):
 
 from hpctrain.runtime import recovery as snapshot  # noqa: E402  (Exchange, store: shared)
 from train_entry import trainer  # noqa: E402
-from train_entry.checkpoint import steps  # noqa: E402
+from train_entry.checkpoint import commit  # noqa: E402
 
 trainer.Trainer.train_step = count("train", trainer.Trainer.train_step)
 snapshot.Exchange._pairs = count("snapshot-partner", snapshot.Exchange._pairs)  # mid-exchange
@@ -90,7 +90,7 @@ def write(folder, r, step, data, world, **kw):  # the own copy: a put's 1st writ
 
 
 snapshot.store.write = write
-steps.SaveSteps._finish = count("disk-uncommitted", steps.SaveSteps._finish)
+commit.Commit.finish = count("disk-uncommitted", commit.Commit.finish)
 
 from train_entry.cli import main  # noqa: E402
 from train_entry.dist import exit_now  # noqa: E402

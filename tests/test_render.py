@@ -2,8 +2,7 @@
 topology from one source, and the rendered script EXECUTED with stand-in srun/scontrol/python to prove
 that hostile values arrive intact and inject nothing, and that the port policy holds.
 
-Refresh the golden files after an intended change:
-    make golden
+Refresh the golden files after an intended change: `make golden`.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.jobs.request import JobRequest
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.kernel import jobenv
 from hpctrain.kernel.errors import UserError, ValidationError
 from hpctrain.profiles import resolve
@@ -56,7 +56,7 @@ def golden_script(name: str, **flags: object) -> str:
     """The fixed request behind the golden files (and the wheel test): 2 nodes, profile defaults."""
     profile = resolve(name, {"storage.runs_dir": GOLDEN_RUNS, **flags})
     req = JobRequest.build(profile, name="golden", nodes=2, args=["--max-steps", "10"])
-    return render(profile, req, runs_dir_of(profile) / req.name)
+    return render(JobSpec.build(profile, req, runs_dir_of(profile) / req.name))
 
 
 def shellcheck(path: Path) -> None:
@@ -166,7 +166,7 @@ def test_sbatch_lines_refuse_unsafe_paths():
     profile = resolve("loopback", {})
     req = JobRequest.build(profile, name="p")
     with pytest.raises(UserError, match="cannot put .* on an #SBATCH line"):
-        render(profile, req, "/tmp/a b\n#SBATCH --x/p")
+        render(JobSpec.build(profile, req, "/tmp/a b\n#SBATCH --x/p"))
 
 
 def test_site_template_overrides_one_block(tmp_path, monkeypatch):
@@ -278,7 +278,7 @@ def render_with(profile_name, flags, args, run_dir, standins, name="h"):
     # the stand-ins record commands; the preflight gate runs live (tests/test_bad_nodes.py)
     profile = resolve(profile_name, {"preflight.enabled": False, **flags})
     req = JobRequest.build(profile, name=name, nodes=2, gpus=1, args=args)
-    return render(profile, req, run_dir)
+    return render(JobSpec.build(profile, req, run_dir))
 
 
 SLURM_ENV = {"SLURM_JOB_ID": "4242", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "n[1-2]"}
@@ -368,13 +368,15 @@ def test_port_policy_skips_29500_and_fails_in_ephemeral_range(tmp_path, standins
     assert "no free rendezvous port" in out.stderr and "ephemeral range" in out.stderr
 
 
-# The entry's first start: 3 s of "training", then what a real entry does on a stop (exit 75 after
-# its save) or what one that trained to its end does (exit 0).
+# The entry's first start "trains" until the stop file appears (10 s at most), then does what a
+# real entry does on a stop (exit 75 after its save) or what one that trained to its end does
+# (exit 0).
 AFTER_STOP = (
     "import time\n"
     f"if os.environ[{jobenv.RESTART_COUNT!r}] == '0':\n"
-    "    time.sleep(3)\n"
-    f"    if os.path.exists(os.environ[{jobenv.STOP_FILE!r}]): sys.exit({{code}})\n"
+    "    for _ in range(100):\n"
+    f"        if os.path.exists(os.environ[{jobenv.STOP_FILE!r}]): sys.exit({{code}})\n"
+    "        time.sleep(0.1)\n"
     "sys.exit("
 )
 

@@ -11,6 +11,7 @@ import pytest
 from _trust_common import cli, write
 
 from hpctrain.jobs.request import JobRequest
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.kernel import jobenv
 from hpctrain.kernel.errors import ValidationError
 from hpctrain.profiles import resolve
@@ -31,7 +32,7 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def script(name: str, flags: dict, **req: int) -> str:
     profile = resolve(name, flags)
-    return render(profile, JobRequest.build(profile, name="t", **req), "/tmp/runs/t")
+    return render(JobSpec.build(profile, JobRequest.build(profile, name="t", **req), "/tmp/runs/t"))
 
 
 def sbatch(text: str) -> list[str]:

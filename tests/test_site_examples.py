@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.jobs.request import JobRequest
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.kernel import jobenv
 from hpctrain.profiles import resolve
 from hpctrain.render.script import render
@@ -193,7 +194,8 @@ def isolated(tmp_path, monkeypatch):
 
 def rendered(name: str) -> str:
     profile = resolve(str(EXAMPLES / f"{name}.yaml"), {})
-    return render(profile, JobRequest.build(profile, name="demo", nodes=2, args=[]), RUN)
+    req = JobRequest.build(profile, name="demo", nodes=2, args=[])
+    return render(JobSpec.build(profile, req, RUN))
 
 
 def test_the_examples_cover_the_kinds_of_site_asked_for():

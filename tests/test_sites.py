@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from hpctrain.jobs.request import JobRequest
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.kernel import jobenv
 from hpctrain.kernel.errors import UserError, ValidationError
 from hpctrain.profiles import resolve
@@ -40,7 +41,7 @@ def script(
         # the stand-ins record commands; the preflight gate runs live (tests/test_bad_nodes.py)
         profile = resolve(name, {"preflight.enabled": False, **flags})
         req = JobRequest.build(profile, name="s", nodes=nodes, gpus=gpus, args=[])
-        return render(profile, req, str(run_dir))
+        return render(JobSpec.build(profile, req, run_dir))
     finally:
         if before is None:
             os.environ.pop(jobenv.PYTHON, None)
@@ -234,10 +235,12 @@ def test_torchrun_command_arguments_and_python_keys(tmp_path, standins):
     # a resume renders with run.yaml's node_python: the same script
     profile = resolve("loopback", {"preflight.enabled": False, **flags})
     again = render(
-        profile,
-        JobRequest.build(profile, name="s", nodes=2, gpus=1, args=[]),
-        str(tmp_path / "r" / "s"),
-        python="$CONDA_PREFIX/bin/python",
+        JobSpec.build(
+            profile,
+            JobRequest.build(profile, name="s", nodes=2, gpus=1, args=[]),
+            tmp_path / "r" / "s",
+            python="$CONDA_PREFIX/bin/python",
+        )
     )
     assert again == text
     assert ('exec "python" "-m" "torch.distributed.run" --nnodes=') in text
@@ -294,7 +297,8 @@ def test_a_profile_chooses_its_template(tmp_path, monkeypatch):
     texts = {}
     for name in ("with-tpl", "without"):
         p = resolve(name, {})
-        texts[name] = render(p, JobRequest.build(p, name="t"), str(tmp_path / "runs" / "t"))
+        req = JobRequest.build(p, name="t")
+        texts[name] = render(JobSpec.build(p, req, tmp_path / "runs" / "t"))
     assert "export SITE_MARK=1\n" in texts["with-tpl"] and "SITE_MARK" not in texts["without"]
     with pytest.raises(ValidationError, match="not a template file name"):
         resolve("local", {"template": "../x.j2"})
@@ -404,7 +408,7 @@ def test_a_user_script_runs_under_launcher_srun(tmp_path, standins, monkeypatch)
     req = JobRequest.build(
         profile, name="u", nodes=2, gpus=1, script=str(user), args=[str(out_dir)]
     )
-    text = render(profile, req, str(tmp_path / "runs" / "u"))
+    text = render(JobSpec.build(profile, req, tmp_path / "runs" / "u"))
     # a real gloo job (gate + 2 ranks importing torch): 25 s at load 6, over 135 s at load 27
     out = run_script(text, standins, env={**SLURM_ENV, jobenv.PYTHON: sys.executable}, timeout=420)
     logs = "".join(p.read_text() for p in (tmp_path / "runs" / "u" / "logs").glob("*.log"))

@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from hpctrain.checks.preflight import gate
 from hpctrain.jobs.request import JobRequest
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.kernel import jobenv, layout
 from hpctrain.kernel.errors import ValidationError
 from hpctrain.profiles import resolve
@@ -69,7 +70,9 @@ def spare_script(launcher: str = "torchrun", **flags: object) -> str:
          "launch.launcher": launcher, "preflight.enabled": True, **flags},
     )  # fmt: skip
     req = JobRequest.build(profile, name="golden", nodes=2, args=["--max-steps", "10"])
-    return render(profile, req, "/scratch/runs/golden", python="/opt/hpctrain/bin/python")
+    return render(
+        JobSpec.build(profile, req, "/scratch/runs/golden", python="/opt/hpctrain/bin/python")
+    )
 
 
 @pytest.mark.parametrize("launcher", ["torchrun", "srun"])
@@ -103,7 +106,7 @@ def test_the_allocation_holds_the_spares_and_training_gets_its_node_list():
     # --min-nodes: a range of allocations, spares on top; training gets what came less the spares
     profile = resolve("loopback", {"preemption.spare_nodes": 1})
     req = JobRequest.build(profile, name="r", nodes=2, gpus=1, min_nodes=1)
-    ranged = render(profile, req, "/scratch/runs/r")
+    ranged = render(JobSpec.build(profile, req, "/scratch/runs/r"))
     assert "#SBATCH --nodes=2-3\n" in ranged
     assert f"{jobenv.NNODES}=$((SLURM_NNODES - 1))" in ranged
 
@@ -278,7 +281,7 @@ def run_job(tmp_path: Path, fail_nodes: str, bad: str = "", keep_good: str = "",
     run_dir.mkdir(parents=True)
     profile = resolve("loopback", {"preemption.spare_nodes": 1, "preflight.enabled": True, **flags})
     req = JobRequest.build(profile, name="s", nodes=2, gpus=1, args=[])
-    text = render(profile, req, str(run_dir), python=str(bin_ / "python"))
+    text = render(JobSpec.build(profile, req, run_dir, python=str(bin_ / "python")))
     (tmp_path / "job.sh").write_text(text)
     env = {
         "PATH": f"{bin_}:{os.environ['PATH']}",
@@ -330,7 +333,7 @@ def test_a_node_that_fails_in_training_is_swapped_for_the_spare_in_the_same_job(
         events, asked=1, newest_start=lines(run_dir / layout.RESTARTS)[-1],
         verdict=json.loads((run_dir / layout.PREFLIGHT_LATEST).read_text()),
     )  # fmt: skip
-    assert info["left"] == 0 and info["swaps"][0]["out"] == "n2", info
+    assert info.left == 0 and info.swaps[0].out == "n2", info
     assert "spare swap: n2 out, n3 in, after a failed training step" in "\n".join(
         spares.lines(info)
     )

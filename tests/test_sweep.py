@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from _events import kinds
 from _hold import held
+from test_slurm_e2e import queued
 
 HPCTRAIN = [sys.executable, "-m", "hpctrain"]
 TINY = ["--train.micro_batch=4", "--train.global_batch=8", "--train.log_every=1"]
@@ -226,7 +227,13 @@ def test_array_element_preempted_requeues_alone_and_resume_sweep_is_one_array(sl
     def table() -> dict:
         return json.loads(hp("status", "arr", "--json").stdout)
 
+    asked = [0.0]
+
     def ended() -> dict | None:
+        # a `status` is a Python start (~0.5 s CPU): asked once no task is queued, or every 15 s
+        if queued([j for j in (array, again) if j]) and time.monotonic() - asked[0] < 15:
+            return None
+        asked[0] = time.monotonic()
         t = table()
         ends = ("COMPLETED", "FAILED", "CANCELLED", "PREEMPTED")
         return t if all(r["state"] in ends for r in t["points"]) else None
@@ -321,7 +328,7 @@ def test_array_element_preempted_requeues_alone_and_resume_sweep_is_one_array(sl
 
 
 def test_resume_array_line_names_only_the_given_points_and_keeps_max_parallel():
-    from hpctrain.jobs.sweep import array_spec, resume_spec
+    from hpctrain.service.sweep import array_spec, resume_spec
 
     assert resume_spec([4, 1, 3], 2) == "1,3,4%2" and resume_spec([2], None) == "2"
     assert array_spec(6, 3) == "0-5%3"

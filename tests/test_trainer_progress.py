@@ -16,7 +16,7 @@ from hpctrain.runs.progress import describe, snapshot
 def _run(tmp_path, args):
     run = tmp_path / "runs" / "hf"
     (run / "logs").mkdir(parents=True)
-    frozen = {"request": {"args": args}, "cwd": str(tmp_path)}
+    frozen = {"profile": {}, "request": {"args": args}, "cwd": str(tmp_path)}
     (run / "run.yaml").write_text(yaml.safe_dump(frozen))
     return run
 
@@ -41,7 +41,7 @@ def test_newest_trainer_checkpoint_of_a_relative_output_dir(tmp_path):
     (tmp_path / "out" / "checkpoint-150").mkdir()  # half written: no trainer_state.json yet
     snap = snapshot(run)
     where = tmp_path / "out" / "checkpoint-100" / "trainer_state.json"
-    assert (snap["step"], snap["total"], snap["loss"]) == (100, 200, 2.25)
+    assert (snap.step, snap.total, snap.loss) == (100, 200, 2.25)
     assert describe(snap) == f"step 100/200  loss 2.25  ETA ?  (from {where})"
 
 
@@ -56,9 +56,9 @@ def test_trainer_log_lines_are_newer_than_the_checkpoint(tmp_path):
     dicts = "{'loss': '2.5', 'grad_norm': '1'}\n{'loss': '2.125', 'learning_rate': '0.001'}\n"
     (rank0 / "stdout.log").write_text(dicts)
     snap = snapshot(run)
-    assert (snap["step"], snap["total"], snap["loss"]) == (62, 200, 2.125)
-    assert abs(snap["step_time_s"] - 0.1) < 1e-9 and abs(snap["eta_s"] - 13.8) < 1e-6
-    assert snap["source"] == f"{rank0 / 'stderr.log'} (log lines)"
+    assert (snap.step, snap.total, snap.loss) == (62, 200, 2.125)
+    assert abs(snap.step_time_s - 0.1) < 1e-9 and abs(snap.eta_s - 13.8) < 1e-6
+    assert snap.source == f"{rank0 / 'stderr.log'} (log lines)"
 
 
 def test_lightning_bar_with_its_loss(tmp_path):
@@ -66,7 +66,7 @@ def test_lightning_bar_with_its_loss(tmp_path):
     bar = "\rEpoch 0:  45%|####5     | 90/200 [00:10<00:12,  2.00s/it, v_num=0, loss=1.75]"
     (run / "logs" / "rank-0.log").write_text(bar)
     snap = snapshot(run)
-    assert (snap["step"], snap["total"], snap["loss"], snap["step_time_s"]) == (90, 200, 1.75, 2.0)
+    assert (snap.step, snap.total, snap.loss, snap.step_time_s) == (90, 200, 1.75, 2.0)
 
 
 def test_a_progress_line_without_loss_keeps_the_loss_before(tmp_path):
@@ -77,4 +77,4 @@ def test_a_progress_line_without_loss_keeps_the_loss_before(tmp_path):
     ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     snap = snapshot(tmp_path)
-    assert (snap["step"], snap["loss"], snap["samples_per_s"]) == (7, 2.5, 100.0)
+    assert (snap.step, snap.loss, snap.samples_per_s) == (7, 2.5, 100.0)

@@ -47,11 +47,14 @@ def test_template_gets_plain_data_and_cannot_touch_files(tmp_path, monkeypatch) 
     assert result.exit_code == 2 and "template" in result.output and "unlink" in result.output
     assert victim.read_text() == "keep"
 
+    from hpctrain.jobs.spec import JobSpec
     from hpctrain.render import templating
     from hpctrain.render.script import context
 
     profile = resolve("local")
-    ctx = templating.plain(context(profile, JobRequest.build(profile, name="t"), "/r"))
+    ctx = templating.plain(
+        context(JobSpec.build(profile, JobRequest.build(profile, name="t"), "/r"))
+    )
 
     def kinds(v):
         if isinstance(v, dict):

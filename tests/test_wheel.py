@@ -40,6 +40,10 @@ def test_wheel_renders_the_golden(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     assert "hpctrain/templates/sbatch.sh.j2" in names
     assert {
+        "hpctrain/templates/scheduler/slurm.sh.j2",
+        "hpctrain/templates/launch/srun.sh.j2",
+    } <= set(names)
+    assert {
         f"hpctrain/site_configs/{p.name}" for p in (REPO / "site_configs").glob("*.yaml")
     } <= set(names)
 

@@ -20,6 +20,7 @@ from hpctrain.kernel import failures, fatal, jobenv
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.errors import UserError, ValidationError
 from train_entry.config import STRATEGIES, TrainConfig, check_sizes, keys_help, load_config
+from train_entry.trackers import check_installed
 
 # named flag -> the config key it sets (the dotted form works for every key too)
 NAMED = {
@@ -89,8 +90,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, int]:
         return args, cfg, 0
     accum = check_sizes(cfg)
     if cfg.train.tracker != "none":
-        from train_entry.trackers import check_installed
-
         check_installed(cfg.train.tracker)
     specs = {
         "model.factory": cfg.model.factory,
@@ -98,7 +97,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, int]:
         "data.collate": cfg.data.collate,
     }
     if any(specs.values()):
-        from train_entry.model import load_object  # resolve user code now, before any process group
+        # lazy: it imports torch (this module stays torch-free); user code resolved before any
+        # process group
+        from train_entry.model import load_object
 
         for what, spec in specs.items():
             if spec:
@@ -106,7 +107,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, int]:
     if strategy_names.info(
         cfg.strategy
     ).parse_check:  # e.g. DeepSpeed's own checks, no processes yet
-        from train_entry.strategies import strategy_class
+        from train_entry.strategies import strategy_class  # lazy: it imports torch
 
         strategy_class(cfg.strategy).validate(
             cfg, world=int(os.environ.get("WORLD_SIZE", "1")), accum=accum

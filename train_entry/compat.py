@@ -23,13 +23,18 @@ a version gate or a public fallback where torch offers one. The compatibility la
 
 from __future__ import annotations
 
-from typing import Any
+import pathlib
 
 import torch
-from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint import filesystem, state_dict_loader, state_dict_saver
+from torch.distributed.checkpoint import metadata as md
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner as DefaultSavePlanner
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader as FileSystemReader
-from torch.distributed.checkpoint.filesystem import FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystemWriter, _StorageInfo
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from torch.distributed.checkpoint.storage import StorageReader
 
 from hpctrain.kernel.support import release
 
@@ -50,16 +55,15 @@ dcp_save = state_dict_saver.save  # torch.distributed.checkpoint.save
 dcp_load = state_dict_loader.load  # torch.distributed.checkpoint.load
 
 
-def storage_info(relative_path: str, offset: int, length: int) -> Any:
+def storage_info(relative_path: str, offset: int, length: int) -> _StorageInfo:
     """DCP's record of where one item lies (file, offset, length): FileSystemReader reads it from
     the metadata's storage_data. A private dataclass in every release (2.7 .. 2.14), same fields."""
-    from torch.distributed.checkpoint.filesystem import _StorageInfo
-
     return _StorageInfo(relative_path, offset, length)
 
 
 def _dcp_version() -> str | None:
     try:  # 2.9 and later stamp the metadata with the format's version
+        # lazy: a version gate (2.7 and 2.8 have no CURRENT_DCP_VERSION)
         from torch.distributed.checkpoint.filesystem import CURRENT_DCP_VERSION
     except ImportError:  # 2.7, 2.8: no version field is written (their Metadata may lack it)
         return None
@@ -69,7 +73,7 @@ def _dcp_version() -> str | None:
 DCP_VERSION = _dcp_version()
 
 
-def stamp(metadata: Any) -> None:  # Any: torch objects (tensors, modules, optimizers, state dicts)
+def stamp(metadata: md.Metadata) -> None:
     """Set the metadata's format version as this torch's own writer would (nothing on <= 2.8)."""
     if DCP_VERSION is not None:
         metadata.version = DCP_VERSION
@@ -82,45 +86,31 @@ def local_tensor(t: torch.Tensor) -> torch.Tensor:
 
 
 def copy_state_dict(
-    src: dict[str, Any], dst: dict[str, Any], *, non_blocking: bool = False
+    src: dict[str, object], dst: dict[str, object], *, non_blocking: bool = False
 ) -> None:
     """Copy every tensor of `src` into the tensor at the same place of `dst` (same structure)."""
-    from torch.distributed._state_dict_utils import _copy_state_dict
-
     _copy_state_dict(src, dst, non_blocking=non_blocking, type_check=False)
 
 
-def cpu_state_dict(sd: dict[str, Any], *, pin_memory: bool = False) -> dict[str, Any]:
+def cpu_state_dict(sd: dict[str, object], *, pin_memory: bool = False) -> dict[str, object]:
     """The same structure with new CPU tensors (pinned when asked), for staging copies."""
-    from torch.distributed._state_dict_utils import _create_cpu_state_dict
-
     return _create_cpu_state_dict(sd, pin_memory=pin_memory)
 
 
-# Any: torch objects (tensors, modules, optimizers, state dicts)
-def load_everything(reader: Any) -> dict[str, Any]:
+def load_everything(reader: StorageReader) -> dict[str, object]:
     """The whole state dict a StorageReader holds, on CPU, without a process group (what torch's
     dcp_to_torch_save does; its planner and loader are private)."""
-    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-
-    sd: dict[str, Any] = {}
+    sd: dict[str, object] = {}
     _load_state_dict(sd, storage_reader=reader, planner=_EmptyStateDictLoadPlanner(), no_dist=True)  # type: ignore[no-untyped-call]
     return sd
 
 
-# Any: classes and functions of several kinds, looked up by the name a pickle gives
-def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
+def dcp_metadata_globals() -> dict[tuple[str, str], object]:
     """(module, name) -> object for every global a DCP `.metadata` pickle names: listed from real
     files (this project's writer and DCP's own FileSystemWriter, torch 2.7-2.13, every dtype,
     bytes items, meshes) with a recording Unpickler. Three are private, hence here; a name this
     torch lacks is left out (such a file cannot load here anyway)."""
-    import pathlib
-
-    from torch.distributed.checkpoint import filesystem
-    from torch.distributed.checkpoint import metadata as md
-
-    found: dict[tuple[str, str], Any] = {
+    found: dict[tuple[str, str], object] = {
         ("torch", name): v for name, v in vars(torch).items() if isinstance(v, torch.dtype)
     }
     found[("torch", "Size")] = torch.Size
@@ -149,6 +139,4 @@ def dcp_metadata_globals() -> dict[tuple[str, str], Any]:
 
 def warm_imports() -> None:
     """Import what an async save's writer thread will use (an import on that thread holds the GIL
-    while the training loop wants it back)."""
-    import torch.distributed._state_dict_utils  # noqa: F401
-    import torch.distributed.checkpoint  # noqa: F401
+    while the training loop wants it back): this module's own imports at the top have done it."""

@@ -1,4 +1,5 @@
-"""The demo task, user datasets, and a batch stream with an exact, restorable position.
+"""The demo task, user datasets, a batch stream with an exact, restorable position, and a batch's
+way to the device.
 
 Position (saved in every checkpoint, world-size independent): {"epoch": e, "offset": g} where g is the
 number of samples the whole job consumed in epoch e. Map-style data goes through
@@ -10,8 +11,8 @@ position after the last sample it yielded; it is read in the training process (n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sized
+from typing import Protocol, cast
 
 import torch
 from torch.utils.data import (
@@ -25,6 +26,20 @@ from torch.utils.data import (
 from hpctrain.kernel.errors import UserError
 from train_entry.config import TrainConfig
 from train_entry.model import call_factory, load_object
+from train_entry.state import Position
+
+
+class Resumable(Protocol):
+    """An iterable dataset that shards itself and knows its position (see the module docstring)."""
+
+    def __iter__(self) -> Iterator[object]: ...
+
+    def state_dict(self) -> object: ...
+
+    def load_state_dict(self, state: object) -> None: ...
+
+
+Samples = Dataset[object] | Resumable
 
 
 class Progressions(Dataset[dict[str, torch.Tensor]]):
@@ -50,7 +65,7 @@ class Progressions(Dataset[dict[str, torch.Tensor]]):
         return {"idx": x[:-1], "targets": targets}
 
 
-def build_dataset(config: TrainConfig, *, rank: int, world_size: int) -> Any:
+def build_dataset(config: TrainConfig, *, rank: int, world_size: int) -> Samples:
     if config.data.factory is None:
         m = config.model
         return Progressions(
@@ -79,7 +94,7 @@ def build_dataset(config: TrainConfig, *, rank: int, world_size: int) -> Any:
             f"data.factory '{config.data.factory}' returned {type(ds).__name__}: need a "
             f"map-style Dataset (__getitem__ + __len__) or an iterable with state_dict()"
         )
-    return ds
+    return cast(Samples, ds)
 
 
 class Batches:
@@ -87,14 +102,14 @@ class Batches:
 
     def __init__(
         self,
-        dataset: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        dataset: Samples,
         *,
         micro_batch: int,
         rank: int,
         world_size: int,
         seed: int,
         shuffle: bool = True,
-        collate: Callable[..., Any] | None = None,
+        collate: Callable[[list[object]], object] | None = None,
         num_workers: int = 0,
     ) -> None:
         self.ds, self.micro, self.rank, self.world = dataset, micro_batch, rank, world_size
@@ -102,8 +117,8 @@ class Batches:
         self.num_workers = num_workers
         self.iterable = not hasattr(dataset, "__getitem__") or isinstance(dataset, IterableDataset)
         if not self.iterable:
-            self.sampler: DistributedSampler[Any] = DistributedSampler(
-                dataset,
+            self.sampler: DistributedSampler[object] = DistributedSampler(
+                cast("Dataset[object]", dataset),
                 num_replicas=world_size,
                 rank=rank,
                 shuffle=shuffle,
@@ -112,23 +127,27 @@ class Batches:
             )
             if len(self.sampler) < micro_batch:
                 raise UserError(
-                    f"the dataset has {len(dataset)} samples: fewer than world_size"
+                    f"the dataset has {len(cast(Sized, dataset))} samples: fewer than world_size"
                     f"({world_size}) * train.micro_batch({micro_batch}); use more data"
                 )
         self.epoch, self.offset = 0, 0  # offset: samples the whole job consumed in this epoch
-        self._it: Iterator[Any] | None = None
+        self._it: Iterator[object] | None = None
 
     @property
-    def position(self) -> dict[str, Any]:
+    def stream(self) -> Resumable:
+        return cast(Resumable, self.ds)
+
+    @property
+    def position(self) -> Position:
         if self.iterable:
-            return {"iterable": self.ds.state_dict()}
+            return {"iterable": self.stream.state_dict()}
         return {"epoch": self.epoch, "offset": self.offset}
 
-    def restore(self, position: dict[str, Any]) -> None:
+    def restore(self, position: Position) -> None:
         if not position:
             return
         if self.iterable:
-            self.ds.load_state_dict(position["iterable"])
+            self.stream.load_state_dict(position["iterable"])
         else:
             self.epoch, self.offset = int(position["epoch"]), int(position["offset"])
         self._it = None
@@ -136,17 +155,17 @@ class Batches:
     def __iter__(self) -> Batches:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> object:
         if self.iterable:
             if self._it is None:
-                self._it = iter(self.ds)
+                self._it = iter(self.stream)
             items = []
             for _ in range(self.micro):
                 try:
                     items.append(next(self._it))
                 except StopIteration:  # a finite iterable starts over: a new epoch
                     self.epoch += 1
-                    self._it = iter(self.ds)
+                    self._it = iter(self.stream)
                     items.append(next(self._it))
             return self.collate(items)
         if self._it is None:
@@ -160,13 +179,13 @@ class Batches:
         self.offset += self.micro * self.world
         return batch
 
-    def _loader(self) -> Iterator[Any]:
+    def _loader(self) -> Iterator[object]:
         self.sampler.set_epoch(self.epoch)
         skip = self.offset // self.world
         indices = list(self.sampler)[skip:]
         return iter(
             DataLoader(
-                self.ds,
+                cast("Dataset[object]", self.ds),
                 batch_size=self.micro,
                 sampler=indices,
                 collate_fn=self.collate,
@@ -189,3 +208,28 @@ def build_batches(config: TrainConfig, *, rank: int, world_size: int) -> Batches
         collate=collate,
         num_workers=config.data.num_workers,
     )
+
+
+def to_device(batch: object, device: torch.device) -> object:
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+def tokens_per_sample(batch: object) -> int | None:
+    """Sequence length of the first 2-D integer tensor in a batch (for tokens/s), if there is one."""
+    items = (
+        batch.values()
+        if isinstance(batch, dict)
+        else batch
+        if isinstance(batch, (list, tuple))
+        else [batch]
+    )
+    for t in items:
+        if isinstance(t, torch.Tensor) and t.dim() == 2 and not t.is_floating_point():
+            return t.shape[1]
+    return None

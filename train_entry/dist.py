@@ -7,6 +7,7 @@ MASTER_PORT in each task: torch's env:// init needs no torchrun agent) and as a 
 
 from __future__ import annotations
 
+import ctypes
 import os
 import random
 import sys
@@ -18,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from hpctrain.kernel import jobenv
+from hpctrain.kernel.stopflag import die_with_launcher
 from train_entry.compat import GLOO_DESTROY_HANGS
 
 
@@ -60,8 +62,6 @@ def init_distributed(*, timeout_min: float = 10.0, seed: int = 0) -> DistInfo:
     if not dist.is_initialized():
         # Before joining: a worker whose torchrun is killed during the rendezvous must not wait out
         # the process-group timeout as an orphan.
-        from hpctrain.kernel.stopflag import die_with_launcher
-
         die_with_launcher()
         timeout = timedelta(minutes=timeout_min)
         if "MASTER_ADDR" in os.environ:
@@ -90,8 +90,6 @@ def keep_freed_memory() -> bool:
     """
     if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
         return False
-    import ctypes
-
     try:
         libc = ctypes.CDLL("libc.so.6")
     except OSError:
@@ -127,8 +125,6 @@ def exit_now(code: int) -> None:
     (2 in 10 two-rank runs measured), which torchrun reports as a failed job. Every file is closed by
     then; flush what Python buffers and leave.
     """
-    import sys
-
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -10,16 +10,18 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Mapping
+from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO
 
 import torch
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+from torch.profiler import ProfilerActivity, profile, schedule
 
 from hpctrain.kernel import layout
 from hpctrain.kernel.rundir import RunFolder
-
-if TYPE_CHECKING:
-    from train_entry.trackers import Tracker
+from train_entry.trackers import Tracker, open_tracker
 
 GPU_QUERY = "index,utilization.gpu,memory.used,memory.total,power.draw,temperature.gpu"
 
@@ -57,7 +59,7 @@ class Metrics:
         tokens_per_sample: int | None = None,
         tracker: str = "none",
         tracker_project: str | None = None,
-        config: dict[str, Any] | None = None,
+        config: Mapping[str, object] | None = None,
     ) -> None:
         self.run_dir = run_dir
         self.max_steps, self.log_every = max_steps, log_every
@@ -67,16 +69,13 @@ class Metrics:
         self.start(0)
         self.main = rank == 0
         self.log: IO[str] | None = None
-        # Any: rich's Progress / torch's profiler (optional, untyped)
-        self.bar: Any = None  # rich's Progress on a terminal (rank 0)
+        self.bar: Progress | None = None  # on a terminal (rank 0)
         self.tb: Tracker | None = None
         if not self.main:
             return
         self.folder = RunFolder(run_dir)
         self.log = self.folder.open_log(layout.TRAIN_LOG)
         if sys.stdout.isatty():
-            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
             self.bar = Progress(
                 TextColumn("step {task.completed}/{task.total}"),
                 BarColumn(),
@@ -118,7 +117,7 @@ class Metrics:
         lr: float,
         samples: int,
         grad_norm: float,
-        memory: dict[str, Any] | None = None,
+        memory: Mapping[str, list[float]] | None = None,
         perf: float | None = None,
         wall: float | None = None,
     ) -> None:
@@ -147,9 +146,9 @@ class Metrics:
             **mem,
         }
         if self.tokens_per_sample:
-            rec["tokens_per_s"] = rate * self.tokens_per_sample
+            tokens = rec["tokens_per_s"] = rate * self.tokens_per_sample
             if self.peak_flops:  # all devices together: flops/token x tokens/s over the peak
-                rec["mfu"] = rec["tokens_per_s"] * self.flops_per_token / self.peak_flops
+                rec["mfu"] = tokens * self.flops_per_token / self.peak_flops
         self.folder.append(layout.METRICS, rec, sort_keys=False)
         tok = f" tok/s {rec['tokens_per_s']:.0f}" if "tokens_per_s" in rec else ""
         tok += f" mfu {rec['mfu']:.1%}" if "mfu" in rec else ""
@@ -163,8 +162,6 @@ class Metrics:
         else:
             print(text, flush=True)
         if self.tracker_kind != "none" and self.tb is None:
-            from train_entry.trackers import open_tracker
-
             self.tb = open_tracker(
                 self.tracker_kind,
                 self.run_dir,
@@ -183,7 +180,7 @@ class Metrics:
                 "mfu",
             )
             self.tb.log(
-                step, {k: float(rec[k]) for k in keys if isinstance(rec.get(k), (int, float))}
+                step, {k: float(v) for k in keys if isinstance(v := rec.get(k), (int, float))}
             )
 
     def close(self) -> None:
@@ -238,16 +235,16 @@ class GpuSampler:
         self.thread.join(timeout=5)
 
 
-def profiler(run_dir: Path, rank: int, *, wait: int, warmup: int, active: int) -> Any:
+def profiler(
+    run_dir: Path, rank: int, *, wait: int, warmup: int, active: int
+) -> ContextManager[profile | None]:
     """torch.profiler over steps wait..wait+warmup+active; a Chrome trace per rank in <run>/profile/."""
     if active <= 0:
         return contextlib.nullcontext(None)
-    from torch.profiler import ProfilerActivity, profile, schedule
-
     out = run_dir / "profile"
     out.mkdir(parents=True, exist_ok=True)
 
-    def export(prof: Any) -> None:  # Any: rich's Progress / torch's profiler (optional, untyped)
+    def export(prof: profile) -> None:
         prof.export_chrome_trace(str(out / f"rank-{rank}-step-{prof.step_num}.json"))
 
     activities = [ProfilerActivity.CPU] + (

@@ -1,4 +1,4 @@
-"""The demo GPT, and loading user models.
+"""The demo GPT, loading user models, and what is applied per block (checkpointing, compile).
 
 Loss protocol for your own model (`--model pkg.module:factory`):
   - the factory is called with the keyword arguments it names among `config` (the TrainConfig),
@@ -14,11 +14,12 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from hpctrain.kernel.errors import UserError
 from train_entry.config import TrainConfig
@@ -95,7 +96,7 @@ def demo_model(config: TrainConfig) -> nn.Module:
     )
 
 
-def load_object(spec: str, what: str) -> Callable[..., Any]:
+def load_object(spec: str, what: str) -> Callable[..., object]:
     """'pkg.module:name' -> the object; a clear error when it is not there."""
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
@@ -107,14 +108,13 @@ def load_object(spec: str, what: str) -> Callable[..., Any]:
             f"{what} '{spec}': cannot import {module} ({e}); check the name and PYTHONPATH"
         ) from None
     try:
-        found: Callable[..., Any] = getattr(mod, name)
+        found: Callable[..., object] = getattr(mod, name)
         return found
     except AttributeError:
         raise UserError(f"{what} '{spec}': {module} has no attribute '{name}'") from None
 
 
-# Any: torch objects (tensors, modules, optimizers, state dicts)
-def call_factory(fn: Callable[..., Any], **available: Any) -> Any:
+def call_factory(fn: Callable[..., object], **available: object) -> object:
     """Call fn with the keyword arguments it names (config, rank, world_size)."""
     params = inspect.signature(fn).parameters
     if any(p.kind is p.VAR_KEYWORD for p in params.values()):
@@ -143,15 +143,13 @@ def build_model(config: TrainConfig, *, rank: int, world_size: int) -> nn.Module
     return model
 
 
-# Any: torch objects (tensors, modules, optimizers, state dicts)
-def compute_loss(model: Callable[..., Any], batch: Any) -> torch.Tensor:
+def compute_loss(model: Callable[..., object], batch: object) -> torch.Tensor:
     out = model(**batch) if isinstance(batch, dict) else model(batch)
     if isinstance(out, dict):
         out = out["loss"]
     elif not isinstance(out, torch.Tensor) and hasattr(out, "loss"):
         out = out.loss
-    loss: torch.Tensor = out
-    return loss
+    return cast(torch.Tensor, out)  # the loss protocol above
 
 
 def find_blocks(model: nn.Module, block_class: str | None = None) -> list[nn.Module]:
@@ -165,3 +163,19 @@ def find_blocks(model: nn.Module, block_class: str | None = None) -> list[nn.Mod
         if isinstance(m, (nn.ModuleList, nn.ModuleDict))
         for child in m.children()
     ]
+
+
+def apply_activation_checkpointing(model: nn.Module, *, block_class: str | None) -> int:
+    """Recompute each block in backward. Overrides the instance's forward instead of wrapping the
+    module, so parameter names (and so checkpoints) are the same with and without it."""
+    blocks = find_blocks(model, block_class)
+    for block in blocks:
+        inner = block.forward
+        block.forward = lambda *a, _f=inner, **k: checkpoint(_f, *a, use_reentrant=False, **k)
+    return len(blocks)
+
+
+def apply_compile(model: nn.Module, *, block_class: str | None) -> None:
+    # Per block (like torchtitan): blocks are identical, so one compiled graph is reused; names unchanged.
+    for block in find_blocks(model, block_class) or [model]:
+        block.compile()

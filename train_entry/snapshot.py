@@ -8,28 +8,36 @@ checkpoint holds (model and optimizer shards, scheduler, scaler, RNG, the data p
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TypedDict, cast
 
 import torch
 
 from hpctrain.runtime.recovery import enabled as enabled  # public here too: the trainer's switch
-from train_entry.state import TrainState, capture_rng, restore_rng
+from train_entry.checkpoint.statedict import AppState, StateDict, StateDicts
+from train_entry.compat import local_tensor
+from train_entry.state import LoopState, RngState, TrainState, capture_rng, restore_rng
+
+
+class Payload(TypedDict):
+    """One snapshot of the trainer."""
+
+    app: object  # the model's and optimizer's state dict, DTensors as their local tensors
+    loop: LoopState
+    rng: RngState
+    step: int
 
 
 def for_train_state(
     state: TrainState, flat: bool
-) -> tuple[Callable[[], dict[str, Any]], Callable[[Any], int]]:
+) -> tuple[Callable[[], Payload], Callable[[Mapping[str, object]], int]]:
     """What a snapshot of the trainer holds, and how it loads: what a disk checkpoint holds (the
     model and optimizer through DCP's state dict: each rank's own shards, DTensors as their local
     tensors; the RNG's numpy state as an array). Snapshots copies and encodes it (frozen.py: plain
     tensors, arrays and containers only) and hands `apply` the state it thawed."""
-    from train_entry.checkpoint.common import AppState, StateDicts
-    from train_entry.compat import local_tensor
-
     dicts = StateDicts()
 
-    def local(obj: Any) -> Any:  # Any: a state dict's leaves
+    def local(obj: object) -> object:
         if isinstance(obj, torch.Tensor):
             return local_tensor(obj).detach()
         if isinstance(obj, dict):
@@ -38,7 +46,7 @@ def for_train_state(
             return type(obj)(local(v) for v in obj)
         return obj
 
-    def payload() -> dict[str, Any]:
+    def payload() -> Payload:
         return {
             "app": local(dicts.get(state.model, state.optimizer, flat=flat)),
             "loop": state.loop_state(),
@@ -46,7 +54,7 @@ def for_train_state(
             "step": state.step,
         }
 
-    def fill(live: Any, saved: Any) -> Any:  # Any: a state dict's leaves
+    def fill(live: object, saved: object) -> object:
         if isinstance(live, torch.Tensor) and isinstance(saved, torch.Tensor):
             local_tensor(live).copy_(saved)
             return live
@@ -60,9 +68,10 @@ def for_train_state(
             return type(live)(fill(a, b) for a, b in zip(live, saved, strict=True))
         return saved
 
-    def apply(saved: Any) -> int:  # Any: the payload's dict, thawed
+    def apply(thawed: Mapping[str, object]) -> int:
+        saved = cast(Payload, thawed)  # what payload() gave, frozen and thawed
         app = AppState(state.model, state.optimizer, flat)
-        app.load_state_dict(fill(app.state_dict(), saved["app"]))
+        app.load_state_dict(cast(StateDict, fill(app.state_dict(), saved["app"])))
         state.load_loop_state(saved["loop"])
         restore_rng(saved["rng"])
         return int(saved["step"])

@@ -10,13 +10,16 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from numpy.typing import NDArray
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 # Prefixes a wrapper adds to parameter names; stripped so every strategy names a parameter alike.
 _WRAPPER_PREFIXES = (
@@ -27,26 +30,45 @@ _WRAPPER_PREFIXES = (
 )
 
 
+class Position(TypedDict, total=False):
+    """The data position, world-size independent (global samples consumed in the epoch), so a
+    DDP/FSDP checkpoint saved at W ranks resumes at W' ranks: {"epoch": e, "offset": samples};
+    an iterable dataset's own state_dict() under "iterable"."""
+
+    epoch: int
+    offset: int
+    iterable: object
+
+
+class LoopState(TypedDict):
+    """train_state.json: the loop's place (TrainState.loop_state)."""
+
+    step: int
+    epoch: int
+    micro_step: NotRequired[int]
+    data: NotRequired[Position]
+    scheduler: NotRequired[dict[str, object] | None]
+    scaler: NotRequired[dict[str, object] | None]
+
+
 @dataclass
 class TrainState:
     """Everything that must round-trip for an exact resume (see docs/design.md)."""
 
-    # Any: torch objects, or JSON values of any shape
-    model: Any  # the wrapped model (DDP/FSDP module) or the DeepSpeed engine
-    # Any: torch objects, or JSON values of any shape
-    optimizer: Any = None  # None for DeepSpeed (the engine owns it)
-    scheduler: Any = None  # Any: torch objects, or JSON values of any shape
-    scaler: Any = None  # Any: torch objects, or JSON values of any shape
+    # the wrapped model (DDP/FSDP module), or the DeepSpeed engine: the checkpointer calls its
+    # save_checkpoint and load_checkpoint
+    model: Any  # Any: the DeepSpeed engine's methods are untyped
+    optimizer: torch.optim.Optimizer | None = None  # None for DeepSpeed (the engine owns it)
+    scheduler: LRScheduler | None = None
+    scaler: torch.amp.GradScaler | None = None
     step: int = 0  # optimizer steps completed
     epoch: int = 0
     micro_step: int = 0  # micro-steps done inside the current step (0 at boundaries)
-    # The data position. Store it world-size independent (global samples consumed in the epoch), so a
-    # DDP/FSDP checkpoint saved at W ranks resumes at W' ranks: {"epoch": e, "offset": samples}.
-    data: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)  # the frozen resolved TrainConfig
+    data: Position = field(default_factory=Position)
+    config: dict[str, object] = field(default_factory=dict)  # the frozen resolved TrainConfig
     flat_optim: bool = False  # save the optimizer state flattened per parameter (mesh runs)
 
-    def loop_state(self) -> dict[str, Any]:
+    def loop_state(self) -> LoopState:
         """The JSON part saved next to the weights (the scheduler and scaler go there too)."""
         return {
             "step": self.step,
@@ -57,17 +79,19 @@ class TrainState:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
-    def load_loop_state(self, saved: dict[str, Any]) -> None:
+    def load_loop_state(self, saved: LoopState) -> None:
         self.step, self.epoch = int(saved["step"]), int(saved["epoch"])
-        self.micro_step, self.data = int(saved.get("micro_step", 0)), dict(saved.get("data") or {})
-        if self.scheduler is not None and saved.get("scheduler") is not None:
-            self.scheduler.load_state_dict(saved["scheduler"])
-        if self.scaler is not None and saved.get("scaler") is not None:
-            self.scaler.load_state_dict(saved["scaler"])
+        self.micro_step = int(saved.get("micro_step", 0))
+        self.data = (saved.get("data") or Position()).copy()
+        scheduler, scaler = saved.get("scheduler"), saved.get("scaler")
+        if self.scheduler is not None and scheduler is not None:
+            self.scheduler.load_state_dict(scheduler)
+        if self.scaler is not None and scaler is not None:
+            self.scaler.load_state_dict(scaler)
 
 
 # ---------------------------------------------------------------- JSON that keeps tensors exact
-def _encode(obj: Any) -> Any:  # Any: torch objects, or JSON values of any shape
+def _encode(obj: object) -> object:
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous()
         return {
@@ -94,7 +118,7 @@ def _encode(obj: Any) -> Any:  # Any: torch objects, or JSON values of any shape
     return obj
 
 
-def _decode(obj: Any) -> Any:  # Any: torch objects, or JSON values of any shape
+def _decode(obj: object) -> object:
     if isinstance(obj, list):
         return [_decode(v) for v in obj]
     if not isinstance(obj, dict):
@@ -116,19 +140,28 @@ def _decode(obj: Any) -> Any:  # Any: torch objects, or JSON values of any shape
     return {k: _decode(v) for k, v in obj.items()}
 
 
-def dumps(obj: Any) -> str:  # Any: torch objects, or JSON values of any shape
+def dumps(obj: object) -> str:
     """JSON that round-trips tensors, arrays, tuples and float values bit for bit."""
     return json.dumps(_encode(obj), indent=1, sort_keys=True, allow_nan=True)
 
 
-def loads(text: str) -> Any:
+def loads(text: str) -> Any:  # Any: JSON of any shape, as json.loads gives it
     return _decode(json.loads(text))
 
 
 # ---------------------------------------------------------------- RNG, one file per rank
-def capture_rng() -> dict[str, Any]:
+class RngState(TypedDict):
+    """One rank's generators, in the types their own get_state functions give."""
+
+    python: tuple[object, ...]
+    numpy: dict[str, Any] | tuple[str, NDArray[np.uint32], int, int, float]
+    torch: torch.Tensor
+    cuda: NotRequired[list[torch.Tensor]]
+
+
+def capture_rng() -> RngState:
     """This rank's generators: python, numpy, torch CPU and every CUDA device when present."""
-    state = {
+    state: RngState = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
@@ -138,7 +171,7 @@ def capture_rng() -> dict[str, Any]:
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
+def restore_rng(state: RngState) -> None:
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -162,15 +195,14 @@ def _canonical(name: str) -> str:
     return name
 
 
-def _inner_module(model: Any) -> nn.Module:  # Any: torch objects, or JSON values of any shape
+def _inner_module(model: nn.Module) -> nn.Module:
     """The user's module inside a DDP wrapper or a DeepSpeed engine (FSDP2 keeps the module itself)."""
     inner = model
     while type(inner).__name__ in _WRAPPERS and isinstance(
-        getattr(inner, "module", None), nn.Module
+        child := getattr(inner, "module", None), nn.Module
     ):
-        inner = inner.module
-    module: nn.Module = inner
-    return module
+        inner = child
+    return inner
 
 
 _WRAPPERS = {"DistributedDataParallel", "DataParallel", "DeepSpeedEngine", "PipelineEngine"}
@@ -187,14 +219,14 @@ def _full(param: torch.Tensor) -> torch.Tensor:
         full: torch.Tensor = data.full_tensor()
         return full
     if _is_zero3(param):
-        import deepspeed  # only DeepSpeed models get here
+        import deepspeed  # lazy: an optional extra, and only DeepSpeed models get here
 
         with deepspeed.zero.GatheredParameters([param], modifier_rank=None):
             return param.detach().clone()
     return data
 
 
-def params_sha256(model: Any) -> str:  # Any: torch objects, or JSON values of any shape
+def params_sha256(model: nn.Module) -> str:
     """sha256 over (name, dtype, shape, bytes) of every parameter, names sorted, wrappers stripped.
 
     Identical for DDP, FSDP2 and DeepSpeed given the same values. A collective: call on every rank.
@@ -204,7 +236,7 @@ def params_sha256(model: Any) -> str:  # Any: torch objects, or JSON values of a
     return digest((name, _full(param)) for name, param in params)
 
 
-def digest(named: Any) -> str:  # Any: torch objects, or JSON values of any shape
+def digest(named: Iterable[tuple[str, torch.Tensor]]) -> str:
     """sha256 over (name, dtype, shape, bytes) of full parameter values, in the order given."""
     out = hashlib.sha256()
     for name, value in named:

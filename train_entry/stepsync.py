@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,7 +43,7 @@ class Boundary:
     perf: float = field(default_factory=time.perf_counter)
     loss: float = float("nan")  # the summed loss over ranks and micro-steps
     votes: int = 0  # how many ranks want to stop
-    memory: dict[str, Any] = field(default_factory=dict)  # GPU memory per rank (CUDA only)
+    memory: dict[str, list[float]] = field(default_factory=dict)  # GPU memory per rank (CUDA only)
 
 
 class StepSync:
@@ -54,7 +53,7 @@ class StepSync:
         self.device, self.rank, self.world = device, rank, world_size
         self.distributed = world_size > 1 and dist.is_available() and dist.is_initialized()
         self.cuda = device.type == "cuda"
-        self._pending: tuple[Boundary, torch.Tensor, Any] | None = None
+        self._pending: tuple[Boundary, torch.Tensor, dist.Work | None] | None = None
 
     def _pack(self, b: Boundary) -> torch.Tensor:
         n = 2 + (3 * self.world if self.cuda else 0)

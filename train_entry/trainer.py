@@ -13,25 +13,27 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
+from torch.profiler import profile
 
 from hpctrain.kernel import layout
 from hpctrain.kernel.checkpoint import LATEST, step_folders
 from hpctrain.kernel.rundir import RunFolder
 from hpctrain.kernel.strategies import engine_checkpoint
+from hpctrain.kernel.support import TORCH
 from hpctrain.runtime import recovery
 from hpctrain.runtime.recovery import Snapshots
 from train_entry import perf, snapshot
 from train_entry.checkpoint.checkpointer import Checkpointer
 from train_entry.checkpoint.common import FATAL, SPACE, TRANSIENT, SaveFailed
 from train_entry.config import TrainConfig
-from train_entry.data import Batches, build_batches
+from train_entry.data import Batches, build_batches, to_device, tokens_per_sample
 from train_entry.dist import DistInfo, init_distributed, teardown
 from train_entry.metrics import GpuSampler, Metrics, profiler, rank_logger
 from train_entry.model import build_model
@@ -42,32 +44,6 @@ from train_entry.stepsync import Boundary, StepSync
 from train_entry.strategies import wrap
 from train_entry.strategies.base import Strategy
 from train_entry.watchdog import Watchdog, pg_timeout_min
-
-
-def to_device(batch: object, device: torch.device) -> object:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
-
-
-def tokens_per_sample(batch: object) -> int | None:
-    """Sequence length of the first 2-D integer tensor in a batch (for tokens/s), if there is one."""
-    items = (
-        batch.values()
-        if isinstance(batch, dict)
-        else batch
-        if isinstance(batch, (list, tuple))
-        else [batch]
-    )
-    for t in items:
-        if isinstance(t, torch.Tensor) and t.dim() == 2 and not t.is_floating_point():
-            return t.shape[1]
-    return None
-
 
 TRANSIENT_TRIES = 3  # transient I/O faults in this many saves running: it is not passing
 
@@ -84,6 +60,8 @@ class RunFailed(Exception):
 class Trainer:
     def __init__(self, cfg: TrainConfig, *, run_dir: str | Path, grad_accum: int) -> None:
         self.cfg, self.run_dir, self.accum = cfg, Path(run_dir).resolve(), grad_accum
+        self._failed_saves = 0  # periodic saves failed in a row (_try_save)
+        self._saves_recorded = 0  # how many of the checkpointer's timings saves.jsonl holds
 
     def run(self) -> int:
         """0 when max_steps are done, 75 when stopped by the preemption flag (after a verified save)."""
@@ -126,8 +104,6 @@ class Trainer:
                 f"running or at the last one); newest verified checkpoint: {self._newest()}; "
                 f"fix: check that filesystem, then {resume}"
             )
-        from hpctrain.kernel.support import TORCH
-
         return (
             f"{reason} in {folder}: {what}, and every save would fail the same way; newest "
             f"verified checkpoint: {self._newest()}; fix the cause (torch {torch.__version__} "
@@ -147,21 +123,19 @@ class Trainer:
             self._failed_saves = 0
             return saved
         except SaveFailed as e:
-            self._failed_saves = getattr(self, "_failed_saves", 0) + 1
+            self._failed_saves += 1
             fatal = e.kind == FATAL or (
                 e.kind == TRANSIENT and self._failed_saves >= TRANSIENT_TRIES
             )
             if rank == 0:
                 with contextlib.suppress(OSError):
                     self._event(
-                        {
-                            "event": "save_failed",
-                            "step": e.step,
-                            "no_space": e.no_space,
-                            "kind": e.kind,
-                            "reason": str(e),
-                            "detail": e.detail,
-                        }
+                        "save_failed",
+                        step=e.step,
+                        no_space=e.no_space,
+                        kind=e.kind,
+                        reason=str(e),
+                        detail=e.detail,
                     )
             if fatal:
                 raise
@@ -174,21 +148,13 @@ class Trainer:
             return False
 
     def _train(self, info: DistInfo) -> int:
-        cfg, t = self.cfg, self.cfg.train
+        cfg, t, rank, world = self.cfg, self.cfg.train, info.rank, info.world_size
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        log = rank_logger(self.run_dir, info.rank)
+        log = rank_logger(self.run_dir, rank)
         stop = StopFlag().install()
 
-        # ---- build: model (same init on every rank), this rank's data stream, the strategy
-        # tp/pp: the device mesh; its tp and pp peers read the same data shard (dims.dp_rank)
-        dims = ParallelDims.build(
-            cfg, rank=info.rank, world_size=info.world_size, device=info.device
-        )
-        model = build_model(cfg, rank=info.rank, world_size=info.world_size)
-        n_params = sum(p.numel() for p in model.parameters())
-        batches = build_batches(cfg, rank=dims.dp_rank, world_size=dims.dp)
-        w = wrap(model, cfg=cfg, device=info.device, grad_accum=self.accum, dims=dims)
-        device = w.device
+        # ---- build: the mesh, the model (same init on every rank), this rank's data, the strategy
+        dims, w, batches, n_params = self._build(info)
         state = TrainState(
             model=w.model,
             optimizer=w.optimizer,
@@ -197,70 +163,21 @@ class Trainer:
             config=cfg.model_dump(mode="json"),
             flat_optim=dims.mesh is not None,  # pp ranks hold different parameters
         )
+        metrics = self._metrics(info, state.config, device=w.device, n_params=n_params)
+        ckpt = self._checkpointer(log=metrics.line)
 
         # ---- resume from the newest verified checkpoint, if any (no flag: a restart just continues)
-        metrics = Metrics(
-            self.run_dir,
-            rank=info.rank,
-            max_steps=t.max_steps,
-            log_every=t.log_every,
-            tensorboard=t.tensorboard,
-            tracker=t.tracker,
-            tracker_project=t.tracker_project,
-            config=state.config,
-        )
-        ckpt = Checkpointer(
-            self.run_dir,
-            strategy=cfg.strategy,
-            every_steps=cfg.checkpoint.every_steps,
-            every_minutes=cfg.checkpoint.every_minutes,
-            keep=cfg.checkpoint.keep,
-            async_save=cfg.checkpoint.async_save,
-            log=metrics.line,
-        )
-        peak = perf.peak_flops(device, t.precision)
-        if peak is not None:
-            metrics.flops_per_token = perf.flops_per_token(n_params, cfg)
-            metrics.peak_flops = peak * info.world_size
-        # an in-job restart (preemption.max_in_job_restarts) resumes from the newest in-memory
-        # snapshot when it is newer than the newest disk checkpoint (hpctrain/runtime/recovery.py)
-        restarted = recovery.agreed_restart(device)
-        snaps = self._snapshots(state, dims, metrics.line)
-        disk = step_folders(ckpt.dir)
-        newest = disk[0][0] if disk else -1
-        if restarted and snaps is not None and snaps.restore(newest) is not None:
-            batches.restore(state.data)
-        elif ckpt.load_latest(state) is not None:
-            batches.restore(state.data)
-        if restarted and info.rank == 0:  # one event per restart
-            with contextlib.suppress(OSError):
-                recovery.record(self.run_dir, resumed=state.step, source="train_entry")
+        snaps = self._resume(state, batches, ckpt=ckpt, metrics=metrics, device=w.device)
         metrics.start(state.step)
-        ranks = f"{info.world_size} rank{'s' if info.world_size != 1 else ''}"
-        shards = ranks if dims.mesh is None else f"dp {dims.dp}"
-        if dims.mesh is not None:
-            ranks = f"{ranks} on a mesh of {dims.describe()}"
-        start = (
-            f"{cfg.strategy}: {ranks} ({info.backend}/{device.type}), {n_params:,} "
-            f"params, global batch {t.global_batch} = {shards} x micro "
-            f"{t.micro_batch} x accum {self.accum}, step {state.step}/{t.max_steps}"
-        )
-        metrics.line(start)
-        log.info(start)
-        if info.rank == 0:
+        start = self._start_line(info, dims, device=w.device, n_params=n_params, step=state.step)
+        self._say(start, metrics, log)
+        if rank == 0:
             self._write_mesh(dims)
         with contextlib.ExitStack() as closing:  # closed whatever happens, in reverse order
-            closing.callback(metrics.close)
-            beat = Watchdog(self.run_dir, info.rank).start()  # stall heartbeat (watchdog.stall_s)
-            closing.callback(beat.stop)
-            if info.local_rank == 0 and GpuSampler.available(device):
-                closing.callback(GpuSampler(self.run_dir / "gpu.csv").start().stop)
-            prof = closing.enter_context(
-                profiler(self.run_dir, info.rank, **cfg.profile.model_dump())
-            )
+            beat, prof = self._observers(closing, info, metrics, w.device)
 
             # ---- the loop: one optimizer step per iteration
-            sync = StepSync(device, rank=info.rank, world_size=info.world_size)
+            sync = StepSync(w.device, rank=rank, world_size=world)
             while state.step < t.max_steps:
                 loss_sum, grad_norm = self.train_step(w, batches, metrics)
                 state.step += 1
@@ -278,12 +195,12 @@ class Trainer:
                 # the previous step's reduction (launched one step ago): its metrics, its votes
                 before = sync.collect()
                 if before is not None:
-                    self._log(metrics, before, t.global_batch, info.world_size)
+                    self._log(metrics, before, world)
                 saved = self._try_save(
-                    lambda: ckpt.maybe_save(state), rank=info.rank, metrics=metrics, log=log
+                    lambda: ckpt.maybe_save(state), rank=rank, metrics=metrics, log=log
                 )
                 if saved:
-                    self._record_saves(ckpt, info.rank)
+                    self._record_saves(ckpt, rank)
                 if snaps is not None:
                     snaps.step(state.step, saved=saved)
                 beat.beat(state.step)
@@ -292,52 +209,115 @@ class Trainer:
                 stopping = (
                     stop.reached(state.step)
                     or (before is not None and before.votes > 0)
-                    or (info.world_size == 1 and here.vote)
+                    or (world == 1 and here.vote)
                 )
                 if not stopping and state.step < t.max_steps:
                     sync.launch(here)
                     continue
                 # a stop or the last step: this step's metrics line now, before the checkpoint
-                self._log(metrics, sync.now(here), t.global_batch, info.world_size)
+                self._log(metrics, sync.now(here), world)
                 if not stopping or state.step >= t.max_steps:
                     break  # a stop asked at the last step finds the training complete: exit 0
                 stop.raise_("another rank")  # keeps this rank's own reason when it has one
                 if not saved:
                     ckpt.save(state, sync=True)
-                ckpt.wait()
-                self._record_saves(ckpt, info.rank)
+                self._wait_saves(ckpt, rank)
                 why = f"stopped at step {state.step} ({stop.reason}): checkpoint saved, exit 75"
-                metrics.line(why)
-                log.info(why)
-                if info.rank == 0:
-                    self._event({"event": "preempted", "step": state.step, "reason": stop.reason})
+                self._say(why, metrics, log)
+                if rank == 0:
+                    self._event("preempted", step=state.step, reason=stop.reason)
                 if snaps is not None:
                     snaps.close()
                 return PREEMPTED_EXIT
 
             # ---- the end: last checkpoint, wait for async saves, the final params hash
             ckpt.maybe_save(state, last=True)
-            ckpt.wait()
-            self._record_saves(ckpt, info.rank)
+            self._wait_saves(ckpt, rank)
             digest = w.params_sha256()  # a collective for FSDP2 / ZeRO-3
-            if info.rank == 0:
+            if rank == 0:
                 RunFolder(self.run_dir).write(layout.FINAL_PARAMS, digest + "\n")
             if snaps is not None:
                 snaps.close()
             done = f"done: {state.step} steps, final params sha256 {digest[:16]}..."
-            metrics.line(done)
-            log.info(done)
+            self._say(done, metrics, log)
             return 0
 
-    def _snapshots(
-        self, state: TrainState, dims: ParallelDims, log: Callable[[str], None]
+    # ---- the parts of _train, in its order
+    def _build(self, info: DistInfo) -> tuple[ParallelDims, Strategy, Batches, int]:
+        """tp/pp: the device mesh; its tp and pp peers read the same data shard (dims.dp_rank).
+        Returns the mesh, the strategy, this rank's batches and the model's parameter count."""
+        cfg, rank, world = self.cfg, info.rank, info.world_size
+        dims = ParallelDims.build(cfg, rank=rank, world_size=world, device=info.device)
+        model = build_model(cfg, rank=rank, world_size=world)
+        n_params = sum(p.numel() for p in model.parameters())
+        batches = build_batches(cfg, rank=dims.dp_rank, world_size=dims.dp)
+        w = wrap(model, cfg=cfg, device=info.device, grad_accum=self.accum, dims=dims)
+        return dims, w, batches, n_params
+
+    def _metrics(
+        self, info: DistInfo, config: dict[str, object], *, device: torch.device, n_params: int
+    ) -> Metrics:
+        t = self.cfg.train
+        metrics = Metrics(
+            self.run_dir,
+            rank=info.rank,
+            max_steps=t.max_steps,
+            log_every=t.log_every,
+            tensorboard=t.tensorboard,
+            tracker=t.tracker,
+            tracker_project=t.tracker_project,
+            config=config,
+        )
+        peak = perf.peak_flops(device, t.precision)
+        if peak is not None:
+            metrics.flops_per_token = perf.flops_per_token(n_params, self.cfg)
+            metrics.peak_flops = peak * info.world_size
+        return metrics
+
+    def _checkpointer(self, *, log: Callable[[str], None]) -> Checkpointer:
+        c = self.cfg.checkpoint
+        return Checkpointer(
+            self.run_dir,
+            strategy=self.cfg.strategy,
+            every_steps=c.every_steps,
+            every_minutes=c.every_minutes,
+            keep=c.keep,
+            async_save=c.async_save,
+            log=log,
+        )
+
+    def _resume(
+        self,
+        state: TrainState,
+        batches: Batches,
+        *,
+        ckpt: Checkpointer,
+        metrics: Metrics,
+        device: torch.device,
     ) -> Snapshots | None:
+        """Load the newest state into `state` and `batches`; the in-memory snapshots, if on. An
+        in-job restart (preemption.max_in_job_restarts) resumes from the newest snapshot when it
+        is newer than the newest disk checkpoint (hpctrain/runtime/recovery.py)."""
+        restarted = recovery.agreed_restart(device)
+        snaps = self._snapshots(state, metrics.line)
+        disk = step_folders(ckpt.dir)
+        newest = disk[0][0] if disk else -1
+        if restarted and snaps is not None and snaps.restore(newest) is not None:
+            batches.restore(state.data)
+        elif ckpt.load_latest(state) is not None:
+            batches.restore(state.data)
+        if restarted and metrics.main:  # rank 0: one event per restart
+            with contextlib.suppress(OSError):
+                recovery.record(self.run_dir, resumed=state.step, source="train_entry")
+        return snaps
+
+    def _snapshots(self, state: TrainState, log: Callable[[str], None]) -> Snapshots | None:
         """In-memory snapshots for in-job restarts (snapshot.every_steps); DeepSpeed's engine
         saves its own state, so its restarts load the disk checkpoint."""
         every = self.cfg.snapshot.every_steps
         if not snapshot.enabled(every) or engine_checkpoint(self.cfg.strategy):
             return None
-        payload, apply = snapshot.for_train_state(state, flat=dims.mesh is not None)
+        payload, apply = snapshot.for_train_state(state, flat=state.flat_optim)
         return Snapshots(
             self.run_dir,
             every=every,
@@ -347,14 +327,48 @@ class Trainer:
             log=log,
         )
 
-    def _log(self, metrics: Metrics, b: Boundary, samples: int, world: int) -> None:
+    def _start_line(
+        self, info: DistInfo, dims: ParallelDims, *, device: torch.device, n_params: int, step: int
+    ) -> str:
+        t, world = self.cfg.train, info.world_size
+        ranks = f"{world} rank{'s' if world != 1 else ''}"
+        shards = ranks if dims.mesh is None else f"dp {dims.dp}"
+        if dims.mesh is not None:
+            ranks = f"{ranks} on a mesh of {dims.describe()}"
+        return (
+            f"{self.cfg.strategy}: {ranks} ({info.backend}/{device.type}), {n_params:,} "
+            f"params, global batch {t.global_batch} = {shards} x micro "
+            f"{t.micro_batch} x accum {self.accum}, step {step}/{t.max_steps}"
+        )
+
+    def _observers(
+        self, closing: contextlib.ExitStack, info: DistInfo, metrics: Metrics, device: torch.device
+    ) -> tuple[Watchdog, profile | None]:
+        """The stall heartbeat (watchdog.stall_s), the GPU sampler, the profiler: closed by
+        `closing`, after the metrics."""
+        closing.callback(metrics.close)
+        beat = Watchdog(self.run_dir, info.rank).start()
+        closing.callback(beat.stop)
+        if info.local_rank == 0 and GpuSampler.available(device):
+            closing.callback(GpuSampler(self.run_dir / "gpu.csv").start().stop)
+        prof = closing.enter_context(
+            profiler(self.run_dir, info.rank, **self.cfg.profile.model_dump())
+        )
+        return beat, prof
+
+    @staticmethod
+    def _say(line: str, metrics: Metrics, log: logging.Logger) -> None:
+        metrics.line(line)
+        log.info(line)
+
+    def _log(self, metrics: Metrics, b: Boundary, world: int) -> None:
         """The metrics line of a reduced boundary: the loss averaged over micro-steps and ranks."""
         if b.log:
             metrics.step(
                 b.step,
                 loss=b.loss / (self.accum * world),
                 lr=b.lr,
-                samples=samples,
+                samples=self.cfg.train.global_batch,
                 grad_norm=b.grad_norm,
                 memory=b.memory,
                 perf=b.perf,
@@ -364,8 +378,6 @@ class Trainer:
     def _write_mesh(self, dims: ParallelDims) -> None:
         """mesh.json: this start's layout, for `status` and `report` (rewritten at every start,
         since a resume may change it)."""
-        import json
-
         lay, par = dims.layout, self.cfg.parallel
         record = {
             "world": lay.world,
@@ -380,9 +392,14 @@ class Trainer:
         with contextlib.suppress(OSError):
             RunFolder(self.run_dir).write(layout.MESH, json.dumps(record) + "\n")
 
+    def _wait_saves(self, ckpt: Checkpointer, rank: int) -> None:
+        """Wait for the async saves, then record them."""
+        ckpt.wait()
+        self._record_saves(ckpt, rank)
+
     def _record_saves(self, ckpt: Checkpointer, rank: int) -> None:
         """saves.jsonl: how long each save held the loop (`hpctrain report` sums it)."""
-        done = getattr(self, "_saves_recorded", 0)
+        done = self._saves_recorded
         if rank == 0 and len(ckpt.timings) > done:
             folder = RunFolder(self.run_dir)
             with contextlib.suppress(OSError):
@@ -403,6 +420,5 @@ class Trainer:
             loss_sum += w.micro_step(batch, micro == self.accum - 1)
         return loss_sum, w.step()
 
-    def _event(self, record: dict[str, Any]) -> None:
-        fields = dict(record)
-        RunFolder(self.run_dir).event(fields.pop("event"), **fields, source="train_entry")
+    def _event(self, name: str, **fields: object) -> None:
+        RunFolder(self.run_dir).event(name, **fields, source="train_entry")

@@ -31,7 +31,9 @@ d = demo.build()
 model = DDP(d.model)
 opt = d.optimizer(model.parameters())
 sched = d.scheduler(opt)
-sampler = DistributedSampler(d.dataset, shuffle=True, seed=d.seed, drop_last=True)
+sampler: DistributedSampler[demo.Batch] = DistributedSampler(
+    d.dataset, shuffle=True, seed=d.seed, drop_last=True
+)
 loader = DataLoader(
     d.dataset, batch_size=d.micro_batch, sampler=sampler, drop_last=True, collate_fn=d.collate
 )

@@ -27,7 +27,9 @@ opt = d.optimizer(d.model.parameters())
 engine, _, _, sched = deepspeed.initialize(
     model=d.model, optimizer=opt, lr_scheduler=d.scheduler(opt), config=d.deepspeed_config()
 )
-sampler = DistributedSampler(d.dataset, shuffle=True, seed=d.seed, drop_last=True)
+sampler: DistributedSampler[demo.Batch] = DistributedSampler(
+    d.dataset, shuffle=True, seed=d.seed, drop_last=True
+)
 loader = DataLoader(
     d.dataset, batch_size=d.micro_batch, sampler=sampler, drop_last=True, collate_fn=d.collate
 )

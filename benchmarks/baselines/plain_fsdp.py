@@ -28,10 +28,12 @@ d = demo.build()
 model = d.model
 for block in d.blocks(model):
     fully_shard(block)
-fully_shard(model)
+fsdp = fully_shard(model)  # the same module, typed with FSDP2's methods
 opt = d.optimizer(model.parameters())
 sched = d.scheduler(opt)
-sampler = DistributedSampler(d.dataset, shuffle=True, seed=d.seed, drop_last=True)
+sampler: DistributedSampler[demo.Batch] = DistributedSampler(
+    d.dataset, shuffle=True, seed=d.seed, drop_last=True
+)
 loader = DataLoader(
     d.dataset, batch_size=d.micro_batch, sampler=sampler, drop_last=True, collate_fn=d.collate
 )
@@ -40,7 +42,7 @@ batches = demo.forever(loader, sampler)
 clock = demo.StepClock()
 for _step in range(args.max_steps):
     for micro in range(d.accum):
-        model.set_requires_gradient_sync(micro == d.accum - 1)
+        fsdp.set_requires_gradient_sync(micro == d.accum - 1)
         loss = d.loss(model, next(batches)) / d.accum
         loss.backward()
     if d.clip:

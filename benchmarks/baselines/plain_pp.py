@@ -29,10 +29,12 @@ from torch import nn
 from torch.distributed import pipelining
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle
 from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import demo  # noqa: E402
+from train_entry.model import GPT  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--pp", type=int, required=True)
@@ -44,18 +46,22 @@ args = ap.parse_args()
 
 
 class Stage(nn.Module):
-    def __init__(self, gpt: nn.Module, lo: int, hi: int, first: bool, last: bool) -> None:
+    def __init__(self, gpt: GPT, lo: int, hi: int, first: bool, last: bool) -> None:
         super().__init__()
-        self.tok, self.pos = (gpt.tok, gpt.pos) if first else (None, None)
+        self.tok: nn.Module | None = gpt.tok if first else None
+        self.pos: nn.Module | None = gpt.pos if first else None
         self.blocks = nn.ModuleList(gpt.blocks[lo:hi])
-        self.ln_f, self.head = (gpt.ln_f, gpt.head) if last else (None, None)
+        self.ln_f: nn.Module | None = gpt.ln_f if last else None
+        self.head: nn.Module | None = gpt.head if last else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tok is not None:
+        if self.tok is not None and self.pos is not None:
             x = self.tok(x) + self.pos(torch.arange(x.shape[1]))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.ln_f(x)).float() if self.head is not None else x
+        if self.head is not None and self.ln_f is not None:
+            x = self.head(self.ln_f(x)).float()
+        return x
 
 
 dist.init_process_group("gloo")
@@ -63,11 +69,12 @@ world = dist.get_world_size()
 mesh = init_device_mesh("cpu", (args.pp, world // args.pp), mesh_dim_names=("pp", "dp"))
 rank, p = mesh["pp"].get_local_rank(), args.pp
 d = demo.build()
+assert isinstance(d.model, GPT)  # the stages take the demo GPT's layers
 per = len(d.model.blocks) // p
 stage_mod = Stage(d.model, rank * per, (rank + 1) * per, rank == 0, rank == p - 1)
 for block in stage_mod.blocks:
     fully_shard(block, mesh=mesh["dp"])
-fully_shard(stage_mod, mesh=mesh["dp"])
+fsdp = fully_shard(stage_mod, mesh=mesh["dp"])  # the same module, typed with FSDP2's methods
 params = list(stage_mod.parameters())
 opt = d.optimizer(params)
 sched = d.scheduler(opt)
@@ -82,7 +89,7 @@ def loss_fn(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 cls = pipelining.ScheduleGPipe if args.schedule == "gpipe" else pipelining.Schedule1F1B
 dp = mesh["dp"]
-sampler = DistributedSampler(
+sampler: DistributedSampler[demo.Batch] = DistributedSampler(
     d.dataset,
     num_replicas=dp.size(),
     rank=dp.get_local_rank(),
@@ -92,7 +99,7 @@ sampler = DistributedSampler(
 )
 
 
-def run(schedule, batch) -> None:
+def run(schedule: PipelineScheduleSingle, batch: demo.Batch) -> None:
     """One pass of the schedule over a batch: forward and backward of all its micro-batches."""
     x, y = batch["idx"], batch["targets"]
     if rank == 0:
@@ -130,7 +137,7 @@ else:
     clock = demo.StepClock()
     for _step in range(args.max_steps):
         for micro in range(d.accum):
-            stage_mod.set_requires_gradient_sync(micro == d.accum - 1)
+            fsdp.set_requires_gradient_sync(micro == d.accum - 1)
             run(schedule, next(batches))
         if d.clip:
             grads = [q.grad for q in params if q.grad is not None]

@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks import demo  # noqa: E402
+from train_entry.model import GPT  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--tp", type=int, required=True)
@@ -44,6 +45,7 @@ world = dist.get_world_size()
 mesh = init_device_mesh("cpu", (world // args.tp, args.tp), mesh_dim_names=("dp", "tp"))
 d = demo.build()
 model = d.model
+assert isinstance(model, GPT)  # the plan below names the demo GPT's layers
 parallelize_module(
     model,
     mesh["tp"],
@@ -71,11 +73,11 @@ for block in model.blocks:
     )
 for block in model.blocks:
     fully_shard(block, mesh=mesh["dp"])
-fully_shard(model, mesh=mesh["dp"])
+fsdp = fully_shard(model, mesh=mesh["dp"])  # the same module, typed with FSDP2's methods
 opt = d.optimizer(model.parameters())
 sched = d.scheduler(opt)
 dp = mesh["dp"]
-sampler = DistributedSampler(
+sampler: DistributedSampler[demo.Batch] = DistributedSampler(
     d.dataset,
     num_replicas=dp.size(),
     rank=dp.get_local_rank(),
@@ -91,7 +93,7 @@ batches = demo.forever(loader, sampler)
 clock = demo.StepClock()
 for _step in range(args.max_steps):
     for micro in range(d.accum):
-        model.set_requires_gradient_sync(micro == d.accum - 1)
+        fsdp.set_requires_gradient_sync(micro == d.accum - 1)
         with loss_parallel():
             loss = d.loss(model, next(batches)) / d.accum
             loss.backward()

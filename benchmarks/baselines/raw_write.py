@@ -15,7 +15,7 @@ from pathlib import Path
 CHUNK = 8 << 20
 
 
-def raw_write(nbytes: int, folder: Path) -> dict:
+def raw_write(nbytes: int, folder: Path) -> dict[str, float]:
     chunk = os.urandom(CHUNK)  # incompressible, made before the clock starts
     path = Path(folder) / f"raw-write-{os.getpid()}.bin"
     t0 = time.perf_counter()

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -24,7 +25,7 @@ import torch.distributed as dist  # noqa: E402
 
 from benchmarks.baselines.raw_write import raw_write  # noqa: E402
 from benchmarks.workers.loop import job  # noqa: E402
-from train_entry.checkpoint import Checkpointer  # noqa: E402
+from train_entry.checkpoint.checkpointer import Checkpointer  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--run-dir", type=Path, required=True)
@@ -39,7 +40,7 @@ ckpt = Checkpointer(args.run_dir, strategy=j.cfg.strategy, keep=2)
 j.train(2)  # the optimizer has state to save
 
 
-def timed(fn) -> float:
+def timed(fn: Callable[[], object]) -> float:
     dist.barrier()
     t0 = time.perf_counter()
     fn()
@@ -63,7 +64,7 @@ def settle() -> None:
         os.close(fd)
 
 
-def own(fn) -> float:
+def own(fn: Callable[[], object]) -> float:
     """This rank's seconds in fn, from a barrier (the ranks start together) to fn's return."""
     settle()
     dist.barrier()
@@ -80,9 +81,9 @@ rows = []
 for _ in range(args.reps):
     plain = timed(lambda: j.train(args.steps))
 
-    box = {}
+    box: dict[str, float] = {}
 
-    def async_then_train(box=box):
+    def async_then_train(box: dict[str, float] = box) -> None:
         t0 = time.perf_counter()
         ckpt.save(j.state, sync=False)
         box["call"] = time.perf_counter() - t0  # until the loop has it back (the GIL included)
@@ -96,10 +97,14 @@ for _ in range(args.reps):
     )
     async_phases = ckpt.timings[-1].get("phases", {})
     j.train(1)
-    box = {}
-    (sync_s,) = slowest(own(lambda box=box: box.setdefault("path", ckpt.save(j.state, sync=True))))
+    saved: dict[str, Path] = {}
+
+    def sync_save(saved: dict[str, Path] = saved) -> None:
+        saved["path"] = ckpt.save(j.state, sync=True)
+
+    (sync_s,) = slowest(own(sync_save))
     ckpt.wait()  # the pruned folder's delete (on a thread) is over before the raw write starts
-    nbytes = folder_bytes(box["path"])
+    nbytes = folder_bytes(saved["path"])
     settle()
     raw = raw_write(nbytes, args.run_dir) if rank == 0 else None
     dist.barrier()

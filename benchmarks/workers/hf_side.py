@@ -13,17 +13,31 @@ import sys
 import time
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
-from hf_trainer import Synthetic  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+from examples.hf_trainer import Synthetic  # noqa: E402
 
 
 class Progress(TrainerCallback):
     def __init__(self, path: str) -> None:
         self.f = open(path, "a", buffering=1)  # noqa: SIM115 - open for the whole run
 
-    def on_step_end(self, args, state, control, **kwargs):
+    def on_step_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: object,
+    ) -> None:
         if state.is_world_process_zero:
             self.f.write(f"{time.time()}\n")
 

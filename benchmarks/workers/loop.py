@@ -5,16 +5,23 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from train_entry.config import TrainConfig
+    from train_entry.data import Batches
+    from train_entry.dist import DistInfo
+    from train_entry.state import TrainState
+    from train_entry.strategies.base import Strategy
 
 
 @dataclass
 class Job:
-    cfg: Any
-    info: Any
-    w: Any  # train_entry.strategies.Wrapped
-    state: Any  # train_entry.state.TrainState
-    batches: Any
+    cfg: TrainConfig
+    info: DistInfo
+    w: Strategy
+    state: TrainState
+    batches: Batches
     accum: int
 
     def train(self, steps: int) -> None:

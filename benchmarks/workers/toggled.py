@@ -24,16 +24,18 @@ import time
 from hpctrain.runtime import recovery
 
 _step = recovery.Snapshots.step
+_plan: tuple[int, int] | None = None  # (segment, start), once set: one trainer per process
 
 
 def step(self: recovery.Snapshots, step: int, *, saved: bool) -> None:
-    plan = getattr(self, "_toggle", None)
+    global _plan
+    plan = _plan
     if plan is None:
         if self.every is None:  # auto, still measuring its cost
             return _step(self, step, saved=saved)
         unit = self.partner_every or self.every or 1
         seg = unit * math.ceil(int(os.environ.get("BENCH_TOGGLE_STEPS", "24")) / unit)
-        plan = self._toggle = (seg, (step // seg + 1) * seg)
+        plan = _plan = (seg, (step // seg + 1) * seg)
         if self.exchange.rank == 0 and os.environ.get("BENCH_TOGGLE_LOG"):
             with open(os.environ["BENCH_TOGGLE_LOG"], "w") as f:
                 json.dump(

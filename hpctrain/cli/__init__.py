@@ -8,7 +8,7 @@ import importlib
 import click
 
 from hpctrain import __version__
-from hpctrain.kernel.errors import HpctrainError
+from hpctrain.kernel.errors import HpctrainError, UserError
 
 # name -> "module:attribute"; one source of truth for the command list.
 COMMANDS: dict[str, str] = {
@@ -48,6 +48,20 @@ SHORT_HELP: dict[str, str] = {
 }
 
 
+# The optional extras (pyproject.toml), by the package a command needs: a command module that
+# cannot import one says which extra to install, in one line; any other ImportError is a bug
+# and surfaces as it is (never as "No such command").
+EXTRAS: dict[str, str] = {
+    "deepspeed": "deepspeed",
+    "transformers": "hf",
+    "accelerate": "hf",
+    "lightning": "lightning",
+    "tensorboard": "tensorboard",
+    "mlflow": "mlflow",
+    "wandb": "wandb",
+}
+
+
 class Failed(click.ClickException):
     """A domain error as click shows it: `Error: <message>`, exit with the error's code."""
 
@@ -74,10 +88,17 @@ class LazyGroup(click.Group):
             return None
         module, attr = target.split(":")
         try:
-            command: click.Command = getattr(importlib.import_module(module), attr)
-            return command
-        except (ImportError, AttributeError):
-            return None
+            found = importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            extra = EXTRAS.get((e.name or "").partition(".")[0])
+            if extra is None:
+                raise
+            raise UserError(
+                f"`hpctrain {name}` needs {e.name}, which is not installed: "
+                f"pip install 'hpctrain[{extra}]'"
+            ) from None
+        command: click.Command = getattr(found, attr)
+        return command
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Short help without importing every command module.

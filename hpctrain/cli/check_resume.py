@@ -59,25 +59,32 @@ def check_resume(
         if not as_json:
             click.echo(msg, err=True)
 
-    verdict = check(strategy, steps, stop_at, nproc, keep_dir, args, say=say)
-    a, b, stop, base = (
-        verdict[k] for k in ("uninterrupted_sha256", "resumed_sha256", "stopped_at", "folder")
+    verdict = check(
+        strategy=strategy,
+        steps=steps,
+        stop_at=stop_at,
+        nproc=nproc,
+        keep_dir=keep_dir,
+        args=args,
+        say=say,
     )
+    a, b = verdict.uninterrupted_sha256, verdict.resumed_sha256
     if as_json:
-        click.echo(json.dumps(verdict, indent=2))
-    elif verdict["identical"]:
+        click.echo(json.dumps(verdict.to_json(), indent=2))
+    elif verdict.identical:
         click.echo(
-            f"bit-identical: interrupted at step {stop} and resumed, {strategy} x {nproc} ranks "
-            f"ends with the same parameters as the uninterrupted run (sha256 {a[:16]}...)"
+            f"bit-identical: interrupted at step {verdict.stopped_at} and resumed, {strategy} x "
+            f"{nproc} ranks ends with the same parameters as the uninterrupted run (sha256 "
+            f"{a[:16]}...)"
         )
     else:
-        diff = verdict["first_difference"]
+        diff = verdict.first_difference
         click.echo(f"NOT identical: uninterrupted {a[:16]}... vs resumed {b[:16]}...")
         if diff:
-            click.echo(
-                f"  first differing checkpoint: step {diff['step']}: {', '.join(diff['differs'])}"
-            )
-            click.echo(f"  hint: {diff['hint']}")
-        click.echo(f"  runs kept in {base}")
-    if not verdict["identical"]:
+            differs = diff.get("differs")
+            what = ", ".join(map(str, differs)) if isinstance(differs, list) else str(differs)
+            click.echo(f"  first differing checkpoint: step {diff.get('step')}: {what}")
+            click.echo(f"  hint: {diff.get('hint')}")
+        click.echo(f"  runs kept in {verdict.folder}")
+    if not verdict.identical:
         sys.exit(1)

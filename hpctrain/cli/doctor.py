@@ -107,7 +107,7 @@ def doctor(
     """
     prof = resolve(profile)
     if bisect is not None:
-        _bisect(prof, bisect, nodes, gpus, runs_dir, as_json)
+        _bisect(prof, bisect, nodes=nodes, gpus=gpus, runs_dir=runs_dir, as_json=as_json)
         return
     if (
         getattr(prof, "login", None) is not None
@@ -153,6 +153,7 @@ def doctor(
 def _bisect(
     prof: ResolvedProfile,
     run: str,
+    *,
     nodes: int | None,
     gpus: int | None,
     runs_dir: str | None,

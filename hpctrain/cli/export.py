@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -96,16 +97,16 @@ def export(
     except UserError as e:  # it may quote a file name or text from the checkpoint folder
         raise UserError(printable(e.message)) from None
     if as_json:
-        click.echo(json.dumps(done, indent=2))
+        click.echo(json.dumps(dataclasses.asdict(done), indent=2))
         return
-    what = "a Hugging Face folder" if done["huggingface"] else f"{done['format']} weights"
-    files = done["index"] or done["files"][0]
-    more = f" ({len(done['files'])} files)" if len(done["files"]) > 1 else ""
+    what = "a Hugging Face folder" if done.huggingface else f"{done.format} weights"
+    files = done.index or done.files[0]
+    more = f" ({len(done.files)} files)" if len(done.files) > 1 else ""
     head = (
-        f"exported {done['run']} step {done['step']} ({done['strategy']}) as {what}, "
-        f"{done['tensors']} tensors, {done['bytes'] / 1e6:.1f} MB ({done['dtype']}):"
+        f"exported {done.run} step {done.step} ({done.strategy}) as {what}, "
+        f"{done.tensors} tensors, {done.bytes / 1e6:.1f} MB ({done.dtype}):"
     )
-    where = f"{done['out']}/{files}{more}"
+    where = f"{done.out}/{files}{more}"
     click.echo(f"{printable(head)}\n  {printable(where)}")
-    if done["skipped"]:
-        _warn(f"left out (not tensors): {', '.join(done['skipped'])}")
+    if done.skipped:
+        _warn(f"left out (not tensors): {', '.join(done.skipped)}")

@@ -4,11 +4,13 @@ the service layer writes and starts. Nothing here imports torch (tests/test_cli_
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
 from hpctrain.jobs.options import JobOptions
+from hpctrain.kernel import states
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.runs.cause import root_cause
 from hpctrain.runs.progress import Follower, describe, snapshot
@@ -19,93 +21,96 @@ from hpctrain.service.submit import wait
 if TYPE_CHECKING:
     from hpctrain.runs.folder import RunDir
 
+Command = TypeVar("Command", bound=Callable[..., None])
 
-def _job_options(f: Any) -> Any:  # Any: click's parsed options (any option type)
-    options = [
-        click.option(
-            "--profile",
-            "-p",
-            help="Site profile name or YAML path (default: your config's "
-            "default_profile, else `local` when sbatch is not on PATH).",
-        ),
-        click.option("--nodes", "-N", type=int, help="Number of nodes (default 1)."),
-        click.option(
-            "--min-nodes",
-            type=int,
-            help="Fewest nodes the run may train on (#SBATCH "
-            "--nodes=MIN-N): Slurm may start it on fewer, and the preflight gate continues "
-            "without a bad node (docs/bad-nodes.md). DDP/FSDP only.",
-        ),
-        click.option(
-            "--spare-nodes",
-            type=int,
-            help="Hot spares (Slurm): the allocation holds K nodes more than training uses; a "
-            "node the preflight gate finds bad, at the start or after a failed training step, "
-            "is swapped for one in the same job (default: the profile's preemption.spare_nodes, "
-            "docs/recovery.md).",
-        ),
-        click.option(
-            "--exclude",
-            multiple=True,
-            metavar="NODES",
-            help="Nodes Slurm must not give this run (#SBATCH --exclude), e.g. the list "
-            "`hpctrain doctor --bisect` prints (repeatable, or comma-separated).",
-        ),
-        click.option(
-            "--gpus",
-            "-G",
-            type=int,
-            help="GPUs per node (local profile: CPU workers per "
-            "simulated node). Default: all GPUs of a node, 1 locally.",
-        ),
-        click.option(
-            "--time",
-            "-t",
-            "time_min",
-            type=int,
-            help="Time limit in minutes (default: the profile's slurm.default_time_min).",
-        ),
-        click.option(
-            "--name", "-n", help="Run name = run folder name (default: <entry>-<date>-<time>)."
-        ),
-        click.option(
-            "--strategy",
-            "-s",
-            type=click.Choice(strategy_names.CHOICES),
-            help="Parallelism for train_entry (default ddp; auto: from `hpctrain plan`).",
-        ),
-        click.option(
-            "--script",
-            type=click.Path(dir_okay=False),
-            help="Run your own script under torchrun instead of train_entry.",
-        ),
-        click.option(
-            "--module", help="Run your own module (PKG.MOD) under torchrun instead of train_entry."
-        ),
-        click.option("--partition", help="Override slurm.partition."),
-        click.option("--account", help="Override slurm.account."),
-        click.option("--qos", help="Override slurm.qos."),
-        click.option(
-            "--set",
-            "sets",
-            multiple=True,
-            metavar="KEY=VALUE",
-            help="Override any unlocked profile key, e.g. --set slurm.mem=0 (repeatable).",
-        ),
-        click.option("--params", type=int, help="--strategy auto: the model's parameter count."),
-        click.option(
-            "--model", "plan_model", help="--strategy auto: the model factory pkg.mod:fn."
-        ),
-        click.argument("args", nargs=-1, type=click.UNPROCESSED),
-    ]
-    for option in reversed(options):
+
+# the options `render`, `submit` and `sweep` share (JobOptions' fields), in --help's order
+_OPTIONS = [
+    click.option(
+        "--profile",
+        "-p",
+        help="Site profile name or YAML path (default: your config's "
+        "default_profile, else `local` when sbatch is not on PATH).",
+    ),
+    click.option("--nodes", "-N", type=int, help="Number of nodes (default 1)."),
+    click.option(
+        "--min-nodes",
+        type=int,
+        help="Fewest nodes the run may train on (#SBATCH "
+        "--nodes=MIN-N): Slurm may start it on fewer, and the preflight gate continues "
+        "without a bad node (docs/bad-nodes.md). DDP/FSDP only.",
+    ),
+    click.option(
+        "--spare-nodes",
+        type=int,
+        help="Hot spares (Slurm): the allocation holds K nodes more than training uses; a "
+        "node the preflight gate finds bad, at the start or after a failed training step, "
+        "is swapped for one in the same job (default: the profile's preemption.spare_nodes, "
+        "docs/recovery.md).",
+    ),
+    click.option(
+        "--exclude",
+        multiple=True,
+        metavar="NODES",
+        help="Nodes Slurm must not give this run (#SBATCH --exclude), e.g. the list "
+        "`hpctrain doctor --bisect` prints (repeatable, or comma-separated).",
+    ),
+    click.option(
+        "--gpus",
+        "-G",
+        type=int,
+        help="GPUs per node (local profile: CPU workers per "
+        "simulated node). Default: all GPUs of a node, 1 locally.",
+    ),
+    click.option(
+        "--time",
+        "-t",
+        "time_min",
+        type=int,
+        help="Time limit in minutes (default: the profile's slurm.default_time_min).",
+    ),
+    click.option(
+        "--name", "-n", help="Run name = run folder name (default: <entry>-<date>-<time>)."
+    ),
+    click.option(
+        "--strategy",
+        "-s",
+        type=click.Choice(strategy_names.CHOICES),
+        help="Parallelism for train_entry (default ddp; auto: from `hpctrain plan`).",
+    ),
+    click.option(
+        "--script",
+        type=click.Path(dir_okay=False),
+        help="Run your own script under torchrun instead of train_entry.",
+    ),
+    click.option(
+        "--module", help="Run your own module (PKG.MOD) under torchrun instead of train_entry."
+    ),
+    click.option("--partition", help="Override slurm.partition."),
+    click.option("--account", help="Override slurm.account."),
+    click.option("--qos", help="Override slurm.qos."),
+    click.option(
+        "--set",
+        "sets",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Override any unlocked profile key, e.g. --set slurm.mem=0 (repeatable).",
+    ),
+    click.option("--params", type=int, help="--strategy auto: the model's parameter count."),
+    click.option("--model", "plan_model", help="--strategy auto: the model factory pkg.mod:fn."),
+    click.argument("args", nargs=-1, type=click.UNPROCESSED),
+]
+
+
+def _job_options(f: Command) -> Command:
+    for option in reversed(_OPTIONS):
         f = option(f)
     return f
 
 
 @click.command()
 @_job_options
-def render(**o: Any) -> None:  # Any: click's parsed options (any option type)
+def render(**o: object) -> None:
     """Print the batch script that `submit` would hand to the scheduler, byte for byte.
 
     \b
@@ -147,7 +152,7 @@ def render(**o: Any) -> None:  # Any: click's parsed options (any option type)
     hidden=True,
     help="On the site: the uploaded code folder, moved into the run folder as code/.",
 )
-def submit(**o: Any) -> None:  # Any: click's parsed options (any option type)
+def submit(**o: object) -> None:
     """Submit a training run: train_entry (or --script/--module) on N nodes x G GPUs under torchrun.
     Arguments after `--` go to the entry.
 
@@ -206,7 +211,7 @@ def submit(**o: Any) -> None:  # Any: click's parsed options (any option type)
 
 def wait_for(run: RunDir, name: str, *, total: int | None) -> None:
     """Follow the job to its end: state and training progress; on failure, why and where."""
-    follow = Follower(run.path, total=total, out=lambda s: click.echo(s, err=True))
+    follow = Follower(run, total=total, out=lambda s: click.echo(s, err=True))
     try:
         final = wait(run, on_poll=follow)
     except KeyboardInterrupt:
@@ -216,11 +221,11 @@ def wait_for(run: RunDir, name: str, *, total: int | None) -> None:
         )
         sys.exit(130)
     follow.close()
-    click.echo(f"{name}: {final}  {describe(snapshot(run.path, total))}")
-    if final != "COMPLETED":
+    click.echo(f"{name}: {final}  {describe(snapshot(run, total))}")
+    if final != states.COMPLETED:
         cause = root_cause(run.path)
         if cause:
-            click.echo(f"  why: {cause['line']}\n  full log: {cause['log']}", err=True)
+            click.echo(f"  why: {cause.line}\n  full log: {cause.log}", err=True)
         else:
             click.echo(
                 f"  no error line found; logs: {run.logs} (`hpctrain logs {name}`)", err=True

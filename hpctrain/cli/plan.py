@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import shutil
-from typing import Any
 
 import click
 from rich.console import Console
@@ -12,8 +11,8 @@ from rich.table import Table
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.plan import OPTIMIZERS, PRECISIONS, Plan, gib, make_plan, no_fit_message, workload
+from hpctrain.plan.ladder import for_plan
 from hpctrain.plan.parallel import SCHEDULES
-from hpctrain.plan.snapshots import for_plan
 
 
 def _flag(param: click.Parameter | None) -> str:
@@ -26,8 +25,9 @@ class Count(click.ParamType):  # type: ignore[type-arg]  # click.ParamType[int] 
     name = "count"
     _SCALE = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
 
-    # Any: click passes the raw command-line value
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int:
         if isinstance(value, int):
             return value
         text = str(value).strip().replace("_", "").replace(",", "")
@@ -51,13 +51,10 @@ class Gib(click.ParamType):  # type: ignore[type-arg]  # as Count
     name = "gib"
 
     def convert(
-        self,
-        value: Any,  # Any: click passes the raw command-line value
-        param: click.Parameter | None,
-        ctx: click.Context | None,
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
     ) -> float:
         try:
-            return float(value)
+            return float(str(value))
         except (TypeError, ValueError):
             raise UserError(
                 f"{_flag(param)} {str(value)[:40]!r}: give the memory in GiB (80 for an 80 GiB GPU)"
@@ -186,57 +183,9 @@ def _g(n: int | None) -> str:
 
 def _print_table(result: Plan) -> None:
     wl = result.workload
-
     # the table needs about 110 columns; never truncate figures in a narrow or piped terminal
     console = Console(highlight=False, width=max(shutil.get_terminal_size().columns, 112))
-    title = (
-        f"{wl.params:,} parameters, {wl.precision}, {wl.optimizer}, {wl.nodes} node(s) x "
-        f"{wl.gpus} GPU(s), {gib(wl.gpu_mem_bytes)} per GPU ({gib(wl.usable_bytes)} usable)"
-    )
-    table = Table(
-        title=title,
-        title_justify="left",
-        caption="GiB per GPU (host: per node); * = recommended",
-        caption_justify="left",
-        pad_edge=False,
-        box=None,
-    )
-    for col in (
-        "strategy",
-        "params",
-        "grads",
-        "optim",
-        "state",
-        "gather",
-        "act",
-        "act ckpt",
-        "host",
-        "fits",
-        "ckpt fits",
-    ):
-        table.add_column(col, justify="left" if col == "strategy" else "right", no_wrap=True)
-    rec = result.recommendation
-    for e in result.estimates:
-        mark = " *" if rec and rec.name == e.name else ""
-        table.add_row(
-            e.name + mark,
-            *(
-                _g(n)
-                for n in (
-                    e.params_bytes,
-                    e.grads_bytes,
-                    e.optimizer_bytes,
-                    e.model_state_bytes_per_gpu,
-                    e.transient_bytes,
-                    e.activation_bytes_per_gpu,
-                    e.activation_bytes_per_gpu_checkpointed,
-                    e.host_bytes_per_node,
-                )
-            ),
-            "yes" if e.fits else "no",
-            "yes" if e.fits_with_checkpointing else "no",
-        )
-    console.print(table)
+    console.print(_strategies(result))
     _print_parallel(console, result)
     shape = (
         f"{wl.layers} layers, hidden {wl.hidden}, {wl.heads} heads, seq {wl.seq_len}, "
@@ -247,25 +196,11 @@ def _print_table(result: Plan) -> None:
         console.print(f"shape: {shape}; assumed from the parameter count: give {flags} for yours")
     else:
         console.print(f"shape: {shape}")
+    rec = result.recommendation
     if rec is None:
         console.print(f"[bold red]nothing fits[/]: {no_fit_message(result)}")
         return
-    opts = [f"--strategy {rec.strategy}"]
-    if rec.tp > 1 or rec.pp > 1:
-        opts.append(f"--parallel.tp {rec.tp} --parallel.pp {rec.pp}")
-    if rec.pp > 1:
-        opts.append(f"{rec.schedule}, {rec.microbatches} micro-batches, bubble {rec.bubble:.1%}")
-    if rec.zero_stage is not None:
-        opts.append(f"zero_stage={rec.zero_stage}")
-    if rec.offload != "none":
-        opts.append(f"offload={rec.offload}")
-    if rec.activation_checkpointing:
-        opts.append("activation checkpointing")
-    if rec.precision != wl.precision:
-        opts.append(f"precision {rec.precision}")
-    if rec.micro_batch and rec.micro_batch != wl.micro_batch:
-        opts.append(f"micro-batch {rec.micro_batch} x accumulation {rec.grad_accumulation}")
-    console.print(f"[bold]recommended: {rec.name}[/] ({', '.join(opts)})")
+    console.print(f"[bold]recommended: {rec.name}[/] ({', '.join(_settings(result))})")
     console.print(f"why: {rec.reason}")
     if rec.pp > 1:
         mb = (rec.micro_batch or 1) * (rec.microbatches or 1)
@@ -281,7 +216,66 @@ def _print_table(result: Plan) -> None:
         console.print(snapshots.line(), markup=False)
 
 
-def _print_parallel(console, result, rows: int = 6) -> None:  # type: ignore[no-untyped-def]
+def _strategies(result: Plan) -> Table:
+    """Memory per GPU under each strategy; * marks the recommended one."""
+    wl = result.workload
+    title = (
+        f"{wl.params:,} parameters, {wl.precision}, {wl.optimizer}, {wl.nodes} node(s) x "
+        f"{wl.gpus} GPU(s), {gib(wl.gpu_mem_bytes)} per GPU ({gib(wl.usable_bytes)} usable)"
+    )
+    table = Table(
+        title=title,
+        title_justify="left",
+        caption="GiB per GPU (host: per node); * = recommended",
+        caption_justify="left",
+        pad_edge=False,
+        box=None,
+    )
+    cols = ("params", "grads", "optim", "state", "gather", "act", "act ckpt", "host")
+    table.add_column("strategy", justify="left", no_wrap=True)
+    for col in (*cols, "fits", "ckpt fits"):
+        table.add_column(col, justify="right", no_wrap=True)
+    rec = result.recommendation
+    for e in result.estimates:
+        sizes = (
+            e.params_bytes,
+            e.grads_bytes,
+            e.optimizer_bytes,
+            e.model_state_bytes_per_gpu,
+            e.transient_bytes,
+            e.activation_bytes_per_gpu,
+            e.activation_bytes_per_gpu_checkpointed,
+            e.host_bytes_per_node,
+        )
+        mark = " *" if rec and rec.name == e.name else ""
+        fits = ("yes" if e.fits else "no", "yes" if e.fits_with_checkpointing else "no")
+        table.add_row(*[e.name + mark, *map(_g, sizes), *fits])
+    return table
+
+
+def _settings(result: Plan) -> list[str]:
+    """The recommended rung's settings, as a user passes them."""
+    rec, wl = result.recommendation, result.workload
+    assert rec is not None
+    opts = [f"--strategy {rec.strategy}"]
+    if rec.tp > 1 or rec.pp > 1:
+        opts.append(f"--parallel.tp {rec.tp} --parallel.pp {rec.pp}")
+    if rec.pp > 1:
+        opts.append(f"{rec.schedule}, {rec.microbatches} micro-batches, bubble {rec.bubble:.1%}")
+    if rec.zero_stage is not None:
+        opts.append(f"zero_stage={rec.zero_stage}")
+    if rec.offload != "none":
+        opts.append(f"offload={rec.offload}")
+    if rec.activation_checkpointing:
+        opts.append("activation checkpointing")
+    if rec.precision != wl.precision:
+        opts.append(f"precision {rec.precision}")
+    if rec.micro_batch and rec.micro_batch != wl.micro_batch:
+        opts.append(f"micro-batch {rec.micro_batch} x accumulation {rec.grad_accumulation}")
+    return opts
+
+
+def _print_parallel(console: Console, result: Plan, rows: int = 6) -> None:
     """The best tensor x pipeline x FSDP layouts (those that fit first)."""
     if not result.parallel:
         return
@@ -299,15 +293,14 @@ def _print_parallel(console, result, rows: int = 6) -> None:  # type: ignore[no-
     rec = result.recommendation
     for c in result.parallel[:rows]:
         mark = " *" if rec and rec.name == c.name else ""
-        table.add_row(
-            c.name + mark,
-            _g(c.params_bytes + c.grads_bytes + c.optimizer_bytes),
-            _g(c.transient_bytes),
-            _g(c.activation_bytes),
-            _g(c.total_bytes_per_gpu),
-            "yes" if c.activation_checkpointing else "no",
-            f"{c.bubble:.1%}",
-            _g(c.slow_bytes_per_step),
-            "yes" if c.fits else "no",
+        sizes = (
+            c.params_bytes + c.grads_bytes + c.optimizer_bytes,
+            c.transient_bytes,
+            c.activation_bytes,
+            c.total_bytes_per_gpu,
         )
+        ckpt = "yes" if c.activation_checkpointing else "no"
+        fits = "yes" if c.fits else "no"
+        cells = [c.name + mark, *map(_g, sizes), ckpt, f"{c.bubble:.1%}"]
+        table.add_row(*cells, _g(c.slow_bytes_per_step), fits)
     console.print(table)

@@ -6,7 +6,7 @@ import json
 import shutil
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -18,8 +18,11 @@ from hpctrain.profiles.load import resolve, resolve_file
 from hpctrain.profiles.yamlsafe import read_yaml
 from hpctrain.service.profiles import publish as install
 
+if TYPE_CHECKING:
+    from rich.console import Console
 
-def _console() -> Any:
+
+def _console() -> Console:
     # lazy: CLI start-up: rich for `show` only (`list` is a bench row)
     from rich.console import Console
 
@@ -58,7 +61,7 @@ def list_(as_json: bool) -> None:
 
     entries = discover()
     for e in entries:
-        row: dict[str, Any] = {
+        row: dict[str, Any] = {  # Any: JSON values of several types
             "name": e.name,
             "scheduler": None,
             "description": None,
@@ -254,7 +257,7 @@ def diff(old: str, new: str, nodes: int, gpus: int | None, as_json: bool) -> Non
       hpctrain profiles diff generic-ib roce --nodes 4 --json
     """
     # lazy: CLI start-up: the renderer (jinja2) only for `diff`; `profiles list` is a bench row
-    from hpctrain.profiles.diff import compare
+    from hpctrain.service.diff import compare
 
     result = compare(old, new, nodes=nodes, gpus=gpus)
     click.echo(json.dumps(result.as_json(), indent=2) if as_json else result.text(), nl=as_json)

@@ -45,13 +45,13 @@ def report(runs: tuple[str, ...], runs_dir: Path | None, as_json: bool, no_plots
 
     result = build(list(runs), runs_dir=runs_dir, with_plots=not no_plots)
     if as_json:
-        click.echo(json.dumps(result, indent=2))
+        click.echo(json.dumps(result.to_json(), indent=2))
         return
 
-    for s in result["runs"]:
+    for s in result.runs:
         click.echo(text(s))
-    loss = [p for p in result["plots"] if Path(p).name == "loss.png"]
-    for p in result["plots"]:
+    loss = [p for p in result.plots if Path(p).name == "loss.png"]
+    for p in result.plots:
         if p not in loss:
             click.echo(f"  plot: {p}")
     for p in loss:  # last: the one a newcomer looks at first

@@ -3,6 +3,7 @@ processes the scheduler starts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -10,12 +11,14 @@ from pathlib import Path
 
 import click
 
-from hpctrain.jobs import sweep as sweeps
+from hpctrain.kernel import states
 from hpctrain.remote.forward import maybe_forward
-from hpctrain.runs import points, sweepdir
-from hpctrain.runs.folder import find_run
+from hpctrain.runs import sweepdir
+from hpctrain.runs.folder import RunDir, find_run
 from hpctrain.runs.progress import describe, snapshot
+from hpctrain.service import points
 from hpctrain.service import resume as service
+from hpctrain.service import sweep as sweeps
 from hpctrain.service.submit import wait as wait_job
 
 _runs_dir_option = click.option(
@@ -79,21 +82,8 @@ def resume(
 
     found = sweepdir.find(run, runs_dir)
     if found is not None and sweepdir.read(found).get("scheduler") == "local":
-        if dry_run:
-            left = [r for r in points.table(found) if r["state"] in sweeps.RESUMABLE]
-            for row in left:
-                click.echo(f"  {row['index']}  {row['point']} ({row['state']})")
-            click.echo(
-                f"sweep {found.name}: {len(left)} point(s) would run again; nothing was written"
-            )
-            return
-        n = sweeps.resume_local(found)
-        click.echo(
-            f"sweep {found.name}: {n} point(s) to run again, "
-            f"{sweepdir.read(found).get('max_parallel') or 1} at a time (local runner)"
-        )
+        _resume_local_sweep(found, dry_run=dry_run)
         return
-
     if found is not None:  # every point that stopped before finishing, as one job array
         out = service.resume_sweep(
             found,
@@ -105,22 +95,9 @@ def resume(
             warn=_warn,
         )
         if as_json:
-            click.echo(json.dumps(out, indent=2))
-            return
-        for pt in out["points"]:
-            origin = pt["from_checkpoint"] or "the start (no verified checkpoint yet)"
-            click.echo(f"  {pt['index']}  {pt['point']} ({pt['previous_state']}): from {origin}")
-        n = len(out["points"])
-        if not n:
-            click.echo(f"sweep {found.name}: no point to resume (each is finished or still active)")
-        elif dry_run:
-            click.echo(f"sweep {found.name}: {n} point(s), one job array: {out['array_line']}")
-            click.echo("nothing was written")
+            click.echo(json.dumps(dataclasses.asdict(out), indent=2))
         else:
-            click.echo(
-                f"sweep {found.name}: {n} point(s) resumed as array job {out['array_job']} "
-                f"({out['array_line']})\n  follow: hpctrain status {found.name}"
-            )
+            _say_sweep(out, dry_run=dry_run)
         return
 
     r = find_run(run, runs_dir)
@@ -128,42 +105,72 @@ def resume(
         p = service.plan(
             r, time_min=time_min, max_steps=max_steps, nodes=nodes, args=args, warn=_warn
         )
-        origin = p.checkpoint[0] if p.checkpoint else "the start (no verified checkpoint yet)"
+        origin = p.checkpoint.name if p.checkpoint else "the start (no verified checkpoint yet)"
         click.echo(
             f"would resume {r.name} (was {p.previous_state}) from {origin}"
             + (f"\n  changes: {json.dumps(p.changes)}" if p.changes else "")
             + "\nnothing was written"
         )
         return
-    record = service.resume(
+    done = service.resume(
         r, time_min=time_min, max_steps=max_steps, nodes=nodes, args=args, warn=_warn
     )
-    current_was, changes, ckpt = (
-        record["previous_state"],
-        record["changes"],
-        record["from_checkpoint"],
-    )
     if as_json:
-        click.echo(json.dumps(record | {"name": r.name, "path": str(r.path)}, indent=2))
+        click.echo(json.dumps(done.to_json() | {"name": r.name, "path": str(r.path)}, indent=2))
     else:
-        own = r.frozen().get("request", {}).get("entry", {}).get("kind", "train_entry")
-        origin = (
-            f"from {ckpt} (verified)"
-            if ckpt
-            else "from the start (no verified checkpoint yet)"
-            if own == "train_entry"
-            else "your script finds its own checkpoint (hpctrain's checkpoints/ has none)"
-        )
-        click.echo(
-            f"resumed {r.name} (was {current_was}): job {record['job_id']}, {origin}"
-            + (f"\n  changed: {json.dumps(changes)}" if changes else "")
-            + f"\n  follow: hpctrain status {r.name}; hpctrain logs {r.name} --follow"
-        )
+        _say_resumed(r, done)
     if wait:
         final = wait_job(r, on_change=lambda s: click.echo(f"  {_clock()} {s}", err=True))
-        click.echo(f"{r.name}: {final}  {describe(snapshot(r.path))}")
-        if final != "COMPLETED":
+        click.echo(f"{r.name}: {final}  {describe(snapshot(r))}")
+        if final != states.COMPLETED:
             sys.exit(1)
+
+
+def _resume_local_sweep(found: Path, *, dry_run: bool) -> None:
+    """Local profile: a new runner for the points that did not finish."""
+    if dry_run:
+        left = [p for p in points.table(found) if p.state in sweeps.RESUMABLE]
+        for row in left:
+            click.echo(f"  {row.index}  {row.point} ({row.state})")
+        click.echo(f"sweep {found.name}: {len(left)} point(s) would run again; nothing was written")
+        return
+    n = sweeps.resume_local(found)
+    click.echo(
+        f"sweep {found.name}: {n} point(s) to run again, "
+        f"{sweepdir.read(found).get('max_parallel') or 1} at a time (local runner)"
+    )
+
+
+def _say_sweep(out: service.SweepResumed, *, dry_run: bool) -> None:
+    for pt in out.points:
+        origin = pt.from_checkpoint or "the start (no verified checkpoint yet)"
+        click.echo(f"  {pt.index}  {pt.point} ({pt.previous_state}): from {origin}")
+    n = len(out.points)
+    if not n:
+        click.echo(f"sweep {out.sweep}: no point to resume (each is finished or still active)")
+    elif dry_run:
+        click.echo(f"sweep {out.sweep}: {n} point(s), one job array: {out.array_line}")
+        click.echo("nothing was written")
+    else:
+        click.echo(
+            f"sweep {out.sweep}: {n} point(s) resumed as array job {out.array_job} "
+            f"({out.array_line})\n  follow: hpctrain status {out.sweep}"
+        )
+
+
+def _say_resumed(r: RunDir, done: service.Resumed) -> None:
+    origin = (
+        f"from {done.from_checkpoint} (verified)"
+        if done.from_checkpoint
+        else "from the start (no verified checkpoint yet)"
+        if r.record().entry_kind == "train_entry"
+        else "your script finds its own checkpoint (hpctrain's checkpoints/ has none)"
+    )
+    click.echo(
+        f"resumed {r.name} (was {done.previous_state}): job {done.job_id}, {origin}"
+        + (f"\n  changed: {json.dumps(done.changes)}" if done.changes else "")
+        + f"\n  follow: hpctrain status {r.name}; hpctrain logs {r.name} --follow"
+    )
 
 
 def _clock() -> str:

@@ -3,9 +3,10 @@ print; reading and cancelling happen in the service layer."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -13,12 +14,14 @@ from hpctrain.cli.table import plain_table, printable
 from hpctrain.kernel.errors import UserError
 from hpctrain.remote.forward import each_json, each_site, maybe_forward
 from hpctrain.remote.index import sites
-from hpctrain.runs import in_job, points, spares, sweepdir
+from hpctrain.runs import in_job, spares, sweepdir
 from hpctrain.runs.folder import all_runs, find_run
 from hpctrain.runs.progress import describe, health_lines
+from hpctrain.service import points
 from hpctrain.service import status as status_service
 from hpctrain.service.logs import follow as follow_logs
 from hpctrain.service.logs import log_files
+from hpctrain.service.status import BROKEN, Detail, Summary, SweepCancelled
 
 _runs_dir_option = click.option(
     "--runs-dir",
@@ -49,7 +52,7 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
     if run is None:
         items = [status_service.summary(r) for r in all_runs(runs_dir)]
         if as_json:
-            click.echo(json.dumps(items, indent=2))
+            click.echo(json.dumps([i.to_json() for i in items], indent=2))
         else:
             _table(items)
         return
@@ -59,7 +62,7 @@ def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
     except UserError as e:  # a broken run's reason quotes its files
         raise UserError(printable(e.message)) from None
     if as_json:  # json escapes every control character itself
-        click.echo(json.dumps(info, indent=2))
+        click.echo(json.dumps(info.to_json(), indent=2))
         return
     _echo(_detail_lines(info))
 
@@ -71,36 +74,34 @@ def _echo(lines: list[str]) -> None:
         click.echo("\n".join(printable(line) for line in lines))
 
 
-def _detail_lines(info: dict[str, Any]) -> list[str]:
-    step = info["checkpoint_step"]
-    job = f"  (job {info['job_id']}, {info['scheduler']}, profile {info['profile']})"
+def _detail_lines(info: Detail) -> list[str]:
+    step = info.checkpoint_step
+    job = f"  (job {info.job_id}, {info.scheduler}, profile {info.profile})"
     # a failed run says why in its first line
-    head = f"{info['name']}: {info['state']}" + (
-        f": {info['reason']}" if info.get("reason") else ""
-    )
-    out = [head, job] if info.get("reason") else [head + job]
+    head = f"{info.name}: {info.state}" + (f": {info.reason}" if info.reason else "")
+    out = [head, job] if info.reason else [head + job]
     out += [
-        f"  topology: {info['nodes']} node(s) x {info['gpus_per_node']}, strategy {info['strategy']}"
-        f"{', mesh ' + info['mesh'] if info.get('mesh') else ''}",
-        f"  restarts: {info['restarts']} ({info['starts']} start(s) of the script)",
-        in_job.line(info["in_job_restarts"]),
-        f"  training: {describe(info['progress'])}",
+        f"  topology: {info.nodes} node(s) x {info.gpus_per_node}, strategy {info.strategy}"
+        f"{', mesh ' + info.mesh if info.mesh else ''}",
+        f"  restarts: {info.restarts} ({info.starts} start(s) of the script)",
+        in_job.line(info.in_job_restarts),
+        f"  training: {describe(info.progress)}",
         f"  newest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}",
-        f"  folder: {info['path']}",
+        f"  folder: {info.path}",
     ]
-    if info.get("chain"):
+    if info.chain:
         out.append(
-            f"  chain: {len(info['chain'])} jobs, one after another: "
-            + " -> ".join(f"{x['job_id']} {x['state']}" for x in info["chain"])
+            f"  chain: {len(info.chain)} jobs, one after another: "
+            + " -> ".join(f"{x['job_id']} {x['state']}" for x in info.chain)
         )
-    if info["root_cause"]:
-        out.append(f"  why it failed: {info['root_cause']['line']}")
-        out.append(f"  full log: {info['root_cause']['log']}")
-    out += health_lines(info) + spares.lines(info["spares"])
+    if info.root_cause:
+        out.append(f"  why it failed: {info.root_cause.line}")
+        out.append(f"  full log: {info.root_cause.log}")
+    out += health_lines(info.health) + spares.lines(info.spares)
     out += [
         f"    start {start.get('time')} job {start.get('job_id')} restart "
         f"{start.get('restart_count')} on {start.get('host')}"
-        for start in info["history"]
+        for start in info.history
     ]
     return out
 
@@ -119,9 +120,8 @@ def runs(runs_dir: Path | None, as_json: bool) -> None:
     items = [status_service.summary(r) for r in all_runs(runs_dir)]
     remote = sites()
     if as_json:
-        if remote:
-            items += each_json(["runs", "--json"])
-        click.echo(json.dumps(items, indent=2))
+        rows = [i.to_json() for i in items] + (each_json(["runs", "--json"]) if remote else [])
+        click.echo(json.dumps(rows, indent=2))
         return
     _table(items)
 
@@ -132,30 +132,33 @@ def runs(runs_dir: Path | None, as_json: bool) -> None:
         each_site(["runs"])
 
 
-def _table(items: list[dict[str, Any]]) -> None:
+COLUMNS = ("name", "state", "job", "nodes x gpus", "strategy", "restarts", "ckpt step", "created")
+
+
+def _table(items: Sequence[Summary]) -> None:
     from rich.console import Console  # lazy: CLI start-up: rich for the table only
     from rich.table import Table  # lazy: CLI start-up: as above
 
-    table = Table(
-        "name", "state", "job", "nodes x gpus", "strategy", "restarts", "ckpt step", "created"
-    )
+    table = Table()
+    for column in COLUMNS:
+        table.add_column(column)
     for i in items:
         cells = (
-            i["name"],
-            i["state"],
-            i["job_id"],
-            f"{i['nodes']} x {i['gpus_per_node']}",
-            i["strategy"],
-            i["restarts"],
-            "-" if i["checkpoint_step"] is None else i["checkpoint_step"],
-            i["created"],
+            i.name,
+            i.state,
+            i.job_id,
+            f"{i.nodes} x {i.gpus_per_node}",
+            i.strategy,
+            i.restarts,
+            "-" if i.checkpoint_step is None else i.checkpoint_step,
+            i.created,
         )
         table.add_row(*(printable(c) for c in cells))
     console = Console(markup=False)  # a run's name or reason is never rich markup
     if not console.is_terminal:
         console = Console(width=200, markup=False)  # piped: no truncation
     console.print(table)
-    _echo([f"{i['name']}: broken: {i['reason']}" for i in items if i["state"] == "BROKEN"])
+    _echo([f"{i.name}: broken: {i.reason}" for i in items if i.state == BROKEN])
 
 
 @click.command()
@@ -221,20 +224,20 @@ def cancel(run: str, runs_dir: Path | None) -> None:
     """
     maybe_forward("cancel", run, runs_dir)
     res = status_service.cancel(run, runs_dir)
-    if "sweep" in res:
-        for point, state in res["points"]:
-            click.echo(f"{res['sweep']}/{point}: cancel sent (now {state})")
+    if isinstance(res, SweepCancelled):
+        for point, state in res.points:
+            click.echo(f"{res.sweep}/{point}: cancel sent (now {state})")
         click.echo(
-            f"sweep {res['sweep']}: {len(res['points'])} point(s) cancelled; resume with "
-            f"`hpctrain resume {res['sweep']}`"
+            f"sweep {res.sweep}: {len(res.points)} point(s) cancelled; resume with "
+            f"`hpctrain resume {res.sweep}`"
         )
         return
-    name = res["name"]
-    if res["after"] is None:
-        click.echo(f"{name} is not running ({res['before']}); nothing to cancel")
+    name = res.name
+    if res.after is None:
+        click.echo(f"{name} is not running ({res.before}); nothing to cancel")
         return
     click.echo(
-        f"{name}: cancel sent (was {res['before']}, now {res['after']}); resume with `hpctrain resume {name}`"
+        f"{name}: cancel sent (was {res.before}, now {res.after}); resume with `hpctrain resume {name}`"
     )
 
 
@@ -242,19 +245,22 @@ def show(sweep_dir: Path, as_json: bool) -> None:
     """`status SWEEP` / `runs` / `report SWEEP`: the sweep as a table of its points."""
     rows = points.table(sweep_dir)
     if as_json:
+        listed = [dataclasses.asdict(r) for r in rows]
         click.echo(
-            json.dumps({"sweep": sweep_dir.name, "path": str(sweep_dir), "points": rows}, indent=2)
+            json.dumps(
+                {"sweep": sweep_dir.name, "path": str(sweep_dir), "points": listed}, indent=2
+            )
         )
         return
     _echo([f"sweep {sweep_dir.name} ({sweep_dir})"])
     body = [
         [
-            str(r["index"]),
-            r["point"],
-            r["state"],
-            str(r["job_id"] or "-"),
-            "-" if r["checkpoint_step"] is None else str(r["checkpoint_step"]),
-            "-" if r["final_loss"] is None else f"{r['final_loss']:.4f}",
+            str(r.index),
+            r.point,
+            r.state,
+            str(r.job_id or "-"),
+            "-" if r.checkpoint_step is None else str(r.checkpoint_step),
+            "-" if r.final_loss is None else f"{r.final_loss:.4f}",
         ]
         for r in rows
     ]

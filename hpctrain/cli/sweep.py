@@ -1,19 +1,18 @@
 """`hpctrain sweep`: a grid of entry arguments as one job array (thin: the work is in
-hpctrain/jobs/sweep.py)."""
+hpctrain/service/sweep.py)."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import click
 
 from hpctrain.cli.jobs import _job_options
 from hpctrain.cli.table import plain_table
-from hpctrain.jobs import sweep as sweeps
 from hpctrain.jobs.options import JobOptions
 from hpctrain.runs import sweepdir
+from hpctrain.service import sweep as sweeps
 from hpctrain.service.prepare import resolve_profile
 
 
@@ -39,7 +38,7 @@ from hpctrain.service.prepare import resolve_profile
     help="Remote site: send this folder as the code instead of the git repository's HEAD.",
 )
 @click.option("--code", type=click.Path(file_okay=False, exists=True), hidden=True)
-def sweep(**o: Any) -> None:  # Any: click's parsed options (any option type)
+def sweep(**o: object) -> None:
     """Run the product of a grid of entry arguments: one run folder per point (NAME/<i>-<k=v,...>),
     one Slurm job array (`--array=0-N[%K]`). Each point is frozen, resumable and preemptible on
     its own; address one as NAME/<i>. Arguments after `--` go to every point.

@@ -8,8 +8,8 @@ profile has GPUs. The binary is the kind's name unless `container.binary` names 
 
 from __future__ import annotations
 
+from hpctrain.kernel.shell import Sh, quote, shvalue
 from hpctrain.profiles.schema.environment import Container
-from hpctrain.render.shellwords import Sh, quote, shvalue
 
 GPU_FLAG = {"nvidia": "--nv", "amd": "--rocm"}
 

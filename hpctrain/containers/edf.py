@@ -8,8 +8,8 @@ The EDF must mount the runs folder (hpctrain cannot add a mount to it).
 
 from __future__ import annotations
 
+from hpctrain.kernel.shell import Sh, option, quote
 from hpctrain.profiles.schema.environment import Container
-from hpctrain.render.shellwords import Sh, option, quote
 
 
 def sbatch(c: Container) -> list[str]:

@@ -1,8 +1,8 @@
 """Hand a run's job.sh to its scheduler and ask about it, whatever the scheduler.
 
 A scheduler is one module with a `SCHEDULER` object that has the four methods of `Scheduler`;
-SCHEDULERS below is the registry (a new scheduler: one module plus one line here, and the
-`scheduler:` value in hpctrain/profiles/schema). submitit is imported only in dispatch/, its private
+the registry is hpctrain/kernel/plugins.py's SCHEDULERS (a new scheduler: one module plus one line
+there). submitit is imported only in dispatch/, its private
 parts only in dispatch/submitit_api.py.
 """
 
@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
+from hpctrain.kernel.plugins import SCHEDULERS
 from hpctrain.runs.folder import TERMINAL, RunDir
 
 if TYPE_CHECKING:
@@ -33,14 +34,8 @@ class Scheduler(Protocol):
         """Send signal `name` (USR2, TERM, ...) to the run's batch script; says what was signalled."""
 
 
-SCHEDULERS: dict[str, str] = {  # profile `scheduler:` -> module holding SCHEDULER
-    "slurm": "hpctrain.dispatch.slurm",
-    "local": "hpctrain.dispatch.local",
-}
-
-
 def scheduler(name: str) -> Scheduler:
-    return importlib.import_module(SCHEDULERS[name]).SCHEDULER  # type: ignore[no-any-return]
+    return cast("Scheduler", importlib.import_module(SCHEDULERS[name]).SCHEDULER)
 
 
 def submit(run: RunDir, profile: ResolvedProfile, *, time_min: int, kind: str = "submit") -> str:

@@ -14,11 +14,12 @@ import shlex
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain.dispatch.submitit_api import start_local
-from hpctrain.kernel import layout
+from hpctrain.kernel import layout, states
 from hpctrain.kernel.errors import UserError
 from hpctrain.runs import procs
 from hpctrain.runs.folder import RunDir
@@ -58,7 +59,7 @@ def submit(run: RunDir, *, time_min: int, signal_name: str, warning_s: int) -> s
         procs.new_token()
     )  # on the script's command line: cancel/preempt check it before a signal
     _write_state(
-        run, {"state": "PENDING", "pid": None, "pgid": None, "exit_code": None, "token": token}
+        run, {"state": states.PENDING, "pid": None, "pgid": None, "exit_code": None, "token": token}
     )
     return _start(
         run,
@@ -81,7 +82,7 @@ def script_pid(run: RunDir) -> int | None:
     return None
 
 
-def _write_state(run: RunDir, state: dict[str, Any]) -> None:
+def _write_state(run: RunDir, state: Mapping[str, object]) -> None:
     run.write(layout.STATE, json.dumps(state) + "\n", durable=False)
 
 
@@ -98,23 +99,24 @@ def alive(pid: int | None) -> bool:
 
 def state(run: RunDir) -> str:
     st = run.local_state() or {}
-    value = str(st.get("state") or "UNKNOWN")
-    if value == "PENDING":
+    value = str(st.get("state") or states.UNKNOWN)
+    if value == states.PENDING:
         job_id = run.last_job_id()
         if job_id and not alive(int(job_id)):
-            return "LOST"  # the controller ended before the script started
-    if value == "RUNNING" and not _still_running(run, st):
+            return states.LOST  # the controller ended before the script started
+    if value == states.RUNNING and not _still_running(run, st):
         # The script may have recorded its end between our read and the liveness check: read again.
-        value = str((run.local_state() or {}).get("state") or "UNKNOWN")
-        if value == "RUNNING":
-            return "LOST"  # the script was killed before it could record its end
+        value = str((run.local_state() or {}).get("state") or states.UNKNOWN)
+        if value == states.RUNNING:
+            return states.LOST  # the script was killed before it could record its end
     return value
 
 
-def _still_running(run: RunDir, st: dict[str, Any]) -> bool:
+def _still_running(run: RunDir, st: Mapping[str, object]) -> bool:
     if "start" in st:  # a script that records its start time: the pid must still be it
         return script_pid(run) is not None
-    return alive(st.get("pid"))
+    pid = st.get("pid")
+    return alive(pid if isinstance(pid, int) else None)
 
 
 def cancel(run: RunDir, *, grace_s: float = 60.0) -> str:
@@ -123,13 +125,13 @@ def cancel(run: RunDir, *, grace_s: float = 60.0) -> str:
     job_id = run.last_job_id()
     controller = int(job_id) if job_id and job_id.isdigit() else None
     if (
-        st.get("state") == "PENDING"
+        st.get("state") == states.PENDING
         and controller is not None
         and procs.is_run_controller(controller, submitit_dir=run.submitit)
     ):
         os.killpg(controller, signal.SIGKILL)  # the controller leads its own session
-        _write_state(run, {**st, "state": "CANCELLED", "exit_code": 143})
-        return "CANCELLED"
+        _write_state(run, {**st, "state": states.CANCELLED, "exit_code": 143})
+        return states.CANCELLED
     pid = script_pid(run)
     if pid is None:
         return state(run)  # not running, or the pid now belongs to another process: no signal
@@ -143,7 +145,7 @@ def cancel(run: RunDir, *, grace_s: float = 60.0) -> str:
         time.sleep(0.2)
     if script_pid(run) == pid:
         os.killpg(pgid, signal.SIGKILL)
-        _write_state(run, {**st, "state": "CANCELLED", "exit_code": 137})
+        _write_state(run, {**st, "state": states.CANCELLED, "exit_code": 137})
     return state(run)
 
 

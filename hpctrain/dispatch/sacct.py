@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hpctrain.kernel.states import REQUEUED
+
 _RANGE = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]\Z")
 _ELEMENT = re.compile(r"^(\d+)_(\d+)\Z")
 
@@ -61,7 +63,7 @@ def records(text: str) -> list[tuple[str, str]]:
 
 def _latest(states: list[str]) -> str:
     """The current attempt's state: the newest record that is not an attempt's REQUEUED stub."""
-    live = [s for s in states if s.split()[0] != "REQUEUED"]
+    live = [s for s in states if s.split()[0] != REQUEUED]
     return (live or states)[-1]
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from hpctrain.dispatch import sacct
 from hpctrain.dispatch.submitit_api import failed_job_error, sacct_text, submit_sbatch
-from hpctrain.kernel import layout
+from hpctrain.kernel import layout, states
 from hpctrain.kernel.errors import UserError
 from hpctrain.runs import chain
 from hpctrain.runs.folder import RunDir
@@ -73,7 +73,7 @@ def chain_states(run: RunDir) -> list[dict[str, str]]:
 
 
 # States of a job that is still in the controller's queue (scontrol knows every one of them).
-LIVE = {"PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "CONFIGURING", "COMPLETING"}
+LIVE = states.LIVE
 
 
 def state(job_id: str) -> str:
@@ -90,11 +90,11 @@ def decide(found: sacct.Found | None, controller: Callable[[], str | None]) -> s
         live = controller()
         if live:
             return str(live).split()[0].upper()
-        return "UNKNOWN" if value in LIVE else value
-    if value in ("", "UNKNOWN", "PREEMPTED") or value in LIVE:
+        return states.UNKNOWN if value in LIVE else value
+    if value in ("", states.UNKNOWN, states.PREEMPTED) or value in LIVE:
         # the controller knows whether a PREEMPTED job was requeued, and slurmdbd lags it: on a
         # loaded machine sacct still said PENDING seconds after the batch shell had started
-        value = controller() or value or "UNKNOWN"
+        value = controller() or value or states.UNKNOWN
     return value.split()[0].upper()
 
 
@@ -124,7 +124,7 @@ class Slurm:
     def state(self, run: RunDir) -> str:
         job_id = run.last_job_id()
         if not job_id:
-            return "UNKNOWN"
+            return states.UNKNOWN
         value = state(job_id)
         segments = chain.ids(run)
         if value not in LIVE and job_id in segments:
@@ -135,11 +135,11 @@ class Slurm:
             for later in segments[segments.index(job_id) + 1 :]:
                 if (next_state := state(later)) in LIVE:
                     return next_state
-        if value == "UNKNOWN" and any(
+        if value == states.UNKNOWN and any(
             e.get("event") == "cancel" and e.get("job_id") == job_id for e in run.events()
         ):
             # an array task cancelled while pending leaves no record in sacct or scontrol
-            return "CANCELLED"
+            return states.CANCELLED
         return value
 
     def cancel(self, run: RunDir) -> str:

@@ -24,6 +24,7 @@ import inspect
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 from hpctrain.kernel.rundir import RunFolder
@@ -61,7 +62,7 @@ def check_private_api() -> list[str]:
     return problems
 
 
-def _slurm() -> Any:
+def _slurm() -> ModuleType:
     """submitit's Slurm module, on first use: submitit loads ~190 modules, more than the whole CLI,
     and a local run or `status` of a finished one never needs it. Its logger is quieted here, after
     submitit's own logging set-up ran: we report sbatch and sacct trouble ourselves."""

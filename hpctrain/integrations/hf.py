@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from collections.abc import Mapping
 
 try:
-    from transformers import TrainerCallback
+    from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 except ImportError as e:  # one clear line, not a traceback from deep inside an import
     raise ImportError(
         "hpctrain.integrations.hf needs transformers: pip install 'hpctrain[hf]'"
@@ -54,12 +54,22 @@ class HpctrainCallback(TrainerCallback):
         # progress lines only under hpctrain: a plain torchrun run writes nothing of ours
         self._logging = bool(os.environ.get(runtime.ENV_RUN_DIR))
 
-    # Any: transformers' callback arguments (third-party, untyped)
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_train_begin(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: object,
+    ) -> None:
         runtime.install()  # the signal handlers, in the main thread, before the first step
 
-    # Any: transformers' callback arguments (third-party, untyped)
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_step_end(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: object,
+    ) -> None:
         # the vote started one step ago: every rank reads the same answer at the same step
         if runtime.should_stop(wait=False) and state.global_step < state.max_steps:
             self.stopping = state.global_step  # (at the last step the run is simply done)
@@ -71,17 +81,22 @@ class HpctrainCallback(TrainerCallback):
 
     def on_log(
         self,
-        args: Any,  # Any: transformers' callback arguments (third-party, untyped)
-        state: Any,  # Any: transformers' callback arguments (third-party, untyped)
-        control: Any,  # Any: transformers' callback arguments (third-party, untyped)
-        logs: dict[str, Any] | None = None,
-        **kwargs: Any,  # Any: transformers' callback arguments (third-party, untyped)
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: Mapping[str, object] | None = None,
+        **kwargs: object,
     ) -> None:
         if logs:
             self._line(args, state, logs)
 
-    # Any: transformers' callback arguments (third-party, untyped)
-    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+    def on_save(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        **kwargs: object,
+    ) -> None:
         if self.stopping is None or state.global_step != self.stopping:
             return
         # every rank has written its part of checkpoint-<step> (rank 0 the model, optimizer and
@@ -91,8 +106,12 @@ class HpctrainCallback(TrainerCallback):
         self._line(args, state)  # the step the run stopped at (`report` counts no step redone)
         runtime.exit(runtime.PREEMPTED, step=state.global_step)
 
-    # Any: transformers' callback arguments (third-party, untyped)
-    def _line(self, args: Any, state: Any, logs: dict[str, Any] | None = None) -> None:
+    def _line(
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        logs: Mapping[str, object] | None = None,
+    ) -> None:
         """One metrics.jsonl line per step at most (`report` reads a repeated step as a restart):
         rank 0, under hpctrain only."""
         if not self._logging or not state.is_world_process_zero:
@@ -110,7 +129,7 @@ class HpctrainCallback(TrainerCallback):
         )
 
 
-def _samples(args: Any) -> int:  # Any: transformers' callback arguments (third-party, untyped)
+def _samples(args: TrainingArguments) -> int:
     """Samples per optimizer step, over all ranks."""
     world = int(getattr(args, "world_size", 1) or 1)
     return int(args.per_device_train_batch_size * args.gradient_accumulation_steps * world)

@@ -39,7 +39,9 @@ from typing import Any
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loops.fetchers import _DataFetcher
     from lightning.pytorch.utilities.exceptions import SIGTERMException
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
 except ImportError as e:  # one clear line, not a traceback from deep inside an import
     raise ImportError(
         "hpctrain.integrations.lightning needs lightning: pip install 'hpctrain[lightning]'"
@@ -49,6 +51,7 @@ import torch  # loaded already: lightning imports it
 import torch.distributed as dist
 
 from hpctrain import runtime
+from hpctrain.runtime.checkpoint import Rng
 
 NOT_RESUMABLE = "You're resuming from a checkpoint that ended before the epoch ended"
 RNG_KEY = "hpctrain_rng"  # every rank's RNG state, in this callback's part of the checkpoint
@@ -66,7 +69,7 @@ class HpctrainCheckpoint(ModelCheckpoint):
         dirpath: str | Path | None = None,
         *,
         every_s: float = 1.0,
-        **kwargs: Any,  # Any: Lightning's hook values (third-party; any batch/output)
+        **kwargs: Any,  # Any: ModelCheckpoint's own keyword arguments, passed on as they are
     ) -> None:
         kwargs.setdefault("save_last", True)
         under = os.environ.get(runtime.ENV_RUN_DIR)
@@ -79,9 +82,7 @@ class HpctrainCheckpoint(ModelCheckpoint):
         self._last_line = 0.0
         self._step = -1  # the newest step written to metrics.jsonl
         self._total: int | None = None
-        self._rng: dict[str, Any] | None = (
-            None  # this rank's RNG state from the checkpoint resumed from
-        )
+        self._rng: Rng | None = None  # this rank's RNG state from the checkpoint resumed from
 
     # ------------------------------------------------------------ the stop
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -106,8 +107,8 @@ class HpctrainCheckpoint(ModelCheckpoint):
         self,
         trainer: pl.Trainer,
         pl_module: pl.LightningModule,
-        outputs: Any,  # Any: Lightning's hook values (third-party; any batch/output)
-        batch: Any,  # Any: Lightning's hook values (third-party; any batch/output)
+        outputs: STEP_OUTPUT,
+        batch: object,
         batch_idx: int,
     ) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -132,8 +133,7 @@ class HpctrainCheckpoint(ModelCheckpoint):
             self.stopping = trainer.global_step
             self._stop(trainer, None)
 
-    # Any: Lightning's hook values (third-party; any batch/output)
-    def _stop(self, trainer: pl.Trainer, outputs: Any) -> None:
+    def _stop(self, trainer: pl.Trainer, outputs: STEP_OUTPUT) -> None:
         step = trainer.global_step
         path = self.format_checkpoint_name({}, self.CHECKPOINT_NAME_LAST)
         if trainer.is_global_zero and os.path.islink(path):
@@ -152,14 +152,14 @@ class HpctrainCheckpoint(ModelCheckpoint):
         runtime.exit(runtime.PREEMPTED, step=step)
 
     # ------------------------------------------------------------ every rank's RNG
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> dict[str, object]:
         state = super().state_dict()
         # bytes: Lightning loads checkpoints with torch.load(weights_only=True), which refuses
         # NumPy's RNG state; every rank calls it (a collective)
         state[RNG_KEY] = _gather(runtime._to_bytes(runtime._capture_rng()))
         return state
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
         rngs = state_dict.pop(RNG_KEY, None)
         super().load_state_dict(state_dict)
         world, me = _world()
@@ -179,8 +179,7 @@ class HpctrainCheckpoint(ModelCheckpoint):
         loop._hpctrain_patched = True
         original = loop.on_run_start
 
-        # Any: Lightning's hook values (third-party; any batch/output)
-        def on_run_start(data_fetcher: Any) -> None:
+        def on_run_start(data_fetcher: _DataFetcher) -> None:
             before = data_fetcher.fetched
             original(data_fetcher)
             done = data_fetcher.fetched - before  # Lightning's count of this epoch's batches done
@@ -193,8 +192,7 @@ class HpctrainCheckpoint(ModelCheckpoint):
         loop.on_run_start = on_run_start  # type: ignore[method-assign]  # the loop's hook, wrapped
 
     # ------------------------------------------------------------ progress
-    # Any: Lightning's hook values (third-party; any batch/output)
-    def _line(self, trainer: pl.Trainer, outputs: Any) -> None:
+    def _line(self, trainer: pl.Trainer, outputs: STEP_OUTPUT) -> None:
         """One metrics.jsonl line per step at most (`report` reads a repeated step as a restart):
         rank 0 only."""
         step = trainer.global_step
@@ -235,36 +233,38 @@ def _stateful(trainer: pl.Trainer) -> bool:
     )
 
 
-# Any: Lightning's hook values (third-party; any batch/output)
-def _skip(fetcher: Any, n: int) -> None:
+def _skip(fetcher: _DataFetcher, n: int) -> None:
     """Advance the fetcher's loader past n batches, keeping what it prefetched in order."""
-    pre = list(getattr(fetcher, "batches", []))
+    batches = getattr(fetcher, "batches", [])  # a prefetching fetcher's
+    pre = list(batches)
     if pre:
-        fetcher.batches.clear()
-    ahead = len(pre)
+        batches.clear()
+    ahead, iterator = len(pre), fetcher.iterator
+    assert iterator is not None  # the epoch loop started it
     for _ in range(max(0, n - ahead)):
-        next(fetcher.iterator)
+        next(iterator)
     refill = pre[n:] if n < ahead else []
     while len(refill) < ahead:
         try:
-            refill.append(next(fetcher.iterator))
+            refill.append(next(iterator))
         except StopIteration:
             break
     if pre:
-        fetcher.batches.extend(refill)
+        batches.extend(refill)
 
 
-def _gather(obj: Any) -> list[Any]:  # Any: Lightning's hook values (third-party; any batch/output)
+def _gather(obj: bytes) -> list[object]:
     world, _ = _world()
     if world == 1:
         return [obj]
-    out: list[Any] = [None] * world
+    out: list[object] = [None] * world
     dist.all_gather_object(out, obj)
     return out
 
 
-def _from_bytes(data: bytes) -> dict[str, Any]:
-    return dict(torch.load(io.BytesIO(data), map_location="cpu", weights_only=False))
+def _from_bytes(data: bytes) -> Rng:
+    rng: Rng = torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    return rng
 
 
 def _world() -> tuple[int, int]:
@@ -274,15 +274,14 @@ def _world() -> tuple[int, int]:
     return dist.get_world_size(), dist.get_rank()
 
 
-# Any: Lightning's hook values (third-party; any batch/output)
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, (int, float)):
         return float(value)
-    numel = getattr(value, "numel", None)
-    if callable(numel) and numel() == 1:
-        return float(value.item())
+    numel, item = getattr(value, "numel", None), getattr(value, "item", None)
+    if callable(numel) and numel() == 1 and callable(item):
+        return float(item())
     return None
 
 

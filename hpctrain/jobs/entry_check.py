@@ -14,14 +14,14 @@ code, so they are checked by `python -m train_entry --check` in a child process.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from hpctrain.kernel import jobenv
+from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.errors import UserError
 from hpctrain.profiles import cache
 
@@ -29,6 +29,25 @@ from hpctrain.profiles import cache
 ENV_NNODES, ENV_GPUS = jobenv.NNODES, jobenv.GPUS_PER_NODE
 OWNED = {"--run-dir": "hpctrain sets it to the run folder; remove it from the arguments after `--`"}
 SHARED = ("strategy",)  # entry flags that `submit` also takes
+
+
+class Resolved(TypedDict):
+    """What train_entry's config resolves to at the requested world size."""
+
+    strategy: str
+    global_batch: int
+    micro_batch: int
+    grad_accum: int
+    max_steps: int
+    world_size: int
+    dp: int  # data-parallel ranks: tp and pp peers share a batch
+    tp: int
+    pp: int
+    # for the snapshot memory plan (hpctrain/plan/snapshots.py)
+    params: int | None  # the demo GPT's; None for a factory's model
+    optimizer: str
+    snapshot_every: int | None
+    snapshot_budget: float
 
 
 def entry_flag(args: tuple[str, ...] | list[str], name: str) -> str | None:
@@ -85,11 +104,8 @@ def check_train_entry(
     strategy: str | None,
     python: str | None = None,
     domain: int | None = None,
-) -> dict[str, Any]:
-    """Validate train_entry's config at world = nodes x gpus; return what it resolved to
-    ({"strategy", "global_batch", "micro_batch", "grad_accum", "max_steps", "world_size", "dp",
-    "tp", "pp", and for the snapshot plan "params" (the demo GPT's; None for a factory),
-    "optimizer", "snapshot_every", "snapshot_budget"}).
+) -> Resolved:
+    """Validate train_entry's config at world = nodes x gpus; return what it resolved to.
     The parallel layout is checked against the topology: tp inside a node (and inside the
     profile's fast-link `domain`, slurm.gpus_per_domain, when smaller), pp stages dividing the
     layers, tp x pp dividing the world.
@@ -135,7 +151,7 @@ def check_train_entry(
                 gpus=gpus,
                 where=f"at {nodes} node(s) x {gpus} = world size {nodes * gpus}",
             )
-        return dict(hit["resolved"])
+        return cast("Resolved", dict(hit["resolved"]))
     resolved, probed = _check_train_entry(
         nodes=nodes, gpus=gpus, args=args, strategy=strategy, python=python, domain=domain
     )
@@ -152,7 +168,7 @@ def _check_train_entry(
     strategy: str | None,
     python: str | None,
     domain: int | None = None,
-) -> tuple[dict[str, Any], bool | None]:
+) -> tuple[Resolved, bool | None]:
     """The check itself; with whether it needed the probe (None: not to be cached, it also
     asked whether the tracker's package is installed)."""
     from train_entry.cli import NAMED, parser  # lazy: CLI start-up: a cache miss only
@@ -179,7 +195,10 @@ def _check_train_entry(
         except UserError as e:
             raise UserError(f"train_entry's config does not work {where}:\n  {_one(e)}") from None
     probe: bool | None = bool(
-        cfg.model.factory or cfg.data.factory or cfg.data.collate or cfg.strategy == "deepspeed"
+        cfg.model.factory
+        or cfg.data.factory
+        or cfg.data.collate
+        or strategy_names.info(cfg.strategy).parse_check
     )
     if probe:
         _probe(
@@ -260,15 +279,11 @@ def _one(e: UserError) -> str:
     return e.format_message().replace("\n", "\n  ")
 
 
-def describe(resolved: dict[str, Any]) -> str:
-    world, dp = resolved["world_size"], resolved.get("dp", resolved["world_size"])
+def describe(resolved: Resolved) -> str:
+    world, dp = resolved["world_size"], resolved["dp"]
     ranks = f"world {world}" if dp == world else f"dp {dp} (world {world} / tp x pp)"
     return (
         f"global batch {resolved['global_batch']} = {ranks} x micro "
         f"{resolved['micro_batch']} x accum {resolved['grad_accum']}, "
         f"{resolved['max_steps']} steps"
     )
-
-
-def dumps(resolved: dict[str, Any]) -> str:
-    return json.dumps(resolved, sort_keys=True)

@@ -4,9 +4,11 @@ the resolved profile. It is the ONE source of the topology: nodes and GPUs per n
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,7 +62,7 @@ class JobRequest:
     nodes: int
     gpus: int  # per node: GPUs on Slurm, CPU worker processes per simulated node locally
     time_min: int
-    strategy: str = "ddp"
+    strategy: str = strategy_names.DEFAULT
     entry: Entry = field(default_factory=Entry)
     args: tuple[str, ...] = ()
     min_nodes: int | None = (
@@ -135,7 +137,7 @@ class JobRequest:
             nodes=1 if nodes is None else nodes,
             gpus=default_gpus if gpus is None else gpus,
             time_min=slurm.default_time_min if time_min is None else time_min,
-            strategy=strategy or "ddp",
+            strategy=strategy or strategy_names.DEFAULT,
             entry=entry,
             args=tuple(args),
             min_nodes=min_nodes,
@@ -146,20 +148,47 @@ class JobRequest:
             raise ValidationError(problems)
         return req
 
+    def with_strategy(self, strategy: str) -> JobRequest:
+        """This request with another strategy (train_entry's config chose it), checked again."""
+        req = dataclasses.replace(self, strategy=strategy)
+        problems = req._strategy()
+        if problems:
+            raise ValidationError(problems)
+        return req
+
     def problems(self, profile: ResolvedProfile) -> list[Problem]:
         """Everything wrong with this request for this profile, each with its fix."""
-        out: list[Problem] = []
-        if not NAME_RE.match(self.name):
-            out.append(
-                Problem(f"{self.name!r} is not a valid run name ({NAME_RULE})", key="--name")
-            )
+        return [
+            *self._name(),
+            *self._strategy(),
+            *self._counts(),
+            *self._args(),
+            *self._sizes(),
+            *self._fit(profile),
+        ]
+
+    def _name(self) -> list[Problem]:
+        if NAME_RE.match(self.name):
+            return []
+        return [Problem(f"{self.name!r} is not a valid run name ({NAME_RULE})", key="--name")]
+
+    def _strategy(self) -> list[Problem]:
         if self.strategy not in STRATEGIES:
-            out.append(
+            return [
                 Problem(
                     f"unknown strategy {self.strategy!r}; use one of {', '.join(STRATEGIES)}",
                     key="--strategy",
                 )
-            )
+            ]
+        known = strategy_names.STRATEGIES.get(self.strategy)  # None: auto, the planner's choice
+        shrinks = self.min_nodes is not None and 1 <= self.min_nodes < self.nodes
+        if shrinks and known and not known.reshards:
+            return [Problem(f"--min-nodes: {known.no_shrink}", key="--min-nodes")]
+        return []
+
+    def _counts(self) -> list[Problem]:
+        """The topology and the time, each at least 1; the node names Slurm must leave out."""
+        out: list[Problem] = []
         if self.nodes < 1:
             out.append(Problem(f"--nodes {self.nodes}: at least 1 node", key="--nodes"))
         if self.min_nodes is not None and not 1 <= self.min_nodes <= self.nodes:
@@ -169,71 +198,71 @@ class JobRequest:
                     key="--min-nodes",
                 )
             )
-        elif self.node_range and self.strategy == "deepspeed":
-            out.append(
-                Problem(
-                    "--min-nodes: DeepSpeed checkpoints load only at the world size that "
-                    "saved them, so a DeepSpeed run cannot continue on fewer nodes; drop "
-                    "--min-nodes (a bad node is then excluded and the job requeued)",
-                    key="--min-nodes",
-                )
+        out += [
+            Problem(
+                f"--exclude {name!r} is not a Slurm node name or range (like n1 or gpu[01-04])",
+                key="--exclude",
             )
-        for name in self.exclude:
-            if not NODE_NAMES_RE.match(name):
-                out.append(
-                    Problem(
-                        f"--exclude {name!r} is not a Slurm node name or range (like n1 or "
-                        "gpu[01-04])",
-                        key="--exclude",
-                    )
-                )
+            for name in self.exclude
+            if not NODE_NAMES_RE.match(name)
+        ]
         if self.gpus < 1:
             out.append(Problem(f"--gpus {self.gpus}: at least 1 per node", key="--gpus"))
         if self.time_min < 1:
             out.append(Problem(f"--time {self.time_min}: at least 1 minute", key="--time"))
-        for i, arg in enumerate(self.args):
-            if any(0xD800 <= ord(c) <= 0xDFFF for c in arg) or "\x00" in arg:
-                out.append(
-                    Problem(
-                        f"entry argument {i + 1} ({arg.encode('utf-8', 'surrogateescape')[:40]!r}) "
-                        "is not valid UTF-8 text; fix: pass it in UTF-8",
-                        key="--",
-                    )
-                )
-        for key, value, most in (
-            ("--nodes", self.nodes, MAX_COUNT),
-            ("--gpus", self.gpus, MAX_COUNT),
-            ("--time", self.time_min, MAX_TIME_MIN),
-        ):
-            if value > most:
-                out.append(
-                    Problem(
-                        f"{key} {str(value)[:24]} is not a realistic value (at most {most}); "
-                        f"fix: give {key} a real count",
-                        key=key,
-                    )
-                )
-        if profile.scheduler == "local" and MAX_COUNT >= self.nodes * self.gpus > local_limit():
+        return out
+
+    def _args(self) -> list[Problem]:
+        return [
+            Problem(
+                f"entry argument {i + 1} ({arg.encode('utf-8', 'surrogateescape')[:40]!r}) "
+                "is not valid UTF-8 text; fix: pass it in UTF-8",
+                key="--",
+            )
+            for i, arg in enumerate(self.args)
+            if any(0xD800 <= ord(c) <= 0xDFFF for c in arg) or "\x00" in arg
+        ]
+
+    def _sizes(self) -> list[Problem]:
+        """Counts no machine has: a typo (or 10**24)."""
+        return [
+            Problem(
+                f"{key} {str(value)[:24]} is not a realistic value (at most {most}); "
+                f"fix: give {key} a real count",
+                key=key,
+            )
+            for key, value, most in (
+                ("--nodes", self.nodes, MAX_COUNT),
+                ("--gpus", self.gpus, MAX_COUNT),
+                ("--time", self.time_min, MAX_TIME_MIN),
+            )
+            if value > most
+        ]
+
+    def _fit(self, profile: ResolvedProfile) -> list[Problem]:
+        """What the profile allows: its nodes, GPUs per node, time, spares; this machine's workers."""
+        out: list[Problem] = []
+        slurm, spares = profile.slurm, profile.preemption.spare_nodes
+        where = f"profile {profile.name}"
+        on_slurm = profile.scheduler == "slurm"
+        if not on_slurm and MAX_COUNT >= self.nodes * self.gpus > local_limit():
             out.append(
                 Problem(
-                    f"--nodes {self.nodes} x --gpus {self.gpus} = {self.nodes * self.gpus} local workers, more than "
-                    f"this machine runs ({local_limit()}: 4 per CPU core); fix: fewer --nodes or --gpus, or a "
-                    "Slurm profile",
+                    f"--nodes {self.nodes} x --gpus {self.gpus} = {self.nodes * self.gpus} local "
+                    f"workers, more than this machine runs ({local_limit()}: 4 per CPU core); "
+                    "fix: fewer --nodes or --gpus, or a Slurm profile",
                     key="--nodes",
                 )
             )
-        slurm = profile.slurm
-        where = f"profile {profile.name}"
-        if profile.scheduler == "slurm" and slurm.gpus_per_node and self.gpus > slurm.gpus_per_node:
+        if on_slurm and slurm.gpus_per_node and self.gpus > slurm.gpus_per_node:
             out.append(
                 Problem(
-                    f"--gpus {self.gpus} is more than the {slurm.gpus_per_node} GPUs per node of {where}; "
-                    f"use --gpus {slurm.gpus_per_node} and more --nodes",
+                    f"--gpus {self.gpus} is more than the {slurm.gpus_per_node} GPUs per node of "
+                    f"{where}; use --gpus {slurm.gpus_per_node} and more --nodes",
                     key="--gpus",
                 )
             )
-        spares = profile.preemption.spare_nodes
-        if spares and profile.scheduler != "slurm":
+        if spares and not on_slurm:
             out.append(
                 Problem(
                     f"--spare-nodes {spares} (preemption.spare_nodes): hot spares are nodes of a "
@@ -242,11 +271,18 @@ class JobRequest:
                     key="--spare-nodes",
                 )
             )
+        return out + self._limits(profile)
+
+    def _limits(self, profile: ResolvedProfile) -> list[Problem]:
+        """slurm.max_nodes (the spares included) and slurm.max_time_min."""
+        out: list[Problem] = []
+        slurm, spares = profile.slurm, profile.preemption.spare_nodes
+        where = f"profile {profile.name}"
         if slurm.max_nodes is not None and self.nodes > slurm.max_nodes:
             out.append(
                 Problem(
-                    f"--nodes {self.nodes} is more than the {slurm.max_nodes} nodes {where} allows; "
-                    f"use --nodes {slurm.max_nodes} or fewer",
+                    f"--nodes {self.nodes} is more than the {slurm.max_nodes} nodes {where} "
+                    f"allows; use --nodes {slurm.max_nodes} or fewer",
                     key="--nodes",
                 )
             )
@@ -262,25 +298,25 @@ class JobRequest:
         if slurm.max_time_min is not None and self.time_min > slurm.max_time_min:
             out.append(
                 Problem(
-                    f"--time {self.time_min} is more than the {slurm.max_time_min} minutes {where} allows; "
-                    f"use --time {slurm.max_time_min} or less, or add --chain to run it as "
-                    f"{-(-self.time_min // slurm.max_time_min)} jobs one after another, each resuming from "
-                    "the newest checkpoint",
+                    f"--time {self.time_min} is more than the {slurm.max_time_min} minutes "
+                    f"{where} allows; use --time {slurm.max_time_min} or less, or add --chain to "
+                    f"run it as {-(-self.time_min // slurm.max_time_min)} jobs one after another, "
+                    "each resuming from the newest checkpoint",
                     key="--time",
                 )
             )
         return out
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["args"] = list(self.args)
         d["exclude"] = list(self.exclude)
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> JobRequest:
-        d = dict(d)
-        d["entry"] = Entry(**d.get("entry", {}))
-        d["args"] = tuple(d.get("args", ()))
-        d["exclude"] = tuple(d.get("exclude", ()))
-        return cls(**d)
+    def from_dict(cls, d: Mapping[str, Any]) -> JobRequest:  # Any: run.yaml's request (YAML)
+        fields = dict(d)
+        fields["entry"] = Entry(**fields.get("entry", {}))
+        fields["args"] = tuple(fields.get("args", ()))
+        fields["exclude"] = tuple(fields.get("exclude", ()))
+        return cls(**fields)

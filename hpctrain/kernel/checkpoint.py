@@ -23,10 +23,9 @@ import pwd
 import re
 import shutil
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from hpctrain.kernel.files import (  # noqa: F401  (the format's API)
     fsync_path,
@@ -92,7 +91,7 @@ def list_files(folder: Path) -> list[str]:
     return sorted(out)
 
 
-def verify(folder: Path) -> tuple[dict[str, Any] | None, str | None]:
+def verify(folder: Path) -> tuple[dict[str, object] | None, str | None]:
     """(manifest, None) when every file the manifest lists has its size and checksum, else
     (None, why). Reads only regular files inside `folder`: a manifest naming /dev/zero, ../x or a
     symlink out is refused, never followed (verification must not hang or read outside the
@@ -185,7 +184,7 @@ def step_folders(ckpt_dir: Path) -> list[tuple[int, Path]]:
 
 def newest_verified(
     ckpt_dir: Path, warn: Callable[[str], None] | None = None
-) -> tuple[Path, dict[str, Any]] | None:
+) -> tuple[Path, dict[str, object]] | None:
     """The newest checkpoint whose manifest verifies; every one skipped on the way is reported."""
     for _, folder in step_folders(ckpt_dir):
         manifest, why = verify(folder)
@@ -212,8 +211,8 @@ def _write_synced(path: Path, data: bytes) -> None:
 def write_manifest(
     staging: Path,
     final: Path,
-    fields: dict[str, Any],
-    files: dict[str, dict[str, Any]] | None = None,
+    fields: Mapping[str, object],
+    files: Mapping[str, Mapping[str, object]] | None = None,
     *,
     pool: Executor | None = None,
 ) -> None:
@@ -222,15 +221,15 @@ def write_manifest(
     (an entry with "unsynced": True still needs its fsync); any other file there is read, hashed
     and fsynced here. The manifest, those files, the folders and a new `latest` temp file are
     fsynced in parallel (one fsync each). Nothing counts the folder before `publish`."""
-    files = {rel: dict(e) for rel, e in (files or {}).items()}
-    unsynced = [r for r, e in files.items() if e.pop("unsynced", False)]
+    entries = {rel: dict(e) for rel, e in (files or {}).items()}
+    unsynced = [r for r, e in entries.items() if e.pop("unsynced", False)]
     rels = list_files(staging)
-    extra = [r for r in rels if r not in files]
-    missing = sorted(set(files) - set(rels))
+    extra = [r for r in rels if r not in entries]
+    missing = sorted(set(entries) - set(rels))
     if missing:
         raise OSError(f"{staging}: {missing[0]} was written but is not there")
 
-    def synced_entry(rel: str) -> dict[str, Any]:
+    def synced_entry(rel: str) -> dict[str, object]:
         path = staging / rel
         fsync_path(path)
         return {"size": path.stat().st_size, "sha256": sha256_file(path)}
@@ -238,8 +237,8 @@ def write_manifest(
     own = pool is None
     ex: Executor = pool if pool is not None else ThreadPoolExecutor(8, "hpctrain-commit")
     try:
-        files.update(zip(extra, ex.map(synced_entry, extra), strict=True))
-        manifest = {"format": FORMAT, **fields, "files": dict(sorted(files.items()))}
+        entries.update(zip(extra, ex.map(synced_entry, extra), strict=True))
+        manifest = {"format": FORMAT, **fields, "files": dict(sorted(entries.items()))}
         blob = json.dumps(manifest, indent=1, sort_keys=True).encode()
         fd = os.open(staging / MANIFEST, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:

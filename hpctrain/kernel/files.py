@@ -10,8 +10,8 @@ import grp
 import json
 import os
 import pwd
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # every "time" field of every file we write: UTC, seconds
 
@@ -61,7 +61,7 @@ def write_atomic(
         fsync_path(path.parent)
 
 
-def jsonl_records(lines: list[str]) -> list[dict[str, Any]]:
+def jsonl_records(lines: list[str]) -> list[dict[str, object]]:
     """The JSON objects among `lines`; a line cut short by a crash (or not an object) is skipped."""
     out = []
     for line in lines:
@@ -74,7 +74,7 @@ def jsonl_records(lines: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
+def read_jsonl(path: Path) -> list[dict[str, object]]:
     """Every JSON object of a JSON-lines file; a missing or unreadable file has none."""
     try:
         text = path.read_text(errors="replace") if path.is_file() else ""
@@ -83,7 +83,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return jsonl_records(text.splitlines())
 
 
-def append_jsonl(path: Path, record: dict[str, Any], *, sort_keys: bool = True) -> None:
+def append_jsonl(path: Path, record: Mapping[str, object], *, sort_keys: bool = True) -> None:
     """Append one JSON object as one line, in one write (O_APPEND: lines of concurrent writers
     never interleave below the pipe-buffer size)."""
     line = (json.dumps(record, sort_keys=sort_keys, default=str) + "\n").encode()

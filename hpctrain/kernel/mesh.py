@@ -77,83 +77,128 @@ def check_layout(
     """Every problem of the layout (tp, pp; dp fills the rest) at this world size, each naming the
     config key and its fix. Empty when it is valid. `gpus_per_node`, `n_layers`, `micro_batch`
     and `strategy` are checked only when known (a user model's layer count may not be)."""
-    out: list[Problem] = []
-
-    def bad(key: str, message: str) -> None:
-        out.append(Problem(message, key=key))
-
-    if tp < 1:
-        bad("parallel.tp", f"tp({tp}) must be at least 1; set --parallel.tp 1 (off) or more")
-    if pp < 1:
-        bad("parallel.pp", f"pp({pp}) must be at least 1; set --parallel.pp 1 (off) or more")
+    out = _positive(tp=tp, pp=pp)
     if out:
         return out
+    out += _sizes(world=world, tp=tp, pp=pp, gpus_per_node=gpus_per_node)
+    if schedule not in SCHEDULES:
+        bad = f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}"
+        return [*out, Problem(bad, key="parallel.schedule")]
+    out += _stages(pp=pp, n_layers=n_layers, schedule=schedule)
+    out += _microbatches(pp=pp, microbatches=microbatches, micro_batch=micro_batch)
+    out += _strategy(strategy, tp=tp, pp=pp)
+    return out
+
+
+def _positive(*, tp: int, pp: int) -> list[Problem]:
+    out = []
+    if tp < 1:
+        out.append(
+            Problem(
+                f"tp({tp}) must be at least 1; set --parallel.tp 1 (off) or more", key="parallel.tp"
+            )
+        )
+    if pp < 1:
+        out.append(
+            Problem(
+                f"pp({pp}) must be at least 1; set --parallel.pp 1 (off) or more", key="parallel.pp"
+            )
+        )
+    return out
+
+
+def _sizes(*, world: int, tp: int, pp: int, gpus_per_node: int | None) -> list[Problem]:
+    """tp x pp against the world (dp must fill it) and tp against a node (it stays inside)."""
+    out = []
     if world % (tp * pp):
-        bad(
-            "parallel.tp" if pp == 1 else "parallel.pp" if tp == 1 else "parallel",
-            f"world size({world}) is not divisible by tp({tp}) * pp({pp}) = {tp * pp}, so no "
-            f"data-parallel size fills it; use a world size that is a multiple of {tp * pp} "
-            f"(nodes x gpus), or tp * pp among the divisors of {world}: {_divisors(world)}",
+        out.append(
+            Problem(
+                f"world size({world}) is not divisible by tp({tp}) * pp({pp}) = {tp * pp}, so no "
+                f"data-parallel size fills it; use a world size that is a multiple of {tp * pp} "
+                f"(nodes x gpus), or tp * pp among the divisors of {world}: {_divisors(world)}",
+                key="parallel.tp" if pp == 1 else "parallel.pp" if tp == 1 else "parallel",
+            )
         )
     if gpus_per_node and tp > 1 and gpus_per_node % tp:
-        bad(
-            "parallel.tp",
-            f"tp({tp}) does not divide the GPUs per node({gpus_per_node}): tensor parallel must "
-            f"stay inside a node (its all-reduces run every layer); set --parallel.tp to one "
-            f"of {_divisors(gpus_per_node)}",
+        out.append(
+            Problem(
+                f"tp({tp}) does not divide the GPUs per node({gpus_per_node}): tensor parallel "
+                f"must stay inside a node (its all-reduces run every layer); set --parallel.tp to "
+                f"one of {_divisors(gpus_per_node)}",
+                key="parallel.tp",
+            )
         )
-    if schedule not in SCHEDULES:
-        bad(
-            "parallel.schedule", f"unknown schedule {schedule!r}; use one of {', '.join(SCHEDULES)}"
-        )
-        return out
+    return out
+
+
+def _stages(*, pp: int, n_layers: int | None, schedule: str) -> list[Problem]:
+    """The pipeline's stages against the model's layers and the schedule."""
+    out = []
     v = stages_per_rank(schedule)
     if pp > 1 and n_layers is not None and n_layers % (pp * v):
         what = f"pp({pp}) x {v} stages per rank ({schedule})" if v > 1 else f"pp({pp}) stages"
         fits = [str(p) for p in range(2, n_layers + 1) if n_layers % (p * v) == 0]
         choice = f"one of {', '.join(fits)}" if fits else "1 (off)"
-        bad(
-            "parallel.pp",
-            f"{what} do not divide the model's {n_layers} layers; set --parallel.pp to "
-            f"{choice}, or use a model with a multiple of {pp * v} layers",
+        out.append(
+            Problem(
+                f"{what} do not divide the model's {n_layers} layers; set --parallel.pp to "
+                f"{choice}, or use a model with a multiple of {pp * v} layers",
+                key="parallel.pp",
+            )
         )
     if schedule == "interleaved_1f1b" and pp == 1:
-        bad(
-            "parallel.schedule",
-            "interleaved_1f1b needs pipeline stages; set --parallel.pp 2 or more, or "
-            "--parallel.schedule 1f1b",
+        out.append(
+            Problem(
+                "interleaved_1f1b needs pipeline stages; set --parallel.pp 2 or more, or "
+                "--parallel.schedule 1f1b",
+                key="parallel.schedule",
+            )
         )
-    if microbatches is not None:
-        if pp == 1:
-            bad(
-                "parallel.microbatches",
-                "microbatches split the batch between pipeline stages and pp is 1; unset "
-                "--parallel.microbatches or set --parallel.pp 2 or more",
-            )
-        elif microbatches < pp:
-            bad(
-                "parallel.microbatches",
-                f"microbatches({microbatches}) < pp({pp}) leaves stages idle every step; set "
-                f"--parallel.microbatches {pp} or more (bubble (p-1)/(m+p-1) shrinks as m grows)",
-            )
-        elif micro_batch is not None and micro_batch % microbatches:
-            bad(
-                "parallel.microbatches",
-                f"microbatches({microbatches}) does not divide train.micro_batch({micro_batch}); "
-                f"set --parallel.microbatches to one of {_divisors(micro_batch, pp)}, or "
-                "train.micro_batch to a multiple of it",
-            )
-    elif pp > 1 and micro_batch is not None and micro_batch % pp:
-        bad(
-            "train.micro_batch",
-            f"the pipeline splits train.micro_batch({micro_batch}) into pp({pp}) microbatches "
-            f"by default; set train.micro_batch to a multiple of {pp}, or --parallel.microbatches",
-        )
-    if strategy is not None and (tp > 1 or pp > 1) and strategy in strategies.STRATEGIES:
-        if not strategies.info(strategy).mesh:
-            bad(
-                "strategy",
-                f"{strategy} ({strategies.info(strategy).summary}) does not compose with tp/pp; "
-                f"{strategies.info(strategy).no_mesh}",
-            )
     return out
+
+
+def _microbatches(*, pp: int, microbatches: int | None, micro_batch: int | None) -> list[Problem]:
+    """How the batch splits between the pipeline's stages."""
+    key = "parallel.microbatches"
+    if microbatches is None:
+        if pp > 1 and micro_batch is not None and micro_batch % pp:
+            return [
+                Problem(
+                    f"the pipeline splits train.micro_batch({micro_batch}) into pp({pp}) "
+                    f"microbatches by default; set train.micro_batch to a multiple of {pp}, or "
+                    "--parallel.microbatches",
+                    key="train.micro_batch",
+                )
+            ]
+        return []
+    if pp == 1:
+        why = (
+            "microbatches split the batch between pipeline stages and pp is 1; unset "
+            "--parallel.microbatches or set --parallel.pp 2 or more"
+        )
+        return [Problem(why, key=key)]
+    if microbatches < pp:
+        why = (
+            f"microbatches({microbatches}) < pp({pp}) leaves stages idle every step; set "
+            f"--parallel.microbatches {pp} or more (bubble (p-1)/(m+p-1) shrinks as m grows)"
+        )
+        return [Problem(why, key=key)]
+    if micro_batch is not None and micro_batch % microbatches:
+        why = (
+            f"microbatches({microbatches}) does not divide train.micro_batch({micro_batch}); "
+            f"set --parallel.microbatches to one of {_divisors(micro_batch, pp)}, or "
+            "train.micro_batch to a multiple of it"
+        )
+        return [Problem(why, key=key)]
+    return []
+
+
+def _strategy(strategy: str | None, *, tp: int, pp: int) -> list[Problem]:
+    """A strategy that is no mesh dimension cannot run with tp or pp."""
+    if strategy is None or (tp == 1 and pp == 1) or strategy not in strategies.STRATEGIES:
+        return []
+    info = strategies.info(strategy)
+    if info.mesh:
+        return []
+    why = f"{strategy} ({info.summary}) does not compose with tp/pp; {info.no_mesh}"
+    return [Problem(why, key="strategy")]

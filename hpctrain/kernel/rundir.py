@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
@@ -99,7 +100,7 @@ class RunFolder:
         write_atomic(target, data, mode=mode, durable=durable)
         return target
 
-    def append(self, rel: str, record: dict[str, Any], *, sort_keys: bool = True) -> None:
+    def append(self, rel: str, record: Mapping[str, object], *, sort_keys: bool = True) -> None:
         """Append one JSON line to `rel` (jobs.jsonl, restarts.jsonl, metrics.jsonl...)."""
         target = self.file(rel)
         self._parent(target)
@@ -114,7 +115,7 @@ class RunFolder:
         self._create(target)
         return target.open("a")
 
-    def event(self, event: str, **fields: Any) -> dict[str, Any]:  # Any: JSON fields of any type
+    def event(self, event: str, **fields: object) -> dict[str, object]:
         """One line of events.jsonl: {"time": <UTC>, "event": EVENT, **fields}; returns it."""
         record = {"time": utc_now(), "event": event, **fields}
         self.append(layout.EVENTS, record, sort_keys=False)

@@ -216,7 +216,7 @@ def valid(data: bytes | memoryview, meta: object, folder: Path, rank: int, step:
 
 
 def header(
-    folder: Path, rank: int, step: int, world: int, size: int, digest: int
+    folder: Path, *, rank: int, step: int, world: int, size: int, digest: int
 ) -> dict[str, object]:
     """The signed header of a snapshot (its "mac": hex), as the .json and the partner hold it."""
     meta: dict[str, object] = dict(step=step, rank=rank, world=world, size=size, digest=digest)
@@ -251,7 +251,7 @@ def write(
     where = private(folder / f"rank-{rank}")
     name = f"step-{step:08d}"
     digest = checksum(data) if digest is None else digest
-    meta = header(folder, rank, step, world, len(data), digest)
+    meta = header(folder, rank=rank, step=step, world=world, size=len(data), digest=digest)
     meta |= {"time": time.time(), "anchor": anchor}
     tmp = where / f".{name}.bin.{os.getpid()}"
     _recycle(where, tmp)

@@ -11,13 +11,14 @@ Torch-free and cache-free (hpctrain.kernel): profiles pass their parse cache (hp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypeAlias
 
 import yaml
-from yaml.events import AliasEvent, CollectionStartEvent, NodeEvent
-from yaml.nodes import MappingNode, ScalarNode, SequenceNode
+from yaml.error import Mark
+from yaml.events import AliasEvent, CollectionStartEvent, Event, NodeEvent, ScalarEvent
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from hpctrain.kernel.errors import Problem
 
@@ -25,15 +26,17 @@ MAX_BYTES = 256 * 1024
 MAX_DEPTH = 8
 MAX_INT = 2**63 - 1  # bash arithmetic and every consumer of a count stop here
 Path_ = tuple[str | int, ...]  # a key path inside a document: ("slurm", "extra_sbatch", 0)
+Scalar: TypeAlias = str | int | float | bool | None
+# What a safe YAML (or JSON) document holds: scalars, lists, mappings with text keys.
+Yaml: TypeAlias = "Scalar | list[Yaml] | dict[str, Yaml]"
 
 
 class ParseCache(Protocol):
     """What read_yaml may reuse: the data and key lines of a text read before without a problem."""
 
-    def parsed(self, text: str) -> tuple[dict[str, Any], dict[Path_, int]] | None: ...
+    def parsed(self, text: str) -> tuple[dict[str, Yaml], dict[Path_, int]] | None: ...
 
-    # Any: PyYAML nodes, events and marks (untyped)
-    def store_parsed(self, text: str, data: Any, lines: dict[Path_, int]) -> None: ...
+    def store_parsed(self, text: str, data: dict[str, Yaml], lines: dict[Path_, int]) -> None: ...
 
 
 class _Stop(Exception):
@@ -56,29 +59,26 @@ class _Loader(yaml.SafeLoader):
         super().__init__(text)
         self.file, self.problems, self.depth = file, problems, 0
 
-    def construct_yaml_int(self, node: Any) -> Any:  # Any: PyYAML nodes, events and marks (untyped)
+    def int_or_text(self, node: ScalarNode) -> int | str:
         # YAML 1.1 reads 1:30 as 90 (base 60): keep such a value as the text it looks like
         if ":" in str(node.value):
             return str(node.value)
-        return super().construct_yaml_int(node)
+        return self.construct_yaml_int(node)
 
-    # Any: PyYAML nodes, events and marks (untyped)
-    def construct_yaml_float(self, node: Any) -> Any:
+    def float_or_text(self, node: ScalarNode) -> float | str:
         if ":" in str(node.value):
             return str(node.value)
-        return super().construct_yaml_float(node)
+        return self.construct_yaml_float(node)
 
     def problems_of_file(self, file: str) -> list[Problem]:
         return [p for p in self.problems if p.file == file and p.key is None]
 
-    # Any: PyYAML nodes, events and marks (untyped)
-    def _problem(self, event: Any, message: str) -> None:
-        self.problems.append(Problem(message, file=self.file, line=event.start_mark.line + 1))
+    def _problem(self, event: Event, message: str) -> None:
+        line = event.start_mark.line + 1 if event.start_mark is not None else None
+        self.problems.append(Problem(message, file=self.file, line=line))
 
-    # Any: PyYAML nodes, events and marks (untyped)
-    def compose_node(self, parent: Any, index: Any) -> Any:
-        # Any: PyYAML nodes, events and marks (untyped)
-        event: Any = self.peek_event()  # type: ignore[no-untyped-call]
+    def compose_node(self, parent: Node | None, index: int) -> Node | None:
+        event: Event = self.peek_event()  # type: ignore[no-untyped-call]
         if isinstance(event, AliasEvent):
             self.get_event()  # type: ignore[no-untyped-call]
             self._problem(
@@ -86,26 +86,9 @@ class _Loader(yaml.SafeLoader):
                 f"alias *{event.anchor} is not allowed; fix: write the value out "
                 "(profiles reuse values through `extends`, not YAML anchors)",
             )
-            # Any: PyYAML nodes, events and marks (untyped)
-            marks: Any = (event.start_mark, event.end_mark)
-            return ScalarNode("tag:yaml.org,2002:null", "", *marks)
+            return ScalarNode("tag:yaml.org,2002:null", "", *_marks(event))
         if isinstance(event, NodeEvent):
-            ev: Any = event  # Any: PyYAML nodes, events and marks (untyped)
-            if ev.anchor is not None:
-                self._problem(
-                    event,
-                    f"anchor &{ev.anchor} is not allowed; fix: remove it "
-                    "(profiles reuse values through `extends`, not YAML anchors)",
-                )
-                ev.anchor = None
-            if ev.tag is not None:
-                tag = ev.tag.replace("tag:yaml.org,2002:", "!!")
-                self._problem(
-                    event,
-                    f"tag {tag} is not allowed (no tag may construct "
-                    "objects); fix: remove the tag and write a plain value",
-                )
-                ev.tag = None
+            self._refuse_anchor_and_tag(event)
         if isinstance(event, CollectionStartEvent):
             self.depth += 1
             if self.depth > MAX_DEPTH:
@@ -120,12 +103,39 @@ class _Loader(yaml.SafeLoader):
             self.depth -= 1
         return node
 
+    def _refuse_anchor_and_tag(self, event: NodeEvent) -> None:
+        """Report an anchor or a tag, and read on as if it were not there."""
+        if event.anchor is not None:
+            self._problem(
+                event,
+                f"anchor &{event.anchor} is not allowed; fix: remove it "
+                "(profiles reuse values through `extends`, not YAML anchors)",
+            )
+            event.anchor = None
+        if isinstance(event, ScalarEvent | CollectionStartEvent) and event.tag is not None:
+            tag = event.tag.replace("tag:yaml.org,2002:", "!!")
+            self._problem(
+                event,
+                f"tag {tag} is not allowed (no tag may construct "
+                "objects); fix: remove the tag and write a plain value",
+            )
+            event.tag = None
 
-_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.construct_yaml_int)
-_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.construct_yaml_float)
+
+def _marks(event: Event) -> tuple[Mark | None, Mark | None]:
+    """An event's marks as a node takes them (the pure-Python reader's, never the C reader's)."""
+    start, end = event.start_mark, event.end_mark
+    return (
+        start if isinstance(start, Mark) else None,
+        end if isinstance(end, Mark) else None,
+    )
 
 
-def yaml_scalar(text: str) -> Any:
+_Loader.add_constructor("tag:yaml.org,2002:int", _Loader.int_or_text)
+_Loader.add_constructor("tag:yaml.org,2002:float", _Loader.float_or_text)
+
+
+def yaml_scalar(text: str) -> Scalar:
     """A `--set` value read as the same YAML scalar a profile file would give (1:30 stays text);
     anything that is not a plain scalar stays the text as typed."""
     problems: list[Problem] = []
@@ -149,7 +159,7 @@ class _BadScalar(ValueError):
     pass
 
 
-def _scalar_value(loader: _Loader, node: ScalarNode) -> Any:
+def _scalar_value(loader: _Loader, node: ScalarNode) -> Scalar:
     """One scalar, or _BadScalar saying what is wrong with it and how to fix it."""
     if node.tag.endswith(":merge"):
         raise _BadScalar(
@@ -157,7 +167,8 @@ def _scalar_value(loader: _Loader, node: ScalarNode) -> Any:
             "reuse values through `extends`)"
         )
     try:
-        value = loader.construct_object(node)
+        # the safe resolvers, without tags and dates, construct nothing but these
+        value: Scalar = loader.construct_object(node)
     except ValueError:  # e.g. more digits than Python converts (int_max_str_digits)
         raise _BadScalar(
             f"the number {node.value[:20]}... is far too large; fix: write a realistic value"
@@ -196,7 +207,7 @@ class Doc:
     """One YAML file: its data and the line of every key path."""
 
     path: Path
-    data: dict[str, Any]
+    data: dict[str, Yaml]
     lines: dict[Path_, int]
 
 
@@ -213,144 +224,192 @@ def read_yaml(
     `cache` (profiles only) skips parsing a text read before; `empty_ok` reads an empty file as {}.
     """
     file = str(path)
-
-    def fail(message: str, line: int | None = None) -> None:
-        problems.append(Problem(message, file=file, line=line))
-
-    try:
-        size = path.stat().st_size
-        if size > MAX_BYTES:
-            fail(
-                f"file is {size} bytes, more than the {MAX_BYTES} allowed; fix: a profile is a "
-                "short YAML file, check that this is the right file"
-            )
-            return None
-        raw = path.read_bytes()
-    except OSError as e:
-        fail(f"cannot read: {e.strerror}; fix: check the path and its permissions")
-        return None
-    if b"\x00" in raw:
-        fail("binary file (NUL bytes); fix: a profile is a UTF-8 YAML text file")
-        return None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        fail("not UTF-8 text; fix: save the file as UTF-8", line)
+    text = _text(path, problems)
+    if text is None:
         return None
     parsed = cache.parsed(text) if cache is not None else None  # read before, no problem
     if parsed is not None:
         return Doc(path, *parsed)
     before = len(problems)
-    try:
-        loader = _Loader(text, file, problems)  # the reader refuses control characters here
-    except yaml.YAMLError as err:
-        ye: Any = err  # Any: PyYAML nodes, events and marks (untyped)
-        # Any: PyYAML nodes, events and marks (untyped)
-        mark: Any = getattr(ye, "problem_mark", None) or getattr(ye, "position", None)
-        where: int | None = (
-            mark.line + 1
-            if hasattr(mark, "line")
-            else text[: ye.position].count("\n") + 1
-            if isinstance(getattr(ye, "position", None), int)
-            else None
+    loaded = _compose(text, file, problems)
+    if loaded is None:
+        return None
+    loader, node = loaded
+    if node is None or (isinstance(node, ScalarNode) and node.tag.endswith(":null")):
+        if empty_ok:
+            return Doc(path, {}, {})
+        problems.append(
+            Problem("empty file; fix: a profile needs at least `name: NAME`", file=file)
         )
-        fail(
-            "contains a control character YAML does not allow; fix: remove it (write plain text)",
-            where,
+        return None
+    if not isinstance(node, MappingNode):
+        problems.append(
+            Problem(
+                f"the top level is not a mapping; fix: {top_fix}",
+                file=file,
+                line=node.start_mark.line + 1,
+            )
+        )
+        return None
+    builder = _Builder(loader, file, problems)
+    first = len(problems)
+    data = builder.mapping(node, ())
+    builder.name_keys(first=first)
+    if cache is not None and len(problems) == before:
+        cache.store_parsed(text, data, builder.lines)
+    return Doc(path, data, builder.lines)
+
+
+def _text(path: Path, problems: list[Problem]) -> str | None:
+    """The file as text, or None with the problem: too large, unreadable, binary, not UTF-8."""
+    file = str(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_BYTES:
+            problems.append(
+                Problem(
+                    f"file is {size} bytes, more than the {MAX_BYTES} allowed; fix: a profile is "
+                    "a short YAML file, check that this is the right file",
+                    file=file,
+                )
+            )
+            return None
+        raw = path.read_bytes()
+    except OSError as e:
+        problems.append(
+            Problem(
+                f"cannot read: {e.strerror}; fix: check the path and its permissions", file=file
+            )
+        )
+        return None
+    if b"\x00" in raw:
+        problems.append(
+            Problem("binary file (NUL bytes); fix: a profile is a UTF-8 YAML text file", file=file)
         )
         return None
     try:
-        node = loader.get_single_node()
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        problems.append(
+            Problem("not UTF-8 text; fix: save the file as UTF-8", file=file, line=line)
+        )
+        return None
+
+
+def _compose(text: str, file: str, problems: list[Problem]) -> tuple[_Loader, Node | None] | None:
+    """The document's node tree (with the loader that builds its values), or None with the
+    problem: a control character, invalid YAML, nesting too deep."""
+    try:
+        loader = _Loader(text, file, problems)  # the reader refuses control characters here
+    except yaml.YAMLError as err:
+        problems.append(
+            Problem(
+                "contains a control character YAML does not allow; fix: remove it (write plain "
+                "text)",
+                file=file,
+                line=_reader_line(err, text),
+            )
+        )
+        return None
+    try:
+        return loader, loader.get_single_node()
     except _Stop:
         return None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         what = getattr(e, "problem", None) or str(e)
-        fail(
-            f"not valid YAML: {what}; fix: check the indentation and quoting near this line",
-            mark.line + 1 if mark else None,
+        problems.append(
+            Problem(
+                f"not valid YAML: {what}; fix: check the indentation and quoting near this line",
+                file=file,
+                line=mark.line + 1 if mark else None,
+            )
         )
         return None
     finally:
         loader.dispose()
-    if node is None or (isinstance(node, ScalarNode) and node.tag.endswith(":null")):
-        if empty_ok:
-            return Doc(path, {}, {})
-        fail("empty file; fix: a profile needs at least `name: NAME`")
-        return None
-    if not isinstance(node, MappingNode):
-        fail(
-            f"the top level is not a mapping; fix: {top_fix}",
-            node.start_mark.line + 1,
-        )
-        return None
-    lines: dict[Path_, int] = {}
-    first = len(problems)
-    data = _build(loader, node, (), lines, file, problems)
-    by_line = {n: p for p, n in sorted(lines.items(), key=lambda kv: -len(kv[0]))}
-    for p in problems[first:] + loader.problems_of_file(file):
-        if p.key is None and p.line in by_line:
-            p.key = dotted(by_line[p.line])
-    if cache is not None and len(problems) == before:
-        cache.store_parsed(text, data, lines)
-    return Doc(path, data, lines)
 
 
-def _build(
-    loader: _Loader,
-    node: Any,  # Any: PyYAML nodes, events and marks (untyped)
-    path: Path_,
-    lines: dict[Path_, int],
-    file: str,
-    problems: list[Problem],
-) -> Any:
-    if isinstance(node, MappingNode):
-        out: dict[str, Any] = {}
+def _reader_line(err: yaml.YAMLError, text: str) -> int | None:
+    """The line of the reader's error: its mark, else its character position."""
+    mark: object = getattr(err, "problem_mark", None)
+    if isinstance(mark, Mark):
+        return mark.line + 1
+    position: object = getattr(err, "position", None)
+    return text[:position].count("\n") + 1 if isinstance(position, int) else None
+
+
+@dataclass
+class _Builder:
+    """A mapping node's values, every key's line in `lines`, every bad key or value a problem."""
+
+    loader: _Loader
+    file: str
+    problems: list[Problem]
+    lines: dict[Path_, int] = field(default_factory=dict)
+
+    def value(self, node: Node, path: Path_) -> Yaml:
+        if isinstance(node, MappingNode):
+            return self.mapping(node, path)
+        if isinstance(node, SequenceNode):
+            return self.sequence(node, path)
+        try:
+            assert isinstance(node, ScalarNode)  # the composer makes no other node
+            return _scalar_value(self.loader, node)
+        except _BadScalar as e:
+            self._bad(str(e), node.start_mark.line + 1, dotted(path) or None)
+            return None
+
+    def mapping(self, node: MappingNode, path: Path_) -> dict[str, Yaml]:
+        out: dict[str, Yaml] = {}
         for key_node, value_node in node.value:
             line = key_node.start_mark.line + 1
             try:
-                key = _scalar_value(loader, key_node) if isinstance(key_node, ScalarNode) else None
+                key = (
+                    _scalar_value(self.loader, key_node)
+                    if isinstance(key_node, ScalarNode)
+                    else None
+                )
             except _BadScalar as e:
-                problems.append(Problem(str(e), file=file, line=line, key=dotted(path) or None))
+                self._bad(str(e), line, dotted(path) or None)
                 continue
             if not isinstance(key, str):
-                problems.append(
-                    Problem(
-                        f"key {key!r} is not text; fix: write keys as plain names",
-                        file=file,
-                        line=line,
-                        key=dotted(path) or None,
-                    )
+                self._bad(
+                    f"key {key!r} is not text; fix: write keys as plain names",
+                    line,
+                    dotted(path) or None,
                 )
                 continue
             if key in out:
-                problems.append(
-                    Problem(
-                        f"duplicate key (first on line {lines[(*path, key)]}); "
-                        "fix: keep one of them",
-                        file=file,
-                        line=line,
-                        key=dotted((*path, key)),
-                    )
+                self._bad(
+                    f"duplicate key (first on line {self.lines[(*path, key)]}); "
+                    "fix: keep one of them",
+                    line,
+                    dotted((*path, key)),
                 )
                 continue
-            lines[(*path, key)] = line
-            out[key] = _build(loader, value_node, (*path, key), lines, file, problems)
+            self.lines[(*path, key)] = line
+            out[key] = self.value(value_node, (*path, key))
         return out
-    if isinstance(node, SequenceNode):
+
+    def sequence(self, node: SequenceNode, path: Path_) -> list[Yaml]:
         items = []
         for i, item in enumerate(node.value):
-            lines[(*path, i)] = item.start_mark.line + 1
-            items.append(_build(loader, item, (*path, i), lines, file, problems))
+            self.lines[(*path, i)] = item.start_mark.line + 1
+            items.append(self.value(item, (*path, i)))
         return items
-    try:
-        return _scalar_value(loader, node)
-    except _BadScalar as e:
-        problems.append(
-            Problem(str(e), file=file, line=node.start_mark.line + 1, key=dotted(path) or None)
-        )
-        return None
+
+    def name_keys(self, *, first: int) -> None:
+        """Give the problems since `first` (and the loader's) the key of their line, the
+        deepest key on it."""
+        by_line = {n: p for p, n in sorted(self.lines.items(), key=lambda kv: -len(kv[0]))}
+        for p in self.problems[first:] + self.loader.problems_of_file(self.file):
+            if p.key is None and p.line in by_line:
+                p.key = dotted(by_line[p.line])
+
+    def _bad(self, message: str, line: int, key: str | None) -> None:
+        self.problems.append(Problem(message, file=self.file, line=line, key=key))
 
 
 def dotted(path: Path_) -> str:

@@ -10,24 +10,17 @@ that uses `cuda:$LOCAL_RANK` needs the default, `none`: every GPU of the node vi
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from hpctrain.launchers import LaunchPart
 
 if TYPE_CHECKING:
-    from hpctrain.jobs.request import JobRequest
     from hpctrain.profiles.resolved import ResolvedProfile
-
-
-def tasks_per_node(req: JobRequest) -> int:
-    return req.gpus
-
 
 TASK_GPUS = {"gpus-per-task": "--gpus-per-task=1", "gpu-bind": "--gpu-bind=single:1"}
 
 
-def step_options(profile: ResolvedProfile, req: JobRequest) -> list[str]:
+def part(profile: ResolvedProfile, gpus: int) -> LaunchPart:
     option = TASK_GPUS.get(profile.launch.task_gpus)
-    return [option] if option and profile.slurm.gpus_per_node else []
-
-
-def context(profile: ResolvedProfile, req: JobRequest) -> dict[str, Any]:
-    return {}
+    step = (option,) if option and profile.slurm.gpus_per_node else ()
+    return LaunchPart(tasks_per_node=gpus, step_options=step)

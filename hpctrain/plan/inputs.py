@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import math
-from typing import Any
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.plan.model import GIB, Workload
@@ -90,46 +89,62 @@ def workload(
     largest = None
     if model is not None:
         params, largest = count_params(model)
-    mem = gpu_mem_gib
-    if profile is not None and None in (mem, domain, host_mem_gib):
-        pmem, host, pdomain = _profile_memory(profile, nodes=nodes, gpus=gpus)
-        mem = mem if mem is not None else pmem
-        host_mem_gib = host_mem_gib if host_mem_gib is not None else host
-        domain = domain if domain is not None else pdomain
-    if domain is not None and not (domain % gpus == 0 or gpus % domain == 0):
-        raise UserError(
-            f"fast-link domain of {domain} GPUs and {gpus} GPUs per node: one must divide the "
-            "other; fix --domain (or the profile's slurm.gpus_per_domain)"
-        )
-    if mem is None:
-        where = f"profile {profile!r} has no slurm.gpu_mem_gib" if profile else "no --profile given"
-        raise UserError(
-            f"GPU memory unknown ({where}): set slurm.gpu_mem_gib in the site profile, or "
-            "pass --gpu-mem-gib M to hpctrain plan"
-        )
+    mem, host_mem_gib, domain = _memory(
+        profile, nodes=nodes, gpus=gpus, gpu=gpu_mem_gib, host=host_mem_gib, domain=domain
+    )
     # the profile's values (or a --model's count) pass the same bounds as the flags
     check_sizes(
         {"params": params, "domain": domain}, {"gpu_mem_gib": mem, "host_mem_gib": host_mem_gib}
     )
     assert params is not None  # exactly one of params and model was given, checked above
     return Workload(
-        int(params),
-        precision,
-        optimizer,
-        nodes,
-        gpus,
-        int(mem * GIB),
-        micro_batch,
-        seq_len,
-        hidden,
-        layers,
-        None if host_mem_gib is None else int(host_mem_gib * GIB),
-        largest,
-        heads,
-        global_batch,
-        schedule,
-        None if domain is None else min(domain, gpus),  # TP stays inside a node
+        params=int(params),
+        precision=precision,
+        optimizer=optimizer,
+        nodes=nodes,
+        gpus=gpus,
+        gpu_mem_bytes=int(mem * GIB),
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        hidden=hidden,
+        layers=layers,
+        host_mem_bytes=None if host_mem_gib is None else int(host_mem_gib * GIB),
+        largest_param=largest,
+        heads=heads,
+        global_batch=global_batch,
+        schedule=schedule,
+        domain=None if domain is None else min(domain, gpus),  # TP stays inside a node
     )
+
+
+def _memory(
+    profile: str | None,
+    *,
+    nodes: int,
+    gpus: int,
+    gpu: float | None,
+    host: float | None,
+    domain: int | None,
+) -> tuple[float, float | None, int | None]:
+    """(GPU memory GiB, host memory GiB per node, fast-link domain GPUs): the flags', else the
+    profile's; the GPU memory must be known."""
+    if profile is not None and None in (gpu, domain, host):
+        pmem, phost, pdomain = _profile_memory(profile, nodes=nodes, gpus=gpus)
+        gpu = gpu if gpu is not None else pmem
+        host = host if host is not None else phost
+        domain = domain if domain is not None else pdomain
+    if domain is not None and not (domain % gpus == 0 or gpus % domain == 0):
+        raise UserError(
+            f"fast-link domain of {domain} GPUs and {gpus} GPUs per node: one must divide the "
+            "other; fix --domain (or the profile's slurm.gpus_per_domain)"
+        )
+    if gpu is None:
+        where = f"profile {profile!r} has no slurm.gpu_mem_gib" if profile else "no --profile given"
+        raise UserError(
+            f"GPU memory unknown ({where}): set slurm.gpu_mem_gib in the site profile, or "
+            "pass --gpu-mem-gib M to hpctrain plan"
+        )
+    return gpu, host, domain
 
 
 def _profile_memory(
@@ -137,27 +152,17 @@ def _profile_memory(
 ) -> tuple[float | None, float | None, int | None]:
     """(GPU memory GiB, host memory GiB per node, fast-link domain GPUs) from a profile. A profile
     without GPUs (local, CPU workers) shares this machine's RAM between all its workers."""
-    prof = resolve(name)
-    slurm = _get(prof, "slurm")
-    gpu_mem = _get(slurm, "gpu_mem_gib")
-    host = node_memory_gib(
-        _get(slurm, "mem"),
-        gpu_mem_gib=_get(slurm, "gpu_mem_gib"),
-        gpus=_get(slurm, "gpus_per_node"),
-    )
-    domain = _get(slurm, "gpus_per_domain")
-    if gpu_mem is None and not (_get(slurm, "gpus_per_node") or 0):
+    slurm = resolve(name).slurm
+    host = node_memory_gib(slurm.mem, gpu_mem_gib=slurm.gpu_mem_gib, gpus=slurm.gpus_per_node)
+    if slurm.gpu_mem_gib is None and not (slurm.gpus_per_node or 0):
         ram = _meminfo_gib()
         if ram:
-            return ram / max(1, nodes * gpus), ram, domain
-    return gpu_mem, host, domain
+            return ram / max(1, nodes * gpus), ram, slurm.gpus_per_domain
+    return slurm.gpu_mem_gib, host, slurm.gpus_per_domain
 
 
 def node_memory_gib(
-    mem: Any,  # Any: slurm.mem as parsed YAML ("480G", 500000, None)
-    *,
-    gpu_mem_gib: float | None,
-    gpus: int | None,
+    mem: str | None, *, gpu_mem_gib: float | None, gpus: int | None
 ) -> float | None:
     """A node's memory in GiB from a profile's slurm section: slurm.mem; a profile without GPUs
     (local, CPU workers) runs on this machine: its RAM; else None (not known)."""
@@ -167,21 +172,9 @@ def node_memory_gib(
     return host
 
 
-def _get(obj: Any, key: str) -> Any:  # Any: parsed YAML or JSON of any shape
-    """Attribute or mapping access: the resolved profile may be a model or a dict."""
-    for o in (obj, getattr(obj, "profile", None), getattr(obj, "values", None)):
-        if o is None:
-            continue
-        if isinstance(o, dict) and key in o:
-            return o[key]
-        if not isinstance(o, dict) and hasattr(o, key):
-            return getattr(o, key)
-    return None
-
-
-def _parse_mem(text: Any) -> float | None:  # Any: parsed YAML or JSON of any shape
+def _parse_mem(text: str | None) -> float | None:
     """Slurm --mem ("480G", "500000M", "0" = all) in GiB; None when unknown or "all"."""
-    if text in (None, "", "0", 0):
+    if text in (None, "", "0"):
         return None
     s = str(text).strip().upper()
     units = {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TypedDict
 
+from hpctrain.kernel import strategies
 from hpctrain.kernel.errors import UserError
 from hpctrain.plan.inputs import workload
 from hpctrain.plan.model import (
@@ -18,14 +19,15 @@ from hpctrain.plan.model import (
     LADDER,
     LAYOUTS,
     Estimate,
+    Layout,
     Workload,
     estimate,
 )
 from hpctrain.plan.parallel import Candidate, assume_shape, choose, ring
-from hpctrain.plan.snapshots import for_plan
+from hpctrain.plan.snapshots import SnapshotPlan, plan_snapshots
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Recommendation:
     """What `hpctrain plan` and `submit --strategy auto` choose."""
 
@@ -52,15 +54,25 @@ class Recommendation:
         return json.dumps(asdict(self), sort_keys=True)
 
 
+class Rung(TypedDict):
+    """One rung of the ladder the plan walked."""
+
+    name: str  # the layout
+    rung: str  # what was tried: "as asked", "micro-batch 4", ...
+    fits: bool
+    total_bytes_per_gpu: int
+    why: str
+
+
 @dataclass
 class Plan:
     workload: Workload
     estimates: list[Estimate]
-    ladder: list[dict[str, Any]] = field(default_factory=list)
+    ladder: list[Rung] = field(default_factory=list)
     recommendation: Recommendation | None = None
     parallel: list[Candidate] = field(default_factory=list)  # tp x pp x dp layouts, best first
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         wl = self.workload
         rec = self.recommendation
         return {
@@ -90,6 +102,23 @@ class Plan:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+
+def for_plan(plan: Plan) -> SnapshotPlan | None:
+    """The snapshots of `hpctrain plan`'s recommendation (None when nothing fits)."""
+    rec, wl = plan.recommendation, plan.workload
+    if rec is None:
+        return None
+    return plan_snapshots(
+        strategy=rec.strategy,
+        params=wl.params,
+        nodes=wl.nodes,
+        gpus=wl.gpus,
+        optimizer=wl.optimizer,
+        tp=rec.tp,
+        pp=rec.pp,
+        node_mem_bytes=wl.host_mem_bytes,
+    )
 
 
 def gib(n: int | float | None) -> str:
@@ -126,7 +155,6 @@ def make_plan(wl: Workload) -> Plan:
         )
     wl = assume_shape(wl)
     plan = Plan(wl, [estimate(lay, wl) for lay in LAYOUTS])
-    usable = wl.usable_bytes
     ddp = estimate(BY_NAME["ddp"], wl)
     chosen, plan.parallel = choose(wl)
     for name in LADDER:
@@ -134,73 +162,75 @@ def make_plan(wl: Workload) -> Plan:
         if lay.offload != "none" and chosen is not None:
             # the decision tree's last branch: before offload, tensor x pipeline parallel
             plan.ladder.append(
-                {
-                    "name": chosen.name,
-                    "rung": "activation checkpointing"
+                Rung(
+                    name=chosen.name,
+                    rung="activation checkpointing"
                     if chosen.activation_checkpointing
                     else "as asked",
-                    "fits": True,
-                    "total_bytes_per_gpu": chosen.total_bytes_per_gpu,
-                    "why": _mp_why(chosen, wl),
-                }
+                    fits=True,
+                    total_bytes_per_gpu=chosen.total_bytes_per_gpu,
+                    why=_mp_why(chosen, wl),
+                )
             )
             plan.recommendation = _mp_recommendation(chosen, wl, plan)
             return plan
-        e = estimate(lay, wl)
-        state = e.model_state_bytes_per_gpu + e.transient_bytes
-        if state > usable:  # no activation rung can help: go straight to the next strategy
-            plan.ladder.append(
-                {
-                    "name": name,
-                    "rung": "model state alone",
-                    "fits": False,
-                    "total_bytes_per_gpu": state,
-                    "why": f"{gib(state)} model state + gathered vs {gib(usable)} usable",
-                }
-            )
-            continue
-        for label, prec, mb, ck in _levers(wl):
-            e = estimate(lay, wl, precision=prec, micro_batch=mb)
-            act = (
-                e.activation_bytes_per_gpu_checkpointed if ck else e.activation_bytes_per_gpu
-            ) or 0
-            total = e.model_state_bytes_per_gpu + e.transient_bytes + act
-            fits = e.fits_with_checkpointing if ck else e.fits
-            why = (
-                f"{gib(e.model_state_bytes_per_gpu)} model state + {gib(e.transient_bytes)} gathered "
-                f"+ {gib(act)} activations = {gib(total)} vs {gib(usable)} usable"
-            )
-            if wl.host_mem_bytes is not None and e.host_bytes_per_node:
-                why += f"; host {gib(e.host_bytes_per_node)} per node of {gib(wl.host_mem_bytes)}"
-            plan.ladder.append(
-                {
-                    "name": name,
-                    "rung": label,
-                    "fits": fits,
-                    "total_bytes_per_gpu": total,
-                    "why": why,
-                }
-            )
-            if fits:
-                accum = max(1, (wl.micro_batch or 1) // (mb or 1))
-                plan.recommendation = Recommendation(  # DP fills the world
-                    name,
-                    lay.strategy,
-                    lay.zero_stage,
-                    lay.offload,
-                    prec,
-                    mb,
-                    accum,
-                    ck,
-                    _reason(name, label, why, ddp, wl, accum),
-                    total,
-                    dp=wl.world,
-                )
-                return plan
+        plan.recommendation = _climb(plan, lay, ddp=ddp)
+        if plan.recommendation is not None:
+            return plan
     return plan
 
 
-def _reason(name: str, rung: str, why: str, ddp: Estimate, wl: Workload, accum: int) -> str:
+def _climb(plan: Plan, lay: Layout, *, ddp: Estimate) -> Recommendation | None:
+    """One layout's rungs (as asked, then the activation levers) into the plan's ladder, up to
+    the first that fits: its recommendation, DP filling the world; None when none fits."""
+    wl, usable = plan.workload, plan.workload.usable_bytes
+    e = estimate(lay, wl)
+    state = e.model_state_bytes_per_gpu + e.transient_bytes
+    if state > usable:  # no activation rung can help: go straight to the next strategy
+        why = f"{gib(state)} model state + gathered vs {gib(usable)} usable"
+        plan.ladder.append(
+            Rung(
+                name=lay.name,
+                rung="model state alone",
+                fits=False,
+                total_bytes_per_gpu=state,
+                why=why,
+            )
+        )
+        return None
+    for label, prec, mb, ck in _levers(wl):
+        e = estimate(lay, wl, precision=prec, micro_batch=mb)
+        act = (e.activation_bytes_per_gpu_checkpointed if ck else e.activation_bytes_per_gpu) or 0
+        total = e.model_state_bytes_per_gpu + e.transient_bytes + act
+        fits = e.fits_with_checkpointing if ck else e.fits
+        why = (
+            f"{gib(e.model_state_bytes_per_gpu)} model state + {gib(e.transient_bytes)} gathered "
+            f"+ {gib(act)} activations = {gib(total)} vs {gib(usable)} usable"
+        )
+        if wl.host_mem_bytes is not None and e.host_bytes_per_node:
+            why += f"; host {gib(e.host_bytes_per_node)} per node of {gib(wl.host_mem_bytes)}"
+        plan.ladder.append(
+            Rung(name=lay.name, rung=label, fits=fits, total_bytes_per_gpu=total, why=why)
+        )
+        if fits:
+            accum = max(1, (wl.micro_batch or 1) // (mb or 1))
+            return Recommendation(
+                name=lay.name,
+                strategy=lay.strategy,
+                zero_stage=lay.zero_stage,
+                offload=lay.offload,
+                precision=prec,
+                micro_batch=mb,
+                grad_accumulation=accum,
+                activation_checkpointing=ck,
+                reason=_reason(lay.name, rung=label, why=why, ddp=ddp, wl=wl, accum=accum),
+                total_bytes_per_gpu=total,
+                dp=wl.world,
+            )
+    return None
+
+
+def _reason(name: str, *, rung: str, why: str, ddp: Estimate, wl: Workload, accum: int) -> str:
     n = wl.world
     tree = {
         "ddp": f"the model fits on one GPU, so DDP (fastest and simplest) across all {n} GPUs",
@@ -230,7 +260,8 @@ def _mp_why(c: Candidate, wl: Workload) -> str:
 
 
 def _mp_recommendation(c: Candidate, wl: Workload, plan: Plan) -> Recommendation:
-    fsdp = next(e for e in plan.estimates if e.name == "fsdp")
+    # the mesh's data-parallel strategy as the ladder estimated it (whole, no offload)
+    fsdp = next(e for e in plan.estimates if e.strategy == strategies.MESH and e.offload == "none")
     domain = wl.domain or wl.gpus
     pipe = (
         f"pipeline parallel {c.pp} ({c.layers_per_stage} layers per stage, {c.schedule}, "
@@ -249,16 +280,16 @@ def _mp_recommendation(c: Candidate, wl: Workload, plan: Plan) -> Recommendation
         f"nodes ({gib(c.slow_bytes_per_step)} per GPU per step)"
     )
     return Recommendation(
-        c.name,
-        "fsdp",  # the DP dimension (train_entry's FSDP2 over the dp mesh dimension)
-        None,
-        "none",
-        c.precision,
-        wl.micro_batch,
-        c.microbatches if c.pp == 1 else 1,
-        c.activation_checkpointing,
-        reason,
-        c.total_bytes_per_gpu,
+        name=c.name,
+        strategy=strategies.MESH,  # the DP dimension (train_entry's FSDP2 over the dp mesh)
+        zero_stage=None,
+        offload="none",
+        precision=c.precision,
+        micro_batch=wl.micro_batch,
+        grad_accumulation=c.microbatches if c.pp == 1 else 1,
+        activation_checkpointing=c.activation_checkpointing,
+        reason=reason,
+        total_bytes_per_gpu=c.total_bytes_per_gpu,
         tp=c.tp,
         pp=c.pp,
         dp=c.dp,

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
 
+from hpctrain.kernel import strategies
 from hpctrain.kernel.errors import UserError
+from hpctrain.kernel.strategies import GRADS, OPTIMIZER, PARAMS
 
 GIB = 1024**3
 HEADROOM = 0.12  # allocator fragmentation, communication buckets, temporaries
@@ -91,11 +92,14 @@ LAYOUTS: tuple[Layout, ...] = (
     Layout("zero3_nvme", "deepspeed", 3, "nvme", "ZeRO-3, optimizer and parameters on NVMe"),
 )
 BY_NAME = {lay.name: lay for lay in LAYOUTS}
+# What each rank holds only its 1/N share of, by ZeRO stage (measured: DeepSpeed already reduces
+# the gradients into their owner's partition at stage 1).
+ZERO_SHARDED = {1: (GRADS, OPTIMIZER), 2: (GRADS, OPTIMIZER), 3: (PARAMS, GRADS, OPTIMIZER)}
 # The out-of-memory ladder's strategy rungs (after batch -> mixed precision -> checkpointing).
 LADDER = ("ddp", "zero2", "fsdp", "zero3_offload", "zero3_offload_params", "zero3_nvme")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Workload:
     """What is trained and on what: everything the memory model needs."""
 
@@ -130,7 +134,7 @@ class Workload:
         return int(self.gpu_mem_bytes * (1 - HEADROOM)) - CUDA_CONTEXT_BYTES
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Estimate:
     """Bytes one rank holds under one layout (GPU side unless named host)."""
 
@@ -152,7 +156,7 @@ class Estimate:
     def model_state_bytes_per_gpu(self) -> int:
         return self.params_bytes + self.grads_bytes + self.optimizer_bytes
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["model_state_bytes_per_gpu"] = self.model_state_bytes_per_gpu
         return d
@@ -176,18 +180,20 @@ def model_state(
         raise UserError(f"optimizer {optimizer!r}: choose one of {', '.join(OPTIMIZERS)}")
     P, N, k = params, world, OPT_BYTES[optimizer]
     w = 4 if precision == "fp32" else 2
+    split = sharded(layout)
 
     def shard(nbytes_per_param: int) -> int:
         return math.ceil(P * nbytes_per_param / N)
 
-    if layout.strategy == "ddp":
-        return 4 * P, 4 * P, k * P, 0
-    if layout.strategy == "fsdp":
-        p, g, o = shard(4), shard(4), shard(k)
+    def held(part: str, nbytes_per_param: int) -> int:
+        return shard(nbytes_per_param) if part in split else nbytes_per_param * P
+
+    if not strategies.info(layout.strategy).master_copy:
+        # fp32 parameters and gradients: offload moves all of it to the host
+        p, g, o = held(PARAMS, 4), held(GRADS, 4), held(OPTIMIZER, k)
         return (0, 0, 0, p + g + o) if layout.offload != "none" else (p, g, o, 0)
-    # DeepSpeed ZeRO
-    p = w * P if layout.zero_stage in (1, 2) else shard(w)
-    g, o = shard(w), shard(k + 4)
+    # the training dtype, and an fp32 master copy in the optimizer state (DeepSpeed ZeRO)
+    p, g, o = held(PARAMS, w), held(GRADS, w), held(OPTIMIZER, k + 4)
     if layout.offload == "none":
         return p, g, o, 0
     # Host: fp32 master + optimizer states, the fp32 gradient partition, and a low-precision
@@ -202,6 +208,14 @@ def model_state(
     if layout.offload == "optimizer+params":
         return 0, 0, 0, host_opt + p
     return 0, 0, 0, 0  # nvme: staging buffers only
+
+
+def sharded(layout: Layout) -> tuple[str, ...]:
+    """The model state each rank holds only its 1/N share of under `layout`."""
+    info = strategies.info(layout.strategy)
+    if info.zero and layout.zero_stage is not None:
+        return ZERO_SHARDED[layout.zero_stage]
+    return info.sharded
 
 
 def activation_bytes(
@@ -221,7 +235,7 @@ def activation_bytes(
 
 def _transient(layout: Layout, wl: Workload, precision: str) -> int:
     """Sharded layouts gather one wrapped unit (a layer) at a time and prefetch the next."""
-    if layout.strategy == "ddp" or layout.zero_stage in (1, 2):
+    if PARAMS not in sharded(layout):  # whole parameters are never gathered
         return 0
     w = 4 if precision == "fp32" else 2
     unit = wl.params / (wl.layers or DEFAULT_UNITS)
@@ -247,17 +261,17 @@ def estimate(
     host_ok = wl.host_mem_bytes is None or host * wl.gpus <= wl.host_mem_bytes * (1 - HEADROOM)
     base = p + g + o + tr
     return Estimate(
-        layout.name,
-        layout.strategy,
-        layout.zero_stage,
-        layout.offload,
-        p,
-        g,
-        o,
-        tr,
-        act,
-        act_ck,
-        host * wl.gpus,
-        host_ok and base + (act or 0) <= wl.usable_bytes,
-        host_ok and base + (act_ck or 0) <= wl.usable_bytes,
+        name=layout.name,
+        strategy=layout.strategy,
+        zero_stage=layout.zero_stage,
+        offload=layout.offload,
+        params_bytes=p,
+        grads_bytes=g,
+        optimizer_bytes=o,
+        transient_bytes=tr,
+        activation_bytes_per_gpu=act,
+        activation_bytes_per_gpu_checkpointed=act_ck,
+        host_bytes_per_node=host * wl.gpus,
+        fits=host_ok and base + (act or 0) <= wl.usable_bytes,
+        fits_with_checkpointing=host_ok and base + (act_ck or 0) <= wl.usable_bytes,
     )

@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
 
 from hpctrain.plan.model import BY_NAME, Workload, model_state
 
@@ -125,7 +124,7 @@ def tp_bytes_per_layer(*, s: int, b: int, h: int, t: int, w: int, recompute: str
     return n * 2 * ring(t) * s * b * h * w if t > 1 else 0.0
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Candidate:
     """One tp x pp x dp layout (DP shards with FSDP2) at one rung of the ladder."""
 
@@ -152,7 +151,7 @@ class Candidate:
     slow_bytes_per_step: int  # of the above, what crosses nodes
     crosses_nodes: tuple[str, ...]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
 
 

@@ -14,14 +14,10 @@ the constants are hpctrain/kernel/snapshot.py's, shared by both. Pure Python, no
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-from hpctrain.kernel import jobenv
+from hpctrain.kernel import jobenv, strategies
 from hpctrain.kernel import snapshot as store
-from hpctrain.plan.model import BY_NAME, GIB, model_state
-
-if TYPE_CHECKING:
-    from hpctrain.plan.ladder import Plan
+from hpctrain.plan.model import GIB, Layout, model_state
 
 FOLDER = "/dev/shm"  # where the plan assumes them (jobenv.SNAPSHOT_DIR moves them)
 FIRST = 'train.log: "snapshots in memory every N step(s): X MiB per rank"'
@@ -33,25 +29,24 @@ def rank_state_bytes(
     """One rank's snapshot: fp32 parameters + optimizer state of what it holds (ddp: the whole
     replica; fsdp: its shard of P/(tp x pp) over the dp = world/(tp x pp) ranks). None under
     DeepSpeed: its engine owns the state, so it takes no snapshots."""
-    if strategy == "ddp":
-        p, _, o, _ = model_state(
-            BY_NAME["ddp"], params=params, world=world, precision="fp32", optimizer=optimizer
-        )
-        return p + o
-    if strategy == "fsdp":  # CPU offload too: the same fp32 shards, only elsewhere
-        shard = -(-params // (tp * pp))
-        p, _, o, _ = model_state(
-            BY_NAME["fsdp"],
-            params=shard,
-            world=max(1, world // (tp * pp)),
-            precision="fp32",
-            optimizer=optimizer,
-        )
-        return p + o
-    return None
+    info = strategies.STRATEGIES.get(strategy)
+    if info is None or strategies.engine_checkpoint(strategy):
+        return None
+    if not info.mesh:  # the strategy holds the whole model: no tp or pp
+        tp = pp = 1
+    # CPU offload too: the same fp32 state, only elsewhere
+    whole = Layout(strategy, strategy, None, "none", info.summary)
+    p, _, o, _ = model_state(
+        whole,
+        params=-(-params // (tp * pp)),
+        world=max(1, world // (tp * pp)),
+        precision="fp32",
+        optimizer=optimizer,
+    )
+    return p + o
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SnapshotPlan:
     """What snapshots will take on each node, and whether it fits."""
 
@@ -89,7 +84,7 @@ class SnapshotPlan:
         """off | none (DeepSpeed) | unknown_size | unknown_memory | fits | too_large"""
         if self.every_steps == 0:
             return "off"
-        if self.strategy == "deepspeed":
+        if strategies.engine_checkpoint(self.strategy):
             return "none"
         need, allowed = self.node_bytes, self.allowed_bytes
         if need is None:
@@ -102,7 +97,7 @@ class SnapshotPlan:
     def fits(self) -> bool | None:
         return {"fits": True, "too_large": False}.get(self.status)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "status": self.status,
             "fits": self.fits,
@@ -195,23 +190,14 @@ def plan_snapshots(
             strategy, params=params, world=nodes * gpus, optimizer=optimizer, tp=tp, pp=pp
         )
     )
-    return SnapshotPlan(strategy, nodes, gpus, rank, node_mem_bytes, every_steps, budget)
-
-
-def for_plan(plan: Plan) -> SnapshotPlan | None:
-    """The snapshots of `hpctrain plan`'s recommendation (None when nothing fits)."""
-    rec, wl = plan.recommendation, plan.workload
-    if rec is None:
-        return None
-    return plan_snapshots(
-        strategy=rec.strategy,
-        params=wl.params,
-        nodes=wl.nodes,
-        gpus=wl.gpus,
-        optimizer=wl.optimizer,
-        tp=rec.tp,
-        pp=rec.pp,
-        node_mem_bytes=wl.host_mem_bytes,
+    return SnapshotPlan(
+        strategy=strategy,
+        nodes=nodes,
+        ranks_per_node=gpus,
+        rank_bytes=rank,
+        node_mem_bytes=node_mem_bytes,
+        every_steps=every_steps,
+        budget=budget,
     )
 
 

@@ -29,12 +29,16 @@ import json
 import os
 import stat
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
 
+from hpctrain.kernel.yamlsafe import Path_, Yaml
 from hpctrain.profiles import schema
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from hpctrain.profiles.schema.profile import Profile
 
 FORMAT = 1
@@ -43,6 +47,36 @@ ENABLED = True  # tests switch it off to compare with the uncached path
 _FINGERPRINT: str | None = None
 # attributes every model has that the cache never stores (pydantic's, or set by the loader)
 _SKIP_PROPS = {"origins", "source", "chain", "model_extra", "model_fields_set", "__fields_set__"}
+T = TypeVar("T")
+D = TypeVar("D", bound=Mapping[str, object])
+
+
+class _Tree(TypedDict):
+    """One model as the cache holds it: its fields, and the values of its properties."""
+
+    fields: dict[str, _Field]
+    props: dict[str, object]
+
+
+class _Field(TypedDict, total=False):
+    """One field: a nested model, a list of them, or a plain value."""
+
+    model: _Tree
+    models: list[_Tree]
+    value: object
+
+
+class _Entry(TypedDict, total=False):
+    """One cache file (JSON): its format and key, then what it holds."""
+
+    format: int
+    key: str
+    value: object  # remember, memo: a function's plain result
+    data: dict[str, Yaml]  # parsed: a profile text read without a problem ...
+    lines: list[list[list[str | int] | int]]  # ... and its keys' lines: [path, line] arrays
+    tree: _Tree  # store: a validated profile ...
+    dump: dict[str, object]  # ... its model_dump() ...
+    dump_json: dict[str, object]  # ... and model_dump(mode="json")
 
 
 def cache_dir() -> Path:
@@ -68,7 +102,7 @@ def _fingerprint() -> str:
     return _FINGERPRINT
 
 
-def _plain(obj: Any) -> bool:  # Any: parsed YAML or pydantic values of any shape
+def _plain(obj: object) -> bool:
     """Only plain JSON data is cached (str keys; str, int, float, bool, None, list, dict)."""
     if obj is None or type(obj) in (str, int, float, bool):
         return True
@@ -79,7 +113,7 @@ def _plain(obj: Any) -> bool:  # Any: parsed YAML or pydantic values of any shap
     return False
 
 
-def key_of(merged: dict[str, Any], sources: tuple[Path, ...] = ()) -> str | None:
+def key_of(merged: Mapping[str, object], sources: tuple[Path, ...] = ()) -> str | None:
     if not ENABLED or not _plain(merged):
         return None
     text = json.dumps(merged, sort_keys=True, separators=(",", ":"), allow_nan=True)
@@ -96,7 +130,7 @@ def _source_digest(path: Path) -> str:
     return _SOURCES[path]
 
 
-def recall(kind: str, data: dict[str, Any], sources: tuple[Path, ...] = ()) -> Any:
+def recall(kind: str, data: Mapping[str, object], sources: tuple[Path, ...] = ()) -> object:
     """A value `remember`ed for the same kind, data and source files, else None."""
     try:
         key = key_of({"memo": kind, "data": data}, sources)
@@ -106,8 +140,9 @@ def recall(kind: str, data: dict[str, Any], sources: tuple[Path, ...] = ()) -> A
     return entry.get("value") if entry is not None else None
 
 
-# Any: parsed YAML or pydantic values of any shape
-def remember(kind: str, data: dict[str, Any], value: Any, sources: tuple[Path, ...] = ()) -> None:
+def remember(
+    kind: str, data: Mapping[str, object], value: object, sources: tuple[Path, ...] = ()
+) -> None:
     """Remember a pure function's plain result: only for inputs that are the whole input (the
     data and the listed source files, plus the schema's fingerprint)."""
     try:
@@ -118,44 +153,46 @@ def remember(kind: str, data: dict[str, Any], value: Any, sources: tuple[Path, .
         _write(key, {"value": value})
 
 
-# Any: parsed YAML or pydantic values of any shape
-def memo(kind: str, data: dict[str, Any], fn: Any) -> Any:
+def memo(kind: str, data: D, fn: Callable[[D], T]) -> T:
     """fn(data), remembered by the same key rules: for pure functions of plain data and the schema
-    (the loader's null-dropping, which asks the schema for defaults)."""
+    (the loader's null-dropping, which asks the schema for defaults). Only a plain JSON result is
+    remembered, and it reads back as the same types."""
     key = key_of({"memo": kind, "data": data})
     if key is not None:
         entry = _read(key)
         if entry is not None and "value" in entry:
-            return entry["value"]
+            return cast(T, entry["value"])  # fn's own result, read back from JSON
     value = fn(data)
     if key is not None:
         _write(key, {"value": value})
     return value
 
 
-def parsed(text: str) -> tuple[dict[str, Any], dict[tuple[Any, ...], int]] | None:
+def parsed(text: str) -> tuple[dict[str, Yaml], dict[Path_, int]] | None:
     """(data, lines) of a profile text the loader read before without a problem."""
     key = key_of({"yaml": text})
     entry = _read(key) if key is not None else None
     if entry is None or "data" not in entry:
         return None
-    return entry["data"], {tuple(p): n for p, n in entry["lines"]}
+    pairs = entry["lines"]
+    return entry["data"], {
+        tuple(p): n for p, n in pairs if isinstance(p, list) and isinstance(n, int)
+    }
 
 
-# Any: parsed YAML or pydantic values of any shape
-def store_parsed(text: str, data: Any, lines: dict[tuple[Any, ...], int]) -> None:
+def store_parsed(text: str, data: dict[str, Yaml], lines: dict[Path_, int]) -> None:
     key = key_of({"yaml": text})
     if key is not None and _plain(data):
         _write(key, {"data": data, "lines": [[list(p), n] for p, n in lines.items()]})
 
 
-def _read(key: str) -> dict[str, Any] | None:
+def _read(key: str) -> _Entry | None:
     folder = cache_dir()
     path = folder / f"{key}.json"
     if not (_trusted(folder) and _trusted(path)):
         return None
     try:
-        entry = json.loads(path.read_text())
+        entry: _Entry = json.loads(path.read_text())  # checked below: ours, this format and key
     except (OSError, ValueError):
         return None
     if not isinstance(entry, dict) or entry.get("format") != FORMAT or entry.get("key") != key:
@@ -163,8 +200,8 @@ def _read(key: str) -> dict[str, Any] | None:
     return entry
 
 
-def _write(key: str, entry: dict[str, Any]) -> None:
-    entry = {"format": FORMAT, "key": key, **entry}
+def _write(key: str, what: _Entry) -> None:
+    entry: _Entry = {"format": FORMAT, "key": key, **what}
     if not _plain(entry):
         return
     try:
@@ -191,7 +228,7 @@ def _trusted(path: Path) -> bool:
     return st.st_uid == os.getuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
 
 
-def lookup(merged: dict[str, Any]) -> ProfileView | None:
+def lookup(merged: Mapping[str, object]) -> ProfileView | None:
     key = key_of(merged)
     entry = _read(key) if key is not None else None
     if entry is None or "tree" not in entry:
@@ -199,14 +236,14 @@ def lookup(merged: dict[str, Any]) -> ProfileView | None:
     return ProfileView(entry, merged)
 
 
-def store(merged: dict[str, Any], profile: Profile) -> None:
+def store(merged: Mapping[str, object], profile: Profile) -> None:
     """Remember a successful validation. Never fails the command: a cache that cannot be
     written is only a slower next start."""
     key = key_of(merged)
     if key is None:
         return
     try:
-        entry = {
+        entry: _Entry = {
             "tree": _encode(profile),
             "dump": profile.model_dump(),
             "dump_json": profile.model_dump(mode="json"),
@@ -222,9 +259,9 @@ def _prune(folder: Path) -> None:
         old.unlink(missing_ok=True)
 
 
-def _encode(model: Any) -> dict[str, Any]:  # Any: parsed YAML or pydantic values of any shape
+def _encode(model: BaseModel) -> _Tree:
     """A model as {"fields": {name: value or nested}, "props": {name: value}}."""
-    fields: dict[str, Any] = {}
+    fields: dict[str, _Field] = {}
     for name in type(model).model_fields:
         value = getattr(model, name)
         if isinstance(value, schema.BaseModel):
@@ -234,7 +271,7 @@ def _encode(model: Any) -> dict[str, Any]:  # Any: parsed YAML or pydantic value
         else:
             dumped = type(model).__pydantic_serializer__.to_python(model, include={name})[name]
             fields[name] = {"value": dumped}
-    props: dict[str, Any] = {}
+    props: dict[str, object] = {}
     for klass in type(model).__mro__:
         if klass is schema.BaseModel or klass.__module__.startswith("pydantic"):
             break
@@ -254,21 +291,24 @@ def _encode(model: Any) -> dict[str, Any]:  # Any: parsed YAML or pydantic value
     return {"fields": fields, "props": props}
 
 
-def _copy(value: Any) -> Any:  # Any: parsed YAML or pydantic values of any shape
-    return json.loads(json.dumps(value)) if isinstance(value, (dict, list)) else value
+def _copy(value: T) -> T:
+    """A plain value's own copy (the cache's values are JSON: they copy as the same types)."""
+    if isinstance(value, dict | list):
+        copied: T = json.loads(json.dumps(value))
+        return copied
+    return value
 
 
 class _Node:
     """One model of a cached profile: its fields and properties as attributes."""
 
-    def __init__(
-        self, tree: dict[str, Any], root: ProfileView | None, path: tuple[str | int, ...]
-    ) -> None:
+    def __init__(self, tree: _Tree, root: ProfileView | None, path: Path_) -> None:
         object.__setattr__(self, "_tree", tree)
         object.__setattr__(self, "_root", root if root is not None else self)
         object.__setattr__(self, "_path", path)
         object.__setattr__(self, "_values", {})
 
+    # Any: a cached profile answers every attribute its model has (hpctrain/profiles/resolved.py)
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
@@ -277,7 +317,7 @@ class _Node:
             return values[name]
         field = self._tree["fields"].get(name)
         if field is not None:
-            value: Any  # Any: parsed YAML or pydantic values of any shape
+            value: object
             if "model" in field:
                 value = _Node(field["model"], self._root, (*self._path, name))
             elif "models" in field:
@@ -293,8 +333,7 @@ class _Node:
             return _copy(self._tree["props"][name])
         return getattr(self._real_node(), name)
 
-    # Any: parsed YAML or pydantic values of any shape
-    def __setattr__(self, name: str, value: Any) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if name in self._tree["fields"]:
             raise AttributeError(f"a cached profile is read-only ({name})")
         object.__setattr__(self, name, value)
@@ -313,13 +352,17 @@ class _Node:
                 model = models._model_of(model.model_fields[part].annotation)
         return model or type(self)
 
-    def _real_node(self) -> Any:
-        node = self._root.real()
+    def _real_node(self) -> BaseModel:
+        node: object = self._root.real()
         for part in self._path:
-            node = node[part] if isinstance(part, int) else getattr(node, part)
+            if isinstance(part, str):
+                node = getattr(node, part)
+            elif isinstance(node, list):
+                node = node[part]
+        assert isinstance(node, schema.BaseModel)  # a section, or one of a list of them
         return node
 
-    # Any: parsed YAML or pydantic values of any shape
+    # Any: pydantic's model_dump keywords, passed through
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
         if not kwargs or kwargs == {"mode": "python"}:
             return {
@@ -340,7 +383,7 @@ class _Node:
 class ProfileView(_Node):
     """A resolved profile read from the cache; answers like `schema.Profile`."""
 
-    def __init__(self, entry: dict[str, Any], merged: dict[str, Any]) -> None:
+    def __init__(self, entry: _Entry, merged: Mapping[str, object]) -> None:
         super().__init__(entry["tree"], None, ())
         object.__setattr__(self, "_entry", entry)
         object.__setattr__(self, "_merged", merged)
@@ -349,15 +392,16 @@ class ProfileView(_Node):
         object.__setattr__(self, "_chain", [])
         object.__setattr__(self, "_origins", {})
 
-    def real(self) -> Any:
+    def real(self) -> Profile:
         """The same profile validated by pydantic (only when the view lacks something)."""
         if self._real is None:
             real = schema.Profile.model_validate(self._merged)
             real._source, real._chain, real._origins = self._source, self._chain, self._origins
             object.__setattr__(self, "_real", real)
-        return self._real
+        validated: Profile = self._real
+        return validated
 
-    # Any: parsed YAML or pydantic values of any shape
+    # Any: pydantic's model_dump keywords, passed through
     def model_dump(self, **kwargs: Any) -> dict[str, Any]:
         out: dict[str, Any]
         if not kwargs or kwargs == {"mode": "python"}:

@@ -12,9 +12,10 @@ import sys
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from hpctrain.kernel import docs as kernel_docs
@@ -167,7 +168,7 @@ by name). Users see it once DIR is in `${jobenv.SITE_PATH}`.
 """
 
 
-def _type(annotation: Any) -> str:  # Any: a pydantic field annotation (any typing form)
+def _type(annotation: object) -> str:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:
         return _type(args[0])
@@ -185,9 +186,9 @@ def _type(annotation: Any) -> str:  # Any: a pydantic field annotation (any typi
     return getattr(annotation, "__name__", str(annotation))
 
 
-def _default(field: Any) -> str:  # Any: a pydantic field annotation (any typing form)
+def _default(field: FieldInfo) -> str:
     if field.default_factory is not None:
-        value = field.default_factory()
+        value = field.get_default(call_default_factory=True)  # the factory's value
         if isinstance(value, BaseModel):
             return "(section)"
         return f"`{json.dumps(value)}`"
@@ -231,7 +232,7 @@ def render() -> str:
     return "\n".join(out) + "\n"
 
 
-def _plain(annotation: Any) -> str:  # Any: a pydantic field annotation (any typing form)
+def _plain(annotation: object) -> str:
     """A field's type as the shape writes it: `str | null`, `a | b`, `[str]`, `{NAME: str}`."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin is typing.Annotated:
@@ -250,8 +251,7 @@ def _plain(annotation: Any) -> str:  # Any: a pydantic field annotation (any typ
     return getattr(annotation, "__name__", str(annotation))
 
 
-# Any: a pydantic field annotation (any typing form)
-def _section(annotation: Any) -> type[BaseModel] | None:
+def _section(annotation: object) -> type[BaseModel] | None:
     for a in (annotation, *typing.get_args(annotation)):
         if isinstance(a, type) and issubclass(a, BaseModel):
             return a

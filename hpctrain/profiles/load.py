@@ -14,42 +14,27 @@ from __future__ import annotations
 import difflib
 import os
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain.kernel.errors import Problem, UserError, ValidationError
-from hpctrain.kernel.yamlsafe import (  # noqa: F401  (re-exported: the loader's public names)
-    MAX_BYTES,
-    MAX_DEPTH,
-    MAX_INT,
-    Doc,
-    Path_,
-    _bad_text,
-    dotted,
-    yaml_scalar,
-)
+from hpctrain.kernel.yamlsafe import Doc, Path_, dotted
 from hpctrain.profiles import cache, schema
-from hpctrain.profiles import locks as _locks
-from hpctrain.profiles.discovery import (  # noqa: F401  (re-exported: the loader's public names)
-    Entry,
+from hpctrain.profiles.discovery import (  # noqa: F401  (_is_bundled: the tests ask the loader)
     _is_bundled,
     _looks_like_path,
     check_trust,
     config_home,
     discover,
     find,
-    search_dirs,
 )
-from hpctrain.profiles.layers import (  # noqa: F401
-    _MISSING,
-    _bad_flag_value,
-    _covers,
+from hpctrain.profiles.layers import (
+    Stack,
     _drop_nulls,
     _flags_layer,
-    _get,
     _Layer,
     _leaves,
-    _merge,
     _user_config,
 )
 from hpctrain.profiles.problems import (
@@ -204,7 +189,7 @@ def _locks_of(doc: Doc, problems: list[Problem]) -> list[str]:
     return out
 
 
-def _unknown_keys(data: dict[str, Any]) -> list[str]:
+def _unknown_keys(data: Mapping[str, list[str]]) -> list[str]:
     return [k for k in data["keys"] if not schema.key_exists(k)]
 
 
@@ -218,6 +203,37 @@ def resolve_file(
     """Resolve the profile in file `top` through every layer; all problems raised together."""
     problems: list[Problem] = []
     docs = _chain(top, problems)
+    stack = Stack()
+    for layer in _layers(docs, flags, problems, user_config=user_config, expect_name=expect_name):
+        stack.add(layer, problems)
+    problems += _quoted(stack.quoted)
+    merged = cache.memo("drop_nulls", stack.merged, _drop_nulls)
+    merged["locked"] = list(dict.fromkeys(stack.locks))
+    if docs:
+        for key in ("name", "extends"):  # never inherited
+            merged.pop(key, None)
+            if docs[0].data.get(key) is not None:
+                merged[key] = docs[0].data[key]
+        stack.where.setdefault(("locked",), (str(docs[0].path), docs[0].lines.get(("locked",))))
+    profile = _validate(merged, stack.where, str(docs[0].path), problems) if docs else None
+    if problems:
+        raise ValidationError(_dedupe(problems))
+    assert profile is not None
+    profile._source = docs[0].path
+    profile._chain = [d.path for d in docs]
+    profile._origins = _origins(profile.model_dump(), stack.origins)
+    return profile
+
+
+def _layers(
+    docs: list[Doc],
+    flags: dict[str, object] | None,
+    problems: list[Problem],
+    *,
+    user_config: bool,
+    expect_name: str | None,
+) -> list[_Layer]:
+    """The layers, lowest first: the extends chain (root first), the user config, the flags."""
     layers = [
         _Layer(d.data, d.lines, str(d.path), str(d.path), _locks_of(d, problems))
         for d in reversed(docs)
@@ -239,105 +255,50 @@ def resolve_file(
             layers.append(layer)
     if flags:
         layers.append(_flags_layer(flags, problems))
-
-    merged: dict[str, Any] = {}
-    origins: dict[Path_, str] = {}
-    where: dict[Path_, tuple[str | None, int | None]] = {}
-    locks: dict[str, str] = {}  # dotted key -> the profile file that locked it
-    quoted: list[
-        tuple[Path_, str, _Layer]
-    ] = []  # text values where the schema may want bools/numbers
-    for layer in layers:
-        for path, value in _leaves(layer.data):
-            if not path or path == ("locked",):
-                continue
-            key = dotted(path)
-            if (
-                layer.origin != "flag"
-                and isinstance(value, str)
-                and all(isinstance(p, str) for p in path)
-            ):
-                quoted.append((path, value, layer))
-            locked = _locks.covering_lock(locks, path)
-            if locked is not None and _get(merged, path) != value:
-                by = locks[locked]
-                also = "" if _covers(key, locked) else f" ({key} sets what {locked} covers)"
-                problems.append(
-                    Problem(
-                        f"{locked} is locked by profile {by}{also}; fix: remove {key} here (ask the "
-                        "profile's admin if it must change)",
-                        file=layer.file,
-                        line=layer.lines.get(path),
-                        key=key,
-                    )
-                )
-        merged = _merge(merged, {k: v for k, v in layer.data.items() if k != "locked"})
-        for path, _ in _leaves(layer.data):
-            if not path:
-                continue
-            for old in [p for p in origins if p[: len(path)] == path]:
-                del origins[old]
-            line = layer.lines.get(path)
-            origins[path] = (
-                f"{layer.origin}:{line}"
-                if line
-                else f"flag {dotted(path)}"
-                if layer.origin == "flag"
-                else layer.origin
-            )
-        for path in [p for p in where if any(p[: len(lp)] == lp for lp, _ in _leaves(layer.data))]:
-            del where[path]
-        for path, line in layer.lines.items():
-            where[path] = (layer.file, line)
-        for path, _ in _leaves(layer.data):
-            where.setdefault(path, (layer.file, None))
-        for k in layer.locks:
-            locks.setdefault(k, layer.file or "?")
-    if quoted:
-        wants = cache.memo("quoted", {"paths": [list(p) for p, _, _ in quoted]}, _quoted_wants)
-        for (path, value, layer), want in zip(quoted, wants, strict=True):
-            if want:
-                problems.append(
-                    Problem(
-                        f"{value!r} is quoted text; fix: {want} without quotes",
-                        file=layer.file,
-                        line=layer.lines.get(path),
-                        key=dotted(path),
-                    )
-                )
-    merged = cache.memo("drop_nulls", merged, _drop_nulls)
-    merged["locked"] = list(dict.fromkeys(locks))
-    if docs:
-        for key in ("name", "extends"):  # never inherited
-            merged.pop(key, None)
-            if docs[0].data.get(key) is not None:
-                merged[key] = docs[0].data[key]
-        where.setdefault(("locked",), (str(docs[0].path), docs[0].lines.get(("locked",))))
-
-    profile: Profile | ProfileView | None = None
-    if docs and not problems:
-        profile = cache.lookup(merged)  # the same input validated before: no pydantic
-    if docs and profile is None:
-        try:
-            model: Profile = schema.Profile.model_validate(merged)
-            profile = model
-            if not problems:
-                cache.store(merged, model)
-        except schema.ValidationError as e:
-            errors = e.errors()
-            problems += _problems(
-                errors + _more_cross_field(merged, errors), where, str(docs[0].path)
-            )
-    if problems:
-        raise ValidationError(_dedupe(problems))
-    assert profile is not None
-    profile._source = docs[0].path
-    profile._chain = [d.path for d in docs]
-    profile._origins = _origins(profile.model_dump(), origins)
-    return profile
+    return layers
 
 
-def _origins(values: dict[str, Any], explicit: dict[Path_, str]) -> dict[str, str]:
+def _quoted(quoted: list[tuple[Path_, str, _Layer]]) -> list[Problem]:
+    """A quoted value where the schema wants a bool or a number (the schema would accept it)."""
+    if not quoted:
+        return []
+    wants = cache.memo("quoted", {"paths": [list(p) for p, _, _ in quoted]}, _quoted_wants)
+    return [
+        Problem(
+            f"{value!r} is quoted text; fix: {want} without quotes",
+            file=layer.file,
+            line=layer.lines.get(path),
+            key=dotted(path),
+        )
+        for (path, value, layer), want in zip(quoted, wants, strict=True)
+        if want
+    ]
+
+
+def _validate(
+    merged: dict[str, object],
+    where: dict[Path_, tuple[str | None, int | None]],
+    top: str,
+    problems: list[Problem],
+) -> Profile | ProfileView | None:
+    """The merged input validated: from the cache when the same input was validated before (no
+    pydantic), else by the schema; None when it is invalid (its problems appended)."""
+    if not problems:
+        hit = cache.lookup(merged)
+        if hit is not None:
+            return hit
+    try:
+        model: Profile = schema.Profile.model_validate(merged)
+    except schema.ValidationError as e:
+        errors = e.errors()
+        problems += _problems(errors + _more_cross_field(merged, errors), where, top)
+        return None
+    if not problems:
+        cache.store(merged, model)
+    return model
+
+
+def _origins(values: Mapping[str, object], explicit: dict[Path_, str]) -> dict[str, str]:
     out = {}
     for path, _ in _leaves(values):
         origin = "default"

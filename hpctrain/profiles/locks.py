@@ -22,19 +22,12 @@ schema's owned-option tables, locked or not; a torchrun option that sets what a 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
 
+from hpctrain.kernel.yamlsafe import Path_, dotted
 from hpctrain.profiles import cache, schema
 from hpctrain.profiles.schema.checks import inner_name
-
-Path_ = tuple[str | int, ...]
-
-
-def dotted(path: Path_) -> str:
-    out = ""
-    for part in path:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out
 
 
 def sets(path: Path_) -> list[str]:
@@ -81,7 +74,13 @@ def _tables() -> tuple[dict[str, str], tuple[str, ...], dict[str, str]]:
     return _TABLES
 
 
-def _read_tables(_: Any) -> dict[str, Any]:  # Any: unused argument of a loader hook
+class _Tables(TypedDict):
+    dedicated: dict[str, str]  # schema.DEDICATED_ENV
+    prefixes: list[str]  # schema.NETWORK_ENV_PREFIXES
+    watchdog: dict[str, str]  # schema.WATCHDOG_ENV
+
+
+def _read_tables(_: Mapping[str, object]) -> _Tables:
     return {
         "dedicated": dict(schema.DEDICATED_ENV),
         "prefixes": list(schema.NETWORK_ENV_PREFIXES),

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import difflib
 import typing
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from hpctrain.kernel.errors import Problem
 from hpctrain.kernel.yamlsafe import Path_, dotted
 from hpctrain.profiles import schema
+
+if TYPE_CHECKING:
+    from pydantic_core import ErrorDetails
 
 NAME_MISSING = "required key is missing; fix: add `name: NAME` (every profile file names itself)"
 
@@ -43,10 +47,12 @@ _FIX = {
 }
 
 
-def _more_cross_field(merged: dict[str, Any], errors: list[Any]) -> list[Any]:
+def _more_cross_field(
+    merged: Mapping[str, object], errors: list[ErrorDetails]
+) -> list[ErrorDetails]:
     """Cross-field checks of sections whose other keys had errors (pydantic skips them), run
     on the keys that were fine, so that every problem of a file is reported at once."""
-    out = []
+    out: list[ErrorDetails] = []
     for name, model in schema.SECTIONS.items():
         bad = {e["loc"][1] for e in errors if e["loc"][:1] == (name,) and len(e["loc"]) > 1}
         section = merged.get(name)
@@ -55,16 +61,15 @@ def _more_cross_field(merged: dict[str, Any], errors: list[Any]) -> list[Any]:
         try:
             model.model_validate({k: v for k, v in section.items() if k not in bad})
         except schema.ValidationError as e:
-            out += [
-                {**err, "loc": (name, *err["loc"])}
-                for err in e.errors()
-                if err["type"] == "cross_field"
-            ]
+            for err in e.errors():
+                if err["type"] == "cross_field":
+                    err["loc"] = (name, *err["loc"])
+                    out.append(err)
     return out
 
 
 def _problems(
-    errors: list[Any], where: dict[Path_, tuple[str | None, int | None]], top: str
+    errors: list[ErrorDetails], where: dict[Path_, tuple[str | None, int | None]], top: str
 ) -> list[Problem]:
     out = []
     for err in errors:
@@ -83,7 +88,7 @@ def _problems(
     return out
 
 
-def _message(err: Any, path: Path_, msg: str) -> str:  # Any: a pydantic error entry
+def _message(err: ErrorDetails, path: Path_, msg: str) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         model = schema.model_at(path)
@@ -120,5 +125,5 @@ def _quoted_instead_of(path: Path_) -> str | None:
     )
 
 
-def _quoted_wants(data: dict[str, Any]) -> list[str | None]:
+def _quoted_wants(data: Mapping[str, list[list[str | int]]]) -> list[str | None]:
     return [_quoted_instead_of(tuple(p)) for p in data["paths"]]

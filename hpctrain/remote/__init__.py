@@ -3,10 +3,8 @@
 
 ssh.py     the OpenSSH transport (one control connection per site, strict host keys)
 site.py    hpctrain on the site: run its commands there, resolve the site's variables there
-agent.py   the login-node agent (site side): the site's hpctrain kept warm behind a unix socket
-session.py one connection to the agent: the command run in a forked spare, its output as frames
-wire.py    the frames both ends speak (PROTO)
-tunnel.py  this machine's end of it: a socket forwarded over the control connection, or ssh exec
+wire.py    the frames both ends of the login-node agent (hpctrain/agent/) speak (PROTO)
+tunnel.py  this machine's end of the agent: a socket forwarded over the control connection, or ssh exec
 code.py    the user's code for the site: the committed tree of the git repo, or --sync DIR
 submit.py  submit from here: render and validate here, upload, submit on the site
 index.py   this machine's index of remote runs: which host and folder each one lives in

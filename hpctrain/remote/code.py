@@ -16,10 +16,10 @@ import stat
 import subprocess
 import sys
 import tarfile
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from importlib.machinery import PathFinder
 from pathlib import Path
-from typing import Any
 
 from hpctrain.kernel.errors import UserError
 
@@ -59,6 +59,17 @@ def _module_path(root: Path, module: str) -> Path | None:
     return None
 
 
+@dataclass(frozen=True)
+class _Asked:
+    """What the run names: its --script, its --module and where that imports from here."""
+
+    script: str | None
+    module: str | None
+    script_path: Path | None  # the --script, resolved
+    mod_root: Path | None = None  # --module: the folder it is imported from here
+    mod_path: Path | None = None  # --module: its file or package folder
+
+
 def pack(
     dest: Path,
     *,
@@ -69,8 +80,7 @@ def pack(
 ) -> Code | None:
     """Put the code into `dest` (an empty folder); None when the run needs none (train_entry
     without --sync)."""
-    script_path = Path(script).expanduser().resolve() if script else None
-    mod_root = mod_path = None
+    asked = _Asked(script, module, Path(script).expanduser().resolve() if script else None)
     if module:
         mod_root = import_root(module, cwd)
         mod_path = _module_path(mod_root, module) if mod_root is not None else None
@@ -81,49 +91,62 @@ def pack(
                 "the folder that holds its package or set PYTHONPATH, or send a folder with "
                 "--sync DIR"
             )
+        asked = replace(asked, mod_root=mod_root, mod_path=mod_path)
     if sync:
-        root = Path(sync).expanduser().resolve()
-        if not root.is_dir():
-            raise UserError(f"--sync {sync}: not a folder; fix: give the folder holding your code")
-        rel = None
-        if script_path is not None:
-            if not script_path.is_relative_to(root):
-                raise UserError(
-                    f"--script {script} is not inside --sync {sync}; fix: give a script "
-                    "inside the folder that is sent"
-                )
-            rel = str(script_path.relative_to(root))
-        import_rel = None
-        if module:
-            if mod_path is not None and mod_root is not None and mod_root.is_relative_to(root):
-                import_rel = _norm(str(mod_root.relative_to(root)))
-            elif _module_path(root, module) is not None:
-                import_rel = ""  # DIR holds the package: DIR is the import root
-            else:
-                raise UserError(
-                    f"--module {module} is not inside --sync {sync}; fix: send the folder "
-                    "that holds its package"
-                )
-        special: list[str] = []
-        try:
-            shutil.copytree(
-                root, dest, symlinks=True, dirs_exist_ok=True, ignore=_ignore(root, special)
-            )
-        except (OSError, shutil.Error) as e:
-            raise UserError(
-                f"--sync {sync}: cannot copy it ({_first(e)}); fix: make its files readable"
-            ) from None
-        warning = (
-            f"--sync {sync}: skipped {len(special)} entries that are not files or folders "
-            f"(FIFOs, sockets, devices): {', '.join(special[:3])}"
-            if special
-            else None
-        )
-        return Code(f"folder {root}", rel, warning=warning, root=import_rel)
-    target = script_path or mod_path
+        return _copy(dest, sync=sync, asked=asked)
+    target = asked.script_path or asked.mod_path
     if target is None:
         return None
-    what = f"--script {script}" if script_path is not None else f"--module {module}"
+    return _archive(dest, target=target, asked=asked)
+
+
+def _copy(dest: Path, *, sync: str, asked: _Asked) -> Code:
+    """--sync DIR: the folder copied as it is (hpctrain's own folders and special files left out)."""
+    root = Path(sync).expanduser().resolve()
+    if not root.is_dir():
+        raise UserError(f"--sync {sync}: not a folder; fix: give the folder holding your code")
+    rel = None
+    if asked.script_path is not None:
+        if not asked.script_path.is_relative_to(root):
+            raise UserError(
+                f"--script {asked.script} is not inside --sync {sync}; fix: give a script "
+                "inside the folder that is sent"
+            )
+        rel = str(asked.script_path.relative_to(root))
+    import_rel = None
+    if asked.module:
+        mod_root = asked.mod_root
+        if asked.mod_path is not None and mod_root is not None and mod_root.is_relative_to(root):
+            import_rel = _norm(str(mod_root.relative_to(root)))
+        elif _module_path(root, asked.module) is not None:
+            import_rel = ""  # DIR holds the package: DIR is the import root
+        else:
+            raise UserError(
+                f"--module {asked.module} is not inside --sync {sync}; fix: send the folder "
+                "that holds its package"
+            )
+    special: list[str] = []
+    try:
+        shutil.copytree(
+            root, dest, symlinks=True, dirs_exist_ok=True, ignore=_ignore(root, special)
+        )
+    except (OSError, shutil.Error) as e:
+        raise UserError(
+            f"--sync {sync}: cannot copy it ({_first(e)}); fix: make its files readable"
+        ) from None
+    warning = (
+        f"--sync {sync}: skipped {len(special)} entries that are not files or folders "
+        f"(FIFOs, sockets, devices): {', '.join(special[:3])}"
+        if special
+        else None
+    )
+    return Code(f"folder {root}", rel, warning=warning, root=import_rel)
+
+
+def _archive(dest: Path, *, target: Path, asked: _Asked) -> Code:
+    """The last commit of the repository holding `target` (the script, or the module's file)."""
+    script_path, mod_root = asked.script_path, asked.mod_root
+    what = f"--script {asked.script}" if script_path is not None else f"--module {asked.module}"
     top = _git(target.parent, "rev-parse", "--show-toplevel")
     if top.returncode != 0:
         raise UserError(
@@ -138,8 +161,8 @@ def pack(
     if mod_root is not None and script_path is None:
         if not mod_root.is_relative_to(repo):
             raise UserError(
-                f"--module {module} is imported from {mod_root}, outside its repository {repo}; "
-                "fix: send the folder that holds its package with --sync DIR"
+                f"--module {asked.module} is imported from {mod_root}, outside its repository "
+                f"{repo}; fix: send the folder that holds its package with --sync DIR"
             )
         root_rel = _norm(str(mod_root.relative_to(repo)))
     if _git(repo, "cat-file", "-e", f"HEAD:{rel}").returncode != 0:
@@ -176,7 +199,7 @@ def pythonpath(site_code: str, code: Code, env: dict[str, str]) -> str:
     return f"{root}:{rest}"
 
 
-def _ignore(root: Path, special: list[str]) -> Any:
+def _ignore(root: Path, special: list[str]) -> Callable[[str, list[str]], set[str]]:
     """copytree's ignore: hpctrain's own folders, and anything that is not a file, folder or
     symlink (reading a FIFO would wait forever; a socket cannot be copied)."""
     skip = shutil.ignore_patterns(".git", "__pycache__", "runs")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.remote import index
@@ -86,16 +85,18 @@ def each_site(args: list[str]) -> list[tuple[str, int]]:
     return out
 
 
-def each_json(args: list[str]) -> list[dict[str, Any]]:
+def each_json(args: list[str]) -> list[dict[str, object]]:
     """`hpctrain ARGS` (a --json listing) on every known site, each item marked with its site; an
     unreachable site gives one item {"site", "error"}."""
-    out: list[dict[str, Any]] = []
+    out: list[dict[str, object]] = []
     for login in index.sites():
         site = Site(Login.of(login))
         try:
             items = site.hpctrain_json(args)
+            if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+                raise RemoteError(f"{site.login.where}: hpctrain {args[0]} listed no objects")
         except RemoteError as e:
             out.append({"site": site.login.where, "error": e.message})
             continue
-        out += [{**item, "site": site.login.where} for item in items]
+        out += [{**item, "site": site.login.where} for item in items if isinstance(item, dict)]
     return out

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Required, TypedDict, TypeGuard
 
 from hpctrain.kernel.files import append_jsonl, utc_now
 
@@ -17,28 +18,45 @@ def index_file() -> Path:
     return Path(state) / "hpctrain" / "remote-runs.jsonl"
 
 
-def entries() -> list[dict[str, Any]]:
+class Entry(TypedDict, total=False):
+    """One submission (record); `kind` since sweeps went remote."""
+
+    name: Required[str]
+    path: Required[str]  # the run folder on the site
+    login: Required[dict[str, object]]  # ssh.Login.to_dict
+    profile: str
+    kind: str  # run | sweep
+    time: str
+
+
+def entries() -> list[Entry]:
     path = index_file()
     if not path.is_file():
         return []
-    out = []
+    out: list[Entry] = []
     for line in path.read_text(errors="replace").splitlines():
         try:
             item = json.loads(line)
         except ValueError:
             continue  # a line cut short by a crash: skip it
-        if (
-            isinstance(item, dict)
-            and isinstance(item.get("login"), dict)
-            and isinstance(item.get("name"), str)
-            and item["name"]
-            and isinstance(item.get("path"), str)
-        ):
+        if _is_entry(item):
             out.append(item)
     return out
 
 
-def record(*, name: str, path: str, login: dict[str, Any], profile: str, kind: str = "run") -> None:
+def _is_entry(item: object) -> TypeGuard[Entry]:
+    return (
+        isinstance(item, dict)
+        and isinstance(item.get("login"), dict)
+        and isinstance(item.get("name"), str)
+        and bool(item["name"])
+        and isinstance(item.get("path"), str)
+    )
+
+
+def record(
+    *, name: str, path: str, login: Mapping[str, object], profile: str, kind: str = "run"
+) -> None:
     file = index_file()
     file.parent.mkdir(parents=True, exist_ok=True)
     item = {
@@ -52,7 +70,7 @@ def record(*, name: str, path: str, login: dict[str, Any], profile: str, kind: s
     append_jsonl(file, item)
 
 
-def find(ref: str) -> tuple[dict[str, Any], str] | None:
+def find(ref: str) -> tuple[Entry, str] | None:
     """(entry, remote path) for a run name, a remote path, or SWEEP/POINT of a remote sweep."""
     items = entries()
     for item in reversed(items):
@@ -66,9 +84,9 @@ def find(ref: str) -> tuple[dict[str, Any], str] | None:
     return None
 
 
-def sites() -> list[dict[str, Any]]:
+def sites() -> list[dict[str, object]]:
     """Each distinct login seen, newest first."""
-    seen: dict[str, dict[str, Any]] = {}
+    seen: dict[str, dict[str, object]] = {}
     for item in reversed(entries()):
         key = json.dumps(item["login"], sort_keys=True)
         seen.setdefault(key, item["login"])

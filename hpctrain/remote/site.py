@@ -8,7 +8,6 @@ import io
 import json
 import shlex
 import sys
-from typing import Any
 
 from hpctrain.remote.ssh import SSH, Login, RemoteError, check_started, remote_word
 from hpctrain.remote.tunnel import Tunnel
@@ -43,7 +42,7 @@ class Site:
         self._check_started(rc, tail)
         return rc
 
-    def hpctrain_json(self, args: list[str]) -> Any:
+    def hpctrain_json(self, args: list[str]) -> object:
         """`hpctrain ARGS` (a --json command) on the site; its parsed output."""
         out, err_buf = io.BytesIO(), io.BytesIO()
         rc = self.tunnel.run(args, out, err_buf)
@@ -58,7 +57,8 @@ class Site:
                 f"{self.login.where}: hpctrain {args[0]} failed: "
                 f"{err.strip().splitlines()[-1] if err.strip() else rc}"
             )
-        return json.loads(stdout.decode())
+        got: object = json.loads(stdout.decode())
+        return got
 
     def _check_started(self, rc: int, stderr: str) -> None:
         check_started(self.login, rc, stderr)
@@ -76,7 +76,7 @@ class Site:
             )
         return list(json.loads(proc.stdout.decode()))
 
-    def probe(self) -> dict[str, Any]:
+    def probe(self) -> dict[str, str]:
         """What `doctor` reports about the site before any job: Python, hpctrain, Slurm commands."""
         script = (
             f'py={self.python}; printf \'python=%s\\n\' "$(command -v "$py" || echo missing)"; '
@@ -87,7 +87,7 @@ class Site:
             'printf \'%s=%s\\n\' "$c" "$(command -v $c || echo missing)"; done'
         )
         proc = self.ssh.run(script)
-        out: dict[str, Any] = {}
+        out: dict[str, str] = {}
         for line in proc.stdout.decode(errors="replace").splitlines():
             key, sep, value = line.partition("=")
             if sep:

@@ -17,9 +17,9 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.profiles.schema.login import Login as LoginSection
@@ -49,12 +49,23 @@ class Login:
     agent: bool = True  # reach the site's hpctrain through the login-node agent (tunnel.py)
 
     @classmethod
-    def of(cls, value: dict[str, Any] | LoginSection) -> Login:
-        """From the profile's section or the run index's JSON copy of it."""
-        data = value if isinstance(value, dict) else value.model_dump()
-        return cls(**{k: data[k] for k in FIELDS if data.get(k) is not None})
+    def of(cls, value: Mapping[str, object] | LoginSection) -> Login:
+        """From the profile's section or the run index's JSON copy of it (checked as the section
+        is; keys of another hpctrain's version left out)."""
+        if isinstance(value, Mapping):
+            known = {k: v for k, v in value.items() if k in FIELDS and v is not None}
+            value = LoginSection.model_validate(known)
+        return cls(
+            host=value.host,
+            port=value.port,
+            identity=value.identity,
+            remote_python=value.remote_python,
+            workdir=value.workdir,
+            known_hosts=value.known_hosts,
+            agent=value.agent,
+        )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {k: getattr(self, k) for k in FIELDS}
 
     @property

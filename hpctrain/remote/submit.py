@@ -17,7 +17,7 @@ import shlex
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -25,7 +25,7 @@ from hpctrain.jobs.options import JobOptions
 from hpctrain.jobs.request import JobRequest
 from hpctrain.kernel.errors import UserError
 from hpctrain.remote import index
-from hpctrain.remote.code import pack, pythonpath
+from hpctrain.remote.code import Code, pack, pythonpath
 from hpctrain.remote.site import Site
 from hpctrain.remote.ssh import Login
 from hpctrain.runs import chain
@@ -52,13 +52,19 @@ _FLAGS = (
 )
 
 
-def site_profile(profile: ResolvedProfile, runs_dir: str) -> dict[str, Any]:
+def site_profile(
+    profile: ResolvedProfile, runs_dir: str, *, code: Code | None = None, code_dir: str = ""
+) -> dict[str, object]:
     """The resolved profile as a standalone file for the site: no chain, no login, an
-    absolute runs_dir."""
+    absolute runs_dir. With the code of a --module run: its import root (in `code_dir`, the run's
+    code/ on the site) first on the job's PYTHONPATH."""
     data = profile.model_dump(mode="json")
     data.pop("login", None)
     data["extends"] = None
     data["storage"]["runs_dir"] = runs_dir
+    if code is not None and code.root is not None:
+        env = data["environment"].get("env") or {}
+        data["environment"]["env"] = {**env, "PYTHONPATH": pythonpath(code_dir, code, env)}
     return data
 
 
@@ -98,32 +104,14 @@ def submit(
     assert profile.login is not None  # the CLI comes here only for a profile with `login:`
     login = Login.of(profile.login)
     site = Site(login)
-    time_min = o.time_min
-    if o.chain:
-        time_min = chain.plan(time_min or profile.slurm.default_time_min, profile)[0].time_min
-    req = JobRequest.build(
-        profile,
-        name=o.name,
-        nodes=o.nodes,
-        gpus=o.gpus,
-        time_min=time_min,
-        strategy=o.strategy,
-        script=o.script,
-        module=o.module,
-        args=o.args,
-        min_nodes=o.min_nodes,
-        exclude=tuple(o.exclude or ()),
-    )
+    req = _request(o, profile)
     workdir, runs_dir = site_folders(site, profile)
     incoming = f"{workdir}/incoming/{req.name}-{secrets.token_hex(4)}"
     with tempfile.TemporaryDirectory(prefix="hpctrain-upload-") as tmp:
         stage = Path(tmp)
         code = pack(stage / "code", script=o.script, sync=o.sync, module=o.module)
-        data = site_profile(profile, runs_dir)
-        if code and code.root is not None:  # --module: imported from the run's code/ on the site
-            env = data["environment"].get("env") or {}
-            site_code = f"{runs_dir}/{req.name}/code"  # a sweep's code/ is in its folder too
-            data["environment"]["env"] = {**env, "PYTHONPATH": pythonpath(site_code, code, env)}
+        # a sweep's code/ is in its folder too
+        data = site_profile(profile, runs_dir, code=code, code_dir=f"{runs_dir}/{req.name}/code")
         (stage / "profile.yaml").write_text(yaml.safe_dump(data, sort_keys=True))
         if code and code.warning:
             echo(f"warning: {code.warning}")
@@ -137,7 +125,45 @@ def submit(
             else ""
         )
     )
-    args = [command, "--profile", f"{incoming}/profile.yaml", "--name", req.name]
+    args = [command, *_site_args(o, req, code=code, incoming=incoming), *(extra or [])]
+    try:
+        rc = site.hpctrain([*args, "--", *req.args])
+    finally:
+        site.ssh.run(f"rm -rf {shlex.quote(incoming)}", check=False)  # only our own upload folder
+    if rc == 0 and not o.dry_run:
+        index.record(
+            name=req.name,
+            path=f"{runs_dir}/{req.name}",
+            login=login.to_dict(),
+            profile=profile.name,
+            kind="sweep" if command == "sweep" else "run",
+        )
+    return rc
+
+
+def _request(o: JobOptions, profile: ResolvedProfile) -> JobRequest:
+    """The request checked here, before anything is sent (a chain: its first segment's time)."""
+    time_min = o.time_min
+    if o.chain:
+        time_min = chain.plan(time_min or profile.slurm.default_time_min, profile)[0].time_min
+    return JobRequest.build(
+        profile,
+        name=o.name,
+        nodes=o.nodes,
+        gpus=o.gpus,
+        time_min=time_min,
+        strategy=o.strategy,
+        script=o.script,
+        module=o.module,
+        args=o.args,
+        min_nodes=o.min_nodes,
+        exclude=tuple(o.exclude or ()),
+    )
+
+
+def _site_args(o: JobOptions, req: JobRequest, *, code: Code | None, incoming: str) -> list[str]:
+    """The site's `submit` options: the uploaded profile and code, the options passed on."""
+    args = ["--profile", f"{incoming}/profile.yaml", "--name", req.name]
     for key, flag in _PASS:
         value = (
             getattr(req, key, None)
@@ -156,17 +182,4 @@ def submit(
             args += ["--script", f"{incoming}/code/{code.script}"]
     args += [flag for key, flag in _FLAGS if getattr(o, key)]
     args += [f"--exclude={e}" for e in o.exclude or ()]
-    args += [*(extra or []), "--", *req.args]
-    try:
-        rc = site.hpctrain(args)
-    finally:
-        site.ssh.run(f"rm -rf {shlex.quote(incoming)}", check=False)  # only our own upload folder
-    if rc == 0 and not o.dry_run:
-        index.record(
-            name=req.name,
-            path=f"{runs_dir}/{req.name}",
-            login=login.to_dict(),
-            profile=profile.name,
-            kind="sweep" if command == "sweep" else "run",
-        )
-    return rc
+    return args

@@ -1,4 +1,4 @@
-"""This machine's end of the login-node agent (hpctrain/remote/agent.py): a local unix socket that
+"""This machine's end of the login-node agent (hpctrain/agent/serve.py): a local unix socket that
 the SSH control connection forwards to the agent's socket on the site.
 
 The first command of a connection starts the agent with one ssh command from the site's login
@@ -203,7 +203,7 @@ class Tunnel:
         """Start (or find) the agent and forward the local socket to it; False after a note."""
         login = self.ssh.login
         command = (
-            f"{remote_word(login.remote_python)} -m hpctrain.remote.agent start --token "
+            f"{remote_word(login.remote_python)} -m hpctrain.agent.serve start --token "
             f"{self.token} --idle {PERSIST_S}" + (" --replace" if replace else "")
         )
         proc = self.ssh.run(command, check=True)

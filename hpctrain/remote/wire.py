@@ -1,5 +1,5 @@
-"""The agent's wire format, shared by the login-node agent (agent.py) and the laptop's end
-(tunnel.py): one kind byte, a 4-byte big-endian length, the payload (agent.py's docstring lists
+"""The agent's wire format, shared by the login-node agent (hpctrain/agent/serve.py) and the laptop's end
+(tunnel.py): one kind byte, a 4-byte big-endian length, the payload (hpctrain/agent/serve.py's docstring lists
 the kinds). Bump PROTO when the frames change."""
 
 from __future__ import annotations

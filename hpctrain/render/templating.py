@@ -20,11 +20,12 @@ import math
 import os
 import re
 import stat
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from jinja2 import (
     ChoiceLoader,
+    Environment,
     FileSystemBytecodeCache,
     FileSystemLoader,
     PrefixLoader,
@@ -34,6 +35,7 @@ from jinja2 import (
 )
 from jinja2.exceptions import SecurityError
 from jinja2.loaders import split_template_path
+from jinja2.runtime import Context
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from hpctrain.kernel.errors import UserError
@@ -45,7 +47,7 @@ MAX_OUTPUT = 4 * 1024 * 1024
 PLAIN = (str, int, float, bool, type(None))
 
 
-def plain(value: Any) -> Any:  # Any: Jinja2's values and environment (any template value)
+def plain(value: object) -> object:
     """`value` as plain data: models and dataclasses become dicts, paths and other objects text."""
     if isinstance(value, bool | int | float | type(None)):
         return value
@@ -55,93 +57,98 @@ def plain(value: Any) -> Any:  # Any: Jinja2's values and environment (any templ
         return {str(k): plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple | set | frozenset):
         return [plain(v) for v in value]
-    if hasattr(value, "model_dump"):  # a pydantic model
-        return plain(
-            value.model_dump()
-        )  # python mode: a cached profile answers it without pydantic
+    dump = getattr(value, "model_dump", None)
+    if callable(
+        dump
+    ):  # a pydantic model; python mode: a cached profile answers it without pydantic
+        return plain(dump())
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return plain({f.name: getattr(value, f.name) for f in dataclasses.fields(value)})
     return str(value)
 
 
-def _sized(value: Any) -> int:  # Any: Jinja2's values and environment (any template value)
+def _sized(value: object) -> int:
     return len(value) if isinstance(value, str | list | tuple) else 0
+
+
+class TrustedLoader(FileSystemLoader):
+    """One folder's templates, each passing the trust check before Jinja reads it."""
+
+    def __init__(self, folder: Path, *, bundled: bool) -> None:
+        super().__init__(str(folder), followlinks=False)
+        self.folder, self.bundled = folder, bundled
+
+    def get_source(
+        self, environment: Environment, template: str
+    ) -> tuple[str, str, Callable[[], bool]]:
+        candidate = self.folder.joinpath(*split_template_path(template))
+        if not os.path.lexists(candidate):
+            raise TemplateNotFound(template)
+        check_trust(
+            candidate, what=f"template {candidate}", within=self.folder, bundled=self.bundled
+        )
+        return super().get_source(environment, template)
+
+
+class Sandbox(ImmutableSandboxedEnvironment):
+    """Immutable, and bounded: `*`, `**`, `%` and `+` cannot build a huge value, no str.format."""
+
+    intercepted_binops = frozenset(["*", "**", "%", "+"])
+
+    def call_binop(self, context: Context, operator: str, left: object, right: object) -> object:
+        if operator == "*":
+            for seq, n in ((left, right), (right, left)):
+                if _sized(seq) and isinstance(n, int) and _sized(seq) * n > MAX_SEQ:
+                    raise SecurityError(
+                        f"the template builds a text of {_sized(seq) * n} characters "
+                        f"(limit {MAX_SEQ})"
+                    )
+        if operator == "**" and isinstance(left, int | float) and isinstance(right, int | float):
+            if abs(left) > 1 and right * math.log2(abs(left)) > 256:
+                raise SecurityError(f"{left} ** {right} is too large for a template")
+        if operator == "%" and isinstance(left, str):
+            _check_widths(left, SecurityError)
+        if operator == "+" and _sized(left) + _sized(right) > MAX_SEQ:
+            raise SecurityError(f"the template builds a text longer than {MAX_SEQ}")
+        return super().call_binop(context, operator, left, right)
+
+    def wrap_str_format(self, value: object) -> Callable[..., str] | None:
+        if super().wrap_str_format(value) is None:
+            return None
+        return _refused
+
+
+def _refused(*args: object, **kwargs: object) -> str:
+    raise SecurityError(
+        'str.format is not available in templates ("{:999999999}" would '
+        "fill the memory); use the `format` filter or ~"
+    )
+
+
+def _bounded_range(*args: int) -> range:
+    r = range(*args)
+    if len(r) > MAX_RANGE:
+        raise SecurityError(f"range of {len(r)} items in a template (limit {MAX_RANGE})")
+    return r
+
+
+def _bounded_format(value: object, *args: object, **kwargs: object) -> str:
+    _check_widths(str(value), SecurityError)
+    return str(value) % (kwargs or args)
 
 
 def environment(
     search: list[Path],
     bundled_dir: Path,
     *,
-    finalize: Any,  # Any: Jinja2's values and environment (any template value)
-    filters: dict[str, Any],
-) -> Any:
+    finalize: Callable[[object], str],
+    filters: Mapping[str, Callable[..., str]],
+) -> Environment:
     """The sandboxed environment: site folders first (trust-checked), the bundled folder last;
-    the bundled template is also reachable as "hpctrain/<name>"."""
-
-    class TrustedLoader(FileSystemLoader):
-        """Each folder's templates pass the trust check before Jinja reads them."""
-
-        def __init__(self, folder: Path, *, bundled: bool) -> None:
-            super().__init__(str(folder), followlinks=False)
-            self.folder, self.bundled = folder, bundled
-
-        # Any: Jinja2's values and environment (any template value)
-        def get_source(self, environment: Any, template: str) -> Any:
-            candidate = self.folder.joinpath(*split_template_path(template))
-            if not os.path.lexists(candidate):
-                raise TemplateNotFound(template)
-            check_trust(
-                candidate, what=f"template {candidate}", within=self.folder, bundled=self.bundled
-            )
-            return super().get_source(environment, template)
-
-    class Sandbox(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset(["*", "**", "%", "+"])
-
-        # Any: Jinja2's values and environment (any template value)
-        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-            if operator == "*":
-                for seq, n in ((left, right), (right, left)):
-                    if _sized(seq) and isinstance(n, int) and _sized(seq) * n > MAX_SEQ:
-                        raise SecurityError(
-                            f"the template builds a text of {_sized(seq) * n} characters "
-                            f"(limit {MAX_SEQ})"
-                        )
-            if (
-                operator == "**"
-                and isinstance(left, int | float)
-                and isinstance(right, int | float)
-            ):
-                if abs(left) > 1 and right * math.log2(abs(left)) > 256:
-                    raise SecurityError(f"{left} ** {right} is too large for a template")
-            if operator == "%" and isinstance(left, str):
-                _check_widths(left, SecurityError)
-            if operator == "+" and _sized(left) + _sized(right) > MAX_SEQ:
-                raise SecurityError(f"the template builds a text longer than {MAX_SEQ}")
-            return super().call_binop(context, operator, left, right)
-
-        # Any: Jinja2's values and environment (any template value)
-        def wrap_str_format(self, value: Any) -> Any:
-            if super().wrap_str_format(value) is None:
-                return None
-
-            # Any: Jinja2's values and environment (any template value)
-            def refused(*args: Any, **kwargs: Any) -> str:
-                raise SecurityError(
-                    'str.format is not available in templates ("{:999999999}" would '
-                    "fill the memory); use the `format` filter or ~"
-                )
-
-            return refused
-
-    def bounded_range(*args: int) -> range:
-        r = range(*args)
-        if len(r) > MAX_RANGE:
-            raise SecurityError(f"range of {len(r)} items in a template (limit {MAX_RANGE})")
-        return r
-
-    loaders = [TrustedLoader(d, bundled=False) for d in search]
+    the bundled folder is also reachable as "hpctrain/<name>", and the bundled template reaches its
+    parts only that way (a site folder cannot stand in for one)."""
     base = TrustedLoader(bundled_dir, bundled=True)
+    loaders = [TrustedLoader(d, bundled=False) for d in search]
     env = Sandbox(
         loader=ChoiceLoader([PrefixLoader({"hpctrain": base}), *loaders, base]),
         undefined=StrictUndefined,
@@ -155,14 +162,8 @@ def environment(
         comment_end_string="##}",
         bytecode_cache=_bytecode_cache(),
     )
-
-    # Any: Jinja2's values and environment (any template value)
-    def bounded_format(value: Any, *args: Any, **kwargs: Any) -> str:
-        _check_widths(str(value), SecurityError)
-        return str(value) % (kwargs or args)
-
-    env.globals["range"] = bounded_range
-    env.filters.update(filters, format=bounded_format)
+    env.globals["range"] = _bounded_range
+    env.filters.update(filters, format=_bounded_format)
     return env
 
 
@@ -171,7 +172,7 @@ def _check_widths(fmt: str, error: type[Exception]) -> None:
         raise error("a %-format width above 10000 in a template")
 
 
-def _bytecode_cache() -> Any:
+def _bytecode_cache() -> FileSystemBytecodeCache | None:
     """Compiled templates in $XDG_CACHE_HOME/hpctrain/jinja, only if that folder is ours, 0700."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hpctrain" / "jinja"
     try:
@@ -188,8 +189,7 @@ def _bytecode_cache() -> Any:
         return None
 
 
-# Any: Jinja2's values and environment (any template value)
-def render_template(env: Any, name: str, ctx: dict[str, Any]) -> str:
+def render_template(env: Environment, name: str, ctx: Mapping[str, object]) -> str:
     """Render with every failure turned into one line: `template FILE:LINE: what; fix`."""
     try:
         template = env.get_template(name)

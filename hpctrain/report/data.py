@@ -1,4 +1,4 @@
-"""A run folder read into plain data (no torch, no click), safe on half-written lines."""
+"""A run folder read into plain records (no torch, no click), safe on half-written lines."""
 
 from __future__ import annotations
 
@@ -9,23 +9,75 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from hpctrain.kernel import layout
+from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.files import read_jsonl
+from hpctrain.runs.folder import RunDir
+from hpctrain.runs.record import Job
 
-# Run-folder files read here (hpctrain.kernel.layout).
-METRICS, RESTARTS, EVENTS, JOBS, SAVES = (
-    layout.METRICS,
-    layout.RESTARTS,
-    layout.EVENTS,
-    layout.JOBS,
-    layout.SAVES,
-)
-GPU_CSV, RUN_YAML, CHECKPOINTS = "gpu.csv", layout.RUN_YAML, layout.CHECKPOINTS
+GPU_CSV = "gpu.csv"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
+
+
+def number(value: object) -> float | None:
+    """A JSON number as it is (an int stays an int), else None."""
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One metrics.jsonl line that has a step."""
+
+    step: int
+    time: float | None
+    loss: float | None
+    samples_per_s: float | None
+    step_time_s: float | None
+    max_steps: int | None
+    mem_peak_gib: list[float]  # one per rank (empty: not measured)
+
+    @classmethod
+    def of(cls, row: dict[str, object]) -> Metric | None:
+        step, most, mem = row.get("step"), row.get("max_steps"), row.get("mem_peak_gib")
+        if not isinstance(step, int):
+            return None
+        return cls(
+            step=step,
+            time=timestamp(row.get("time")),
+            loss=number(row.get("loss")),
+            samples_per_s=number(row.get("samples_per_s")),
+            step_time_s=number(row.get("step_time_s")),
+            max_steps=most if isinstance(most, int) else None,
+            mem_peak_gib=[v for x in mem if (v := number(x)) is not None]
+            if isinstance(mem, list)
+            else [],
+        )
+
+
+@dataclass(frozen=True)
+class Save:
+    """One saves.jsonl line: a checkpoint save and how long it blocked the training loop."""
+
+    step: int | None
+    blocked_s: float
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A committed checkpoint folder (it has its MANIFEST.json)."""
+
+    step: int
+    time: float | None
+    path: str
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One nvidia-smi line of gpu.csv."""
+
+    t: float | None
+    utilization: float | None  # utilization.gpu [%]
 
 
 @dataclass
@@ -42,29 +94,27 @@ class Segment:
 class RunData:
     name: str
     path: Path
-    request: dict[str, Any] = field(default_factory=dict)
+    nodes: int | None = None
+    gpus: int | None = None  # per node
     scheduler: str | None = None
-    metrics: list[dict[str, Any]] = field(default_factory=list)  # every row, in file order
-    starts: list[dict[str, Any]] = field(default_factory=list)  # restarts.jsonl
-    events: list[dict[str, Any]] = field(default_factory=list)
-    jobs: list[dict[str, Any]] = field(default_factory=list)
-    saves: list[dict[str, Any]] = field(default_factory=list)  # {"step", "blocked_s", "time"}
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)  # {"step", "time", "path"}
-    gpu: list[dict[str, Any]] = field(default_factory=list)  # gpu.csv rows
-    mesh: dict[str, Any] | None = None  # mesh.json: the newest start's layout
+    metrics: list[Metric] = field(default_factory=list)  # in file order
+    starts: list[float | None] = field(default_factory=list)  # restarts.jsonl: each start's time
+    events: list[dict[str, object]] = field(default_factory=list)
+    jobs: list[Job] = field(default_factory=list)
+    saves: list[Save] = field(default_factory=list)
+    checkpoints: list[Checkpoint] = field(default_factory=list)
+    gpu: list[GpuSample] = field(default_factory=list)
+    mesh: dict[str, object] | None = None  # mesh.json: the newest start's layout
     segments: list[Segment] = field(default_factory=list)
 
     @property
     def world(self) -> int:
-        return int(self.request.get("nodes") or 1) * int(self.request.get("gpus") or 1)
+        return (self.nodes or 1) * (self.gpus or 1)
 
 
-jsonl = read_jsonl  # the kernel's tolerant JSON-lines reader
-
-
-def timestamp(value: Any) -> float | None:  # Any: a JSON value of any type
+def timestamp(value: object) -> float | None:
     """Seconds since the epoch from a float or an ISO time ('...Z' or with an offset)."""
-    if isinstance(value, (int, float)):
+    if isinstance(value, int | float):
         return float(value)
     if not isinstance(value, str):
         return None
@@ -80,17 +130,14 @@ def timestamp(value: Any) -> float | None:  # Any: a JSON value of any type
     return t.timestamp()
 
 
-def segments(metrics: list[dict[str, Any]], starts: Sequence[float] = ()) -> list[Segment]:
+def segments(metrics: Sequence[Metric], starts: Sequence[float] = ()) -> list[Segment]:
     """Split the metric rows at each start of the job (restarts.jsonl times) and wherever the step
     goes back or repeats (a restart that resumed from an older checkpoint)."""
     bounds = sorted(starts)[1:]
     out: list[Segment] = []
     era = 0
     for row in metrics:
-        step = row.get("step")
-        if not isinstance(step, int):
-            continue
-        t = timestamp(row.get("time"))
+        step, t = row.step, row.time
         new_era = era
         while t is not None and new_era < len(bounds) and t >= bounds[new_era]:
             new_era += 1
@@ -102,7 +149,7 @@ def segments(metrics: list[dict[str, Any]], starts: Sequence[float] = ()) -> lis
     return out
 
 
-def _checkpoints(folder: Path) -> list[dict[str, Any]]:
+def _checkpoints(folder: Path) -> list[Checkpoint]:
     found = []
     if folder.is_dir():
         for p in sorted(folder.iterdir()):
@@ -112,17 +159,12 @@ def _checkpoints(folder: Path) -> list[dict[str, Any]]:
                     manifest = json.loads((p / "MANIFEST.json").read_text())
                 except (OSError, ValueError):
                     manifest = {}
-                found.append(
-                    {
-                        "step": int(m.group(1)),
-                        "time": timestamp(manifest.get("time")),
-                        "path": str(p),
-                    }
-                )
+                when = manifest.get("time") if isinstance(manifest, dict) else None
+                found.append(Checkpoint(step=int(m.group(1)), time=timestamp(when), path=str(p)))
     return found
 
 
-def _gpu(path: Path) -> list[dict[str, Any]]:
+def _gpu(path: Path) -> list[GpuSample]:
     """nvidia-smi samples: time, index, utilization.gpu [%], memory.used [MiB], ..."""
     try:
         lines = path.read_text(errors="replace").splitlines()
@@ -137,36 +179,46 @@ def _gpu(path: Path) -> list[dict[str, Any]]:
     for rec in reader:
         if len(rec) != len(keys):
             continue
-        row: dict[str, Any] = {}
-        for k, v in zip(keys, rec, strict=True):
-            num = re.match(r"^\s*([-\d.]+)", v)
-            row[k] = v.strip() if k == "time" or not num else float(num.group(1))
-        row["t"] = timestamp(row.get("time"))
-        rows.append(row)
+        row = dict(zip(keys, rec, strict=True))
+        util = re.match(r"^\s*([-\d.]+)", row.get("utilization.gpu", ""))
+        rows.append(
+            GpuSample(
+                t=timestamp(row.get("time", "").strip()),
+                utilization=float(util.group(1)) if util else None,
+            )
+        )
     return rows
 
 
-def load(path: str | Path) -> RunData:
-    path = Path(path).absolute()
+def load(run: RunDir) -> RunData:
+    path = run.path
     try:
-        frozen = yaml.safe_load((path / RUN_YAML).read_text()) or {}
-    except (OSError, yaml.YAMLError):
-        frozen = {}
-    metrics = [r for r in jsonl(path / METRICS) if isinstance(r.get("step"), int)]
+        rec = run.record()
+    except UserError:  # a broken run.yaml: the rest of the folder still tells what it did
+        rec = None
+    metrics = [m for r in read_jsonl(path / layout.METRICS) if (m := Metric.of(r)) is not None]
     rd = RunData(
         name=path.name,
         path=path,
-        request=frozen.get("request") or {},
-        scheduler=(frozen.get("profile") or {}).get("scheduler"),
+        nodes=rec.nodes if rec else None,
+        gpus=rec.gpus if rec else None,
+        scheduler=rec.scheduler if rec else None,
         metrics=metrics,
-        starts=jsonl(path / RESTARTS),
-        events=jsonl(path / EVENTS),
-        jobs=jsonl(path / JOBS),
-        saves=jsonl(path / SAVES),
-        checkpoints=_checkpoints(path / CHECKPOINTS),
+        starts=[timestamp(s.get("time")) for s in run.restarts()],
+        events=run.events(),
+        jobs=run.jobs(),
+        saves=[_save(s) for s in read_jsonl(path / layout.SAVES)],
+        checkpoints=_checkpoints(path / layout.CHECKPOINTS),
         gpu=_gpu(path / GPU_CSV),
         mesh=layout.read_mesh(path),
     )
-    starts = [t for t in (timestamp(s.get("time")) for s in rd.starts) if t is not None]
-    rd.segments = segments(metrics, starts)
+    rd.segments = segments(metrics, [t for t in rd.starts if t is not None])
     return rd
+
+
+def _save(row: dict[str, object]) -> Save:
+    step = row.get("step")
+    return Save(
+        step=step if isinstance(step, int) else None,
+        blocked_s=float(number(row.get("blocked_s")) or 0),
+    )

@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-from hpctrain.report.data import RunData
+from hpctrain.report.data import Metric, RunData
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes  # matplotlib is the report extra's: imported where it draws
+
+Value = Callable[[Metric], float | None]
 
 
-def _series(rd: RunData, key: str, scale: float = 1.0) -> tuple[list[int], list[float]]:
+def _series(rd: RunData, value: Value, scale: float = 1.0) -> tuple[list[int], list[float]]:
     xs, ys = [], []
-    for r in rd.metrics:
-        v = r.get(key)
-        if isinstance(v, (int, float)):
-            xs.append(r["step"])
+    for m in rd.metrics:
+        v = value(m)
+        if v is not None:
+            xs.append(m.step)
             ys.append(v * scale)
     return xs, ys
 
 
-# Any: matplotlib objects (optional extra, untyped)
-def _mark(ax: Any, rd: RunData, color: str, labelled: bool) -> None:
+def _mark(ax: Axes, rd: RunData, color: str, *, labelled: bool) -> None:
     """Restarts: a dashed line where training resumed; checkpoints: ticks on the step axis."""
     for i, seg in enumerate(rd.segments[1:]):
         ax.axvline(
@@ -31,8 +37,7 @@ def _mark(ax: Any, rd: RunData, color: str, labelled: bool) -> None:
             label="restart (resumed here)" if labelled and i == 0 else None,
         )
     steps = sorted(
-        {int(s["step"]) for s in rd.saves if isinstance(s.get("step"), int)}
-        | {c["step"] for c in rd.checkpoints}
+        {s.step for s in rd.saves if s.step is not None} | {c.step for c in rd.checkpoints}
     )
     if steps:
         ax.plot(
@@ -48,10 +53,10 @@ def _mark(ax: Any, rd: RunData, color: str, labelled: bool) -> None:
         )
 
 
-PANELS = [  # file, metric key, scale, y label, log scale
-    ("loss.png", "loss", 1.0, "loss", False),
-    ("throughput.png", "samples_per_s", 1.0, "samples/s", False),
-    ("step_time.png", "step_time_s", 1000.0, "step time [ms]", False),
+PANELS: list[tuple[str, Value, float, str, bool]] = [  # file, value, scale, y label, log scale
+    ("loss.png", lambda m: m.loss, 1.0, "loss", False),
+    ("throughput.png", lambda m: m.samples_per_s, 1.0, "samples/s", False),
+    ("step_time.png", lambda m: m.step_time_s, 1000.0, "step time [ms]", False),
 ]
 COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red"]
 
@@ -92,22 +97,17 @@ def write(runs: list[RunData], out: Path) -> list[Path]:
     return written + ([gpu] if gpu else [])
 
 
-# Any: matplotlib objects (optional extra, untyped)
-def _gpu(runs: list[RunData], out: Path, plt: Any) -> Path | None:
+def _gpu(runs: list[RunData], out: Path, plt: ModuleType) -> Path | None:
     """GPU utilisation (nvidia-smi samples) and memory (per-step peak) when the run has them."""
     have_smi = any(r.gpu for r in runs)
-    have_mem = any(any("mem_peak_gib" in m for m in r.metrics) for r in runs)
+    have_mem = any(any(m.mem_peak_gib for m in r.metrics) for r in runs)
     if not (have_smi or have_mem):
         return None
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.5), dpi=100)
     for i, rd in enumerate(runs):
         color = COLORS[i % len(COLORS)]
-        t0 = next((g["t"] for g in rd.gpu if g.get("t")), None)
-        util = [
-            (g["t"] - t0, g.get("utilization.gpu"))
-            for g in rd.gpu
-            if g.get("t") and isinstance(g.get("utilization.gpu"), float)
-        ]
+        t0 = next((g.t for g in rd.gpu if g.t), 0.0)
+        util = [(g.t - t0, g.utilization) for g in rd.gpu if g.t and g.utilization is not None]
         if util:
             axes[0].plot(
                 [u[0] for u in util],
@@ -117,8 +117,8 @@ def _gpu(runs: list[RunData], out: Path, plt: Any) -> Path | None:
                 label=rd.name,
                 markersize=3,
             )
-        xs = [m["step"] for m in rd.metrics if m.get("mem_peak_gib")]
-        ys = [max(m["mem_peak_gib"]) for m in rd.metrics if m.get("mem_peak_gib")]
+        xs = [m.step for m in rd.metrics if m.mem_peak_gib]
+        ys = [max(m.mem_peak_gib) for m in rd.metrics if m.mem_peak_gib]
         if xs:
             axes[1].plot(xs, ys, color=color, label=rd.name)
     axes[0].set(

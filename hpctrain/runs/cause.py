@@ -23,10 +23,9 @@ import json
 import re
 import signal
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from hpctrain.kernel import exitcodes, layout
 from hpctrain.kernel.failures import folder, lost_peer
@@ -48,6 +47,38 @@ _HEADER = re.compile(r"^hpctrain: node \d+ (?:task (\d+) .*)?on (\S+) .*restart=
 _SRUN = re.compile(r"^srun: error: (\S+): tasks? ([\d,\-]+): (.+?)\s*$")
 _SRUN_STOP = ("_step_signal: Terminating", "CANCELLED AT")
 _START = "hpctrain: start of job "  # the batch shell's line at each start
+
+
+@dataclass(frozen=True)
+class Cause:
+    """Why a run failed: `line` says it in one line, `log` is where to read more. A rank's cause
+    names the rank and how it ended (kind signal, exception, exit or lost_peer); the batch
+    script's reason (setup), train_entry's `error:` line (config) and an exception found in a
+    log with no failing rank known (exception) name no rank."""
+
+    kind: str
+    line: str
+    log: str | None
+    rank: int | None = None
+    node: int | None = None
+    host: str | None = None
+    signal: int | None = None
+    error: str | None = None
+    exit_code: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """`status --json`'s root_cause: only the keys its kind has."""
+        if self.rank is None:
+            return {"kind": self.kind, "line": self.line, "log": self.log}
+        how: dict[str, object] = (
+            {"signal": self.signal}
+            if self.kind == "signal"
+            else {"exit_code": self.exit_code}
+            if self.kind == "exit"
+            else {"error": self.error}
+        )
+        who = {"rank": self.rank, "node": self.node, "host": self.host, "kind": self.kind}
+        return who | how | {"line": self.line, "log": self.log}
 
 
 @dataclass
@@ -77,40 +108,32 @@ class Failure:
     def key(self) -> tuple[int, int, float, int]:
         return (self.weight(), self.time is not None, self.time or 0.0, self.order)
 
-    def describe(self) -> dict[str, Any]:  # Any: JSON fields of several types
+    def describe(self) -> Cause:
         who = f"rank {self.rank}" + (f" on {self.host}" if self.host else "")
-        out: dict[str, Any] = {"rank": self.rank, "node": self.node, "host": self.host}  # Any: as above
+        log = (self.error_log if self.error else None) or self.node_log
+        at = Cause("exit", "", log, rank=self.rank, node=self.node, host=self.host)
         if self.signal is not None:
             name = _signame(self.signal)
             how = f"was killed by signal {self.signal}" + (f" ({name})" if name else "")
-            out |= {"kind": "signal", "signal": self.signal, "line": f"{who} {how}"}
-        elif self.error is not None:
+            return replace(at, kind="signal", line=f"{who} {how}", signal=self.signal)
+        if self.error is not None:
             lost = " (it lost a peer; no rank recorded a cause)" if self.lost_peer else ""
             kind = "lost_peer" if self.lost_peer else "exception"
-            out |= {"kind": kind, "error": self.error, "line": f"{who}: {self.error}{lost}"}
-        else:
-            out |= {
-                "kind": "exit",
-                "exit_code": self.exit_code,
-                "line": f"{who} exited with code {self.exit_code} "
-                "(no Python exception in its output)",
-            }
-        out["log"] = (self.error_log if self.error else None) or self.node_log
-        return out
+            return replace(at, kind=kind, line=f"{who}: {self.error}{lost}", error=self.error)
+        line = f"{who} exited with code {self.exit_code} (no Python exception in its output)"
+        return replace(at, line=line, exit_code=self.exit_code)
 
 
 Rank = Callable[[int], Failure]  # the Failure of a rank, made at its first mention
 
 
-def root_cause(run: Path) -> dict[str, Any] | None:  # Any: JSON fields of several types
-    """{"line", "log"} and, for a rank, {"rank", "node", "host", "kind": "signal"|"exception"|"exit"|
-    "lost_peer", "signal"|"error"|"exit_code"}; {"kind": "setup"|"config"} for the batch script's
-    reason or train_entry's `error:` line. None when nothing says why."""
+def root_cause(run: Path) -> Cause | None:
+    """Why the run's newest start failed; None when nothing says why."""
     run = Path(run)
     for event in reversed(_jsonl(run / layout.EVENTS)):
         if event.get("event") == "failed" and event.get("reason"):
             reason = str(event["reason"])
-            return {"kind": "setup", "line": reason, "log": str(run / layout.BATCH_LOG)}
+            return Cause("setup", reason, str(run / layout.BATCH_LOG))
         if event.get("event") in ("done", "requeue"):
             break
     nodes = {p: _newest(_read_lines(p)) for p in _sorted(run, "logs/node-*.log")}
@@ -118,11 +141,11 @@ def root_cause(run: Path) -> dict[str, Any] | None:  # Any: JSON fields of sever
         for raw in lines:
             rank, line = _split(raw)
             if line.startswith("error: ") and rank in (None, 0):
-                return {"kind": "config", "line": line, "log": str(log)}
+                return Cause("config", line, str(log))
     ranks: dict[int, Failure] = {}
 
     def at(rank: int) -> Failure:
-        return ranks.setdefault(rank, Failure(rank, order=len(ranks)))
+        return ranks.setdefault(rank, Failure(rank=rank, order=len(ranks)))
 
     for log, lines in nodes.items():
         _torchrun_blocks(lines, log, at)
@@ -211,15 +234,15 @@ def _records(run: Path, at: Rank) -> None:
             f.exit_code = 1
 
 
-def _any_exception(run: Path, nodes: list[Path]) -> dict[str, Any] | None:  # Any: as above
+def _any_exception(run: Path, nodes: list[Path]) -> Cause | None:
     """No rank is known to have failed (a user script without torchrun's blocks): the newest
     exception any log holds, rank 0's first."""
     found = None
     for log in [*_sorted(run, "logs/rank-*.log"), *nodes, *_tees(run)]:
         for rank, line in _exceptions(_read_lines(log), None, log):
             if rank in (None, 0):
-                return {"kind": "exception", "line": line, "log": str(log)}
-            found = found or {"kind": "exception", "line": line, "log": str(log)}
+                return Cause("exception", line, str(log))
+            found = found or Cause("exception", line, str(log))
     return found
 
 
@@ -318,5 +341,5 @@ def _read_lines(path: Path, limit: int = 2_000_000) -> list[str]:
         return []
 
 
-def _jsonl(path: Path) -> list[dict[str, Any]]:
+def _jsonl(path: Path) -> list[dict[str, object]]:
     return jsonl_records(_read_lines(path))

@@ -8,23 +8,36 @@ makes a segment that gets the time-limit warning save and end without requeueing
 next segment takes over; a segment that finds training complete, or completes it, cancels the
 segments after it. `hpctrain status` shows the chain; `cancel` cancels every segment left.
 
-This module plans and reads a chain (from the run folder alone, below hpctrain.runs.folder); submitting
-the segments and asking Slurm about them is hpctrain.dispatch.slurm's (submit_chain, chain_states).
+This module plans and reads a chain (from the run folder alone, below hpctrain.runs.folder, which
+asks it for a chain's current segment: it reads a run through the Records protocol, never RunDir);
+submitting the segments and asking Slurm about them is hpctrain.dispatch.slurm's (submit_chain,
+chain_states).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol
 
 from hpctrain.kernel.errors import UserError
+from hpctrain.runs.record import Job
 
 if TYPE_CHECKING:
-    from hpctrain.runs.folder import RunDir
     from hpctrain.profiles.resolved import ResolvedProfile
 
 KIND = "chain"  # jobs.jsonl kind of a segment
+
+
+class Records(Protocol):
+    """What a chain is read from: a run folder's jobs, starts and events (RunDir has them)."""
+
+    def jobs(self) -> Sequence[Job]: ...
+
+    def restarts(self) -> Sequence[dict[str, object]]: ...
+
+    def events(self) -> Sequence[dict[str, object]]: ...
 
 
 @dataclass(frozen=True)
@@ -51,7 +64,7 @@ def plan(total_min: int, profile: ResolvedProfile) -> list[Segment]:
     out = []
     for i in range(1, n + 1):
         left = total_min - (i - 1) * longest
-        out.append(Segment(i, min(longest, left), i - 1 if i > 1 else None))
+        out.append(Segment(index=i, time_min=min(longest, left), after=i - 1 if i > 1 else None))
     return out
 
 
@@ -67,18 +80,17 @@ def describe(segments: list[Segment]) -> list[str]:
     return lines
 
 
-def ids(run: RunDir) -> list[str]:
+def ids(run: Records) -> list[str]:
     """The segments' job ids of the run's newest submission, if it was a chain."""
-    jobs = run.jobs()
     out: list[str] = []
-    for job in reversed(jobs):
-        if job.get("kind") != KIND:
+    for job in reversed(run.jobs()):
+        if job.kind != KIND:
             break
-        out.insert(0, str(job["job_id"]))
+        out.insert(0, job.job_id)
     return out
 
 
-def current(run: RunDir, segment_ids: list[str]) -> str:
+def current(run: Records, segment_ids: list[str]) -> str:
     """The segment to ask about: the newest that started, or the next one when that one ended its
     part (`segment_end` event); the first when none started yet. Read from the run folder alone."""
     started = [str(r.get("job_id")) for r in run.restarts()]
@@ -92,7 +104,7 @@ def current(run: RunDir, segment_ids: list[str]) -> str:
     return now
 
 
-def cancel_ids(run: RunDir) -> list[str]:
+def cancel_ids(run: Records) -> list[str]:
     """Every segment from the current one on (cancel stops the whole chain)."""
     seg = ids(run)
     if not seg:

@@ -7,46 +7,33 @@ Nothing here ever deletes a run folder: replacing a finished run moves the old f
 
 from __future__ import annotations
 
+import copy
 import datetime as _dt
 import json
 import os
-import re
 import shlex
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from hpctrain import __version__
-from hpctrain.kernel import layout
+from hpctrain.kernel import layout, states
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.files import read_jsonl, utc_now
 from hpctrain.kernel.rundir import RunFolder, make_dirs, umask_of
 from hpctrain.runs import chain, sweepdir
 from hpctrain.runs import index as runindex
+from hpctrain.runs.record import BrokenRun, Job, Parsed, RunRecord
 
 if TYPE_CHECKING:
     from hpctrain.jobs.request import JobRequest
     from hpctrain.profiles.resolved import ResolvedProfile
 
-FINISHED = "COMPLETED"
-# Scheduler states after which nothing runs any more (Slurm's and the local script's names).
-TERMINAL = {
-    "COMPLETED",
-    "FAILED",
-    "CANCELLED",
-    "PREEMPTED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "LOST",
-}
-
-
-# A run that ended in one of these before its first step may be submitted again under its name.
-FAILED_EARLY_STATES = {"FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"}
-
+FINISHED = states.COMPLETED
+TERMINAL = states.TERMINAL
+FAILED_EARLY_STATES = states.FAILED_EARLY
 
 now = utc_now  # the one clock (hpctrain/kernel/files.py)
 
@@ -69,7 +56,11 @@ def runs_dir_of(profile: ResolvedProfile, cwd: Path | None = None) -> Path:
         ) from None
 
 
-def _yaml() -> Any:
+def _parse_jobs(path: Path) -> list[Job]:
+    return [job for line in read_jsonl(path) if (job := Job.of(line)) is not None]
+
+
+def _yaml() -> ModuleType:
     """PyYAML, on first use: run.yaml is read and written here, but `logs`, `cancel` and `status`
     of a name that is no run here never touch it (yaml costs about as much as the rest of them)."""
     import yaml  # lazy: CLI start-up (the commands above import no yaml)
@@ -77,16 +68,20 @@ def _yaml() -> Any:
     return yaml
 
 
-class BrokenRun(UserError):
-    """A run folder whose files cannot be read as a run (shown as a BROKEN row, not a crash)."""
-
-
-JOB_ID_RE = re.compile(r"[0-9]{1,18}([_+][0-9]{1,9})?\Z")
 LOW_SPACE = 1 << 20  # a run folder needs at least this much room to start
 
 
 class RunDir(RunFolder):
-    """A run folder: reading it, and (through RunFolder) every write into it."""
+    """A run folder: reading it, and (through RunFolder) every write into it. run.yaml, jobs.jsonl
+    and restarts.jsonl are parsed once for as long as they stay the same (record.Parsed)."""
+
+    def __init__(self, path: str | Path) -> None:
+        super().__init__(path)
+        self._record = Parsed(self.path / layout.RUN_YAML, self._parse_record)
+        self._jobs = Parsed(self.path / layout.JOBS, _parse_jobs)
+        self._restarts = Parsed(self.path / layout.RESTARTS, read_jsonl)
+        self._failed_early = False  # check_free's verdict, for create()
+        self.moved_aside: Path | None = None  # create(): where a run of the same name went
 
     # -- paths ------------------------------------------------------------------------------------
     @property
@@ -157,7 +152,7 @@ class RunDir(RunFolder):
             else "use another --name, or --replace-finished to move it aside and start again"
         )
         raise UserError(
-            f"run {self.name!r} already exists in {self.path.parent} (state {state or 'UNKNOWN'}); "
+            f"run {self.name!r} already exists in {self.path.parent} (state {state or states.UNKNOWN}); "
             f"{hint}"
         )
 
@@ -197,16 +192,16 @@ class RunDir(RunFolder):
             "profile": profile.model_dump(mode="json"),
             "profile_source": str(profile.source) if getattr(profile, "source", None) else None,
             "request": request.to_dict(),
-            "node_python": node_python,  # what job.sh runs on the nodes (render(..., python=))
+            "node_python": node_python,  # what job.sh runs on the nodes (JobSpec.build(python=))
         }
         self.write(layout.RUN_YAML, yaml.safe_dump(frozen, sort_keys=True))
         self.write_script(script)
-        runindex.record({"name": self.name, "path": str(self.path), "time": now()})
+        runindex.record(self.name, self.path)
 
-    def freeze(self, frozen: dict[str, Any]) -> None:
+    def freeze(self, frozen: Mapping[str, object]) -> None:
         """Replace run.yaml (resume: a new request, the same run)."""
         yaml = _yaml()
-        self.write(layout.RUN_YAML, yaml.safe_dump(frozen, sort_keys=True))
+        self.write(layout.RUN_YAML, yaml.safe_dump(dict(frozen), sort_keys=True))
 
     def write_script(self, script: str) -> None:
         self.write(layout.JOB_SH, script, mode=0o777 & ~self.mask())
@@ -222,49 +217,45 @@ class RunDir(RunFolder):
                 and not any("step" in r for r in read_jsonl(self.path / "metrics.jsonl"))
                 and not any((self.path / "checkpoints").glob("step-*"))
             )
-        return bool(getattr(self, "_failed_early", False))
+        return self._failed_early
 
     # -- reading ----------------------------------------------------------------------------------
-    def frozen(self) -> dict[str, Any]:
-        yaml = _yaml()
+    def record(self) -> RunRecord:
+        """run.yaml, parsed once while it stays the same; BrokenRun when it is not a run's."""
         if not self.exists():
             raise UserError(f"{self.path} is not a run folder (no run.yaml)")
+        return self._record.get()
+
+    def _parse_record(self, path: Path) -> RunRecord:
+        yaml = _yaml()
         # libyaml's safe loader where it is built (10-20x faster; `status` and `runs` read every
         # run's run.yaml), else the same safe loader in Python
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
         try:
-            data = yaml.load(self.run_yaml.read_text(), Loader=loader)
+            data = yaml.load(path.read_text(), Loader=loader)
         except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, RecursionError) as e:
             what = getattr(e, "strerror", None) or type(e).__name__
             raise BrokenRun(
-                f"{self.run_yaml} cannot be read ({what}): the run is broken; fix: restore "
+                f"{path} cannot be read ({what}): the run is broken; fix: restore "
                 "run.yaml from a backup, or move the folder away"
             ) from None
         if not isinstance(data, dict):
             raise BrokenRun(
-                f"{self.run_yaml} is not a mapping: the run is broken; fix: restore run.yaml "
+                f"{path} is not a mapping: the run is broken; fix: restore run.yaml "
                 "from a backup, or move the folder away"
             )
-        for key in ("profile", "request"):
-            if not isinstance(data.get(key), dict):
-                raise BrokenRun(
-                    f"{self.run_yaml} has no {key} section: the run is broken; fix: restore "
-                    "run.yaml from a backup, or move the folder away"
-                )
-        return data
+        return RunRecord.parse(data, path)
+
+    def frozen(self) -> dict[str, object]:
+        """run.yaml as a new mapping of its own, to change and freeze() again (resume)."""
+        return copy.deepcopy(dict(self.record().document))
 
     def scheduler(self) -> str:
-        return str(self.frozen()["profile"].get("scheduler", "local"))
+        return self.record().scheduler
 
-    def jobs(self) -> list[dict[str, Any]]:
-        """One entry per submission. A line whose job_id is missing or not a job id (digits, an
-        array's 12_3 or a het job's 12+0) is skipped: it would reach scancel's argv as an option
-        (`--user=me` cancels every job of yours)."""
-        return [
-            j
-            for j in read_jsonl(self.path / "jobs.jsonl")
-            if JOB_ID_RE.match(str(j.get("job_id", ""))) and not isinstance(j.get("job_id"), bool)
-        ]
+    def jobs(self) -> list[Job]:
+        """One per submission (record.Job: a line without a job id is none)."""
+        return list(self._jobs.get())
 
     def add_job(self, job_id: str, *, kind: str, scheduler: str) -> None:
         self.append(
@@ -273,22 +264,24 @@ class RunDir(RunFolder):
         )
 
     def last_job_id(self) -> str | None:
-        """The job to ask about: the newest submission's (a chain's current segment). A line
-        without a job_id (hand-edited, cut short) is skipped."""
+        """The job to ask about: the newest submission's (a chain's current segment)."""
         jobs = self.jobs()
-        if jobs and jobs[-1].get("kind") == chain.KIND:
+        if jobs and jobs[-1].kind == chain.KIND:
             return chain.current(self, chain.ids(self))
-        return str(jobs[-1]["job_id"]) if jobs else None
+        return jobs[-1].job_id if jobs else None
 
-    def restarts(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.path / "restarts.jsonl")
+    def restarts(self) -> list[dict[str, object]]:
+        """Every start of the batch script (restarts.jsonl), parsed once while it is the same."""
+        return list(self._restarts.get())
 
-    def events(self) -> list[dict[str, Any]]:
-        return read_jsonl(self.path / "events.jsonl")
+    def events(self) -> list[dict[str, object]]:
+        return read_jsonl(self.path / layout.EVENTS)
 
-    def local_state(self) -> dict[str, Any] | None:
+    def local_state(
+        self,
+    ) -> dict[str, Any] | None:  # Any: state.json, as the batch script writes it
         try:
-            data = json.loads((self.path / "state.json").read_text())
+            data = json.loads((self.path / layout.STATE).read_text())
         except (OSError, ValueError):
             return None
         return data if isinstance(data, dict) else None
@@ -355,8 +348,8 @@ def find_run(ref: str, runs_dir: Path | None = None) -> RunDir:
         if where is not None and (where / "run.yaml").is_file():
             return RunDir(where)
     for item in reversed(runindex.entries()):
-        if item.get("name") == ref and (Path(item.get("path", "")) / "run.yaml").is_file():
-            return RunDir(item["path"])
+        if item.name == ref and (item.path / layout.RUN_YAML).is_file():
+            return RunDir(item.path)
     raise UserError(
         f"no run {ref!r} here ({shlex.quote(str(candidates[-1]))}) or in the run index; "
         "give the run folder's path, or --runs-dir; `hpctrain runs` lists runs"
@@ -379,9 +372,8 @@ def all_runs(runs_dir: Path | None = None) -> list[RunDir]:
             continue  # a symlink loop or an unreadable entry is not a run
     for item in runindex.entries():
         try:
-            p = Path(str(item.get("path", "")))
-            if (p / "run.yaml").is_file():
-                seen.setdefault(p.resolve(), RunDir(p.resolve()))
+            if (item.path / layout.RUN_YAML).is_file():
+                seen.setdefault(item.path.resolve(), RunDir(item.path.resolve()))
         except (OSError, RuntimeError, ValueError):
             continue
 

@@ -8,11 +8,18 @@ paths only, never what is in a folder.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hpctrain.kernel.errors import UserError
-from hpctrain.kernel.files import append_jsonl, read_jsonl
+from hpctrain.kernel.files import append_jsonl, read_jsonl, utc_now
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    path: Path
+    kind: str | None  # "sweep" for a sweep folder, None for a run
 
 
 def path() -> Path:
@@ -21,14 +28,15 @@ def path() -> Path:
     return Path(state) / "hpctrain" / "runs.jsonl"
 
 
-def entries() -> list[dict[str, Any]]:
+def entries() -> list[Entry]:
     """Every entry, oldest first (a cut-short or garbled line, or one whose name or path is not
     text, is skipped)."""
-    return [
-        e
-        for e in read_jsonl(path())
-        if isinstance(e.get("path"), str) and isinstance(e.get("name", ""), str)
-    ]
+    out = []
+    for e in read_jsonl(path()):
+        name, where, kind = e.get("name", ""), e.get("path"), e.get("kind")
+        if isinstance(where, str) and isinstance(name, str):
+            out.append(Entry(name, Path(where), kind if isinstance(kind, str) else None))
+    return out
 
 
 def check_ref(ref: str) -> str:
@@ -42,8 +50,9 @@ def check_ref(ref: str) -> str:
     return ref
 
 
-def record(item: dict[str, Any]) -> None:
-    """Append one entry ({"name", "path", "time"[, "kind"]})."""
-    where = path()
-    where.parent.mkdir(parents=True, exist_ok=True)
-    append_jsonl(where, item)
+def record(name: str, where: Path, kind: str | None = None) -> None:
+    """Append one entry: {"name", "path", "time"[, "kind"]}."""
+    item = {"name": name, "path": str(where), "time": utc_now()}
+    index = path()
+    index.parent.mkdir(parents=True, exist_ok=True)
+    append_jsonl(index, item if kind is None else {**item, "kind": kind})

@@ -7,14 +7,18 @@ No torch, no click: plain reads of the run folder, safe on a half-written last l
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain.runs import trainer_progress
+from hpctrain.runs.folder import RunDir
+from hpctrain.runs.trainer_progress import Progress
 
 if TYPE_CHECKING:
     from rich.live import Live  # imported where the live display starts (CLI start-up)
@@ -23,7 +27,7 @@ METRICS = "metrics.jsonl"
 TAIL_BYTES = 16384  # enough for the last ~40 metric lines; a long run's file is never read whole
 
 
-def _tail_rows(path: Path, limit: int = 20) -> list[dict[str, Any]]:
+def _tail_rows(path: Path, limit: int = 20) -> list[dict[str, object]]:
     try:
         with path.open("rb") as f:
             f.seek(0, 2)
@@ -46,34 +50,39 @@ def _tail_rows(path: Path, limit: int = 20) -> list[dict[str, Any]]:
     return rows
 
 
-def snapshot(run: Path, total: int | None = None) -> dict[str, Any] | None:
-    """{"step", "total", "loss", "samples_per_s", "step_time_s", "eta_s", "age_s"} from the newest
-    metrics lines, or None before the first step. `total`: max_steps when the lines lack it.
-    A script that writes no metrics lines: what its trainer writes (trainer_progress), with a
-    "source" naming the file."""
-    rows = _tail_rows(Path(run) / METRICS)
+def _number(value: object) -> float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def snapshot(run: RunDir | Path, total: int | None = None) -> Progress | None:
+    """The newest metrics lines' progress, or None before the first step. `total`: max_steps
+    when the lines lack it. A script that writes no metrics lines: what its trainer writes
+    (trainer_progress), with the file it came from as `source`."""
+    run = run if isinstance(run, RunDir) else RunDir(run)
+    rows = _tail_rows(run.path / METRICS)
     if not rows:
-        return trainer_progress.snapshot(Path(run))
+        return trainer_progress.snapshot(run)
     last = rows[-1]
-    total = last.get("max_steps") or total
-    times = [r["step_time_s"] for r in rows[-10:] if isinstance(r.get("step_time_s"), (int, float))]
+    step = last["step"]
+    assert isinstance(step, int)  # _tail_rows keeps only such rows
+    most = last.get("max_steps")
+    total = (most if isinstance(most, int) else None) or total
+    times = [t for r in rows[-10:] if (t := _number(r.get("step_time_s"))) is not None]
     step_time = sum(times) / len(times) if times else None
     # a progress line may carry no loss (a callback's step count between two of Trainer's logs)
-    loss = next(
-        (r["loss"] for r in reversed(rows) if isinstance(r.get("loss"), (int, float))), None
-    )
+    loss = next((x for r in reversed(rows) if (x := _number(r.get("loss"))) is not None), None)
     rate = next((r["samples_per_s"] for r in reversed(rows) if "samples_per_s" in r), None)
-    eta = (total - last["step"]) * step_time if total and step_time is not None else None
-    age = time.time() - last["time"] if isinstance(last.get("time"), (int, float)) else None
-    return {
-        "step": last["step"],
-        "total": total,
-        "loss": loss,
-        "samples_per_s": rate,
-        "step_time_s": step_time,
-        "eta_s": eta,
-        "age_s": age,
-    }
+    eta = (total - step) * step_time if total and step_time is not None else None
+    at = _number(last.get("time"))
+    return Progress(
+        step=step,
+        total=total,
+        loss=loss,
+        samples_per_s=_number(rate),
+        step_time_s=step_time,
+        eta_s=eta,
+        age_s=time.time() - at if at is not None else None,
+    )
 
 
 def clock(seconds: float | None) -> str:
@@ -83,58 +92,85 @@ def clock(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def describe(snap: dict[str, Any] | None) -> str:
+def describe(snap: Progress | None) -> str:
     """One line: `step 40/60  loss 2.112  310 samples/s  ETA 0:00:07`."""
     if snap is None:
         return "no training step yet"
-    parts = [f"step {snap['step']}/{snap['total'] or '?'}"]
-    if isinstance(snap.get("loss"), (int, float)):
-        parts.append(f"loss {snap['loss']:.4g}")
-    if isinstance(snap.get("samples_per_s"), (int, float)):
-        parts.append(f"{snap['samples_per_s']:.0f} samples/s")
-    if snap.get("total"):
-        parts.append(f"ETA {clock(snap['eta_s'])}")
-    if snap.get("source"):
-        parts.append(f"(from {snap['source']})")
+    parts = [f"step {snap.step}/{snap.total or '?'}"]
+    if snap.loss is not None:
+        parts.append(f"loss {snap.loss:.4g}")
+    if snap.samples_per_s is not None:
+        parts.append(f"{snap.samples_per_s:.0f} samples/s")
+    if snap.total:
+        parts.append(f"ETA {clock(snap.eta_s)}")
+    if snap.source:
+        parts.append(f"(from {snap.source})")
     return "  ".join(parts)
 
 
 # what `status` shows of a run's health (moved from checks/preflight/gate.py): the nodes the
 # preflight gate named, and the stalls the watchdog recorded, from events.jsonl
-def health(events: list[dict[str, Any]]) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Stall:
+    """A `stall` event, its fields as the watchdog wrote them."""
+
+    time: object
+    job_id: object
+    rank: object
+    host: object
+    last_step: object
+    stacks: object
+
+
+@dataclass(frozen=True)
+class SnapshotsOff:
+    job_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Health:
+    bad_nodes: dict[str, object]  # node: the gate's newest reason
+    stalls: list[Stall]
+    snapshots_off: list[SnapshotsOff]  # why in-memory snapshots were off, per job
+
+    def to_json(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def health(events: Sequence[dict[str, object]]) -> Health:
     """What `status` shows: every node the gate named (newest reason), every stall, and why
     snapshots were off (newest reason per job: each worker start of a job says it again)."""
-    bad: dict[str, str] = {}
+    bad: dict[str, object] = {}
     stalls = []
     off: dict[str, str] = {}
+    fields = [f.name for f in dataclasses.fields(Stall)]
     for e in events:
         if e.get("event") == "preflight":
-            bad.update(e.get("bad") or {})
+            named = e.get("bad") or {}
+            if isinstance(named, dict):
+                bad.update(named)
         elif e.get("event") == "stall":
-            stalls.append(
-                {k: e.get(k) for k in ("time", "job_id", "rank", "host", "last_step", "stacks")}
-            )
+            stalls.append(Stall(**{k: e.get(k) for k in fields}))
         elif e.get("event") == "snapshots_off":
             off[str(e.get("job_id"))] = str(e.get("reason"))
-    return {
-        "bad_nodes": bad,
-        "stalls": stalls,
-        "snapshots_off": [{"job_id": j, "reason": r} for j, r in off.items()],
-    }
+    return Health(
+        bad_nodes=bad,
+        stalls=stalls,
+        snapshots_off=[SnapshotsOff(job_id=j, reason=r) for j, r in off.items()],
+    )
 
 
-def health_lines(info: dict[str, Any]) -> list[str]:
-    out = [f"  bad node {name}: {why}" for name, why in info.get("bad_nodes", {}).items()]
+def health_lines(h: Health) -> list[str]:
+    out = [f"  bad node {name}: {why}" for name, why in h.bad_nodes.items()]
     out += [
-        f"  stall: rank {s['rank']} on {s['host']} after step {s['last_step']} "
-        f"(job {s['job_id']}); "
-        f"stacks in {s['stacks']}"
-        for s in info.get("stalls", [])
+        f"  stall: rank {s.rank} on {s.host} after step {s.last_step} (job {s.job_id}); "
+        f"stacks in {s.stacks}"
+        for s in h.stalls
     ]
     out += [
-        f"  snapshots off (job {o['job_id']}): {o['reason']}; in-job restarts load the disk "
-        "checkpoint"
-        for o in info.get("snapshots_off", [])
+        f"  snapshots off (job {o.job_id}): {o.reason}; in-job restarts load the disk checkpoint"
+        for o in h.snapshots_off
     ]
     return out
 
@@ -146,14 +182,15 @@ class Follower:
 
     def __init__(
         self,
-        run: Path,
+        run: RunDir | Path,
         *,
         total: int | None = None,
         every_s: float = 60.0,
         live: bool | None = None,
         out: Callable[[str], None] | None = None,
     ) -> None:
-        self.run, self.total, self.every_s = Path(run), total, every_s
+        self.run = run if isinstance(run, RunDir) else RunDir(run)
+        self.total, self.every_s = total, every_s
         self.out = out or (lambda s: print(s, file=sys.stderr, flush=True))
         self.live_mode = sys.stderr.isatty() if live is None else live
         self.last_state: str | None = None

@@ -1,19 +1,19 @@
 """The sweep folder: sweep.json, finding a sweep by name or path, and its points' folders.
 
-Below hpctrain.runs.folder (which resolves NAME/<i> through point_dir) and hpctrain.jobs.sweep (which plans,
+Below hpctrain.runs.folder (which resolves NAME/<i> through point_dir) and hpctrain.service.sweep (which plans,
 submits and shows sweeps): it reads and writes sweep.json and the run index, nothing else.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
-from hpctrain.runs import index as runindex
 from hpctrain.kernel.errors import UserError
-from hpctrain.kernel.files import utc_now
 from hpctrain.kernel.rundir import RunFolder
+from hpctrain.runs import index as runindex
 
 SWEEP_FILE = "sweep.json"
 ARRAY_FILE = "array.sh"
@@ -24,18 +24,37 @@ def is_sweep(path: Path) -> bool:
     return (path / SWEEP_FILE).is_file()
 
 
-def read(sweep_dir: Path) -> dict[str, Any]:
+class PointEntry(TypedDict, total=False):
+    index: int
+    folder: str  # <i>-<key=value,...>
+    values: dict[str, object]  # the grid's value of each key
+
+
+class SweepFile(TypedDict, total=False):
+    """sweep.json, as hpctrain/service/sweep.py writes it (and resume adds to it)."""
+
+    name: str
+    scheduler: str
+    grid: list[list[object]]  # [key, [values]] per axis
+    max_parallel: int | None
+    points: list[PointEntry]
+    array_job: str  # Slurm: the job array's id (a resume's: its new array)
+    runner_pid: int | None  # local: the runner that starts the points one after another
+    resumes: list[dict[str, object]]
+
+
+def read(sweep_dir: Path) -> SweepFile:
     try:
-        data = json.loads((sweep_dir / SWEEP_FILE).read_text())
+        data: SweepFile = json.loads((sweep_dir / SWEEP_FILE).read_text())
     except (OSError, ValueError) as e:
         raise UserError(
             f"{sweep_dir / SWEEP_FILE} cannot be read ({e}); the sweep's points are "
             "still run folders of their own"
         ) from None
-    return data if isinstance(data, dict) else {}
+    return data if isinstance(data, dict) else SweepFile()
 
 
-def write(sweep_dir: Path, data: dict[str, Any]) -> None:
+def write(sweep_dir: Path, data: Mapping[str, object]) -> None:
     RunFolder(sweep_dir).write(SWEEP_FILE, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
@@ -54,8 +73,8 @@ def find(ref: str, runs_dir: Path | None = None) -> Path | None:
         if is_sweep(c):
             return c.resolve()
     for item in reversed(runindex.entries()):
-        if item.get("kind") == KIND and item.get("name") == ref and is_sweep(Path(item["path"])):
-            return Path(item["path"])
+        if item.kind == KIND and item.name == ref and is_sweep(item.path):
+            return item.path
     return None
 
 
@@ -69,7 +88,7 @@ def point_dir(sweep_dir: Path, which: str) -> Path | None:
 
 def record(name: str, sweep_dir: Path) -> None:
     """The sweep in the run index (`status NAME` finds it from any directory)."""
-    runindex.record({"name": name, "path": str(sweep_dir), "kind": KIND, "time": utc_now()})
+    runindex.record(name, sweep_dir, KIND)
 
 
 def all_sweeps(runs_dir: Path | None = None) -> list[Path]:
@@ -80,6 +99,6 @@ def all_sweeps(runs_dir: Path | None = None) -> list[Path]:
             if is_sweep(child):
                 seen.setdefault(child.resolve())
     for item in runindex.entries():
-        if item.get("kind") == KIND and is_sweep(Path(item.get("path", ""))):
-            seen.setdefault(Path(item["path"]))
+        if item.kind == KIND and is_sweep(item.path):
+            seen.setdefault(item.path)
     return list(seen)

@@ -13,11 +13,18 @@ The snapshot names where it came from ("source"), so `status` can say so.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+from hpctrain.kernel.errors import UserError
+
+if TYPE_CHECKING:
+    from hpctrain.runs.folder import RunDir  # the folder imports nothing of progress
 
 STATE = "trainer_state.json"
 CKPT = re.compile(r"^checkpoint-(\d+)$")
@@ -27,20 +34,42 @@ LOSS = re.compile(r"""(?:'loss': '?|\bloss=)(-?[\d.]+(?:e[-+]?\d+)?)""")
 TAIL = 65536  # bytes of a log read from its end
 
 
-def snapshot(run: Path) -> dict[str, Any] | None:
-    """`progress.snapshot`'s fields plus "source", or None when no trainer wrote anything."""
-    run = Path(run)
-    found = [s for s in (_from_state(run), _from_logs(run)) if s is not None]
+@dataclass(frozen=True)
+class Progress:
+    """Where training is (hpctrain.runs.progress.snapshot): the newest step, how fast it goes."""
+
+    step: int
+    total: int | None
+    loss: float | None
+    samples_per_s: float | None
+    step_time_s: float | None
+    eta_s: float | None
+    age_s: float | None
+    """Seconds since that step was written."""
+    source: str | None = None
+    """The file it came from when the run writes no metrics.jsonl (its trainer's)."""
+
+    def to_json(self) -> dict[str, object]:
+        out = dataclasses.asdict(self)
+        if self.source is None:
+            del out["source"]
+        return out
+
+
+def snapshot(run: RunDir) -> Progress | None:
+    """The newest step a trainer wrote, with its source; None when no trainer wrote anything."""
+    found = [s for s in (_from_state(run), _from_logs(run.path)) if s is not None]
     if not found:
         return None
-    best = max(found, key=lambda s: s["step"])
-    if best.get("loss") is None:  # the other source may know the loss of an earlier step
-        best["loss"] = next((s["loss"] for s in found if s.get("loss") is not None), None)
+    best = max(found, key=lambda s: s.step)
+    if best.loss is None:  # the other source may know the loss of an earlier step
+        loss = next((s.loss for s in found if s.loss is not None), None)
+        best = dataclasses.replace(best, loss=loss)
     return best
 
 
 # ---------------------------------------------------------------- trainer_state.json
-def _from_state(run: Path) -> dict[str, Any] | None:
+def _from_state(run: RunDir) -> Progress | None:
     newest: tuple[int, Path] | None = None
     for folder in _folders(run):
         try:
@@ -63,39 +92,31 @@ def _from_state(run: Path) -> dict[str, Any] | None:
         return None
     losses = [h for h in data.get("log_history", []) if isinstance(h.get("loss"), (int, float))]
     return _snap(
-        step,
-        total if isinstance(total, int) and total > 0 else None,
-        losses[-1]["loss"] if losses else None,
-        None,
-        path.stat().st_mtime,
-        str(path),
+        step=step,
+        total=total if isinstance(total, int) and total > 0 else None,
+        loss=losses[-1]["loss"] if losses else None,
+        step_time=None,
+        mtime=path.stat().st_mtime,
+        source=str(path),
     )
 
 
-def _folders(run: Path) -> list[Path]:
+def _folders(run: RunDir) -> list[Path]:
     """The run folder, its direct subfolders, and the folders the entry's arguments name."""
-    out = [run, *(p for p in _listdir(run) if p.is_dir() and not CKPT.match(p.name))]
-    frozen = _frozen(run)
-    args = frozen.get("request", {}).get("args") or []
-    base = Path(frozen.get("cwd") or run)
-    for arg in args:
-        value = str(arg).partition("=")[2] if str(arg).startswith("--") else str(arg)
+    out = [run.path, *(p for p in _listdir(run.path) if p.is_dir() and not CKPT.match(p.name))]
+    try:
+        record = run.record()
+    except UserError:  # no run.yaml, or a broken one: no arguments to look in
+        return out
+    base = Path(record.cwd or run.path)
+    for arg in record.args:
+        value = arg.partition("=")[2] if arg.startswith("--") else arg
         if not value or value.startswith("-") or len(value) > 4096:
             continue
         path = Path(value) if Path(value).is_absolute() else base / value
         if path.is_dir():
             out.append(path)
     return out
-
-
-def _frozen(run: Path) -> dict[str, Any]:
-    import yaml  # lazy: CLI start-up: a run without metrics.jsonl only
-
-    try:
-        data = yaml.load((run / "run.yaml").read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except Exception:  # noqa: BLE001 - a broken run.yaml: no arguments to look in
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _listdir(path: Path) -> list[Path]:
@@ -115,7 +136,7 @@ def _rank0_logs(run: Path) -> list[Path]:
     return [*newest, logs / "rank-0.log"]
 
 
-def _from_logs(run: Path) -> dict[str, Any] | None:
+def _from_logs(run: Path) -> Progress | None:
     """The newest training bar in rank 0's output, and the newest loss any of it printed."""
     bar: tuple[re.Match[str], Path] | None = None
     loss: float | None = None
@@ -136,7 +157,12 @@ def _from_logs(run: Path) -> dict[str, Any] | None:
     rate = float(r.group(1)) if r else None
     per_step = rate if r is None or r.group(2) == "s/it" else (1 / rate if rate else None)
     return _snap(
-        int(m.group(1)), int(m.group(2)), loss, per_step, _mtime(log), f"{log} (log lines)"
+        step=int(m.group(1)),
+        total=int(m.group(2)),
+        loss=loss,
+        step_time=per_step,
+        mtime=_mtime(log),
+        source=f"{log} (log lines)",
     )
 
 
@@ -158,21 +184,22 @@ def _mtime(path: Path) -> float:
 
 
 def _snap(
+    *,
     step: int,
     total: int | None,
     loss: float | None,
     step_time: float | None,
     mtime: float,
     source: str,
-) -> dict[str, Any]:
+) -> Progress:
     eta = (total - step) * step_time if total and step_time is not None else None
-    return {
-        "step": step,
-        "total": total,
-        "loss": loss,
-        "samples_per_s": None,
-        "step_time_s": step_time,
-        "eta_s": eta,
-        "age_s": time.time() - mtime if mtime else None,
-        "source": source,
-    }
+    return Progress(
+        step=step,
+        total=total,
+        loss=loss,
+        samples_per_s=None,
+        step_time_s=step_time,
+        eta_s=eta,
+        age_s=time.time() - mtime if mtime else None,
+        source=source,
+    )

@@ -42,8 +42,8 @@ restored; so few steps are redone. Snapshots are taken every `Checkpoint(snapsho
 more than 2 DDP ranks, `runtime.fix_ddp_buckets(DDP(model))` keeps a resume exact (docs/recovery.md).
 
 The modules: job.py (the run folder, the stop flag, exit, metrics), checkpoint.py (Checkpoint),
-recovery.py (in-job restarts on a rank: snapshots, the partner exchange, the restart event; shared
-with train_entry, imports torch).
+recovery.py (in-job restarts on a rank: snapshots, the partner exchange; shared with train_entry,
+imports torch), frozen.py (a snapshot's bytes), restarts.py (the in_job_restart event).
 """
 
 from __future__ import annotations

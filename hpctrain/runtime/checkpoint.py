@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, NotRequired, TypedDict, cast
 
 from hpctrain.kernel import checkpoint as fmt  # the format: step names, manifest, verify, latest
 from hpctrain.kernel import fatal, jobenv, layout
@@ -26,20 +27,45 @@ from hpctrain.kernel import snapshot as snapshot_store
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.files import utc_now
 from hpctrain.kernel.rundir import RunFolder
+from hpctrain.runtime import restarts
 from hpctrain.runtime.job import _barrier, _device, _dist, _saved, _torch, _warn, rank, run_dir
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+    import torch
+
+    from hpctrain.runtime.recovery import Snapshots
 
 STATE_FILE = "state.pt"
 SAVES = layout.SAVES  # one line per save: what `hpctrain report` sums
 
-# Any: a state dict's values are torch objects (torch is imported lazily)
-State = Mapping[str, Any] | Callable[[], Mapping[str, Any]]
+State = Mapping[str, object] | Callable[[], Mapping[str, object]]
 
 
-def _load(torch: Any, path: Path, root: Path) -> Any:  # Any: the torch module; what the file holds
+class Rng(TypedDict):
+    """A rank's random generators (_capture_rng): what `rng/rank-<N>.pt` and a snapshot hold."""
+
+    python: tuple[object, ...]  # random.getstate()
+    torch: torch.Tensor
+    numpy: NotRequired[tuple[str, npt.NDArray[np.uint32], int, int, float]]  # the script uses numpy
+    cuda: NotRequired[list[torch.Tensor]]  # CUDA initialised
+
+
+class Payload(TypedDict):
+    """What a runtime snapshot holds (Checkpoint._payload)."""
+
+    state: dict[str, object]
+    rng: Rng
+    step: int
+
+
+def _load(path: Path, *, root: Path) -> object:
     """`path` loaded weights-only; the full unpickler only when nobody but this user could have
     written it (a script's state may hold its own objects, which run as code when loaded)."""
+    torch = _torch()
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        got: object = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:  # what a weights-only load refuses
         why = fmt.not_private(path.parent, root)
         if why is not None:
@@ -48,13 +74,14 @@ def _load(torch: Any, path: Path, root: Path) -> Any:  # Any: the torch module; 
                 "it (unpickling runs code); fix: make the run folder yours alone (chmod -R go-w), "
                 "or save tensors, containers, numbers and strings only"
             ) from None
-        return torch.load(path, map_location="cpu", weights_only=False)
+        got = torch.load(path, map_location="cpu", weights_only=False)
+    return got
 
 
 @dataclass
 class Found:
     step: int
-    state: dict[str, Any]
+    state: dict[str, Any]  # Any: the script's own values, as it saved them (torch.load)
     path: Path  # the checkpoint folder, or the node folder of the snapshot that loaded
     from_memory: bool = False
 
@@ -93,16 +120,16 @@ class Checkpoint:
         self.keep, self.strategy = keep, strategy
         self.blocked_s: list[float] = []  # seconds each save held the loop
         self.snapshot_every = snapshot_every
-        self._snaps: Any = None  # Any: recovery.Snapshots (that module imports torch)
+        self._snaps: Snapshots | None = None
         self._made = False
         self._state: State | None = None  # what a snapshot due now holds (snapshot's argument)
-        self._restored: dict[str, Any] | None = None
+        self._restored: dict[str, object] | None = None
         self._restore_rng = True
         self._step = 0  # the step of a snapshot due now
         self._last_save = -1
 
     # ------------------------------------------------------------ save
-    def save(self, step: int, state: dict[str, Any]) -> Path:
+    def save(self, step: int, state: Mapping[str, object]) -> Path:
         torch = _torch()
         t0 = time.monotonic()
         dist = _dist()
@@ -155,7 +182,6 @@ class Checkpoint:
         """The newest verified checkpoint (state on CPU), or None when there is none yet. After an
         in-job restart: the newest snapshot in memory every rank can get, when it is newer (every
         rank agrees), else that checkpoint. A collective with torch.distributed initialised."""
-        torch = _torch()
         dist = _dist()
         me = dist.get_rank() if dist else rank()  # before init_process_group (Lightning): RANK
         choice = None
@@ -168,16 +194,16 @@ class Checkpoint:
         restarted = _recovery().agreed_restart(_device(dist)) if dist else fatal.restarts()
         got = self._from_memory(_step_of(disk) if disk else -1, restore_rng) if restarted else None
         if got is None and disk is not None:
-            state = _load(torch, disk / STATE_FILE, self.dir)
+            state = _load(disk / STATE_FILE, root=self.dir)  # what save() wrote: the state dict
             rng = disk / "rng" / f"rank-{me:05d}.pt"
             if restore_rng and rng.exists():
-                _restore_rng(_load(torch, rng, self.dir))
-            got = Found(_step_of(disk), state, disk)
+                _restore_rng(cast(Rng, _load(rng, root=self.dir)))  # what save() wrote
+            got = Found(_step_of(disk), cast("dict[str, object]", state), disk)
             if me == 0:
                 _warn(f"resuming from {disk} (step {got.step})")
         if restarted and me == 0 and jobenv.get(jobenv.JOB_ID):  # one event per in-job restart
             with contextlib.suppress(OSError, RuntimeError):
-                _recovery().record(run_dir(), resumed=got.step if got else 0, source="runtime")
+                restarts.record(run_dir(), resumed=got.step if got else 0, source="runtime")
         return got
 
     # ------------------------------------------------------------ snapshots in memory
@@ -203,7 +229,7 @@ class Checkpoint:
         if self._snaps is not None:
             self._snaps.close()
 
-    def _snapshots(self) -> Any:  # Any: recovery.Snapshots (that module imports torch)
+    def _snapshots(self) -> Snapshots | None:
         """Built once, at the first snapshot or load (every rank: it makes a process group)."""
         if not self._made:
             self._made = True
@@ -231,25 +257,26 @@ class Checkpoint:
             return None
         return Found(step, state, snaps.exchange.folder, from_memory=True)
 
-    def _payload(self) -> dict[str, Any]:  # Any: the user's state
+    def _payload(self) -> Payload:
         held = self._state() if callable(self._state) else self._state
         return {"state": dict(held or {}), "rng": _capture_rng(), "step": self._step}
 
-    def _apply(self, saved: dict[str, Any]) -> int:  # Any: the user's state, thawed
+    def _apply(self, thawed: dict[str, object]) -> int:
         """A snapshot loaded: its state kept for load(), the RNG restored; its step."""
+        saved = cast(Payload, thawed)  # what _payload made, frozen and thawed
         if self._restore_rng:
             _restore_rng(saved["rng"])
         self._restored = saved["state"]
         return int(saved["step"])
 
 
-def _recovery() -> Any:  # Any: the module (it imports torch at its top)
+def _recovery() -> ModuleType:
     from hpctrain.runtime import recovery  # lazy: torch on a torch-free path (runtime's import)
 
     return recovery
 
 
-def _broadcast_text(dist: Any, text: str | None) -> str | None:  # Any: torch.distributed
+def _broadcast_text(dist: ModuleType, text: str | None) -> str | None:
     """Rank 0's `text` on every rank, as bytes (broadcast_object_list unpickles what it gets)."""
     torch, device = _torch(), _device(dist)
     raw = b"" if text is None else b"+" + text.encode()
@@ -269,7 +296,7 @@ def _step_of(folder: Path) -> int:
     return int(m.group(1))
 
 
-def _to_bytes(obj: Any) -> bytes:  # Any: torch objects (torch is imported lazily)
+def _to_bytes(obj: object) -> bytes:
     torch = _torch()
     buf = io.BytesIO()
     torch.save(obj, buf)
@@ -283,9 +310,9 @@ def _write(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
-def _capture_rng() -> dict[str, Any]:
+def _capture_rng() -> Rng:
     torch = _torch()
-    out: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    out: Rng = {"python": random.getstate(), "torch": torch.get_rng_state()}
     if "numpy" in sys.modules:  # the script uses numpy: its generator is part of the state
         out["numpy"] = sys.modules["numpy"].random.get_state()
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -293,7 +320,7 @@ def _capture_rng() -> dict[str, Any]:
     return out
 
 
-def _restore_rng(saved: dict[str, Any]) -> None:
+def _restore_rng(saved: Rng) -> None:
     torch = _torch()
     random.setstate(saved["python"])
     torch.set_rng_state(saved["torch"])

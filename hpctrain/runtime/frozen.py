@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
 
 import numpy as np
 import torch
@@ -64,34 +63,42 @@ def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
 
 
-def _skeleton(obj: Any, tensors: list[torch.Tensor]) -> Any:  # Any: a state's leaves, JSON out
+def _skeleton(obj: object, tensors: list[torch.Tensor]) -> object:
     """`obj` as tagged JSON, its tensors (and arrays' bytes) appended to `tensors`."""
 
     def slot(t: torch.Tensor) -> int:
         tensors.append(t)
         return len(tensors) - 1
 
-    def walk(o: Any) -> Any:  # Any: a state's containers and leaves
+    def walk(o: object) -> object:  # (exact types: a subclass, e.g. a namedtuple, is refused)
         kind = type(o)
         if kind in _PLAIN:
             return o
-        if kind in (torch.Tensor, torch.nn.Parameter) and o.layout == torch.strided:
+        plain = kind in (torch.Tensor, torch.nn.Parameter)
+        if plain and isinstance(o, torch.Tensor) and o.layout == torch.strided:
             return {"s": slot(o.detach())}
         try:
             if isinstance(o, dict):
                 if all(type(k) is str for k in o):
                     return {"o": {k: walk(v) for k, v in o.items()}}
                 return {"d": [[walk(k), walk(v)] for k, v in o.items()]}
-            if kind in (list, tuple):  # python's RNG state: 625 ints, no call each
+            # python's RNG state: 625 ints, no call each
+            if isinstance(o, list | tuple) and kind in (list, tuple):
                 items = o if all(type(v) in _PLAIN for v in o) else [walk(v) for v in o]
                 return {"l" if kind is list else "t": list(items)}
         except _Refused as e:  # where: the first item that fails alone (the error path only)
-            pairs = o.items() if isinstance(o, dict) else enumerate(o)
+            seq = o if isinstance(o, list | tuple) else ()
+            pairs = o.items() if isinstance(o, dict) else enumerate(seq)
             e.path.append(next((f"[{k!r}]" for k, v in pairs if refused(v)), "[?]"))
             raise
-        if kind is bytes:
+        if isinstance(o, bytes) and kind is bytes:
             return {"b": _b64(o)}
-        if kind is np.ndarray and not o.dtype.hasobject and o.dtype.fields is None:
+        if (
+            isinstance(o, np.ndarray)
+            and kind is np.ndarray
+            and not o.dtype.hasobject
+            and o.dtype.fields is None
+        ):
             raw = np.ascontiguousarray(o).reshape(-1).view(np.uint8)
             raw = raw if raw.flags.writeable else raw.copy()  # torch warns on a read-only array
             return {"a": [slot(torch.from_numpy(raw)), o.dtype.str, list(o.shape)]}
@@ -102,7 +109,7 @@ def _skeleton(obj: Any, tensors: list[torch.Tensor]) -> Any:  # Any: a state's l
             what = f"{what} (layout {o.layout}): only a plain strided torch.Tensor"
         raise _Refused(what)
 
-    def refused(o: Any) -> bool:  # Any: a state's containers and leaves
+    def refused(o: object) -> bool:
         try:
             walk(o)
         except _Refused:
@@ -116,7 +123,7 @@ def _skeleton(obj: Any, tensors: list[torch.Tensor]) -> Any:  # Any: a state's l
         raise TypeError(f"cannot snapshot a {e.what} at {where}: {_HINT}") from None
 
 
-def freeze(obj: Any, into: Buffer | None = None) -> memoryview:  # Any: a state's leaves
+def freeze(obj: object, into: Buffer | None = None) -> memoryview:
     """`obj` as bytes: every plain strided tensor (on any device) copied into one CPU buffer, the
     rest as tagged JSON (TypeError for a value it cannot hold, naming its type). `into`: the
     buffer to fill, grown when too small (the last snapshot's, once stored: the bytes returned
@@ -157,7 +164,7 @@ def _shape(value: object) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _np_dtype(name: object) -> np.dtype[Any]:  # Any: numpy's generic dtype parameter
+def _np_dtype(name: object) -> np.dtype[np.generic]:
     if not isinstance(name, str):
         raise ValueError(f"snapshot skeleton: bad numpy dtype {name!r:.80}")
     try:
@@ -169,7 +176,7 @@ def _np_dtype(name: object) -> np.dtype[Any]:  # Any: numpy's generic dtype para
     return dtype
 
 
-def thaw(data: bytes | bytearray | memoryview) -> Any:  # Any: the state frozen
+def thaw(data: bytes | bytearray | memoryview) -> object:
     """The state `freeze` made, every tensor and array its own CPU copy. Only data is read: a
     skeleton with a node it does not know, or out of bounds, raises ValueError."""
     buf = bytearray(data) if not isinstance(data, bytearray) else data
@@ -197,34 +204,34 @@ def thaw(data: bytes | bytearray | memoryview) -> Any:  # Any: the state frozen
             raise ValueError(f"snapshot skeleton: slot {i} past the data's end")
         return start + at, dtype, dims, size
 
-    def fill(o: Any) -> Any:  # Any: tagged JSON in, a state's containers and leaves out
+    def fill(o: object) -> object:  # tagged JSON in, a state's containers and leaves out
         if type(o) in _PLAIN:
             return o
-        if type(o) is not dict or len(o) != 1:
+        if not isinstance(o, dict) or len(o) != 1:  # (JSON: a dict is a plain dict)
             raise ValueError(f"snapshot skeleton: unknown node {o!r:.80}")
         ((tag, v),) = o.items()
-        if tag == "o" and type(v) is dict:
+        if tag == "o" and isinstance(v, dict):
             return {k: fill(x) for k, x in v.items()}
-        if tag == "d" and type(v) is list and all(type(p) is list and len(p) == 2 for p in v):
+        if tag == "d" and isinstance(v, list) and all(type(p) is list and len(p) == 2 for p in v):
             try:
                 return {fill(k): fill(x) for k, x in v}
             except TypeError as e:  # a key that cannot be one (a list, a dict)
                 raise ValueError(f"snapshot skeleton: {e}") from None
-        if tag in ("l", "t") and type(v) is list:
+        if tag in ("l", "t") and isinstance(v, list):
             items = [fill(x) for x in v]
             return items if tag == "l" else tuple(items)
-        if tag == "b" and type(v) is str:
+        if tag == "b" and isinstance(v, str):
             return base64.b64decode(v, validate=True)
         if tag == "s":
             at, dtype, dims, size = region(v)
             return flat[at : at + size].view(dtype).view(dims).clone()
-        if tag == "a" and type(v) is list and len(v) == 3:
+        if tag == "a" and isinstance(v, list) and len(v) == 3:
             at, _, _, size = region(v[0])
             kind, dims = _np_dtype(v[1]), _shape(v[2])
             if int(np.prod(dims)) * kind.itemsize != size:
                 raise ValueError(f"snapshot skeleton: array {v!r:.80} does not fit its slot")
             return np.frombuffer(buf, np.uint8, size, at).view(kind).reshape(dims).copy()
-        if tag == "n" and type(v) is list and len(v) == 2 and type(v[1]) is str:
+        if tag == "n" and isinstance(v, list) and len(v) == 2 and isinstance(v[1], str):
             kind, raw = _np_dtype(v[0]), base64.b64decode(v[1], validate=True)
             if len(raw) != kind.itemsize:
                 raise ValueError(f"snapshot skeleton: numpy scalar {v!r:.80} of the wrong size")

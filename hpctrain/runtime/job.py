@@ -9,13 +9,20 @@ import hashlib
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from hpctrain.kernel import exitcodes, fatal, jobenv, layout
 from hpctrain.kernel.rundir import RunFolder
 from hpctrain.kernel.stopflag import DEFAULT_SIGNALS, StopFlag
 from hpctrain.kernel.stopflag import die_with_launcher as die_with_launcher  # public here too
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import Work
+    from torch.nn.parallel import DistributedDataParallel
 
 # The job environment this module reads (set by the rendered batch script, docs/design.md).
 ENV_RUN_DIR = jobenv.RUN_DIR
@@ -71,20 +78,19 @@ def exit(code: int = 0, *, step: int | None = None) -> None:  # noqa: A001 - rea
     the stop votes; once under 2.13), leaving the job there until its time limit."""
     step = step if step is not None else (_saved[-1] if _saved else None)
     if code == PREEMPTED and rank() == 0 and step is not None:
-        _event({"event": "preempted", "step": step, "reason": _flag.reason})
+        _event("preempted", step=step, reason=_flag.reason)
     fatal.left_preempted(code)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
 
 
-def _event(record: dict[str, Any]) -> None:
+def _event(name: str, **fields: object) -> None:
     try:
         folder = run_dir()
     except RuntimeError:
         return
-    fields = dict(record)
-    RunFolder(folder).event(fields.pop("event"), **fields, source="runtime")
+    RunFolder(folder).event(name, **fields, source="runtime")
 
 
 _saved: list[int] = []  # steps this process saved (the last one goes into the preempted event)
@@ -131,7 +137,8 @@ def should_stop(*, wait: bool = True) -> bool:
     return _agreed(bool(old.item()), mine)
 
 
-_pending: list[Any] = []  # should_stop(wait=False): the vote started at the previous boundary
+# should_stop(wait=False): the vote started at the previous boundary, and its flag
+_pending: list[tuple[Work, torch.Tensor]] = []
 
 
 def _agreed(agreed: bool, mine: bool) -> bool:
@@ -145,7 +152,7 @@ def barrier() -> None:
     _barrier(_dist())
 
 
-def _dist() -> Any:
+def _dist() -> ModuleType | None:
     """torch.distributed when torch is already imported and a process group is up, else None."""
     if sys.modules.get("torch") is None:  # never imported (or blocked): no process group either
         return None
@@ -154,7 +161,7 @@ def _dist() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def _torch() -> Any:
+def _torch() -> ModuleType:
     """torch, on first use: should_stop(), run_dir(), restart_count() and exit() need none (a script
     may call them before importing torch, and the launcher's tools import this module)."""
     import torch  # lazy: torch on a torch-free path (this module's torch-free half)
@@ -162,11 +169,11 @@ def _torch() -> Any:
     return torch
 
 
-def _device(dist: Any) -> Any:  # Any: torch objects (torch is imported lazily)
-    torch = _torch()
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+def _device(dist: ModuleType) -> torch.device:
+    th = _torch()
+    gpu = dist.get_backend() == "nccl"
+    device: torch.device = th.device("cuda", th.cuda.current_device()) if gpu else th.device("cpu")
+    return device
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -183,7 +190,7 @@ def log_metrics(
     if rank() != 0:
         return
     now = time.time()
-    rec: dict[str, Any] = {"step": step, **{k: float(v) for k, v in values.items()}}
+    rec: dict[str, object] = {"step": step, **{k: float(v) for k, v in values.items()}}
     if "step" in _last and step > _last["step"]:
         dt = (now - _last["time"]) / (step - _last["step"])
         rec["step_time_s"] = dt
@@ -196,11 +203,14 @@ def log_metrics(
     RunFolder(run_dir()).append(layout.METRICS, rec, sort_keys=False)
 
 
-def params_sha256(module_or_state: Any) -> str:  # Any: torch objects (torch is imported lazily)
+def params_sha256(module_or_state: torch.nn.Module | Mapping[str, object]) -> str:
     """sha256 over every tensor of a module's state dict (or a state dict), in name order, with
     wrapper prefixes ("module.") stripped: two runs end bit-identical when the hashes match."""
     torch = _torch()
-    sd = module_or_state.state_dict() if hasattr(module_or_state, "state_dict") else module_or_state
+    if isinstance(module_or_state, Mapping):
+        sd = module_or_state
+    else:
+        sd = module_or_state.state_dict()
     h = hashlib.sha256()
     for key in sorted(sd, key=lambda k: k.removeprefix("module.")):
         t = sd[key]
@@ -210,7 +220,7 @@ def params_sha256(module_or_state: Any) -> str:  # Any: torch objects (torch is 
     return h.hexdigest()
 
 
-def fix_ddp_buckets(ddp: Any) -> Any:  # Any: torch objects (torch is imported lazily)
+def fix_ddp_buckets(ddp: DistributedDataParallel) -> DistributedDataParallel:
     """Fix a DistributedDataParallel model's gradient buckets now, the same at every start; returns
     it. DDP otherwise rebuilds its buckets after the first step in gradient-ready order, which moves
     gradients to other offsets of the ring all-reduce: with more than 2 ranks that is another
@@ -227,6 +237,6 @@ def _warn(msg: str) -> None:
     print(f"[hpctrain runtime] {msg}", file=sys.stderr, flush=True)
 
 
-def _barrier(dist: Any) -> None:  # Any: torch objects (torch is imported lazily)
+def _barrier(dist: ModuleType | None) -> None:
     if dist is not None:
         dist.barrier()

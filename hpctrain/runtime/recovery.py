@@ -10,9 +10,7 @@ torch). On top of that:
 
 - `agreed_restart`: whether this start is a restart. One all-reduce MAX at start: a torchrun agent
   that restarts its node's workers because another node's failed counts no restart of its own.
-- `record`: rank 0 writes one `in_job_restart` event per restart: its number, why (a stall, else
-  a failed worker), the step resumed from and the one reached before the failure (metrics.jsonl),
-  the steps redone, the seconds from that step to the resume (`down_s`) and the time lost.
+- `record` (restarts.py, torch-free): rank 0 writes one `in_job_restart` event per restart.
 - Snapshots in memory: every N steps each rank keeps its state as bytes in node-local memory
   (kernel/snapshot.py) and sends a copy to its partner, the rank with its local rank on the next
   node (`Exchange`). At an in-job restart the newest snapshot every rank can get (`choose`) loads
@@ -26,26 +24,22 @@ torch). On top of that:
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from statistics import median_high
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from hpctrain.kernel import fatal, jobenv, layout
+from hpctrain.kernel import fatal, jobenv
 from hpctrain.kernel import snapshot as store
-from hpctrain.kernel.fatal import SPARE_SWAPPED
-from hpctrain.kernel.files import read_jsonl
 from hpctrain.kernel.rundir import RunFolder
 from hpctrain.runtime.frozen import Buffer, freeze, thaw
+from hpctrain.runtime.restarts import record as record  # public here too (train_entry's)
 
 
 def enabled(every: int | None) -> bool:
@@ -63,75 +57,6 @@ def agreed_restart(device: torch.device) -> int:
     return int(t.item())
 
 
-def _last_step(run_dir: Path) -> dict[str, float] | None:
-    """The newest metrics line with a step (the tail of metrics.jsonl: the file grows all run)."""
-    try:
-        with open(run_dir / layout.METRICS, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 65536))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        with contextlib.suppress(ValueError):
-            row = json.loads(line)
-            if isinstance(row, dict) and isinstance(row.get("step"), int) and "time" in row:
-                return row
-    return None
-
-
-def record(run_dir: Path, *, resumed: int, source: str) -> dict[str, object]:
-    """Rank 0, at a restart's resume: the `in_job_restart` event (`source`: train_entry, runtime;
-    the stall's marker moved to its stacks, so the batch shell does not requeue a stall this
-    restart already handled)."""
-    job, start = jobenv.get(jobenv.JOB_ID), int(jobenv.get(jobenv.RESTART_COUNT) or 0)
-    folder = RunFolder(run_dir)
-    mine = [
-        e
-        for e in read_jsonl(run_dir / layout.EVENTS)
-        if e.get("event") in ("in_job_restart", SPARE_SWAPPED)
-        and str(e.get("job_id")) == str(job)
-        and e.get("restart_count") == start
-    ]
-    before = [e for e in mine if e.get("event") == "in_job_restart"]
-    # a hot spare swapped in since the restart before (the gate's event): the step that failed
-    # was a node's, not only a worker's
-    reason = (
-        "node swapped for a spare"
-        if mine and mine[-1]["event"] == SPARE_SWAPPED
-        else "worker failed"
-    )
-    stalled = run_dir / layout.STALLED
-    hung_at = 0  # a stall's marker names the last step the hung rank completed
-    if stalled.exists():
-        reason = "stall"
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            hung_at = int(json.loads(stalled.read_text()).get("last_step") or 0)
-        keep = run_dir / layout.STACKS / f"{job or 'local'}-{start}"
-        keep.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(OSError):
-            shutil.move(stalled, keep / f"{layout.STALLED}-{len(before) + 1}")
-    last = _last_step(run_dir)
-    # metrics are logged one step late (stepsync): a save of the step after the newest line counts
-    reached = max(int(last["step"]) if last else resumed, resumed, hung_at)
-    redone = max(0, reached - resumed)
-    down = max(0.0, time.time() - float(last["time"])) if last else 0.0
-    step_s = float(last.get("step_time_s") or 0.0) if last else 0.0
-    return folder.event(
-        "in_job_restart",
-        job_id=job,
-        restart_count=start,
-        restart=len(before) + 1,
-        reason=reason,
-        resumed_step=resumed,
-        reached_step=reached,
-        steps_redone=redone,
-        down_s=round(down, 3),
-        time_lost_s=round(down + redone * step_s, 3),
-        source=source,
-    )
-
-
 # ---------------------------------------------------------------- snapshots in memory
 MEMORY_SHARE = store.MEMORY_SHARE  # one source: the plan shows the same check
 CALIBRATE = 5  # auto: snapshots at every step measure the cost, the first (fresh memory) left out
@@ -144,7 +69,8 @@ class Exchange:
     """Snapshot bytes between the ranks. Every method is a collective of every rank."""
 
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
-        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if _dist() else (0, 1)
+        up = dist.is_available() and dist.is_initialized()
+        self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if up else (0, 1)
         local = int(os.environ.get("LOCAL_WORLD_SIZE") or self.world)
         self.folder = store.node_folder(run_dir)
         self.node = store.node_name()
@@ -176,7 +102,14 @@ class Exchange:
         if not send or self.partner is None:
             return own, 0.0
         t = time.perf_counter()
-        mac = store.header(self.folder, self.rank, step, self.world, len(data), digest)["mac"]
+        mac = store.header(
+            folder=self.folder,
+            rank=self.rank,
+            step=step,
+            world=self.world,
+            size=len(data),
+            digest=digest,
+        )["mac"]
         signature = torch.frombuffer(bytearray.fromhex(str(mac)), dtype=torch.int64)
         # the 64-bit digest as a signed int64 on the wire, the signature after it
         head = torch.cat([torch.tensor([len(data), digest - (digest >> 63 << 64)]), signature])
@@ -191,16 +124,18 @@ class Exchange:
         mine = torch.frombuffer(data, dtype=torch.uint8)
         self._pairs([(mine, self.partner)], [(got, self.source)], self.side)
         if store.valid(got.numpy().data, meta, self.folder, self.source, step):
-            self._keep(self.source, step, got.numpy().data, digest=meta["digest"])
+            self._keep(self.source, step, got.numpy().data, digest=digest % (1 << 64))
         else:
             self.failed = f"the copy rank {self.source} sent of step {step} did not verify"
         return own, time.perf_counter() - t
 
-    def _keep(self, rank: int, step: int, data: memoryview, **kw: Any) -> None:  # Any: write's
+    def _keep(
+        self, rank: int, step: int, data: memoryview, *, digest: int, anchor: bool = False
+    ) -> None:
         """A failed write (a full or vanished folder) costs that copy, not the run: every rank
         still takes part in the exchange, and a restart chooses among the copies there are."""
         try:
-            store.write(self.folder, rank, step, data, self.world, **kw)
+            store.write(self.folder, rank, step, data, self.world, digest=digest, anchor=anchor)
         except OSError as e:
             self.failed = f"{type(e).__name__}: {e}"
 
@@ -288,8 +223,8 @@ class Snapshots:
         *,
         every: int | None,
         budget: float,
-        payload: Callable[[], Any],  # Any: the state, containers of tensors
-        apply: Callable[[Any], int],  # Any: that state, thawed
+        payload: Callable[[], object],  # the state: containers of tensors (frozen.freeze)
+        apply: Callable[[dict[str, object]], int],  # that state, thawed
         log: Callable[[str], None],
     ) -> None:
         self.run_dir = run_dir
@@ -319,7 +254,8 @@ class Snapshots:
             saved = thaw(got[1])
         except ValueError:
             saved = None
-        if not self.exchange.agree_all(isinstance(saved, dict) and saved.get("step") == got[0]):
+        ok = isinstance(saved, dict) and saved.get("step") == got[0]
+        if not self.exchange.agree_all(ok) or not isinstance(saved, dict):
             return None
         step = self.apply(saved)
         if self.exchange.rank == 0:
@@ -444,7 +380,3 @@ class Snapshots:
         with contextlib.suppress(Exception):
             self._wait()
         store.clean(self.run_dir)
-
-
-def _dist() -> bool:
-    return dist.is_available() and dist.is_initialized()

@@ -14,15 +14,98 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hpctrain.kernel import jobenv, jobkey, layout
 from hpctrain.kernel.checkpoint import step_name
 from hpctrain.kernel.errors import UserError
 
+SHA = "final_params.sha256"  # train_entry's hash of the final parameters
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Interrupted and resumed vs uninterrupted (`check-resume --json`: these keys)."""
+
+    identical: bool
+    strategy: str
+    steps: int
+    stopped_at: int
+    uninterrupted_sha256: str
+    resumed_sha256: str
+    first_exit_code: int  # the interrupted run's (75: stopped through the preemption flag)
+    folder: str  # where the two runs are (removed when identical, unless kept)
+    first_difference: dict[str, object] | None = None
+    """Not identical: the first checkpoint that differs, what differs and a hint (None: no
+    checkpoint of both runs differs)."""
+
+    def to_json(self) -> dict[str, object]:
+        out: dict[str, object] = {k: v for k, v in vars(self).items() if k != "first_difference"}
+        if not self.identical:
+            out["first_difference"] = self.first_difference
+        return out
+
+
+@dataclass(frozen=True)
+class _Runs:
+    """The two short runs: where they go, and what every launch of train_entry gets."""
+
+    base: Path
+    nproc: int
+    args: list[str]  # train_entry's arguments, the same for both runs
+
+    def launch(self, run_dir: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+        env = jobenv.without_run_scope(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        env.update(extra_env)
+        env[jobenv.JOB_KEY] = jobkey.fresh()
+        cmd = [
+            sys.executable,
+            "-m",
+            "hpctrain.launchers.rdzv",  # torchrun --standalone, its state signed: a shared node
+            "--nnodes=1",
+            f"--nproc-per-node={self.nproc}",
+            f"--rdzv-backend={jobkey.RDZV_BACKEND}",
+            "--rdzv-endpoint=127.0.0.1:0",
+            f"--rdzv-id={run_dir.name}",
+            "-m",
+            "train_entry",
+            "--run-dir",
+            str(run_dir),
+            *self.args,
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        with (self.base / f"{run_dir.name}.log").open("a") as f:
+            f.write(f"$ {' '.join(cmd)}\n{out.stdout}{out.stderr}")
+        return out
+
+    def probe(self) -> None:
+        """A bad config fails here, in one process and with train_entry's own message, not as a
+        torchrun failure summary."""
+        probe = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "train_entry",
+                "--run-dir",
+                str(self.base / "probe"),
+                *self.args,
+                "--print-config",
+            ],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        if probe.returncode != 0:
+            msg = probe.stderr.strip()
+            for prefix in ("Error: ", "error: "):
+                msg = msg.removeprefix(prefix)
+            raise UserError(msg or "train_entry refused the config")
+
 
 def check_resume(
+    *,
     strategy: str,
     steps: int,
     stop_at: int | None,
@@ -30,10 +113,9 @@ def check_resume(
     keep_dir: Path | None,
     args: tuple[str, ...],
     say: Callable[[str], None] = lambda _: None,
-) -> dict[str, Any]:
-    """The verdict: {"identical", "strategy", "steps", "stopped_at", "uninterrupted_sha256",
-    "resumed_sha256", "first_exit_code", "folder", ["first_difference"]}. The two runs are removed
-    when identical and keep_dir is None, kept otherwise."""
+) -> Verdict:
+    """Train `steps` uninterrupted; train again, stopped at `stop_at` (default: half) and resumed;
+    compare. The two runs are removed when identical and keep_dir is None, kept otherwise."""
     if steps < 2:
         raise UserError("--steps must be at least 2 (one step before the interruption, one after)")
     stop = stop_at if stop_at is not None else steps // 2
@@ -44,98 +126,44 @@ def check_resume(
     for sub in ("full", "interrupted"):
         if (base / sub).exists():
             raise UserError(f"{base / sub} exists: give --keep an empty or new folder")
-    common = [
-        "--strategy",
-        strategy,
-        "--max-steps",
-        str(steps),
-        "--checkpoint.every_steps=1",
-        f"--checkpoint.keep={steps + 1}",
-        *args,
-    ]
-
-    def launch(run_dir: Path, extra_env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        env = jobenv.without_run_scope(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        env.update(extra_env)
-        env[jobenv.JOB_KEY] = jobkey.fresh()
-        cmd = [
-            sys.executable,
-            "-m",
-            "hpctrain.launchers.rdzv",  # torchrun --standalone, its state signed: a shared node
-            "--nnodes=1",
-            f"--nproc-per-node={nproc}",
-            f"--rdzv-backend={jobkey.RDZV_BACKEND}",
-            "--rdzv-endpoint=127.0.0.1:0",
-            f"--rdzv-id={run_dir.name}",
-            "-m",
-            "train_entry",
-            "--run-dir",
-            str(run_dir),
-            *common,
-        ]
-        out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        with (base / f"{run_dir.name}.log").open("a") as f:
-            f.write(f"$ {' '.join(cmd)}\n{out.stdout}{out.stderr}")
-        return out
-
-    # A bad config fails here, in one process and with train_entry's own message, not as a torchrun
-    # failure summary.
-    probe = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "train_entry",
-            "--run-dir",
-            str(base / "probe"),
-            *common,
-            "--print-config",
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    if probe.returncode != 0:
-        msg = probe.stderr.strip()
-        for prefix in ("Error: ", "error: "):
-            msg = msg.removeprefix(prefix)
-        raise UserError(msg or "train_entry refused the config")
+    every = ["--checkpoint.every_steps=1", f"--checkpoint.keep={steps + 1}"]
+    runs = _Runs(base, nproc, ["--strategy", strategy, "--max-steps", str(steps), *every, *args])
+    runs.probe()
     say(f"1/3 uninterrupted run: {steps} steps, {strategy}, {nproc} ranks")
-    full = launch(base / "full", {})
+    full = runs.launch(base / "full", {})
     if full.returncode != 0:
         raise UserError(
             f"the uninterrupted run failed (exit {full.returncode}); see {base}/full.log:\n"
             + _tail(full)
         )
     say(f"2/3 interrupted at step {stop}")
-    first = launch(base / "interrupted", {jobenv.STOP_AT_STEP: str(stop)})
-    if (base / "interrupted" / "final_params.sha256").exists():
+    first = runs.launch(base / "interrupted", {jobenv.STOP_AT_STEP: str(stop)})
+    if (base / "interrupted" / SHA).exists():
         raise UserError(
             "the run did not stop at --stop-at (does your entry use train_entry's loop?)"
         )
     say("3/3 resumed")
-    second = launch(base / "interrupted", {})
+    second = runs.launch(base / "interrupted", {})
     if second.returncode != 0:
         raise UserError(
             f"the resumed run failed (exit {second.returncode}); see "
             f"{base}/interrupted.log:\n" + _tail(second)
         )
-    a = (base / "full" / "final_params.sha256").read_text().strip()
-    b = (base / "interrupted" / "final_params.sha256").read_text().strip()
-    verdict: dict[str, Any] = {
-        "identical": a == b,
-        "strategy": strategy,
-        "steps": steps,
-        "stopped_at": stop,
-        "uninterrupted_sha256": a,
-        "resumed_sha256": b,
-        "first_exit_code": first.returncode,
-        "folder": str(base),
-    }
-    if a != b:
-        verdict["first_difference"] = _first_difference(
-            base / "full", base / "interrupted", stop, steps
-        )
+    a = (base / "full" / SHA).read_text().strip()
+    b = (base / "interrupted" / SHA).read_text().strip()
+    verdict = Verdict(
+        identical=a == b,
+        strategy=strategy,
+        steps=steps,
+        stopped_at=stop,
+        uninterrupted_sha256=a,
+        resumed_sha256=b,
+        first_exit_code=first.returncode,
+        folder=str(base),
+        first_difference=(
+            None if a == b else _first_difference(base / "full", base / "interrupted", stop, steps)
+        ),
+    )
     if a == b and keep_dir is None:
         shutil.rmtree(base)
     return verdict
@@ -145,7 +173,7 @@ def _tail(out: subprocess.CompletedProcess[str], n: int = 15) -> str:
     return "\n".join((out.stdout + out.stderr).strip().splitlines()[-n:])
 
 
-def _first_difference(full: Path, resumed: Path, stop: int, steps: int) -> dict[str, Any] | None:
+def _first_difference(full: Path, resumed: Path, stop: int, steps: int) -> dict[str, object] | None:
     """Compare the two runs' checkpoints from the stop step on, in a torch subprocess."""
     for step in range(stop, steps + 1):
         name = step_name(step)

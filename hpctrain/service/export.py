@@ -12,9 +12,9 @@ import json
 import os
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 from hpctrain.kernel import layout
 from hpctrain.kernel.checkpoint import newest_verified, step_folders, step_name, verify
@@ -73,7 +73,7 @@ def run_folder(ref: str, runs_dir: Path | None) -> Path:
 
 def checkpoint(
     run: Path, step: int | None, warn: Callable[[str], None]
-) -> tuple[Path, dict[str, Any]]:
+) -> tuple[Path, dict[str, object]]:
     """The checkpoint to export: step `step`, else the newest that verifies."""
     ckpt_dir = run / layout.CHECKPOINTS
     if step is None:
@@ -97,6 +97,26 @@ def checkpoint(
     return folder, manifest
 
 
+@dataclass(frozen=True)
+class Exported:
+    """What `export` wrote (`export --json`: these keys, in this order; docs/export.md)."""
+
+    run: str
+    run_dir: str
+    checkpoint: str
+    step: int
+    strategy: object  # the manifest's
+    format: str
+    dtype: str  # "as saved" when not cast
+    out: str
+    files: list[str]  # in `out`
+    index: str | None  # the shards' index json (None: one file)
+    tensors: int
+    bytes: int
+    huggingface: bool  # a save_pretrained folder (config.json written)
+    skipped: list[str]  # entries of the state that are not tensors
+
+
 def export(
     ref: str,
     *,
@@ -107,7 +127,7 @@ def export(
     max_shard_size: str = MAX_SHARD,
     runs_dir: Path | None = None,
     warn: Callable[[str], None] = lambda _: None,
-) -> dict[str, Any]:
+) -> Exported:
     """Export one checkpoint's model weights; what was written (see docs/export.md)."""
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r}: use one of {', '.join(FORMATS)}")
@@ -117,7 +137,7 @@ def export(
     given = out_path(out) if out is not None else None
     run = run_folder(ref, runs_dir)
     folder, manifest = checkpoint(run, step, warn)
-    got = int(manifest.get("step", -1))
+    got = manifest.get("step", -1)
     target = given or run / layout.EXPORT / f"{folder.name}-{fmt}{'-' + dtype if dtype else ''}"
     try:
         taken = target.exists() or target.is_symlink()
@@ -135,20 +155,33 @@ def export(
     from train_entry.checkpoint.export import export as write  # lazy: torch on a torch-free path
 
     summary = write(folder, manifest, target, fmt=fmt, dtype=dtype, max_shard=limit, config=config)
-    return {
-        "run": run.name,
-        "run_dir": str(run),
-        "checkpoint": str(folder),
-        "step": got,
-        "strategy": manifest.get("strategy"),
-        "format": fmt,
-        "dtype": dtype or "as saved",
-        "out": str(target),
-        **summary,
-    }
+    return Exported(
+        run=run.name,
+        run_dir=str(run),
+        checkpoint=str(folder),
+        step=int(got) if isinstance(got, int | str) else -1,
+        strategy=manifest.get("strategy"),
+        format=fmt,
+        dtype=dtype or "as saved",
+        out=str(target),
+        files=_names(summary.get("files")),
+        index=str(summary["index"]) if summary.get("index") else None,
+        tensors=_count(summary.get("tensors")),
+        bytes=_count(summary.get("bytes")),
+        huggingface=bool(summary.get("huggingface")),
+        skipped=_names(summary.get("skipped")),
+    )
 
 
-def _config(folder: Path) -> dict[str, Any] | None:
+def _names(value: object) -> list[str]:
+    return [str(x) for x in value] if isinstance(value, list) else []
+
+
+def _count(value: object) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def _config(folder: Path) -> dict[str, object] | None:
     """The run's train config saved with the checkpoint (train_entry's), if there is one."""
     try:
         data = json.loads((folder / "config.json").read_text())

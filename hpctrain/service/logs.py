@@ -38,7 +38,7 @@ def log_files(run: RunDir, *, rank: int | None, node: int | None, follow: bool) 
 
 def _torchrun_rank_logs(run: RunDir, rank: int) -> list[Path]:
     """A user script's rank output: torchrun's --tee files, logs/torchrun/node-N/<id>/attempt_K/<local>/."""
-    gpus = int(run.frozen().get("request", {}).get("gpus") or 1)
+    gpus = run.record().gpus or 1
     node, local = divmod(rank, gpus)
     found = (run.logs / "torchrun" / f"node-{node}").glob(f"*/attempt_*/{local}/std*.log")
     return sorted(found, key=lambda p: (p.stat().st_mtime, p.name))

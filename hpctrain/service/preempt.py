@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hpctrain import dispatch
+from hpctrain.kernel import states
 from hpctrain.kernel.errors import UserError
 from hpctrain.runs.procs import PREEMPT_SIGNALS
 
@@ -15,8 +16,7 @@ if TYPE_CHECKING:
 
 def preempt(r: RunDir, sig: str | None = None) -> tuple[str, str]:
     """Send run `r` its preemption signal the way the scheduler would: (signal name, target)."""
-    frozen = r.frozen()
-    name = (sig or frozen.get("profile", {}).get("preemption", {}).get("signal") or "USR2").upper()
+    name = (sig or r.record().preempt_signal or "USR2").upper()
     name = name.removeprefix("SIG")
     if name not in PREEMPT_SIGNALS:
         raise UserError(
@@ -24,6 +24,6 @@ def preempt(r: RunDir, sig: str | None = None) -> tuple[str, str]:
             f"{', '.join(PREEMPT_SIGNALS)} (USR2, the default, is what Slurm sends)"
         )
     current = dispatch.state(r)
-    if current != "RUNNING":
+    if current != states.RUNNING:
         raise UserError(f"{r.name} is {current}, not RUNNING: only a running job can be preempted")
     return name, dispatch.signal(r, name)

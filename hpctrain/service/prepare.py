@@ -3,18 +3,19 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING
 
 from hpctrain.jobs import entry_check
-from hpctrain.jobs.entry_check import describe
+from hpctrain.jobs.entry_check import Resolved, describe
 from hpctrain.jobs.options import JobOptions
 from hpctrain.jobs.request import JobRequest
+from hpctrain.jobs.spec import JobSpec, node_python
+from hpctrain.kernel import strategies
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.snapshot import BUDGET as DEFAULT_BUDGET
 from hpctrain.kernel.yamlsafe import yaml_scalar
 from hpctrain.profiles import resolve
-from hpctrain.render.script import node_python, render
+from hpctrain.render.script import render
 from hpctrain.runs.folder import RunDir, runs_dir_of
 
 if TYPE_CHECKING:
@@ -60,7 +61,8 @@ def resolve_profile(o: JobOptions) -> ResolvedProfile:
 
 
 class Prepared:
-    """Everything submit and render agree on: the profile, the request, the run folder, the script."""
+    """Everything submit and render agree on: the profile, the request, the run folder, the job's
+    spec (built once) and its script."""
 
     def __init__(
         self, o: JobOptions, profile: ResolvedProfile | None = None, *, chain: bool = False
@@ -95,7 +97,7 @@ class Prepared:
             min_nodes=o.min_nodes,
             exclude=tuple(o.exclude or ()),
         )
-        self.resolved = None
+        self.resolved: Resolved | None = None
         if ours:  # validated at the requested world size before anything is queued
             self.resolved = entry_check.check_train_entry(
                 nodes=self.request.nodes,
@@ -105,12 +107,19 @@ class Prepared:
                 domain=self.profile.slurm.gpus_per_domain,
             )
             if self.resolved["strategy"] != self.request.strategy:  # e.g. `strategy:` in --config
-                self.request = dataclasses.replace(self.request, strategy=self.resolved["strategy"])
+                self.request = self.request.with_strategy(self.resolved["strategy"])
         self.run = RunDir(runs_dir_of(self.profile) / self.request.name)
         self.python = node_python(self.profile)
-        self.script = render(
-            self.profile, self.request, self.run.path, python=self.python, chain=chain
+        self.chain = chain
+        self.use(self.request)
+
+    def use(self, request: JobRequest) -> None:
+        """Build the spec of `request` (checked) and render its script."""
+        self.request = request
+        self.spec = JobSpec.build(
+            self.profile, request, self.run.path, python=self.python, chain=self.chain
         )
+        self.script = render(self.spec)
 
 
 def entry_line(p: Prepared) -> str:
@@ -131,16 +140,17 @@ def plan_args(rec: Recommendation) -> list[str]:
             if getattr(rec, "microbatches", None):
                 mesh.append(f"--parallel.microbatches={rec.microbatches}")
         return mesh
-    if rec.strategy == "deepspeed":
-        out = [f"--deepspeed.zero_stage={rec.zero_stage or 0}"]
+    info, name = strategies.info(rec.strategy), rec.strategy
+    if info.zero:  # the ZeRO stage and where the engine offloads to
+        out = [f"--{name}.zero_stage={rec.zero_stage or 0}"]
         device = "nvme" if rec.offload == "nvme" else "cpu"
         if rec.offload != "none":
-            out.append(f"--deepspeed.offload_optimizer={device}")
+            out.append(f"--{name}.offload_optimizer={device}")
         if rec.offload in ("optimizer+params", "nvme") and rec.zero_stage == 3:
-            out.append(f"--deepspeed.offload_param={device}")
+            out.append(f"--{name}.offload_param={device}")
         return out
-    if rec.strategy == "fsdp" and rec.offload != "none":
-        return ["--fsdp.cpu_offload=true"]
+    if info.cpu_offload and rec.offload != "none":
+        return [f"--{name}.cpu_offload=true"]
     return []
 
 
@@ -197,8 +207,8 @@ def snapshots(p: Prepared) -> SnapshotPlan | None:
         from hpctrain.plan.snapshots import plan_snapshots  # lazy: as above
     except ImportError:
         return None
-    r, rec = p.resolved or {}, p.plan
-    params = r.get("params")  # train_entry's demo GPT; None for its model factory
+    r, rec = p.resolved, p.plan
+    params = r["params"] if r else None  # train_entry's demo GPT; None for its model factory
     if params is None and p.planned is not None:
         params = p.planned.workload.params  # --params/--model of --strategy auto
     slurm = p.profile.slurm
@@ -209,10 +219,10 @@ def snapshots(p: Prepared) -> SnapshotPlan | None:
         params=params,
         nodes=p.request.nodes,
         gpus=p.request.gpus,
-        optimizer=r.get("optimizer", "adamw"),
-        tp=r.get("tp", rec.tp if rec else 1),
-        pp=r.get("pp", rec.pp if rec else 1),
+        optimizer=r["optimizer"] if r else "adamw",
+        tp=r["tp"] if r else rec.tp if rec else 1,
+        pp=r["pp"] if r else rec.pp if rec else 1,
         node_mem_bytes=None if mem is None else int(mem * GIB),
-        every_steps=r.get("snapshot_every"),
-        budget=r.get("snapshot_budget", DEFAULT_BUDGET),
+        every_steps=r["snapshot_every"] if r else None,
+        budget=r["snapshot_budget"] if r else DEFAULT_BUDGET,
     )

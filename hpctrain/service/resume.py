@@ -11,32 +11,50 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain import dispatch
-from hpctrain.jobs import sweep
 from hpctrain.jobs.request import JobRequest
-from hpctrain.kernel import layout
+from hpctrain.jobs.spec import JobSpec
+from hpctrain.kernel import layout, states
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.checkpoint import newest_verified
 from hpctrain.kernel.errors import UserError, ValidationError
 from hpctrain.profiles import schema
-from hpctrain.render.script import render, sbatch_directives
-from hpctrain.runs import points, sweepdir
+from hpctrain.render.script import render
+from hpctrain.runs import sweepdir
 from hpctrain.runs.folder import RunDir, copy_aside
+from hpctrain.service import points, sweep
 from hpctrain.service.submit import resubmit
 
 if TYPE_CHECKING:
     from hpctrain.profiles.resolved import ResolvedProfile
 
-ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "RESIZING", "SUSPENDED"}
+ACTIVE = states.LIVE
 Warn = Callable[[str], None]
+Changes = dict[str, int | list[str]]  # what a resume changes: max_steps, args, time_min, nodes
 
 
-def newest_checkpoint(run: RunDir, warn: Warn | None = None) -> tuple[str, dict[str, Any]] | None:
-    """(folder name, manifest) of the newest checkpoint that verifies, read without torch."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """The newest checkpoint that verifies, as its manifest says."""
+
+    name: str  # its folder, step-<N>
+    step: int | None
+    strategy: str | None  # the strategy that saved it
+
+
+def newest_checkpoint(run: RunDir, warn: Warn | None = None) -> Checkpoint | None:
+    """The newest checkpoint that verifies, read without torch."""
     found = newest_verified(run.path / layout.CHECKPOINTS, warn=warn)
-    return (found[0].name, found[1]) if found else None
+    if found is None:
+        return None
+    step, strategy = found[1].get("step"), found[1].get("strategy")
+    return Checkpoint(
+        name=found[0].name,
+        step=step if isinstance(step, int) else None,
+        strategy=str(strategy) if strategy else None,
+    )
 
 
 def _max_steps(args: tuple[str, ...] | list[str]) -> int | None:
@@ -55,17 +73,16 @@ def _max_steps(args: tuple[str, ...] | list[str]) -> int | None:
         return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Planned:
     """A resume checked and ready (nothing written yet): what `resume --dry-run` shows."""
 
     run: RunDir
     previous_state: str
-    checkpoint: tuple[str, dict[str, Any]] | None
-    changes: dict[str, Any]
+    checkpoint: Checkpoint | None
+    changes: Changes
     profile: ResolvedProfile
     request: JobRequest  # the new JobRequest
-    frozen: dict[str, Any]
 
 
 def plan(
@@ -81,35 +98,18 @@ def plan(
     A run folder another account could have written (swapped into a shared runs_dir) is refused
     before anything in it is read: its profile would become the job's script."""
     r.check_safe()
-    frozen = r.frozen()
+    r.record()  # a broken run.yaml says so before the scheduler is asked
     current = dispatch.state(r)
     if current in ACTIVE:
         raise UserError(
             f"{r.name} is {current} (job {r.last_job_id()}): it is still running and resumes "
             f"by itself after a preemption; to restart it, `hpctrain cancel {r.name}` first"
         )
-    req = _frozen_request(r, frozen)
-    old_steps = _max_steps(req.args)
+    req = _frozen_request(r)
     ckpt = newest_checkpoint(r, warn)
-    done_step = ckpt[1]["step"] if ckpt else None
-    if current == "COMPLETED" and (
-        max_steps is None or (old_steps is not None and max_steps <= old_steps)
-    ):
-        raise UserError(
-            f"{r.name} is COMPLETED ({'step ' + str(done_step) if ckpt else 'no checkpoint'}); "
-            f"nothing to resume. To train further pass --max-steps N with N > "
-            f"{old_steps if old_steps is not None else 'the steps done'}; to start over use "
-            "`hpctrain submit --replace-finished`"
-        )
-    if max_steps is not None:
-        floor = max(x for x in (old_steps, done_step, 0) if x is not None)
-        if max_steps < floor:
-            raise UserError(
-                f"--max-steps {max_steps} is fewer than the {floor} steps the run was set to "
-                "(or has done); resume can only add steps"
-            )
-    profile = _frozen_profile(r, frozen)
-    changes: dict[str, Any] = {}
+    _check_steps(r, current, ckpt, old=_max_steps(req.args), new=max_steps)
+    profile = _frozen_profile(r)
+    changes: Changes = {}
     new_args = list(req.args)
     if max_steps is not None:
         new_args += ["--max-steps", str(max_steps)]
@@ -120,25 +120,13 @@ def plan(
     if time_min is not None and time_min != req.time_min:
         changes["time_min"] = time_min
     if nodes is not None and nodes != req.nodes:
-        strategy = str(ckpt[1].get("strategy") or req.strategy) if ckpt else req.strategy
-        if not strategy_names.info(strategy).reshards:
-            raise UserError(
-                f"--nodes {nodes}: {r.name} uses {strategy}, whose checkpoints load only at the world "
-                f"size they were saved with ({req.nodes} node(s) x {req.gpus}); resume with --nodes "
-                f"{req.nodes}, or see docs/checkpoint-resume.md (DeepSpeed universal checkpoints)"
-            )
-        if req.entry.kind != "train_entry":
-            warn(f"--nodes {nodes}: your own entry must reshard its checkpoint itself")
-        elif ckpt and not any(a.startswith(("--train.", "--config")) for a in args):
-            _check_batch(
-                r.path / layout.CHECKPOINTS / ckpt[0] / "config.json", nodes * req.gpus, nodes
-            )
+        _check_nodes(r, req, ckpt, nodes=nodes, args=args, warn=warn)
         changes["nodes"] = nodes
     new = JobRequest(
         name=req.name,
-        nodes=changes.get("nodes", req.nodes),
+        nodes=nodes if nodes is not None and "nodes" in changes else req.nodes,
         gpus=req.gpus,
-        time_min=changes.get("time_min", req.time_min),
+        time_min=time_min if time_min is not None and "time_min" in changes else req.time_min,
         strategy=req.strategy,
         entry=req.entry,
         args=tuple(new_args),
@@ -146,7 +134,59 @@ def plan(
     problems = new.problems(profile)
     if problems:
         raise ValidationError(problems)
-    return Planned(r, current, ckpt, changes, profile, new, frozen)
+    return Planned(
+        run=r,
+        previous_state=current,
+        checkpoint=ckpt,
+        changes=changes,
+        profile=profile,
+        request=new,
+    )
+
+
+def _check_steps(
+    r: RunDir, current: str, ckpt: Checkpoint | None, *, old: int | None, new: int | None
+) -> None:
+    """A COMPLETED run resumes only to train further; --max-steps only adds steps."""
+    done = ckpt.step if ckpt else None
+    if current == states.COMPLETED and (new is None or (old is not None and new <= old)):
+        raise UserError(
+            f"{r.name} is COMPLETED ({'step ' + str(done) if ckpt else 'no checkpoint'}); "
+            f"nothing to resume. To train further pass --max-steps N with N > "
+            f"{old if old is not None else 'the steps done'}; to start over use "
+            "`hpctrain submit --replace-finished`"
+        )
+    if new is not None:
+        floor = max(x for x in (old, done, 0) if x is not None)
+        if new < floor:
+            raise UserError(
+                f"--max-steps {new} is fewer than the {floor} steps the run was set to "
+                "(or has done); resume can only add steps"
+            )
+
+
+def _check_nodes(
+    r: RunDir,
+    req: JobRequest,
+    ckpt: Checkpoint | None,
+    *,
+    nodes: int,
+    args: tuple[str, ...],
+    warn: Warn,
+) -> None:
+    """Another node count: only for a strategy whose checkpoints reshard, at a batch that splits."""
+    strategy = (ckpt.strategy or req.strategy) if ckpt else req.strategy
+    if not strategy_names.info(strategy).reshards:
+        raise UserError(
+            f"--nodes {nodes}: {r.name} uses {strategy}, whose checkpoints load only at the world "
+            f"size they were saved with ({req.nodes} node(s) x {req.gpus}); resume with --nodes "
+            f"{req.nodes}, or see docs/checkpoint-resume.md (DeepSpeed universal checkpoints)"
+        )
+    if req.entry.kind != "train_entry":
+        warn(f"--nodes {nodes}: your own entry must reshard its checkpoint itself")
+    elif ckpt and not any(a.startswith(("--train.", "--config")) for a in args):
+        config = r.path / layout.CHECKPOINTS / ckpt.name / "config.json"
+        _check_batch(config, nodes * req.gpus, nodes)
 
 
 _REDO = (
@@ -155,9 +195,9 @@ _REDO = (
 )
 
 
-def _frozen_request(r: RunDir, frozen: dict[str, Any]) -> JobRequest:
+def _frozen_request(r: RunDir) -> JobRequest:
     """run.yaml's request as this hpctrain reads it, else one line naming the key."""
-    d = frozen["request"]
+    d = dict(r.record().request)
     known = {f.name for f in dataclasses.fields(JobRequest)}
     unknown = sorted(str(k) for k in d if k not in known)
     if unknown:
@@ -168,10 +208,10 @@ def _frozen_request(r: RunDir, frozen: dict[str, Any]) -> JobRequest:
         raise UserError(f"{r.run_yaml}: its request cannot be read ({e}); {_REDO}") from None
 
 
-def _frozen_profile(r: RunDir, frozen: dict[str, Any]) -> ResolvedProfile:
+def _frozen_profile(r: RunDir) -> ResolvedProfile:
     """run.yaml's frozen profile, validated by this hpctrain, else one line naming the key."""
     try:
-        return schema.Profile.model_validate(frozen["profile"])
+        return schema.Profile.model_validate(r.record().profile)
     except schema.ValidationError as e:
         errors = e.errors()
         where = ".".join(str(x) for x in errors[0]["loc"]) if errors else "?"
@@ -188,24 +228,57 @@ def apply(p: Planned) -> None:
     if not p.changes:
         return
 
-    r, frozen = p.run, p.frozen
+    r = p.run
+    python = r.record().node_python
+    frozen = r.frozen()
     stamp = time.strftime("%Y%m%d-%H%M%S")
     copy_aside(r.job_sh, f"job.sh.before-resume-{stamp}")  # never over an earlier one
-    r.write_script(render(p.profile, p.request, r.path, python=frozen.get("node_python")))
+    r.write_script(render(JobSpec.build(p.profile, p.request, r.path, python=python)))
+    before = frozen.get("resumes")
     frozen["request"] = p.request.to_dict()
-    frozen.setdefault("resumes", []).append({"time": stamp, "changes": p.changes})
+    frozen["resumes"] = [
+        *(before if isinstance(before, list) else []),
+        {"time": stamp, "changes": p.changes},
+    ]
     r.freeze(frozen)
 
 
-def _record(p: Planned, job_id: str) -> dict[str, Any]:
-    return dict(
-        p.run.event(
-            "resume",
-            job_id=job_id,
-            previous_state=p.previous_state,
-            from_checkpoint=p.checkpoint[0] if p.checkpoint else None,
-            changes=p.changes,
-        )
+@dataclass(frozen=True)
+class Resumed:
+    """A resubmission: the `resume` event, as events.jsonl records it."""
+
+    time: str
+    job_id: str
+    previous_state: str
+    from_checkpoint: str | None
+    changes: Changes
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "time": self.time,
+            "event": "resume",
+            "job_id": self.job_id,
+            "previous_state": self.previous_state,
+            "from_checkpoint": self.from_checkpoint,
+            "changes": self.changes,
+        }
+
+
+def _record(p: Planned, job_id: str) -> Resumed:
+    origin = p.checkpoint.name if p.checkpoint else None
+    written = p.run.event(
+        "resume",
+        job_id=job_id,
+        previous_state=p.previous_state,
+        from_checkpoint=origin,
+        changes=p.changes,
+    )
+    return Resumed(
+        time=str(written["time"]),
+        job_id=job_id,
+        previous_state=p.previous_state,
+        from_checkpoint=origin,
+        changes=p.changes,
     )
 
 
@@ -217,12 +290,30 @@ def resume(
     nodes: int | None = None,
     args: tuple[str, ...] = (),
     warn: Warn = lambda _: None,
-) -> dict[str, Any]:
-    """Resubmit run `r` (hpctrain.runs.folder.RunDir) from its newest verified checkpoint; the `resume`
-    event as recorded in events.jsonl (time, event, job_id, previous_state, from_checkpoint, changes)."""
+) -> Resumed:
+    """Resubmit run `r` (hpctrain.runs.folder.RunDir) from its newest verified checkpoint."""
     p = plan(r, time_min=time_min, max_steps=max_steps, nodes=nodes, args=args, warn=warn)
     apply(p)
     return _record(p, resubmit(r, p.profile, time_min=p.request.time_min))
+
+
+@dataclass(frozen=True)
+class PointResumed:
+    index: int
+    point: str
+    previous_state: str
+    from_checkpoint: str | None
+
+
+@dataclass(frozen=True)
+class SweepResumed:
+    """What `resume SWEEP` did (or, dry run, would do)."""
+
+    sweep: str
+    points: list[PointResumed]
+    array_line: str | None = None  # `#SBATCH --array=...` (None: no point left)
+    array_job: str | None = None  # None when dry_run or no point is left
+    script: str | None = None  # the array script
 
 
 def resume_sweep(
@@ -234,18 +325,16 @@ def resume_sweep(
     args: tuple[str, ...] = (),
     dry_run: bool = False,
     warn: Warn = lambda _: None,
-) -> dict[str, Any]:
-    """A Slurm sweep's unfinished points (hpctrain.jobs.sweep.RESUMABLE) as ONE job array of only their
+) -> SweepResumed:
+    """A Slurm sweep's unfinished points (hpctrain.service.sweep.RESUMABLE) as ONE job array of only their
     indexes (`--array=i,j,k[%K]`, the sweep's --max-parallel): array task i runs point i's own
     job.sh, which resumes its run folder from its newest verified checkpoint. Finished and active
-    points are not touched. Every point is checked before anything is written.
-    {"sweep", "points": [{"index", "point", "previous_state", "from_checkpoint"}], "array_line",
-    "array_job" (None when dry_run or nothing is left), "script"}."""
+    points are not touched. Every point is checked before anything is written."""
     data = sweepdir.read(sweep_dir)
-    rows = [row for row in points.table(sweep_dir) if row["state"] in sweep.RESUMABLE]
+    rows = [row for row in points.table(sweep_dir) if row.state in sweep.RESUMABLE]
     plans = [
         plan(
-            RunDir(row["path"]),
+            RunDir(row.path),
             time_min=time_min,
             max_steps=max_steps,
             nodes=nodes,
@@ -254,33 +343,30 @@ def resume_sweep(
         )
         for row in rows
     ]
-    out: dict[str, Any] = {
-        "sweep": sweep_dir.name,
-        "points": [
-            {
-                "index": row["index"],
-                "point": row["point"],
-                "previous_state": p.previous_state,
-                "from_checkpoint": p.checkpoint[0] if p.checkpoint else None,
-            }
+    out = SweepResumed(
+        sweep=sweep_dir.name,
+        points=[
+            PointResumed(
+                index=row.index,
+                point=row.point,
+                previous_state=p.previous_state,
+                from_checkpoint=p.checkpoint.name if p.checkpoint else None,
+            )
             for row, p in zip(rows, plans, strict=True)
         ],
-        "array_line": None,
-        "array_job": None,
-        "script": None,
-    }
+    )
     if not plans:
         return out
-    spec = sweep.resume_spec([int(row["index"]) for row in rows], data.get("max_parallel"))
+    spec = sweep.resume_spec([int(row.index) for row in rows], data.get("max_parallel"))
     first = plans[0]
     script = sweep.array_script(
         str(data.get("name") or sweep_dir.name),
         sweep_dir,
-        sbatch_directives(first.profile, first.request, str(first.run.path)),
+        list(JobSpec.build(first.profile, first.request, first.run.path).directives),
         [sweep_dir / str(pt["folder"]) for pt in data.get("points", [])],
         spec,
     )
-    out |= {"array_line": f"#SBATCH --array={spec}", "script": script}
+    out = dataclasses.replace(out, array_line=f"#SBATCH --array={spec}", script=script)
     if dry_run:
         return out
     for p in plans:
@@ -290,13 +376,12 @@ def resume_sweep(
     sweepdir.write_array(sweep_dir, script)
     array_id = sweep.sbatch_array(sweep_dir, script)
     for row, p in zip(rows, plans, strict=True):
-        job_id = f"{array_id}_{row['index']}"
+        job_id = f"{array_id}_{row.index}"
         p.run.add_job(job_id, kind="resume", scheduler="slurm")
         _record(p, job_id)
     resumes = [*data.get("resumes", []), {"array_job": array_id, "array": spec}]
     sweepdir.write(sweep_dir, {**data, "array_job": array_id, "resumes": resumes})
-    out["array_job"] = array_id
-    return out
+    return dataclasses.replace(out, array_job=array_id)
 
 
 def _check_batch(config_json: Path, world: int, nodes: int) -> None:

@@ -2,24 +2,93 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain import dispatch
-from hpctrain.kernel import layout
+from hpctrain.kernel import layout, states
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.rundir import UnsafeRun
-from hpctrain.runs import in_job, points, spares, sweepdir
-from hpctrain.runs.cause import root_cause
-from hpctrain.runs.folder import TERMINAL, BrokenRun, find_run
-from hpctrain.runs.progress import health, snapshot
+from hpctrain.runs import in_job, spares, sweepdir
+from hpctrain.runs.cause import Cause, root_cause
+from hpctrain.runs.folder import TERMINAL, find_run
+from hpctrain.runs.in_job import InJob
+from hpctrain.runs.progress import Health, health, snapshot
+from hpctrain.runs.record import BrokenRun
+from hpctrain.runs.spares import Spares
+from hpctrain.runs.trainer_progress import Progress
+from hpctrain.service import points
 
 if TYPE_CHECKING:
     from hpctrain.runs.folder import RunDir
 
+BROKEN = "BROKEN"  # the state of a run whose folder cannot be read as a run
+# states in which nothing failed (yet): no root cause to look for
+_NOT_FAILED = (states.COMPLETED, states.RUNNING, states.PENDING, states.UNKNOWN, states.REQUEUED)
 
-def summary(run: RunDir) -> dict[str, Any]:
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    """One run's row of `runs` and `status` (`--json`: these keys, in this order)."""
+
+    name: str
+    state: str
+    job_id: str | None
+    scheduler: str | None
+    profile: str | None
+    nodes: int | None
+    gpus_per_node: int | None
+    strategy: str | None
+    """Its strategy, or the kind of its own entry (script, module), which has none of ours."""
+    mesh: str | None
+    """The layout of the newest start, as train_entry wrote it ("dp 2 x tp 2")."""
+    restarts: int
+    """Starts of the script beyond one per submission (requeues)."""
+    starts: int
+    checkpoint_step: int | None
+    created: str | None
+    path: str
+    reason: str | None
+    """Why it failed (or, BROKEN, why its folder cannot be read)."""
+
+    def to_json(self) -> dict[str, object]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(Summary)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Detail(Summary):
+    """`status RUN`: the row, and what happened to the run."""
+
+    history: list[dict[str, object]]
+    """Every start of the script (restarts.jsonl, as written)."""
+    jobs: list[dict[str, object]]
+    """Every submission (jobs.jsonl, as written)."""
+    chain: list[dict[str, str]]
+    """A chain's segments: job_id and state of each, in order (empty: no chain)."""
+    progress: Progress | None
+    root_cause: Cause | None
+    health: Health
+    in_job_restarts: InJob
+    """In-job restarts, apart from requeues (`restarts`)."""
+    spares: Spares
+
+    def to_json(self) -> dict[str, object]:
+        out = super().to_json() | {"history": self.history, "jobs": self.jobs}
+        if self.chain:
+            out["chain"] = self.chain
+        return out | {
+            "progress": self.progress.to_json() if self.progress else None,
+            "root_cause": self.root_cause.to_json() if self.root_cause else None,
+            **self.health.to_json(),
+            "in_job_restarts": dataclasses.asdict(self.in_job_restarts),
+            "spares": self.spares.to_json(),
+        }
+
+
+def summary(run: RunDir) -> Summary:
     """One run's row; a run whose files cannot be read, or that another account could have
     written (a swapped folder: nothing in it is read), is a BROKEN row saying why (one broken
     folder never hides the others)."""
@@ -31,98 +100,87 @@ def summary(run: RunDir) -> dict[str, Any]:
             if isinstance(e, BrokenRun | UnsafeRun)
             else f"{type(e).__name__}: {e}"
         )
-        return {
-            "name": run.name,
-            "state": "BROKEN",
-            "job_id": None,
-            "scheduler": None,
-            "profile": None,
-            "nodes": None,
-            "gpus_per_node": None,
-            "strategy": None,
-            "mesh": None,
-            "restarts": 0,
-            "starts": 0,
-            "checkpoint_step": None,
-            "created": None,
-            "path": str(run.path),
-            "reason": why,
-        }
+        return Summary(
+            name=run.name,
+            state=BROKEN,
+            job_id=None,
+            scheduler=None,
+            profile=None,
+            nodes=None,
+            gpus_per_node=None,
+            strategy=None,
+            mesh=None,
+            restarts=0,
+            starts=0,
+            checkpoint_step=None,
+            created=None,
+            path=str(run.path),
+            reason=why,
+        )
 
 
-def _read_summary(run: RunDir) -> dict[str, Any]:
+def _read_summary(run: RunDir) -> Summary:
     run.check_safe()
-    frozen = run.frozen()
-    req = frozen.get("request", {})
-    restarts = run.restarts()
+    rec = run.record()
+    starts = len(run.restarts())
     state = dispatch.state(run)
-    return {
-        "name": run.name,
-        "state": state,
-        "job_id": run.last_job_id(),
-        "scheduler": frozen.get("profile", {}).get("scheduler"),
-        "profile": frozen.get("profile", {}).get("name"),
-        "nodes": req.get("nodes"),
-        "gpus_per_node": req.get("gpus"),
-        # a user's own script or module has no strategy of ours: show its entry instead
-        "strategy": req.get("strategy")
-        if req.get("entry", {}).get("kind", "train_entry") == "train_entry"
-        else req.get("entry", {}).get("kind"),
-        # the layout of the newest start, as train_entry wrote it ("dp 2 x tp 2")
-        "mesh": (layout.read_mesh(run.path) or {}).get("mesh"),
-        "restarts": max(0, len(restarts) - len(run.jobs())) if restarts else 0,
-        "starts": len(restarts),
-        "checkpoint_step": run.newest_checkpoint_step(),
-        "created": frozen.get("created"),
-        "path": str(run.path),
-        "reason": None,
-    } | _reason(run, state)
+    mesh = (layout.read_mesh(run.path) or {}).get("mesh")
+    return Summary(
+        name=run.name,
+        state=state,
+        job_id=run.last_job_id(),
+        scheduler=rec.scheduler,
+        profile=rec.profile_name,
+        nodes=rec.nodes,
+        gpus_per_node=rec.gpus,
+        strategy=rec.strategy if rec.entry_kind == "train_entry" else rec.entry_kind,
+        mesh=mesh if isinstance(mesh, str) else None,
+        restarts=max(0, starts - len(run.jobs())),
+        starts=starts,
+        checkpoint_step=run.newest_checkpoint_step(),
+        created=rec.created,
+        path=str(run.path),
+        reason=run.failure_reason() if state in states.FAILURES else None,
+    )
 
 
-def _reason(run: RunDir, state: str) -> dict[str, Any]:
-    if state in ("FAILED", "LOST", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"):
-        return {"reason": run.failure_reason()}
-    return {}
-
-
-def detail(r: RunDir) -> dict[str, Any]:
+def detail(r: RunDir) -> Detail:
     """summary() plus the start history, submissions, chain segments, training progress, the root
     cause of a failure and node health (preflight verdicts, stalls)."""
-    info = summary(r)
-    if info["state"] == "BROKEN":
-        raise UserError(info["reason"])
-
-    info["history"] = r.restarts()
-    info["jobs"] = r.jobs()
-    segments = []
-    if r.scheduler() == "slurm":
+    row = summary(r)
+    if row.state == BROKEN:
+        raise UserError(row.reason or BROKEN)
+    rec = r.record()
+    history = r.restarts()
+    segments: list[dict[str, str]] = []
+    if rec.scheduler == "slurm":
         from hpctrain.dispatch.slurm import chain_states  # lazy: CLI start-up: Slurm runs only
 
         segments = chain_states(r)
-    if segments:
-        info["chain"] = segments
-    info["progress"] = snapshot(r.path)
-    failed = info["state"] not in ("COMPLETED", "RUNNING", "PENDING", "UNKNOWN", "REQUEUED")
-    info["root_cause"] = cause = root_cause(r.path) if failed else None
-    if cause is not None and not info.get("reason"):
-        info["reason"] = cause["line"]  # the first line of `status`: which rank failed first, how
+    cause = root_cause(r.path) if row.state not in _NOT_FAILED else None
+    if cause is not None and not row.reason:
+        # the first line of `status`: which rank failed first, and how
+        row = dataclasses.replace(row, reason=cause.line)
     events = r.events()
-    info.update(health(events))
-    info["in_job_restarts"] = in_job.summary(events)  # apart from requeues ("restarts")
-    info["spares"] = spares.summary(
-        events,
-        asked=int(
-            ((r.frozen().get("profile") or {}).get("preemption") or {}).get("spare_nodes") or 0
-        )
-        if info["scheduler"] == "slurm"
-        else 0,
-        newest_start=info["history"][-1] if info["history"] else None,
-        verdict=_json(r.path / layout.PREFLIGHT_LATEST),
+    return Detail(
+        **vars(row),
+        history=history,
+        jobs=[dict(job.line) for job in r.jobs()],
+        chain=segments,
+        progress=snapshot(r),
+        root_cause=cause,
+        health=health(events),
+        in_job_restarts=in_job.summary(events),
+        spares=spares.summary(
+            events,
+            asked=rec.spare_nodes if rec.scheduler == "slurm" else 0,
+            newest_start=history[-1] if history else None,
+            verdict=_json(r.path / layout.PREFLIGHT_LATEST),
+        ),
     )
-    return info
 
 
-def _json(path: Path) -> dict[str, Any] | None:
+def _json(path: Path) -> dict[str, object] | None:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -130,14 +188,26 @@ def _json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def cancel(ref: str, runs_dir: Path | None = None) -> dict[str, Any]:
-    """Cancel a run's current job (or every point of a sweep). {"sweep": name, "points": [(point,
-    state)]} or {"name", "before", "after"} (after None: it was not running)."""
+@dataclass(frozen=True)
+class RunCancelled:
+    name: str
+    before: str
+    after: str | None  # None: it was not running
+
+
+@dataclass(frozen=True)
+class SweepCancelled:
+    sweep: str
+    points: list[tuple[str, str]]  # (point, its state after the cancel)
+
+
+def cancel(ref: str, runs_dir: Path | None = None) -> RunCancelled | SweepCancelled:
+    """Cancel a run's current job (or every point of a sweep)."""
     found = sweepdir.find(ref, runs_dir)
     if found is not None:
-        return {"sweep": found.name, "points": points.cancel(found)}
+        return SweepCancelled(found.name, points.cancel(found))
     r = find_run(ref, runs_dir)
     before = dispatch.state(r)
     if before in TERMINAL:
-        return {"name": r.name, "before": before, "after": None}
-    return {"name": r.name, "before": before, "after": dispatch.cancel(r)}
+        return RunCancelled(r.name, before, None)
+    return RunCancelled(r.name, before, dispatch.cancel(r))

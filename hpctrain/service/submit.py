@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 from hpctrain import dispatch
 from hpctrain.jobs.options import JobOptions
 from hpctrain.kernel import layout
-from hpctrain.remote.upload import adopt, check_upload, install
 from hpctrain.runs import chain
 from hpctrain.service import nodetorch
 from hpctrain.service.prepare import Prepared, entry_line, snapshots
+from hpctrain.service.upload import adopt, check_upload, install
 
 if TYPE_CHECKING:
     from hpctrain.jobs.request import JobRequest

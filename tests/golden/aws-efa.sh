@@ -84,7 +84,7 @@ hpctrain_fail() {  # MESSAGE: a setup failure, before any training started
   hpctrain_event failed reason "$*"
   hpctrain_finish FAILED 1
 }
-# shellcheck disable=SC2317  # called before a profile value that names a variable (hpctrain/render/envrefs.py)
+# shellcheck disable=SC2317  # called before a profile value that names a variable (hpctrain/jobs/envrefs.py)
 hpctrain_need() {  # WHERE NAME...: a profile value expands $NAME; under set -u an unset one kills bash
   local name
   for name in "${@:2}"; do

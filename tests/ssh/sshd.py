@@ -171,7 +171,7 @@ def agents(folder: Path) -> list[int]:
     for pid_file in sorted((runtime(folder) / "hpctrain").glob("*.pid")):
         try:
             pid = int(pid_file.read_text().strip())
-            if b"hpctrain.remote.agent" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"hpctrain.agent.serve" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 out.append(pid)
         except (OSError, ValueError):
             continue

@@ -1,4 +1,4 @@
-"""The login-node agent (hpctrain/remote/agent.py) behind a socket forwarded over the control
+"""The login-node agent (hpctrain/agent/serve.py) behind a socket forwarded over the control
 connection (hpctrain/remote/tunnel.py), against the real sshd of tests/ssh/sshd.py and a real
 agent: the same output and exit codes as one ssh command per call, no new SSH connection and no new
 agent for a later command, the fallback where the site refuses the forward, and the agent's own
@@ -302,7 +302,7 @@ def _ssh_options(lap: Laptop) -> list[str]:
 
 def _start(env: dict[str, str], token: str, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "hpctrain.remote.agent", "start", "--token", token, *extra],
+        [sys.executable, "-m", "hpctrain.agent.serve", "start", "--token", token, *extra],
         env=env,
         capture_output=True,
         text=True,

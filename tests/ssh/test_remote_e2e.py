@@ -1,7 +1,7 @@
 """End to end from a "laptop" (its own HOME, state and folder, no $SCRATCH) to the live two-node
 Slurm cluster behind a real sshd: submit, follow the logs, preempt, resume, and the result is bit
 for bit the one of an uninterrupted run. Every command goes over one SSH connection, and through one
-login-node agent (hpctrain/remote/agent.py)."""
+login-node agent (hpctrain/agent/serve.py)."""
 
 from __future__ import annotations
 

@@ -12,16 +12,25 @@ A folder named step-<N> therefore always has a manifest; a crash leaves at most 
 Load: the newest step-<N> whose manifest verifies (sizes and checksums). A truncated or corrupted one
 is reported (one warning line naming it and why) and skipped; nothing is deleted because of it.
 
-The parts: checkpointer.py (the Checkpointer: triggers, sync saves), load.py (load_latest),
-asyncsave.py (async saves), prune.py (old folders), ranks.py (the collectives), writer.py (the
-storage layer: one raw file per rank, hashed while written; its reader), staging.py (the reusable
-staging buffers of async saves), commit.py (rank 0's commit), compare.py (comparing two
-checkpoints), common.py (SaveFailed, the DCP holder, the planner). The format itself
-(names, manifest, verify, latest) is torch-free in hpctrain/kernel/checkpoint.py, re-exported here.
-Importing this package imports no torch; the Checkpointer imports it when used.
+The parts: checkpointer.py (the Checkpointer: triggers, the order of a save, sync saves), steps.py
+(the steps sync and async saves share), commit.py (the finish of a save; rank 0's commit),
+asyncsave.py (async saves), load.py (load_latest), ranks.py (the collectives), prune.py (old
+folders), statedict.py (the DCP holder, the state dict and plan caches), writer.py (the storage
+layer: one raw file per rank, hashed while written), reader.py (its reader), staging.py (the
+reusable staging buffers of async saves), safeload.py (reading without running code), export.py
+(`hpctrain export`), compare.py (comparing two checkpoints), common.py (SaveFailed). The format
+itself (names, manifest, verify, latest) is torch-free in hpctrain/kernel/checkpoint.py, re-exported
+here. The engine's own save and load are its strategy's (train_entry/strategies/).
+
+Importing this package imports no torch: the resume commands read the format through it on a login
+node (tests/test_resume_check.py). The Checkpointer (torch) loads on first use; compare.py and the
+other parts are imported as modules.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 from hpctrain.kernel.checkpoint import (  # noqa: F401  (the format lives in the kernel; re-exported)
     FORMAT,
@@ -39,6 +48,15 @@ from hpctrain.kernel.checkpoint import (  # noqa: F401  (the format lives in the
     verify,
 )
 from hpctrain.kernel.files import fsync_path, write_atomic  # noqa: F401  (re-exported, as before)
-from train_entry.checkpoint.checkpointer import STRATEGIES, Checkpointer  # noqa: F401
 from train_entry.checkpoint.common import LOW_SPACE, SaveFailed  # noqa: F401
-from train_entry.checkpoint.compare import compare  # noqa: F401
+
+if TYPE_CHECKING:
+    from train_entry.checkpoint.checkpointer import STRATEGIES, Checkpointer  # noqa: F401
+
+_TORCH = ("Checkpointer", "STRATEGIES")  # checkpointer.py's; it imports torch (see the docstring)
+
+
+def __getattr__(name: str) -> object:
+    if name not in _TORCH:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module("train_entry.checkpoint.checkpointer"), name)

@@ -4,33 +4,39 @@ train_entry.checkpoint compare A B`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+import torch
+
+from train_entry import state as st
+from train_entry.checkpoint.safeload import load_torch
+from train_entry.checkpoint.writer import load_plain
 
 
-def _load_weights(folder: Path) -> dict[str, Any]:
+def _load_weights(folder: Path) -> dict[str, object]:
     """{"model": ..., "optimizer": ...} of a DCP or DeepSpeed checkpoint, on CPU, no process group."""
     if (folder / ".metadata").exists():
-        from train_entry.checkpoint.writer import load_plain
-
         app = load_plain(folder)["app"]
+        assert isinstance(app, dict)  # the checkpointer saves {"app": {"model", "optim"}}
         return {"model": app.get("model"), "optimizer": app.get("optim")}
-    from train_entry.checkpoint.safeload import load_torch
-
-    out: dict[str, Any] = {"model": {}, "optimizer": {}}
+    model: dict[str, object] = {}
+    optimizer: dict[str, object] = {}
     for path in sorted(folder.glob("*.pt")):
         # DeepSpeed's optimizer files hold its loss scaler: loaded fully only when private
         obj = load_torch(path, root=folder.parent.parent)
         if "optim" in path.name:
-            out["optimizer"][path.name] = obj.get("optimizer_state_dict", obj)
+            optimizer[path.name] = _get(obj, "optimizer_state_dict")
         else:
-            out["model"][path.name] = obj.get("module", obj)
-    return out
+            model[path.name] = _get(obj, "module")
+    return {"model": model, "optimizer": optimizer}
 
 
-def _same(a: Any, b: Any) -> bool:  # Any: torch objects (tensors, modules, optimizers, state dicts)
+def _get(obj: object, key: str) -> object:
+    """obj[key] of a dict that has it, else obj itself."""
+    return obj.get(key, obj) if isinstance(obj, dict) else obj
+
+
+def _same(a: object, b: object) -> bool:
     """Bit-exact equality of nested containers of tensors and plain values."""
-    import torch
-
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return (
             isinstance(a, torch.Tensor)
@@ -48,17 +54,14 @@ def _same(a: Any, b: Any) -> bool:  # Any: torch objects (tensors, modules, opti
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=False))
     if isinstance(a, float) and a != a:
         return isinstance(b, float) and b != b
-    # typeshed types a class's __eq__ unlike object.__eq__; the identity test is the point here
-    if type(a) is type(b) and hasattr(a, "__dict__") and type(a).__eq__ is object.__eq__:  # type: ignore[comparison-overlap]
+    if type(a) is type(b) and hasattr(a, "__dict__") and type(a).__eq__ is object.__eq__:
         return _same(vars(a), vars(b))  # e.g. DeepSpeed's loss scaler object
     return bool(a == b)
 
 
-def compare(a: Path, b: Path) -> dict[str, Any]:
+def compare(a: Path, b: Path) -> dict[str, list[str]]:
     """Which parts of two checkpoints of the same step differ: model, optimizer, rng (rank R),
     data, loop, scheduler, scaler. Used by `hpctrain check-resume`."""
-    from train_entry import state as st
-
     differs: list[str] = []
     wa, wb = _load_weights(a), _load_weights(b)
     for part in ("model", "optimizer"):

@@ -25,16 +25,22 @@ import os
 import shutil
 import stat
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Protocol, cast
 
 import torch
+from safetensors.torch import save_file
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata
 
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.errors import UserError
+from train_entry.checkpoint.reader import RawReader, load_full
 from train_entry.checkpoint.safeload import load_torch
+from train_entry.config import TrainConfig
+from train_entry.model import call_factory, load_object
+from train_entry.strategies import strategy_class
 
 # format -> (single file, index file, shard file pattern), Hugging Face's names
 FILES = {
@@ -68,10 +74,6 @@ class Weights:
 
 
 def dcp_weights(folder: Path) -> Weights:
-    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
-
-    from train_entry.checkpoint.reader import RawReader, load_full
-
     md = RawReader(str(folder)).read_metadata()
     specs, skipped = {}, []
     for key, meta in md.state_dict_metadata.items():
@@ -95,13 +97,10 @@ def script_weights(folder: Path) -> Weights:
     # Written by hpctrain.runtime (torch.save of the user's state), read weights-only: one that
     # holds more than tensors and plain data is refused, whoever wrote it.
     state = load_torch(folder / SCRIPT_STATE)
-    # Any: torch objects (tensors, modules, optimizers, state dicts)
-    model: Any = state.get("model") if isinstance(state, dict) else None  # the loaded state
-    tensors = (
-        {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}
-        if isinstance(model, dict)
-        else {}
-    )
+    model = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(model, dict):
+        model = {}
+    tensors = {k: v for k, v in model.items() if isinstance(v, torch.Tensor)}
     if not tensors:
         keys = ", ".join(map(str, state)) if isinstance(state, dict) else type(state).__name__
         raise UserError(
@@ -117,16 +116,16 @@ def script_weights(folder: Path) -> Weights:
     )
 
 
-def weights(folder: Path, manifest: dict[str, Any]) -> Weights:
+def weights(folder: Path, manifest: Mapping[str, object]) -> Weights:
     """The source that wrote `folder`: its strategy's own reader, else DCP's or the runtime's."""
     name = manifest.get("strategy")
-    if strategy_names.engine_checkpoint(name):
-        from train_entry.strategies import strategy_class
-
-        got: Weights | None = strategy_class(str(name)).full_weights(folder)
+    if isinstance(name, str) and strategy_names.engine_checkpoint(name):
+        got: Weights | None = strategy_class(name).full_weights(folder)
         if got is not None:
             return got
     files = manifest.get("files") or {}
+    if not isinstance(files, dict):  # verify() read it as a mapping
+        files = {}
     if ".metadata" in files:
         return dcp_weights(folder)
     if SCRIPT_STATE in files:
@@ -181,8 +180,6 @@ def _ready(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[
 
 def _save(tensors: dict[str, torch.Tensor], path: Path, fmt: str, meta: dict[str, str]) -> None:
     if fmt == "safetensors":
-        from safetensors.torch import save_file
-
         save_file(tensors, str(path), metadata=meta)
     else:
         torch.save(tensors, path)
@@ -190,15 +187,25 @@ def _save(tensors: dict[str, torch.Tensor], path: Path, fmt: str, meta: dict[str
         os.fsync(f.fileno())
 
 
-def hf_model(config: dict[str, Any] | None, world: int) -> Any:
+class _Saves(Protocol):
+    def save_pretrained(self, folder: Path) -> object: ...
+
+
+class Pretrained(Protocol):
+    """What export uses of a transformers PreTrainedModel (transformers is an optional extra)."""
+
+    config: _Saves
+
+    def can_generate(self) -> bool: ...
+
+
+def hf_model(config: Mapping[str, object] | None, world: int) -> Pretrained | None:
     """The user's model as a transformers PreTrainedModel (built on the meta device: no memory),
     or None when it is not one (or transformers is not installed)."""
-    factory = ((config or {}).get("model") or {}).get("factory")
+    section = (config or {}).get("model")
+    factory = section.get("factory") if isinstance(section, dict) else None
     if not factory or importlib.util.find_spec("transformers") is None:
         return None
-    from train_entry.config import TrainConfig
-    from train_entry.model import call_factory, load_object
-
     if "" not in sys.path and os.getcwd() not in sys.path:  # as `python -m` would find it
         sys.path.insert(0, os.getcwd())
     try:
@@ -215,21 +222,21 @@ def hf_model(config: dict[str, Any] | None, world: int) -> Any:
             file=sys.stderr,
         )
         return None
-    from transformers import PreTrainedModel
+    from transformers import PreTrainedModel  # lazy: an optional extra, checked above
 
-    return model if isinstance(model, PreTrainedModel) else None
+    return cast(Pretrained, model) if isinstance(model, PreTrainedModel) else None
 
 
 def export(
     folder: Path,
-    manifest: dict[str, Any],
+    manifest: Mapping[str, object],
     out: Path,
     *,
     fmt: str,
     dtype: str | None,
     max_shard: int,
-    config: dict[str, Any] | None,
-) -> dict[str, Any]:
+    config: Mapping[str, object] | None,
+) -> dict[str, object]:
     """Write the weights of the checkpoint `folder` into the new folder `out` (see the module
     docstring); the summary: files, index, tensors, bytes, huggingface, skipped."""
     with quiet(f"reading the checkpoint {folder}"):
@@ -246,7 +253,8 @@ def export(
         if len(shards) == 1
         else [pattern.format(i=i + 1, n=len(shards)) for i in range(len(shards))]
     )
-    hf = hf_model(config, int(manifest.get("world_size") or 1))
+    world = manifest.get("world_size")
+    hf = hf_model(config, world if isinstance(world, int) and world else 1)
     meta = {"format": "pt"}  # what transformers checks in a safetensors header
     staging = _staging(out)
     try:
@@ -323,7 +331,7 @@ def _staging(out: Path) -> Path:
 
 
 @contextlib.contextmanager
-def quiet(what: str) -> Any:
+def quiet(what: str) -> Iterator[None]:
     """Library chatter (prints, progress bars) captured; shown only with an error from inside."""
     buf = io.StringIO()
     try:

@@ -31,7 +31,7 @@ import os
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, cast
+from typing import BinaryIO, cast
 
 import torch
 from torch.distributed.checkpoint.metadata import (
@@ -53,8 +53,8 @@ DENSE = 0.5  # map the whole file when at least this share of it is wanted
 class RawReader(FileSystemReader):
     """A DCP StorageReader for hpctrain checkpoints (raw per-rank files, or DCP's own files)."""
 
-    # Any: DCP passes its own arguments (a rank in some torch releases)
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+    # DCP passes its own arguments (a rank in some torch releases)
+    def read_metadata(self, *args: object, **kwargs: object) -> Metadata:
         rank = kwargs.get("rank")
         md = load_metadata(
             Path(self.path) / (".metadata" if rank is None else f"__{rank}.metadata")
@@ -68,8 +68,8 @@ class RawReader(FileSystemReader):
         self,
         metadata: Metadata,
         is_coordinator: bool,
-        *args: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
-        **kwargs: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        *args: object,  # whatever this torch's DCP passes on
+        **kwargs: object,
     ) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._md = metadata
@@ -85,7 +85,7 @@ class RawReader(FileSystemReader):
         raise KeyError(f"no stored chunk of {index.fqn} at offset {tuple(index.offset)}")
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
-        raw: dict[str, list[Any]] = {}
+        raw: dict[str, list[ReadItem]] = {}
         other = []
         for req in plan.items:
             rel = self.storage_data[req.storage_index].relative_path
@@ -102,7 +102,7 @@ class RawReader(FileSystemReader):
         fut.set_result(None)
         return fut
 
-    def _read_raw(self, path: Path, reqs: list[Any], planner: LoadPlanner) -> None:
+    def _read_raw(self, path: Path, reqs: list[ReadItem], planner: LoadPlanner) -> None:
         infos = [self.storage_data[r.storage_index] for r in reqs]
         size = path.stat().st_size
         with open(path, "rb", buffering=0) as f:
@@ -147,12 +147,11 @@ class _SafeBytes:
         what = f"{self._path}: {req.storage_index.fqn}"
         self._planner.load_bytes(req, safe_bytes(value.read(), what))
 
-    def __getattr__(self, name: str) -> Any:  # Any: whatever the planner holds
+    def __getattr__(self, name: str) -> object:  # whatever the planner holds
         return getattr(self._planner, name)
 
 
-# Any: torch objects (tensors, modules, optimizers, state dicts)
-def _read(f: Any, offset: int, length: int) -> torch.Tensor:
+def _read(f: BinaryIO, offset: int, length: int) -> torch.Tensor:
     """`length` bytes at `offset` as a uint8 tensor (64-byte aligned storage, so any dtype views)."""
     buf = torch.empty(length, dtype=torch.uint8)
     view = buf.numpy().data

@@ -13,17 +13,17 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
+from train_entry.checkpoint.checkpointer import Checkpointer
+from train_entry.state import TrainState
+
 
 def round_trip(folder: Path) -> str:
     """Save a 2-layer model with its AdamW state into `folder`/checkpoints (every step of a real
     save: the raw writer, DCP's metadata, the manifest, the commit), verify it, load it into a
     fresh copy and compare every tensor. Returns a one-line summary; raises on any failure
     (SaveFailed, or AssertionError when the loaded state differs). `folder` is removed after."""
-    import torch
-
-    from train_entry.checkpoint.checkpointer import Checkpointer
-    from train_entry.state import TrainState
-
     t0 = time.perf_counter()
 
     def build() -> TrainState:
@@ -36,12 +36,14 @@ def round_trip(folder: Path) -> str:
         return TrainState(model=model, optimizer=opt, scheduler=None, data={}, config={})
 
     saved = build()
+    assert saved.optimizer is not None  # build()'s AdamW
     saved.model(torch.ones(1, 8)).sum().backward()
     saved.optimizer.step()  # optimizer state, as a run's first save has
     saved.step = 1
     try:
         Checkpointer(folder, strategy="ddp", log=lambda m: None).save(saved)
         loaded = build()
+        assert loaded.optimizer is not None
         step = Checkpointer(folder, strategy="ddp", log=lambda m: None).load_latest(loaded)
         if step != 1:
             raise AssertionError(f"the checkpoint just saved did not verify (loaded: {step})")

@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
@@ -63,7 +63,7 @@ def _member(cls: object, name: object) -> enum.Enum:
 
 
 class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:  # Any: a class or function
+    def find_class(self, module: str, name: str) -> object:  # a class or function
         if (module, name) == ("builtins", "getattr"):
             return _member
         found = _allowed().get((module, name))
@@ -126,7 +126,7 @@ def _global(exc: BaseException) -> str | None:
     return found.group(1) if found else None
 
 
-def load_torch(path: Path, root: Path | None = None) -> Any:  # Any: what the file holds
+def load_torch(path: Path, root: Path | None = None) -> object:
     """A torch file's content, loaded weights-only (tensors, containers, numbers, strings). When
     it holds anything else: refused; with `root` (the run folder, for DeepSpeed's files only) the
     full unpickler instead, if nobody but this user could have written them (`private`)."""
@@ -142,7 +142,7 @@ def load_torch(path: Path, root: Path | None = None) -> Any:  # Any: what the fi
     return torch.load(path, map_location="cpu", weights_only=False)
 
 
-def _weights_only(f: IO[bytes], what: str) -> Any:  # Any: what the file holds
+def _weights_only(f: IO[bytes], what: str) -> object:
     try:
         return torch.load(f, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import cast
 
 import torch
 
+from train_entry.checkpoint.statedict import StateDict
 from train_entry.compat import copy_state_dict, cpu_state_dict, local_tensor
 
 
-def _layout(obj: Any) -> Any:  # Any: torch objects (tensors, modules, optimizers, state dicts)
+def _layout(obj: object) -> object:
     """The structure of a state dict: keys, and each tensor's type, dtype, shape and device."""
     if isinstance(obj, dict):
         return tuple((k, _layout(v)) for k, v in obj.items())
@@ -22,8 +23,7 @@ def _layout(obj: Any) -> Any:  # Any: torch objects (tensors, modules, optimizer
     return type(obj)
 
 
-# Any: torch objects (tensors, modules, optimizers, state dicts)
-def _select(obj: Any, keep: Any) -> Any:
+def _select(obj: object, keep: Callable[[torch.Tensor], bool]) -> object:
     """The same nested structure holding only the tensors `keep(tensor)` accepts (others None)."""
     if isinstance(obj, dict):
         return {k: _select(v, keep) for k, v in obj.items()}
@@ -45,19 +45,18 @@ class Stager:
     installs an optimizer pre-step hook). Safe because one save finishes before the next starts."""
 
     def __init__(self) -> None:
-        self.layout: Any = None  # Any: torch objects (tensors, modules, optimizers, state dicts)
-        self.cache: Any = None  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        self.layout: object = None  # the cached state dict's (_layout)
+        self.cache: StateDict = {}  # the CPU buffers
         self._stream: torch.cuda.Stream | None = None
         self._ready: torch.cuda.Event | None = None
-        self._sd: Any = None  # Any: torch objects (tensors, modules, optimizers, state dicts)
-        # Any: torch objects (tensors, modules, optimizers, state dicts)
-        self._pairs: Any = None  # for the last sd: (now src, now dst), (later src, later dst)
+        self._cuda = False
+        self._sd: StateDict | None = None
+        # for the last sd: (now src, now dst), (later src, later dst)
+        self._pairs: tuple[tuple[StateDict, StateDict], ...] = ()
 
-    def begin(
-        self, sd: dict[str, Any], movable: Callable[[], set[int]], same: bool = False
-    ) -> None:
+    def begin(self, sd: StateDict, movable: Callable[[], set[int]], same: bool = False) -> None:
         """`same`: `sd` is the last save's state dict, holding the same tensors (StateDicts)."""
-        if not (same and sd is self._sd and self._pairs is not None):
+        if not (same and sd is self._sd and self._pairs):
             layout = _layout(sd)
             self._cuda = any(str(d).startswith("cuda") for d in _devices(sd))
             if layout != self.layout:
@@ -66,8 +65,7 @@ class Stager:
             now = _select(sd, lambda t: local_tensor(t).data_ptr() not in moves)
             later = _select(sd, lambda t: local_tensor(t).data_ptr() in moves)
             self._pairs = tuple(
-                (_prune_none(part), _prune_none(_select_like(self.cache, part)))
-                for part in (now, later)
+                (_tensors(part), _tensors(_select_like(self.cache, part))) for part in (now, later)
             )
             self._sd = sd
         if self._cuda:
@@ -77,7 +75,7 @@ class Stager:
             self._ready.record()  # the step's kernels before the copy
         copy_state_dict(*self._pairs[0])
 
-    def finish(self) -> dict[str, Any]:
+    def finish(self) -> StateDict:
         src, dst = self._pairs[1]
         if self._stream is not None and self._ready is not None:  # set together by begin()
             self._stream.wait_event(self._ready)
@@ -87,12 +85,10 @@ class Stager:
         else:
             copy_state_dict(src, dst)
         # the full structure: staged tensors, the scalars as they were at begin()
-        merged: dict[str, Any] = _merge_staged(self._sd, self.cache)
-        return merged
+        return cast(StateDict, _merge_staged(self._sd, self.cache))  # sd's structure: a dict
 
 
-# Any: torch objects (tensors, modules, optimizers, state dicts)
-def _devices(obj: Any) -> set[str]:
+def _devices(obj: object) -> set[str]:
     if isinstance(obj, dict):
         return set().union(*(_devices(v) for v in obj.values())) if obj else set()
     if isinstance(obj, (list, tuple)):
@@ -102,18 +98,26 @@ def _devices(obj: Any) -> set[str]:
     return set()
 
 
-# Any: torch objects (tensors, modules, optimizers, state dicts)
-def _select_like(cache: Any, pattern: Any) -> Any:
-    """The cache's tensors at the places `pattern` holds one."""
+def _select_like(cache: object, pattern: object) -> object:
+    """The cache's tensors at the places `pattern` holds one (the same structure as `cache`)."""
     if isinstance(pattern, dict):
-        return {k: _select_like(cache[k], v) for k, v in pattern.items()}
+        mapping = cast(Mapping[str, object], cache)
+        return {k: _select_like(mapping[k], v) for k, v in pattern.items()}
     if isinstance(pattern, list):
-        return [_select_like(c, v) for c, v in zip(cache, pattern, strict=True)]
+        items = cast(Sequence[object], cache)
+        return [_select_like(c, v) for c, v in zip(items, pattern, strict=True)]
     return cache if pattern is not None else None
 
 
-def _prune_none(obj: Any) -> Any:  # Any: torch objects (tensors, modules, optimizers, state dicts)
-    """Drop the None leaves (and empty containers) so _copy_state_dict sees tensors only."""
+def _tensors(obj: object) -> StateDict:
+    """A state dict of `_select`'s result, its None leaves (and empty containers) dropped, so
+    copy_state_dict sees tensors only."""
+    pruned = _prune_none(obj)
+    return pruned if isinstance(pruned, dict) else {}
+
+
+def _prune_none(obj: object) -> object:
+    """Drop the None leaves (and empty containers)."""
     if isinstance(obj, dict):
         out = {k: _prune_none(v) for k, v in obj.items()}
         return {
@@ -126,12 +130,14 @@ def _prune_none(obj: Any) -> Any:  # Any: torch objects (tensors, modules, optim
     return obj
 
 
-# Any: torch objects (tensors, modules, optimizers, state dicts)
-def _merge_staged(sd: Any, cache: Any) -> Any:
+def _merge_staged(sd: object, cache: object) -> object:
+    """`sd`'s structure and plain leaves with the staged tensors of `cache` (the same structure)."""
     if isinstance(sd, dict):
-        return {k: _merge_staged(v, cache[k]) for k, v in sd.items()}
+        mapping = cast(Mapping[str, object], cache)
+        return {k: _merge_staged(v, mapping[k]) for k, v in sd.items()}
     if isinstance(sd, (list, tuple)):
-        return type(sd)(_merge_staged(v, c) for v, c in zip(sd, cache, strict=True))
+        items = cast(Sequence[object], cache)
+        return type(sd)(_merge_staged(v, c) for v, c in zip(sd, items, strict=True))
     if isinstance(sd, torch.Tensor):
         return cache
     return sd

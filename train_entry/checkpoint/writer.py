@@ -27,7 +27,6 @@ import time
 from concurrent.futures import Future as _CFuture
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import torch
 import xxhash
@@ -80,7 +79,7 @@ class HashingWriter(WriterBase):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
-        self.entries: dict[str, dict[str, Any]] = {}
+        self.entries: dict[str, dict[str, object]] = {}
         self.phases: dict[str, float] = {}
         self.final_plan: SavePlan | None = None
         self._fsync: _CFuture[float] | None = None
@@ -122,8 +121,8 @@ class HashingWriter(WriterBase):
         fd = os.open(Path(self.path) / name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             with os.fdopen(fd, "wb", buffering=0, closefd=False) as f:
-                # Any: torch objects (tensors, modules, optimizers, state dicts)
-                def put(buf: Any) -> None:
+
+                def put(buf: bytes | bytearray | memoryview) -> None:
                     nonlocal write_s, hash_s
                     t0 = time.perf_counter()
                     hasher.update(buf)  # while the bytes are in the cache
@@ -190,7 +189,7 @@ class HashingWriter(WriterBase):
         }
 
 
-def load_plain(folder: str | os.PathLike[str]) -> dict[str, Any]:
+def load_plain(folder: str | os.PathLike[str]) -> dict[str, object]:
     """The whole state dict of a DCP checkpoint (raw or DCP's own files) on CPU, without a
     process group: what torch's dcp_to_torch_save loads, for our raw files too."""
     with refusals():
@@ -226,7 +225,7 @@ class SyncedFiles:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.entries: dict[str, dict[str, Any]] = {}
+        self.entries: dict[str, dict[str, object]] = {}
         self._pool = io_pool()
         self._futures: list[_CFuture[float]] = []
 
@@ -244,7 +243,7 @@ class SyncedFiles:
             raise
         self._futures.append(self._pool.submit(_fsync_close, fd))
 
-    def wait(self) -> dict[str, dict[str, Any]]:
+    def wait(self) -> dict[str, dict[str, object]]:
         futures, self._futures = self._futures, []
         errors = []
         for f in futures:  # every one finished before returning, the first error raised

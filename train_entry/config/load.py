@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import yaml
 from pydantic import ValidationError as PydanticError
@@ -24,7 +23,7 @@ class _Origins(dict[str, tuple[str, int | None]]):
     """dotted key -> (file, line) or ("flag", None)."""
 
 
-def _load_yaml(path: Path) -> tuple[dict[str, Any], _Origins]:
+def _load_yaml(path: Path) -> tuple[dict[str, object], _Origins]:
     """The safe YAML reader the profiles use (hpctrain.kernel.yamlsafe: no tags, anchors or merge
     keys, size and depth caps, every problem as file:line: key), with no cache: training ranks
     write nothing. The line of every mapping key goes into the origins (1-based)."""
@@ -45,10 +44,10 @@ def _load_yaml(path: Path) -> tuple[dict[str, Any], _Origins]:
     for keys, line in doc.lines.items():
         if all(isinstance(k, str) for k in keys):
             origins[".".join(str(k) for k in keys)] = (str(path), line)
-    return doc.data, origins
+    return dict(doc.data), origins
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(text: str) -> object:
     # YAML scalars: 3e-4 -> float, true -> bool, null -> None, [0.9, 0.99] -> list.
     try:
         return yaml.safe_load(text) if text != "" else ""
@@ -65,7 +64,9 @@ def _suggest(key: str) -> str:
     return f"did you mean '{close[0]}'?" if close else "remove it (see --help for every key)"
 
 
-def apply_overrides(data: dict[str, Any], overrides: list[str], origins: _Origins) -> list[Problem]:
+def apply_overrides(
+    data: dict[str, object], overrides: list[str], origins: _Origins
+) -> list[Problem]:
     problems: list[Problem] = []
     items = list(overrides)
     while items:
@@ -85,9 +86,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str], origins: _Origin
         parts = key.split(".")
         node = data
         for p in parts[:-1]:
-            if not isinstance(node.get(p), dict):
-                node[p] = {}
-            node = node[p]
+            child = node.get(p)
+            if not isinstance(child, dict):
+                child = node[p] = {}
+            node = child
         node[parts[-1]] = _parse_value(raw)
         origins[key] = ("flag", None)
     return problems
@@ -126,7 +128,7 @@ def _problems_from(err: PydanticError, origins: _Origins) -> list[Problem]:
 def load_config(
     path: str | os.PathLike[str] | None = None,
     overrides: Sequence[str] = (),
-    flags: dict[str, Any] | None = None,
+    flags: Mapping[str, object] | None = None,
     *,
     world: int | None = None,
     gpus_per_node: int | None = None,

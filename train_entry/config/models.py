@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Mapping
+from typing import Literal, TypedDict, TypeVar, Unpack
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
@@ -19,9 +20,20 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-# Any: a pydantic field's default (any type)
-def _f(default: Any, description: str, **kw: Any) -> Any:
-    return Field(default, description=description, **kw)
+T = TypeVar("T")
+
+
+class _Bounds(TypedDict, total=False):
+    ge: float
+    gt: float
+    le: float
+    lt: float
+
+
+def _f(default: T, description: str, **bounds: Unpack[_Bounds]) -> T:
+    """A field with its default, its description (the --help text) and its numeric bounds."""
+    field: T = Field(default, description=description, **bounds)
+    return field
 
 
 class ModelConfig(_Section):
@@ -287,8 +299,8 @@ def keys_help() -> str:
     return "\n".join(lines)
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _flatten(d: Mapping[str, object], prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
     for k, v in d.items():
         if isinstance(v, dict):
             out.update(_flatten(v, f"{prefix}{k}."))

@@ -7,9 +7,9 @@ process group and every size here is the trivial one, so ddp/fsdp runs are untou
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from hpctrain.kernel import mesh as layouts
 from train_entry.config import TrainConfig
@@ -19,8 +19,7 @@ from train_entry.config import TrainConfig
 class ParallelDims:
     layout: layouts.Layout
     rank: int
-    # Any: torch objects (tensors, modules, optimizers, state dicts)
-    mesh: Any = None  # torch DeviceMesh, None without tp/pp
+    mesh: DeviceMesh | None = None  # None without tp/pp
 
     @classmethod
     def build(
@@ -29,13 +28,16 @@ class ParallelDims:
         layout = layouts.Layout.of(world_size, cfg.parallel.tp, cfg.parallel.pp)
         if not layout.parallel:
             return cls(layout, rank)
-        from torch.distributed.device_mesh import init_device_mesh
-
         grid = init_device_mesh(device.type, layout.shape, mesh_dim_names=layouts.DIMS)
         return cls(layout, rank, grid)
 
     def _local(self, dim: str) -> int:
         return int(self.mesh[dim].get_local_rank()) if self.mesh is not None else 0
+
+    def sub(self, dim: str) -> DeviceMesh:
+        """The mesh's `dim` dimension (a run with tp or pp has a mesh)."""
+        assert self.mesh is not None, "a data-parallel run has no device mesh"
+        return self.mesh[dim]
 
     @property
     def dp_rank(self) -> int:

@@ -18,28 +18,29 @@ checkpoint saved with one layout loads into another. Stages reuse the model's mo
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Callable
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from train_entry.config import TrainConfig
 
 
 def tp_plan(model: nn.Module, tp_mesh: DeviceMesh, config: TrainConfig) -> None:
     """Megatron-style TP + sequence parallel for the GPT (or one of its stages), in place."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-
     sharded_logits = config.parallel.loss_parallel
-    root: dict[str, Any] = {}
+    root: dict[str, ParallelStyle] = {}
     if getattr(model, "tok", None) is not None:  # the first stage: embeddings, tokens split
         root["tok"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
         root["pos"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(0))
@@ -69,7 +70,7 @@ def tp_plan(model: nn.Module, tp_mesh: DeviceMesh, config: TrainConfig) -> None:
 
 def _blocks(model: nn.Module) -> list[nn.Module]:
     # nn.Module.__getattr__ is typed Tensor | Module; a GPT's blocks are a ModuleList or ModuleDict
-    blocks: Any = model.blocks  # Any: torch objects (tensors, modules, optimizers, state dicts)
+    blocks = cast(nn.ModuleList | nn.ModuleDict, model.blocks)
     return list(blocks.values() if isinstance(blocks, nn.ModuleDict) else blocks)
 
 
@@ -80,7 +81,7 @@ class GPTStage(nn.Module):
     def __init__(self, gpt: nn.Module, lo: int, hi: int, *, first: bool, last: bool) -> None:
         super().__init__()
         # nn.Module.__getattr__ is typed Tensor | Module: these are the GPT's submodules
-        blocks: Any = gpt.blocks  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        blocks = cast(nn.ModuleList, gpt.blocks)
         self.tok: nn.Module | None = cast(nn.Module, gpt.tok) if first else None
         self.pos: nn.Module | None = cast(nn.Module, gpt.pos) if first else None
         self.blocks = nn.ModuleDict({str(i): blocks[i] for i in range(lo, hi)})
@@ -106,7 +107,7 @@ def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 def pp_split(
     model: nn.Module, stage_ids: list[int], n_stages: int, config: TrainConfig
-) -> tuple[list[nn.Module], Any]:
+) -> tuple[list[nn.Module], Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
     """Equal runs of layers per stage; this rank's stages (its `stage_ids`) and the loss."""
     n = len(model.blocks)  # type: ignore[arg-type]
     per = n // n_stages

@@ -11,15 +11,18 @@ needs meta-device initialisation, which this does not do yet.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed import ProcessGroup
 
 from hpctrain.kernel import mesh as layouts
 from hpctrain.kernel.errors import UserError
 from train_entry.config import TrainConfig
 from train_entry.model import call_factory, load_object
+from train_entry.parallel import gpt
+
+Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # loss_fn(output, target)
 
 
 def stage_ids(pp_rank: int, pp: int, schedule: str) -> list[int]:
@@ -27,16 +30,11 @@ def stage_ids(pp_rank: int, pp: int, schedule: str) -> list[int]:
     return [pp_rank + i * pp for i in range(v)]
 
 
-def split(
-    model: nn.Module, *, pp_rank: int, cfg: TrainConfig
-) -> tuple[list[nn.Module], Callable[..., Any]]:
+def split(model: nn.Module, *, pp_rank: int, cfg: TrainConfig) -> tuple[list[nn.Module], Loss]:
     par = cfg.parallel
     ids = stage_ids(pp_rank, par.pp, par.schedule)
     n = par.pp * layouts.stages_per_rank(par.schedule)
-    if par.pp_split:
-        fn = load_object(par.pp_split, "parallel.pp_split")
-    else:
-        from train_entry.parallel.gpt import pp_split as fn
+    fn = load_object(par.pp_split, "parallel.pp_split") if par.pp_split else gpt.pp_split
     out = call_factory(fn, model=model, stage_ids=ids, n_stages=n, config=cfg)
     what = par.pp_split or "the demo GPT's split"
     if not (isinstance(out, tuple) and len(out) == 2 and callable(out[1])):
@@ -79,14 +77,14 @@ class Pipeline:
         self,
         parts: list[nn.Module],
         *,
-        loss: Callable[..., Any],
+        loss: Loss,
         pp_rank: int,
-        pp_group: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        pp_group: ProcessGroup,
         device: torch.device,
         cfg: TrainConfig,
         grad_accum: int,
     ) -> None:
-        from torch.distributed import pipelining
+        from torch.distributed import pipelining  # lazy: 4 s of imports (torch._dynamo), pp only
 
         par = cfg.parallel
         self.ids = stage_ids(pp_rank, par.pp, par.schedule)
@@ -111,13 +109,11 @@ class Pipeline:
             scale_grads=grad_accum == 1,
         )
 
-    # Any: torch objects (tensors, modules, optimizers, state dicts)
-    def _loss(self, out: Any, target: Any) -> torch.Tensor:
-        value: torch.Tensor = self.loss(out, target)
+    def _loss(self, out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        value = self.loss(out, target)
         return value if self.scale == 1 else value / self.scale
 
-    # Any: torch objects (tensors, modules, optimizers, state dicts)
-    def run(self, batch: Any) -> torch.Tensor | None:
+    def run(self, batch: object) -> torch.Tensor | None:
         """One micro-step; the mean loss on the rank holding the last stage, else None."""
         inputs, target = _split_batch(batch)
         losses: list[torch.Tensor] = []
@@ -134,8 +130,7 @@ def _plain(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-# Any: torch objects (tensors, modules, optimizers, state dicts)
-def _split_batch(batch: Any) -> tuple[Any, Any]:
+def _split_batch(batch: object) -> tuple[object, object]:
     """(input of the first stage, target of the loss): a dict's first entry and its 'targets' or
     'labels'; a tuple or list's two items."""
     if isinstance(batch, dict):

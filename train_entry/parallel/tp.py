@@ -6,21 +6,20 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
-from typing import Any
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor.parallel import loss_parallel
 
 from train_entry.config import TrainConfig
 from train_entry.model import call_factory, load_object
+from train_entry.parallel.gpt import tp_plan
 
 
-def plan_of(cfg: TrainConfig) -> Callable[..., None]:
+def plan_of(cfg: TrainConfig) -> Callable[..., object]:
     """The TP plan function: the user's (config-checked to exist for a user model) or the demo's."""
     if cfg.parallel.tp_plan:
         return load_object(cfg.parallel.tp_plan, "parallel.tp_plan")
-    from train_entry.parallel.gpt import tp_plan
-
     return tp_plan
 
 
@@ -28,11 +27,9 @@ def apply(part: nn.Module, *, tp_mesh: DeviceMesh, cfg: TrainConfig) -> None:
     call_factory(plan_of(cfg), model=part, tp_mesh=tp_mesh, config=cfg)
 
 
-def loss_context(cfg: TrainConfig) -> Callable[[], ContextManager[Any]]:
+def loss_context(cfg: TrainConfig) -> Callable[[], ContextManager[object]]:
     """loss_parallel() when the plan leaves the logits sharded on the vocabulary (forward and
     backward both run inside it); else nothing."""
     if cfg.parallel.tp > 1 and cfg.parallel.loss_parallel:
-        from torch.distributed.tensor.parallel import loss_parallel
-
         return loss_parallel
     return contextlib.nullcontext

@@ -1,5 +1,6 @@
 """Compose the strategies in one fixed order: activation checkpointing, compile, then the
-data-parallel strategy (ddp | fsdp | deepspeed).
+data-parallel strategy (ddp | fsdp | deepspeed); a run with tp or pp goes to the mesh strategy
+(strategies/mesh.py), which keeps the same order per pipeline stage.
 
 The order matters: checkpointing and compile act on the user's blocks, and must be in place before a
 strategy shards or wraps them (FSDP2 shards block by block; DDP registers hooks on the final params).
@@ -14,13 +15,14 @@ import importlib
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from hpctrain.kernel import strategies as names
 from train_entry.config import TrainConfig
-from train_entry.model import find_blocks
+from train_entry.model import apply_activation_checkpointing, apply_compile
 from train_entry.parallel.dims import ParallelDims
 from train_entry.strategies.base import Strategy, clip_and_step  # noqa: F401  (public names)
+from train_entry.strategies.fsdp import FSDPStrategy
+from train_entry.strategies.mesh import ParallelStrategy
 
 STRATEGIES: dict[str, str] = {  # name -> module whose STRATEGY is the class
     "ddp": "train_entry.strategies.ddp",
@@ -35,22 +37,6 @@ def strategy_class(name: str) -> type[Strategy]:
     return importlib.import_module(STRATEGIES[name]).STRATEGY  # type: ignore[no-any-return]
 
 
-def apply_activation_checkpointing(model: nn.Module, *, block_class: str | None) -> int:
-    """Recompute each block in backward. Overrides the instance's forward instead of wrapping the
-    module, so parameter names (and so checkpoints) are the same with and without it."""
-    blocks = find_blocks(model, block_class)
-    for block in blocks:
-        inner = block.forward
-        block.forward = lambda *a, _f=inner, **k: checkpoint(_f, *a, use_reentrant=False, **k)
-    return len(blocks)
-
-
-def apply_compile(model: nn.Module, *, block_class: str | None) -> None:
-    # Per block (like torchtitan): blocks are identical, so one compiled graph is reused; names unchanged.
-    for block in find_blocks(model, block_class) or [model]:
-        block.compile()
-
-
 def wrap(
     model: nn.Module,
     *,
@@ -62,9 +48,6 @@ def wrap(
     if dims is not None and dims.mesh is not None:
         # tp/pp: one device mesh, the data-parallel strategy as its dp dimension (its `shard`;
         # hpctrain/kernel/strategies.py says which compose, checked at parse time)
-        from train_entry.parallel.strategy import ParallelStrategy
-        from train_entry.strategies.fsdp import FSDPStrategy
-
         dp = strategy_class(cfg.strategy)
         assert issubclass(dp, FSDPStrategy)  # the one strategy with mesh=True (kernel/strategies)
         return ParallelStrategy.build(

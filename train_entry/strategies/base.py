@@ -11,30 +11,38 @@ train_entry/strategies/__init__.py holds the registry (names from hpctrain/kerne
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Mapping
 from contextlib import AbstractContextManager as ContextManager
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from train_entry.config import TrainConfig
+from train_entry.model import compute_loss
+from train_entry.state import params_sha256
+
+if TYPE_CHECKING:
+    from train_entry.checkpoint.export import Weights
 
 
 class Strategy:
     name: ClassVar[str]
+    # the DDP/FSDP module, or DeepSpeed's engine, whose backward, step and get_lr its strategy calls
+    model: Any  # Any: the DeepSpeed engine's methods are untyped
 
     def __init__(
         self,
-        model: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
-        optimizer: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
-        scheduler: Any,  # Any: torch objects (tensors, modules, optimizers, state dicts)
-        scaler: Any = None,  # Any: torch objects (tensors, modules, optimizers, state dicts)
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        scheduler: LRScheduler,
+        scaler: torch.amp.GradScaler | None = None,
         *,
         device: torch.device,
         grad_accum: int,
-        extra: dict[str, Any] | None = None,
+        extra: Mapping[str, object] | None = None,
     ) -> None:
         self.model = model  # call it for forward: the DDP/FSDP module or the DeepSpeed engine
         self.optimizer = optimizer  # None when the strategy's engine owns it
@@ -56,12 +64,9 @@ class Strategy:
         """Checks that need no process group (at parse time, before any process group exists)."""
 
     # ---- one step
-    # Any: torch objects (tensors, modules, optimizers, state dicts)
-    def micro_step(self, batch: Any, last: bool) -> torch.Tensor:
+    def micro_step(self, batch: object, last: bool) -> torch.Tensor:
         """Forward and backward of one micro-batch (gradients reduced when `last`); this rank's
-        loss, detached. A pipeline runs all its stages' microbatches here (parallel/strategy.py)."""
-        from train_entry.model import compute_loss
-
+        loss, detached. A pipeline runs all its stages' microbatches here (strategies/mesh.py)."""
         with self.sync(last), self.autocast():
             loss = compute_loss(self.model, batch)
             self.backward(loss)
@@ -75,11 +80,11 @@ class Strategy:
         """The optimizer step; returns the grad norm (nan if not computed)."""
         raise NotImplementedError
 
-    def sync(self, last: bool) -> ContextManager[Any]:
+    def sync(self, last: bool) -> ContextManager[object]:
         """Around a micro-step: gradients are reduced only when `last`."""
         return contextlib.nullcontext()
 
-    def autocast(self) -> ContextManager[Any]:
+    def autocast(self) -> ContextManager[object]:
         return contextlib.nullcontext()
 
     def lr(self) -> float:
@@ -87,25 +92,42 @@ class Strategy:
 
     # ---- state
     @property
-    def checkpointed_scheduler(self) -> Any:
+    def checkpointed_scheduler(self) -> LRScheduler | None:
         """The scheduler the checkpointer saves (None when the engine saves its own)."""
         return self.scheduler
 
     @staticmethod
-    def full_weights(folder: Path) -> Any:
+    def full_weights(folder: Path) -> Weights | None:
         """`hpctrain export`: the consolidated model weights of a checkpoint folder this strategy's
         engine wrote (a train_entry.checkpoint.export.Weights); None: DCP's files hold them."""
         return None
 
+    # ---- a checkpoint its engine writes itself (kernel/strategies.py checkpoint="engine"); the
+    # checkpointer calls these instead of DCP's save and load (train_entry/checkpoint/)
+    @staticmethod
+    def save_engine(model: nn.Module, *, folder: Path) -> None:
+        """Write the engine's files (weights, optimizer, schedule) into `folder`, a save's staging
+        folder (every rank)."""
+        raise NotImplementedError("DCP saves this strategy's state")
+
+    @staticmethod
+    def load_engine(model: nn.Module, *, folder: Path) -> None:
+        """Load what `save_engine` wrote into the checkpoint `folder` (every rank)."""
+        raise NotImplementedError("DCP loads this strategy's state")
+
+    @staticmethod
+    def check_resume(folder: Path, *, saved_world: object, world: int) -> None:
+        """Before a load: UserError when the checkpoint `folder`, saved by `saved_world` ranks,
+        cannot load into this run's `world` ranks (every rank)."""
+
     def params_sha256(self) -> str:
         """Full parameter values, fixed order, whatever the sharding (a collective)."""
-        from train_entry.state import params_sha256
-
         return params_sha256(self.model)
 
 
 def clip_and_step(s: Strategy, params: list[nn.Parameter], max_norm: float | None) -> float:
     """Unscale (fp16), clip, step, zero the grads, advance the schedule: the DDP/FSDP optimizer step."""
+    assert s.optimizer is not None  # an engine's strategy (DeepSpeed) steps itself
     if s.scaler is not None:
         s.scaler.unscale_(s.optimizer)
     norm = float("nan")
@@ -120,6 +142,3 @@ def clip_and_step(s: Strategy, params: list[nn.Parameter], max_norm: float | Non
     s.optimizer.zero_grad(set_to_none=True)
     s.scheduler.step()
     return norm
-
-
-Factory = Callable[..., Strategy]

@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpctrain.runtime import fix_ddp_buckets
@@ -20,13 +22,9 @@ from train_entry.strategies.base import Strategy, clip_and_step
 def _comm_hook(model: DDP, cfg: TrainConfig) -> None:
     hook = cfg.ddp.comm_hook
     if hook == "fp16":
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
         model.register_comm_hook(None, default_hooks.fp16_compress_hook)
     elif hook == "powersgd":
         # batched_powerSGD_hook fails on gloo (shared/notes/cpu-distributed.md); the layer-wise one works.
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-
         state = psgd.PowerSGDState(
             process_group=None,
             matrix_approximation_rank=cfg.ddp.powersgd_rank,
@@ -89,11 +87,11 @@ class DDPStrategy(Strategy):
     def step(self) -> float:
         return clip_and_step(self, self.params, self.max_norm)
 
-    def sync(self, last: bool) -> ContextManager[Any]:
+    def sync(self, last: bool) -> ContextManager[object]:
         # Gradients are all-reduced only in the last micro-step's backward.
         return contextlib.nullcontext() if last else self.model.no_sync()
 
-    def autocast(self) -> ContextManager[Any]:
+    def autocast(self) -> ContextManager[object]:
         if self.precision == "fp32":
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=DTYPES[self.precision])

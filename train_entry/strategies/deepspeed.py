@@ -9,26 +9,31 @@ optimizer, which also resumes bit-exactly unlike DeepSpeed's C++ Adams).
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 
 from hpctrain.kernel.errors import UserError
+from train_entry.checkpoint.export import Weights, quiet
+from train_entry.checkpoint.safeload import load_torch, private
 from train_entry.config import TrainConfig
+from train_entry.dist import pick_device
 from train_entry.optim import build_optimizer, build_scheduler
 from train_entry.strategies.base import Strategy
 
 MISSING = "deepspeed is not installed: pip install 'hpctrain[deepspeed]'"
 
 
-def import_deepspeed(device_type: str = "cpu") -> Any:
+def import_deepspeed(device_type: str = "cpu") -> ModuleType:
     if device_type == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    try:
+    try:  # lazy: deepspeed is an optional extra (and picks its accelerator when imported)
         import deepspeed
         import deepspeed.comm
         import deepspeed.ops
@@ -38,31 +43,33 @@ def import_deepspeed(device_type: str = "cpu") -> Any:
     # deepspeed_shm_comm (~30 s) in init_distributed; we use plain torch collectives.
     ops = vars(deepspeed.ops).setdefault("__compatible_ops__", {})
     ops["deepspeed_shm_comm"] = False
-    return deepspeed
+    module: ModuleType = deepspeed  # untyped: ignore_missing_imports
+    return module
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def _merge(base: dict[str, object], over: dict[str, object]) -> dict[str, object]:
     out = copy.deepcopy(base)
     for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        mine = out.get(k)
+        out[k] = _merge(mine, v) if isinstance(v, dict) and isinstance(mine, dict) else v
     return out
 
 
-def _offload(device: str, nvme_path: str | None) -> dict[str, Any]:
-    d: dict[str, Any] = {"device": device}
+def _offload(device: str, nvme_path: str | None) -> dict[str, object]:
+    d: dict[str, object] = {"device": device}
     if device == "nvme":
         d["nvme_path"] = nvme_path
     return d
 
 
-def build_config(cfg: TrainConfig, *, world: int, accum: int) -> dict[str, Any]:
+def build_config(cfg: TrainConfig, *, world: int, accum: int) -> dict[str, object]:
     t, d = cfg.train, cfg.deepspeed
-    zero: dict[str, Any] = {"stage": d.zero_stage}
+    zero: dict[str, object] = {"stage": d.zero_stage}
     if d.offload_optimizer != "none":
         zero["offload_optimizer"] = _offload(d.offload_optimizer, d.nvme_path)
     if d.offload_param != "none":
         zero["offload_param"] = _offload(d.offload_param, d.nvme_path)
-    conf = {
+    conf: dict[str, object] = {
         "train_batch_size": t.global_batch,
         "train_micro_batch_size_per_gpu": t.micro_batch,
         "gradient_accumulation_steps": accum,
@@ -95,11 +102,10 @@ def build_config(cfg: TrainConfig, *, world: int, accum: int) -> dict[str, Any]:
     return conf
 
 
-def validate(cfg: TrainConfig, *, world: int, accum: int) -> dict[str, Any]:
+def validate(cfg: TrainConfig, *, world: int, accum: int) -> dict[str, object]:
     """Build and validate the DeepSpeed JSON with DeepSpeed's own class; no process group is needed."""
-    from train_entry.dist import pick_device
-
     deepspeed = import_deepspeed(pick_device())
+    # lazy: deepspeed is an optional extra (imported by import_deepspeed just above)
     from deepspeed.accelerator import get_accelerator
     from deepspeed.runtime.config import DeepSpeedConfig
 
@@ -123,7 +129,8 @@ def validate(cfg: TrainConfig, *, world: int, accum: int) -> dict[str, Any]:
             f"gradient_accumulation_steps({ga}) * world_size({world}) = {mb * ga * world}"
         )
     accel = get_accelerator()
-    if conf.get("fp16", {}).get("enabled") and not accel.is_fp16_supported():
+    fp16: Any = conf.get("fp16", {})  # Any: JSON config values (a user file may hold anything)
+    if fp16.get("enabled") and not accel.is_fp16_supported():
         raise UserError(
             f"train.precision=fp16: DeepSpeed has no fp16 on this device "
             f"({accel.device_name()}); use --train.precision=bf16 or fp32"
@@ -186,17 +193,43 @@ class DeepSpeedStrategy(Strategy):
         return float(self.model.get_lr()[0])
 
     @property
-    def checkpointed_scheduler(self) -> Any:
+    def checkpointed_scheduler(self) -> None:
         return None  # DeepSpeed saves its scheduler inside its own checkpoint
 
+    # ---- its checkpoint: the engine's own files (the checkpointer calls these, never DCP)
     @staticmethod
-    def full_weights(folder: Path) -> Any:
+    def save_engine(model: nn.Module, *, folder: Path) -> None:
+        cast(_Engine, model).save_checkpoint(
+            str(folder.parent), tag=folder.name, client_state={}, save_latest=False
+        )
+
+    @staticmethod
+    def load_engine(model: nn.Module, *, folder: Path) -> None:
+        load_path, _ = cast(_Engine, model).load_checkpoint(
+            str(folder.parent),
+            tag=folder.name,
+            load_optimizer_states=True,
+            load_lr_scheduler_states=True,
+        )
+        if load_path is None:
+            raise UserError(f"DeepSpeed could not load {folder}")
+
+    @staticmethod
+    def check_resume(folder: Path, *, saved_world: object, world: int) -> None:
+        if saved_world != world:
+            raise UserError(
+                f"{folder} was saved by DeepSpeed with {saved_world} ranks and this run "
+                f"has {world}: DeepSpeed checkpoints load only at the same world size. Resume with the "
+                "same nodes x GPUs; or convert: ZeRO stage 3 via deepspeed.checkpoint.ds_to_universal "
+                'and "checkpoint": {"load_universal": true}; any stage to plain weights via '
+                "zero_to_fp32.py (weights only, the optimizer restarts). See docs/checkpoint-resume.md."
+            )
+
+    @staticmethod
+    def full_weights(folder: Path) -> Weights:
         """The fp32 weights of any ZeRO stage through DeepSpeed's own zero_to_fp32 (lazy where it
         can: the optimizer shards are read once, each tensor gathered when taken); stage 0 (no
         ZeRO optimizer files): the module state the engine saved."""
-        from train_entry.checkpoint.export import Weights, quiet
-        from train_entry.checkpoint.safeload import load_torch, private
-
         run = folder.parent.parent  # RUN/checkpoints/step-N
         zero = any(folder.glob("*optim_states.pt"))
         if zero:  # zero_to_fp32 unpickles every file fully (they hold DeepSpeed's own classes)
@@ -205,10 +238,10 @@ class DeepSpeedStrategy(Strategy):
             import_deepspeed()
             if not zero:  # the engine's module state: weights-only loads it
                 states = load_torch(folder / "mp_rank_00_model_states.pt", root=run)
-                sd = {k: v for k, v in states["module"].items() if isinstance(v, torch.Tensor)}
+                module = cast(dict[str, dict[str, object]], states)["module"]  # {name: tensor}
+                sd = {k: v for k, v in module.items() if isinstance(v, torch.Tensor)}
             else:
-                import inspect
-
+                # lazy: deepspeed is an optional extra (imported by import_deepspeed just above)
                 from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
                 lazy = (
@@ -224,6 +257,23 @@ class DeepSpeedStrategy(Strategy):
                 return {n: torch.as_tensor(sd[n].contiguous()) for n in names}
 
         return Weights({k: (tuple(v.shape), v.dtype) for k, v in sd.items()}, take)
+
+
+class _Engine(Protocol):
+    """What the checkpoint uses of DeepSpeed's engine (deepspeed ships no type information)."""
+
+    def save_checkpoint(
+        self, save_dir: str, *, tag: str, client_state: dict[str, object], save_latest: bool
+    ) -> object: ...
+
+    def load_checkpoint(
+        self,
+        load_dir: str,
+        *,
+        tag: str,
+        load_optimizer_states: bool,
+        load_lr_scheduler_states: bool,
+    ) -> tuple[str | None, object]: ...
 
 
 STRATEGY = DeepSpeedStrategy

@@ -5,12 +5,19 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextlib import AbstractContextManager as ContextManager
-from typing import Any
+from typing import TypedDict
 
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from hpctrain.kernel.errors import UserError
 from train_entry.config import TrainConfig
@@ -19,9 +26,17 @@ from train_entry.optim import DTYPES, build_optimizer, build_scheduler
 from train_entry.strategies.base import Strategy, clip_and_step
 
 
+class ShardOptions(TypedDict, total=False):
+    """fully_shard's keyword arguments."""
+
+    reshard_after_forward: bool
+    mp_policy: MixedPrecisionPolicy
+    offload_policy: OffloadPolicy
+    mesh: DeviceMesh
+
+
 @contextlib.contextmanager
-# Any: torch objects (tensors, modules, optimizers, state dicts)
-def _sync(model: Any, last: bool) -> Iterator[None]:
+def _sync(model: FSDPModule, last: bool) -> Iterator[None]:
     # Off: gradients accumulate unsharded-free locally; the last micro-step reduce-scatters them all.
     model.set_requires_gradient_sync(last)
     yield
@@ -36,11 +51,11 @@ class FSDPStrategy(Strategy):
     params: list[nn.Parameter]
 
     @staticmethod
-    def options(cfg: TrainConfig, device: torch.device) -> dict[str, Any]:
+    def options(cfg: TrainConfig, device: torch.device) -> ShardOptions:
         """fully_shard's keyword arguments from the config (mixed precision, offload)."""
         f = cfg.fsdp
         param_dtype = DTYPES[f.param_dtype or cfg.train.precision]
-        kwargs: dict[str, Any] = {"reshard_after_forward": f.reshard_after_forward}
+        kwargs: ShardOptions = {"reshard_after_forward": f.reshard_after_forward}
         if param_dtype != torch.float32:
             kwargs["mp_policy"] = MixedPrecisionPolicy(
                 param_dtype=param_dtype, reduce_dtype=DTYPES[f.reduce_dtype]
@@ -90,8 +105,6 @@ class FSDPStrategy(Strategy):
         optimizer = build_optimizer(model.parameters(), cfg)
         scaler = None
         if precision == "fp16" or param_dtype == torch.float16:
-            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-
             scaler = ShardedGradScaler(device=device.type)
         s = cls(
             model,
@@ -108,7 +121,7 @@ class FSDPStrategy(Strategy):
     def step(self) -> float:
         return clip_and_step(self, self.params, self.max_norm)
 
-    def sync(self, last: bool) -> ContextManager[Any]:
+    def sync(self, last: bool) -> ContextManager[object]:
         return _sync(self.model, last)
 
 

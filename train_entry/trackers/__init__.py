@@ -10,9 +10,11 @@ Only rank 0 tracks.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
@@ -35,7 +37,7 @@ class Tracker(Protocol):
         run_dir: Path,
         *,
         name: str,
-        config: dict[str, Any],
+        config: Mapping[str, object],
         resume_id: str | None,
         step: int,
         project: str | None,
@@ -51,8 +53,6 @@ PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow", "wandb": "wandb"}
 
 def check_installed(kind: str) -> None:
     """Fail before training (and at submit) when the tracker's package is missing."""
-    import importlib.util
-
     if kind != "none" and importlib.util.find_spec(PACKAGES[kind]) is None:
         raise UserError(
             f"train.tracker={kind}: {PACKAGES[kind]} is not installed: "
@@ -61,7 +61,12 @@ def check_installed(kind: str) -> None:
 
 
 def open_tracker(
-    kind: str, run_dir: Path, *, config: dict[str, Any], step: int, project: str | None = None
+    kind: str,
+    run_dir: Path,
+    *,
+    config: Mapping[str, object],
+    step: int,
+    project: str | None = None,
 ) -> Tracker:
     """Open (or continue) the run's tracker run; its id goes into <run>/tracker.json."""
     if kind not in TRACKERS:
@@ -77,7 +82,8 @@ def open_tracker(
         ) from None
     path = Path(run_dir) / ID_FILE
     saved = _read(path)
-    resume_id = saved.get("id") if saved.get("kind") == kind else None
+    kept = saved.get("id") if saved.get("kind") == kind else None
+    resume_id = kept if isinstance(kept, str) else None  # the id a tracker gave (a string)
     run_id = tracker.open(
         Path(run_dir),
         name=Path(run_dir).name,
@@ -92,7 +98,7 @@ def open_tracker(
     return tracker
 
 
-def _read(path: Path) -> dict[str, Any]:
+def _read(path: Path) -> dict[str, object]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 
 class MLflow:
@@ -15,12 +15,12 @@ class MLflow:
         run_dir: Path,
         *,
         name: str,
-        config: dict[str, Any],
+        config: Mapping[str, object],
         resume_id: str | None,
         step: int,
         project: str | None,
     ) -> str:
-        import mlflow
+        import mlflow  # lazy: an optional extra (hpctrain[mlflow])
 
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             # No server named: MLflow's file store inside the run folder (MLflow 3 keeps it behind
@@ -45,7 +45,7 @@ class MLflow:
         self.mlflow.end_run()
 
 
-def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+def _flatten(d: Mapping[str, object], prefix: str = "") -> dict[str, str]:
     out: dict[str, str] = {}
     for k, v in d.items():
         if isinstance(v, dict):

@@ -4,8 +4,12 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from wandb import Run
 
 
 class WandB:
@@ -16,21 +20,21 @@ class WandB:
         run_dir: Path,
         *,
         name: str,
-        config: dict[str, Any],
+        config: Mapping[str, object],
         resume_id: str | None,
         step: int,
         project: str | None,
     ) -> str:
-        import wandb
+        import wandb  # lazy: an optional extra (hpctrain[wandb])
 
         run_id = resume_id or uuid.uuid4().hex[:8]  # W&B ids: lowercase letters and digits
-        self.run: Any = wandb.init(  # Any: the tracker's client object (third-party)
+        self.run: Run = wandb.init(
             project=project or "hpctrain",
             name=name,
             id=run_id,
             resume="allow",
             dir=str(run_dir),
-            config=config,
+            config=dict(config),
         )
         return run_id
 

@@ -9,13 +9,21 @@ import socket
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from hpctrain.checks.doctor.net import Iface, _in_iface, interfaces, match_ifname, parse_ifname
 
 # Docker's default /dev/shm is 64 MiB; NCCL's shared-memory transport needs more
 MIN_SHM_BYTES = 512 * 1024**2
 SLEEP_PORT = 29500  # the port every tutorial uses: a collision magnet
+
+
+class CheckJson(TypedDict):
+    name: str
+    status: str
+    detail: str
+    cause: str
+    fix: str
 
 
 @dataclass
@@ -31,17 +39,25 @@ class Check:
         return self.status == "fail"
 
 
+class NodeReportJson(TypedDict):
+    """A node's report as the worker writes it (node-<n>.json: NodeReport.to_dict)."""
+
+    node: str
+    host: str
+    checks: list[CheckJson]
+
+
 @dataclass
 class NodeReport:
     node: str  # node index in the job
     host: str
     checks: list[Check] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {"node": self.node, "host": self.host, "checks": [asdict(c) for c in self.checks]}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> NodeReport:
+    def from_dict(cls, d: NodeReportJson) -> NodeReport:
         return cls(str(d["node"]), d["host"], [Check(**c) for c in d["checks"]])
 
 

@@ -4,10 +4,13 @@ table: timeouts, P2P, wrong interface, small /dev/shm in containers), and the co
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import TypedDict
 
 from hpctrain.checks.doctor.checks import WRONG_IFACE, Check, NodeReport
+from hpctrain.kernel.files import write_atomic
 
 # --- the sweep's causes, and the report ---------------------------------------------------------
 
@@ -45,6 +48,28 @@ def sweep_sizes(max_bytes: int, min_bytes: int = 1024) -> list[int]:
     return sizes
 
 
+class SweepRow(TypedDict):
+    """One size of the all-reduce sweep, as nccl-tests reports it."""
+
+    bytes: int
+    count: int
+    time_us: float
+    algbw_gbps: float
+    busbw_gbps: float
+    correct: bool
+
+
+class Sweep(TypedDict, total=False):
+    """The sweep (the workers' sweep.json), or why it did not run (`skipped`) or failed (`error`)."""
+
+    backend: str | None
+    world: int
+    dtype: str
+    rows: list[SweepRow]
+    error: str
+    skipped: str
+
+
 @dataclass
 class Report:
     profile: str
@@ -54,7 +79,7 @@ class Report:
     job_id: str | None = None
     run_dir: str | None = None
     node_reports: list[NodeReport] = field(default_factory=list)
-    sweep: dict[str, Any] | None = None
+    sweep: Sweep | None = None
     problems: list[Check] = field(default_factory=list)  # job-level failures (no node report, ...)
 
     @property
@@ -68,7 +93,7 @@ class Report:
     def ok(self) -> bool:
         return not any(c.failed for c in self.checks)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "profile": self.profile,
             "scheduler": self.scheduler,
@@ -86,12 +111,17 @@ class Report:
         return json.dumps(self.to_dict(), indent=2)
 
 
-def sweep_check(sweep: dict[str, Any]) -> Check:
-    if sweep.get("error"):
-        cause, fix = SWEEP_FAILURE[classify(sweep["error"])]
-        return Check("all-reduce", "fail", sweep["error"][:500], cause, fix)
-    if sweep.get("skipped"):
-        return Check("all-reduce", "skip", sweep["skipped"])
+def write_report(path: Path, data: Mapping[str, object]) -> None:
+    """A file of the workers' report (node-<n>.json, sweep.json), written atomically."""
+    write_atomic(path, json.dumps(data, indent=2), durable=False)
+
+
+def sweep_check(sweep: Sweep) -> Check:
+    if error := sweep.get("error"):
+        cause, fix = SWEEP_FAILURE[classify(error)]
+        return Check("all-reduce", "fail", error[:500], cause, fix)
+    if skipped := sweep.get("skipped"):
+        return Check("all-reduce", "skip", skipped)
     rows = sweep.get("rows") or []
     bad = [r for r in rows if not r.get("correct", False)]
     if not rows or bad:

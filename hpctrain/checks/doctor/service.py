@@ -14,7 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain import dispatch
 from hpctrain.checks.doctor.checks import (
@@ -25,10 +25,12 @@ from hpctrain.checks.doctor.checks import (
     ephemeral_range,
     node_checks,
 )
-from hpctrain.checks.doctor.report import Report
+from hpctrain.checks.doctor.report import Report, Sweep
+from hpctrain.jobs.exports import environment_vars
 from hpctrain.jobs.request import JobRequest
-from hpctrain.kernel import jobenv, jobkey
-from hpctrain.render.script import environment_vars, render
+from hpctrain.jobs.spec import JobSpec
+from hpctrain.kernel import jobenv, jobkey, states
+from hpctrain.render.script import render
 from hpctrain.runs.folder import TERMINAL, RunDir, runs_dir_of
 from hpctrain.service.submit import start
 
@@ -63,7 +65,7 @@ def run_local(
     """The checks on this machine, then the sweep with nodes x gpus gloo workers under torchrun,
     with the profile's network environment (what the rendered script would export)."""
     env = dict(environment_vars(profile))
-    rep = Report(profile.name, "local", nodes, gpus)
+    rep = Report(profile=profile.name, scheduler="local", nodes=nodes, gpus=gpus)
     port = pick_port(profile)
     checks = node_checks(
         env=env,
@@ -133,12 +135,12 @@ def run_local(
     return rep
 
 
-def collect_sweep(folder: Path, world: int, log: str) -> dict[str, Any]:
+def collect_sweep(folder: Path, world: int, log: str) -> Sweep:
     done = folder / "sweep.json"
     errors = sorted(folder.glob("sweep-error-*.json"))
     if errors:
         first = json.loads(errors[0].read_text())
-        sweep = (
+        sweep: Sweep = (
             json.loads(done.read_text())
             if done.exists()
             else {"backend": first.get("backend"), "world": world}
@@ -146,7 +148,8 @@ def collect_sweep(folder: Path, world: int, log: str) -> dict[str, Any]:
         sweep["error"] = first["error"]
         return sweep
     if done.exists():
-        return dict(json.loads(done.read_text()))
+        finished: Sweep = json.loads(done.read_text())
+        return finished
     return {"backend": "?", "world": world, "error": "no result from the workers: " + log.strip()}
 
 
@@ -163,34 +166,18 @@ def run_slurm(
 ) -> Report:
     """A short job through the normal path (JobRequest -> render -> run folder -> dispatch) whose
     entry is `python -m hpctrain.checks.doctor.worker`: the doctor exercises the script users get."""
-    if getattr(getattr(profile, "preflight", None), "enabled", False):
-        profile = profile.model_copy(
-            deep=True
-        )  # the doctor is the check: its own job skips the gate
-        profile.preflight.enabled = False
-    limit = profile.slurm.max_time_min
-    req = JobRequest.build(
-        profile,
-        name=f"doctor-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",
-        nodes=nodes,
-        gpus=gpus,
-        time_min=min(5, limit) if limit else 5,
-        module="hpctrain.checks.doctor.worker",
-        args=("--max-bytes", str(max_bytes), "--timeout-s", str(int(timeout_s))),
+    req, run, job_id = _start_job(
+        profile, nodes=nodes, gpus=gpus, max_bytes=max_bytes, timeout_s=timeout_s
     )
-    run = RunDir(runs_dir_of(profile) / req.name)
-    job_id = start(run, profile, req, render(profile, req, run.path))
-    rep = Report(profile.name, profile.scheduler, req.nodes, req.gpus, job_id, str(run.path))
-    deadline = time.monotonic() + wait_s
-    state, seen = dispatch.state(run), ""
-    while True:
-        if progress and state != seen:
-            progress(f"job {job_id}: {state}")
-            seen = state
-        if state in TERMINAL or time.monotonic() >= deadline:
-            break
-        time.sleep(poll_s)
-        state = dispatch.state(run)
+    rep = Report(
+        profile=profile.name,
+        scheduler=profile.scheduler,
+        nodes=req.nodes,
+        gpus=req.gpus,
+        job_id=job_id,
+        run_dir=str(run.path),
+    )
+    state = _wait(run, job_id=job_id, wait_s=wait_s, poll_s=poll_s, progress=progress)
     if state not in TERMINAL:
         dispatch.cancel(run)
         rep.problems.append(
@@ -203,13 +190,84 @@ def run_slurm(
                 f"{run.path}/logs",
             )
         )
-    out = run.path / "doctor"
+    others_failed = _node_reports(rep, run.path, req.nodes)
+    out, logs = run.path / "doctor", run.path / "logs"
+    log = _tail(*logs.glob("node-*.log"), logs / "batch.log")
+    ran = (out / "sweep.json").exists() or list(out.glob("sweep-error-*.json"))
+    if not ran and others_failed:
+        rep.sweep = {
+            "skipped": "not run: the job stopped at the failed checks above",
+            "world": req.nodes * req.gpus,
+        }
+    else:
+        rep.sweep = collect_sweep(out, req.nodes * req.gpus, log)
+    if state != states.COMPLETED and not any(c.failed for c in rep.checks):
+        rep.problems.append(
+            Check(
+                "job",
+                "fail",
+                f"job {job_id} ended {state}: {log}",
+                "the job failed outside the checks",
+                f"read {run.path}/logs",
+            )
+        )
+    return rep
+
+
+def _start_job(
+    profile: ResolvedProfile, *, nodes: int, gpus: int | None, max_bytes: int, timeout_s: float
+) -> tuple[JobRequest, RunDir, str]:
+    """The doctor's job submitted: (its request, its run folder, its job id)."""
+    if getattr(getattr(profile, "preflight", None), "enabled", False):
+        # the doctor is the check: its own job skips the gate
+        profile = profile.model_copy(deep=True)
+        profile.preflight.enabled = False
+    limit = profile.slurm.max_time_min
+    req = JobRequest.build(
+        profile,
+        name=f"doctor-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}",
+        nodes=nodes,
+        gpus=gpus,
+        time_min=min(5, limit) if limit else 5,
+        module="hpctrain.checks.doctor.worker",
+        args=("--max-bytes", str(max_bytes), "--timeout-s", str(int(timeout_s))),
+    )
+    run = RunDir(runs_dir_of(profile) / req.name)
+    job_id = start(run, profile, req, render(JobSpec.build(profile, req, run.path)))
+    return req, run, job_id
+
+
+def _wait(
+    run: RunDir,
+    *,
+    job_id: str,
+    wait_s: float,
+    poll_s: float,
+    progress: Callable[[str], None] | None,
+) -> str:
+    """The job's state once it ended, or after `wait_s`; each new state told to `progress`."""
+    deadline = time.monotonic() + wait_s
+    state, seen = dispatch.state(run), ""
+    while True:
+        if progress and state != seen:
+            progress(f"job {job_id}: {state}")
+            seen = state
+        if state in TERMINAL or time.monotonic() >= deadline:
+            return state
+        time.sleep(poll_s)
+        state = dispatch.state(run)
+
+
+def _node_reports(rep: Report, run: Path, nodes: int) -> bool:
+    """Each node's report into `rep` (a node stopped by its own node command too), a problem for
+    each node without one; whether some node's checks failed."""
+    out, logs = run / "doctor", run / "logs"
     missing = []
-    for n in range(req.nodes):
+    for n in range(nodes):
         f = out / f"node-{n}.json"
         if f.exists():
             rep.node_reports.append(NodeReport.from_dict(json.loads(f.read_text())))
-        elif (early := _node_script_error(run.path / "logs" / f"node-{n}.log", n)) is not None:
+        elif (early := _node_script_error(logs / f"node-{n}.log", n)) is not None:
             rep.node_reports.append(early)
         else:
             missing.append(n)
@@ -230,35 +288,13 @@ def run_slurm(
                 f"node {n}",
                 "fail",
                 f"node {n} wrote no report; last log lines: "
-                + _tail(run.path / "logs" / f"node-{n}.log", run.path / "logs" / "batch.log"),
+                + _tail(logs / f"node-{n}.log", logs / "batch.log"),
                 "the workers never started: rendezvous failed (head name or port unreachable, wrong "
                 "interface) or the environment/python is missing on the node",
-                f"read {run.path}/logs; check the profile's network and environment settings",
+                f"read {run}/logs; check the profile's network and environment settings",
             )
         )
-    log = _tail(*(run.path / "logs").glob("node-*.log"), run.path / "logs" / "batch.log")
-    if (
-        not (out / "sweep.json").exists()
-        and not list(out.glob("sweep-error-*.json"))
-        and others_failed
-    ):
-        rep.sweep = {
-            "skipped": "not run: the job stopped at the failed checks above",
-            "world": req.nodes * req.gpus,
-        }
-    else:
-        rep.sweep = collect_sweep(out, req.nodes * req.gpus, log)
-    if state != "COMPLETED" and not any(c.failed for c in rep.checks):
-        rep.problems.append(
-            Check(
-                "job",
-                "fail",
-                f"job {job_id} ended {state}: {log}",
-                "the job failed outside the checks",
-                f"read {run.path}/logs",
-            )
-        )
-    return rep
+    return others_failed
 
 
 def _node_script_error(log: Path, node: int) -> NodeReport | None:

@@ -1,7 +1,7 @@
 """What `hpctrain doctor` runs on every rank under torchrun: the node checks (local rank 0 of each
 node, before any collective, so a broken network still leaves a diagnosis), then an all-reduce sweep
-over the real backend (nccl on GPUs, gloo on CPU) that reports time, algorithm and bus bandwidth
-per size like nccl-tests, and checks every sum.
+(allreduce.py) over the real backend (nccl on GPUs, gloo on CPU) that reports time, algorithm and bus
+bandwidth per size like nccl-tests, and checks every sum.
 
     torchrun --standalone --nproc-per-node 2 -m hpctrain.checks.doctor.worker --out /tmp/doc --max-bytes 16777216
 """
@@ -9,25 +9,14 @@ per size like nccl-tests, and checks every sum.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import subprocess
 import sys
-import time
-from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
-from hpctrain.checks.doctor import NodeReport, node_checks, sweep_sizes
+from hpctrain.checks.doctor import NodeReport, node_checks, write_report
 from hpctrain.kernel import jobenv
-from hpctrain.kernel.files import write_atomic
-
-WARMUP, ITERS = 5, 20  # nccl-tests' -w and -n defaults
-
-
-def _write(path: Path, data: dict[str, Any]) -> None:
-    write_atomic(path, json.dumps(data, indent=2), durable=False)
 
 
 def _head_name() -> str | None:
@@ -61,98 +50,7 @@ def node_report(out: Path) -> None:
         uses_nccl=jobenv.get(jobenv.DEVICE) == "cuda",
     )
     report = NodeReport(node, socket.gethostname(), checks)
-    _write(out / f"node-{node}.json", report.to_dict())
-
-
-def sweep(out: Path, max_bytes: int, timeout_s: float) -> int:
-    import torch  # lazy: torch on a torch-free path (node_report runs without it)
-    import torch.distributed as dist  # lazy: as above, only the collective sweep needs torch
-
-    cuda = jobenv.get(jobenv.DEVICE, "cpu") == "cuda" and torch.cuda.is_available()
-    backend = "nccl" if cuda else "gloo"
-    rank = int(os.environ.get("RANK", "0"))
-    try:
-        if cuda:
-            torch.cuda.set_device(
-                int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count())
-            )
-        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    except Exception as e:  # noqa: BLE001 - reported with its likely cause, not re-raised
-        _write(
-            out / f"sweep-error-{rank}.json",
-            {"error": f"{type(e).__name__}: {e}", "backend": backend},
-        )
-        return 1
-    world = dist.get_world_size()
-    device = torch.device("cuda") if cuda else torch.device("cpu")
-
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize()
-
-    rows = []
-    try:
-        for nbytes in sweep_sizes(max_bytes):
-            count = nbytes // 4
-            buf = torch.empty(count, dtype=torch.float32, device=device)
-            buf.fill_(1.0)
-            # nccl-tests' method: warm-up, then `iters` timed calls between barriers; 20 calls
-            # (its -n default) unless the probe says that takes over 1 s (large sizes on CPU)
-            t1 = time.perf_counter()
-            dist.all_reduce(buf)  # the first call sets up connections and buffers
-            sync()
-            probe = torch.tensor([time.perf_counter() - t1], dtype=torch.float64, device=device)
-            dist.all_reduce(probe, op=dist.ReduceOp.MAX)  # every rank must agree on the counts
-            each = max(float(probe.item()), 1e-6)
-            iters = max(3, min(ITERS, int(1.0 / each)))
-            for _ in range(min(WARMUP, iters)):
-                dist.all_reduce(buf)
-            sync()
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                dist.all_reduce(buf)
-            sync()
-            dist.barrier()
-            elapsed = torch.tensor(
-                [(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device
-            )
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)  # the slowest rank, as nccl-tests
-            buf.fill_(float(rank + 1))
-            dist.all_reduce(buf)
-            ok = torch.tensor(
-                [bool(torch.all(buf == world * (world + 1) / 2))], dtype=torch.int32, device=device
-            )
-            dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-            t = float(elapsed.item())
-            algbw = nbytes / t / 1e9
-            rows.append(
-                {
-                    "bytes": nbytes,
-                    "count": count,
-                    "time_us": t * 1e6,
-                    "algbw_gbps": algbw,
-                    "busbw_gbps": algbw * 2 * (world - 1) / world,
-                    "correct": bool(ok.item()),
-                }
-            )
-    except Exception as e:  # noqa: BLE001
-        _write(
-            out / f"sweep-error-{rank}.json",
-            {"error": f"{type(e).__name__}: {e}", "backend": backend},
-        )
-        return 1
-    finally:
-        if rows and rank == 0:
-            _write(
-                out / "sweep.json",
-                {"backend": backend, "world": world, "dtype": "float32", "rows": rows},
-            )
-    if (
-        dist.get_backend() != "gloo"
-    ):  # gloo's may hang a rank (train_entry/compat.py); exit closes it
-        dist.destroy_process_group()
-    return 0
+    write_report(out / f"node-{node}.json", report.to_dict())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -170,7 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     if not a.no_node_checks and os.environ.get("LOCAL_RANK", "0") == "0":
         node_report(out)
-    return sweep(out, a.max_bytes, a.timeout_s)
+    # lazy: torch on a torch-free path (the node checks above run without it)
+    from hpctrain.checks.doctor.allreduce import sweep
+
+    return sweep(out, max_bytes=a.max_bytes, timeout_s=a.timeout_s)
 
 
 if __name__ == "__main__":

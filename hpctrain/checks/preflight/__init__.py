@@ -13,8 +13,9 @@ names used here are defined once, below. What is checked and how to tune it: doc
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 from hpctrain.kernel import jobenv, layout
 from hpctrain.kernel.files import write_atomic
@@ -35,6 +36,62 @@ LATEST = layout.PREFLIGHT_LATEST  # gate.py, in the run folder: the newest verdi
 FOLDER = layout.PREFLIGHT  # under the run folder
 
 
-def write_json(path: Path, data: dict[str, Any]) -> None:
+class Row(TypedDict):
+    """One check of a node report (node.check): status pass | fail | warn | skip."""
+
+    name: str
+    status: str
+    detail: str
+
+
+class NodeJson(TypedDict):
+    """NODE_REPORT: one node's local checks (node.local_report)."""
+
+    node: int
+    name: str
+    host: str
+    pid: int
+    ok: bool
+    when: str  # start | training
+    checks: list[Row]
+    matmul_s: float | None  # its slowest device's best matmul; None when a check failed
+    device: str  # cuda | cpu
+    addr: str
+    port: int | None  # for the process group, should this node be its rank 0
+    seconds: float
+
+
+class Pair(TypedDict):
+    """The all-reduce of one ring pair (node ids a and b)."""
+
+    a: int
+    b: int
+    seconds: float
+    busbw_gbps: float
+    correct: bool
+
+
+class NetJson(TypedDict):
+    """NET_REPORT: the all-reduce between the nodes whose local checks passed (allreduce.py)."""
+
+    members: list[int]
+    names: list[str]
+    bytes: int
+    seconds: float
+    busbw_gbps: float
+    correct: bool
+    pairs: list[Pair]  # with 3 or more nodes
+    backend: str
+
+
+class NetError(TypedDict):
+    """NET_ERROR: the all-reduce failed on this node."""
+
+    node: int
+    name: str
+    error: str
+
+
+def write_json(path: Path, data: Mapping[str, object]) -> None:
     """A report in a gate's folder, written atomically (node.py, allreduce.py)."""
     write_atomic(path, json.dumps(data, indent=1), durable=False)

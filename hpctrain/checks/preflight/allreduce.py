@@ -1,51 +1,42 @@
 """The network part of a node's preflight (node.py): once the nodes whose local checks passed have
 reported, they join one process group (gloo, or NCCL on GPUs) and time an all-reduce; with 3 or
 more nodes also each ring pair, so a slow link names its node. Group rank 0 writes `net.json`; a
-node whose all-reduce failed writes `net-error-<node>.json`. torch is imported only inside
-`network`, so node.py's local checks still run and report when torch is broken.
+node whose all-reduce failed writes `net-error-<node>.json`. This module imports torch: node.py
+loads it only for the network part, so its local checks still run and report when torch is broken.
 """
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
 
-from hpctrain.checks.preflight import NET_ERROR, NET_REPORT, NODE_FAILURE, NODE_REPORT, write_json
+import torch
+import torch.distributed as dist
+
+from hpctrain.checks.preflight import (
+    NET_ERROR,
+    NET_REPORT,
+    NetError,
+    NetJson,
+    NodeJson,
+    Pair,
+    write_json,
+)
 
 MAX_PAIR_NODES = 64  # ring-pair all-reduces up to this many nodes (one process group per pair)
 
 
-def wait_reports(out: Path, nnodes: int, deadline: float) -> dict[int, dict[str, Any] | None]:
-    """Every node's local report (None: it failed to run); nodes missing at the deadline: absent."""
-    got: dict[int, dict[str, Any] | None] = {}
-    while True:
-        for n in range(nnodes):
-            if n in got:
-                continue
-            f = out / NODE_REPORT.format(node=n)
-            if f.exists():
-                got[n] = json.loads(f.read_text())
-            elif (out / NODE_FAILURE.format(node=n)).exists():
-                got[n] = None
-        if len(got) == nnodes or time.monotonic() >= deadline:
-            return got
-        time.sleep(0.2)
-
-
 def timed_allreduce(
-    # Any: torch objects (torch is imported lazily)
-    torch: Any,
-    dist: Any,  # Any: torch objects (torch is imported lazily)
-    buf: Any,  # Any: torch objects (torch is imported lazily)
-    group: Any,  # Any: torch objects (torch is imported lazily)
+    buf: torch.Tensor,
+    *,
+    group: dist.ProcessGroup | None,
     world: int,
-    sync: Any,  # Any: torch objects (torch is imported lazily)
-    device: Any,  # Any: torch objects (torch is imported lazily)
+    sync: Callable[[], None],
 ) -> tuple[float, bool]:
     """Seconds per all-reduce of `buf` (the slowest member's), and whether the sum was right."""
+    device = buf.device
     dist.all_reduce(buf, group=group)  # warm-up: connections, buffers
     sync()
     t1 = time.perf_counter()
@@ -76,12 +67,8 @@ def busbw(nbytes: int, seconds: float, world: int) -> float:
 
 
 def network(
-    out: Path, me: dict[str, Any], members: list[dict[str, Any]], nbytes: int, deadline: float
+    out: Path, *, me: NodeJson, members: list[NodeJson], nbytes: int, deadline: float
 ) -> None:
-
-    import torch  # lazy: torch on a torch-free path: node.py reports a broken torch
-    import torch.distributed as dist  # lazy: as above
-
     ids = [m["node"] for m in members]
     rank, world, head = ids.index(me["node"]), len(ids), members[0]
     cuda = me["device"] == "cuda"
@@ -102,8 +89,8 @@ def network(
             timeout=timedelta(seconds=max(5.0, deadline - time.monotonic())),
         )
         buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-        t, ok = timed_allreduce(torch, dist, buf, None, world, sync, device)
-        result: dict[str, Any] = {
+        t, ok = timed_allreduce(buf, group=None, world=world, sync=sync)
+        result: NetJson = {
             "members": ids,
             "names": [m["name"] for m in members],
             "bytes": nbytes,
@@ -114,35 +101,45 @@ def network(
             "backend": dist.get_backend(),
         }
         if 3 <= world <= MAX_PAIR_NODES:
-            # ring pairs (i, i+1): two rounds of disjoint pairs (three when the count is odd)
-            pairs = [(i, (i + 1) % world) for i in range(world)]
-            groups = [dist.new_group(list(p)) for p in pairs]
-            for parity in (0, 1, 2):
-                for (a, b), g in zip(pairs, groups, strict=True):
-                    rnd = 2 if (world % 2 and a == world - 1) else a % 2
-                    if rnd == parity and rank in (a, b):
-                        small = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
-                        pt, pok = timed_allreduce(torch, dist, small, g, 2, sync, device)
-                        if rank == a:
-                            result["pairs"].append(
-                                {
-                                    "a": ids[a],
-                                    "b": ids[b],
-                                    "seconds": pt,
-                                    "busbw_gbps": busbw(nbytes, pt, 2),
-                                    "correct": pok,
-                                }
-                            )
-                dist.barrier()
-            gathered: list[Any] = [None] * world
-            dist.all_gather_object(gathered, result["pairs"])
-            result["pairs"] = [p for part in gathered for p in part]
+            result["pairs"] = _ring_pairs(ids, rank=rank, nbytes=nbytes, device=device, sync=sync)
         if rank == 0:
             write_json(out / NET_REPORT, result)
         if dist.get_backend() != "gloo":  # gloo's may hang a rank (train_entry/compat.py)
             dist.destroy_process_group()
     except Exception as e:  # noqa: BLE001 - the failure is the finding
-        write_json(
-            out / NET_ERROR.format(node=me["node"]),
-            {"node": me["node"], "name": me["name"], "error": f"{type(e).__name__}: {e}"[:800]},
-        )
+        error: NetError = {
+            "node": me["node"],
+            "name": me["name"],
+            "error": f"{type(e).__name__}: {e}"[:800],
+        }
+        write_json(out / NET_ERROR.format(node=me["node"]), error)
+
+
+def _ring_pairs(
+    ids: list[int], *, rank: int, nbytes: int, device: torch.device, sync: Callable[[], None]
+) -> list[Pair]:
+    """Every ring pair (i, i+1) timed, in two rounds of disjoint pairs (three when the count is
+    odd); every rank gets every pair's row."""
+    world = len(ids)
+    pairs = [(i, (i + 1) % world) for i in range(world)]
+    groups = [dist.new_group(list(p)) for p in pairs]
+    mine: list[Pair] = []
+    for parity in (0, 1, 2):
+        for (a, b), g in zip(pairs, groups, strict=True):
+            rnd = 2 if (world % 2 and a == world - 1) else a % 2
+            if rnd == parity and rank in (a, b):
+                small = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+                pt, pok = timed_allreduce(small, group=g, world=2, sync=sync)
+                if rank == a:
+                    row: Pair = {
+                        "a": ids[a],
+                        "b": ids[b],
+                        "seconds": pt,
+                        "busbw_gbps": busbw(nbytes, pt, 2),
+                        "correct": pok,
+                    }
+                    mine.append(row)
+        dist.barrier()
+    gathered: list[list[Pair] | None] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    return [p for part in gathered for p in part or []]

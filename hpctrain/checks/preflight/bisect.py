@@ -23,13 +23,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain.checks.preflight import ENV_GPUS_PER_NODE, ENV_SCHEDULER, ENV_WANT_GPU, LATEST
 from hpctrain.checks.preflight.gate import judge
+from hpctrain.jobs.exports import environment_vars
+from hpctrain.jobs.topology import gpu_directive
 from hpctrain.kernel.errors import UserError
-from hpctrain.render import launch_context
-from hpctrain.render.script import environment_vars
 
 if TYPE_CHECKING:
     from hpctrain.profiles.resolved import ResolvedProfile
@@ -56,7 +56,7 @@ class Bisection:
     def exclude(self) -> str:
         return ",".join(sorted(self.bad))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "nodes": self.nodes,
             "bad": self.bad,
@@ -134,42 +134,12 @@ def srun_probe(
         out = workdir / f"probe-{count}"
         out.mkdir(parents=True)
         anyn = nodes[0] == "*"
-        cmd = [
-            "srun",
-            f"--nodes={len(nodes)}",
-            "--ntasks-per-node=1",
-            "--kill-on-bad-exit=0",
-            f"--time={max(1, int(budget_s // 60) + 2)}",
-            f"--job-name=hpctrain-bisect-{count}",
-        ]
-        if not anyn:
-            cmd.append(f"--nodelist={','.join(nodes)}")
-        for key in ("partition", "account", "qos", "reservation", "constraint"):
-            if getattr(s, key):
-                cmd.append(f"--{key}={getattr(s, key)}")
-        gpu = launch_context.gpu_directive(profile, gpus)
-        if gpu:
-            cmd.append(gpu)
-        names = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)'
-        inner = (
-            f'n={names}; echo "$n" >{_q(str(out))}/nodes.txt; '
-            f'{_q(sys.executable)} -m hpctrain.checks.preflight.node --out {_q(str(out))} --nodes "$n" '
-            f"--budget-s {budget_s:g} --matmul-n {pf.matmul_n} --allreduce-mib {pf.allreduce_mib} "
-            f"2>{_q(str(out))}/stderr-$SLURM_NODEID.txt || "
-            f"{{ echo $?; tail -n 5 {_q(str(out))}/stderr-"
-            f"$SLURM_NODEID.txt; }} >{_q(str(out))}/fail-$SLURM_NODEID.txt"
-        )
+        cmd = _srun(profile, nodes, count=count, gpus=gpus, budget_s=budget_s, out=out)
         t0 = time.monotonic()
         if progress:
             progress(f"probe {count}: {'any ' + str(len(nodes)) if anyn else ','.join(nodes)}")
         try:
-            subprocess.run(
-                [*cmd, "bash", "-c", inner],
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=budget_s + 600,
-            )
+            subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=budget_s + 600)
         except subprocess.TimeoutExpired:
             pass
         got = nodes
@@ -184,9 +154,56 @@ def srun_probe(
             min_fraction=pf.min_busbw_fraction,
         )
         slow = [w for w in warnings if "below" in w or "failed" in w or "wrong sum" in w]
-        return Probe(got, not bad and not slow, bad, slow, busbw, round(time.monotonic() - t0, 2))
+        return Probe(
+            nodes=got,
+            ok=not bad and not slow,
+            bad=bad,
+            warnings=slow,
+            busbw_gbps=busbw,
+            seconds=round(time.monotonic() - t0, 2),
+        )
 
     return probe
+
+
+def _srun(
+    profile: ResolvedProfile,
+    nodes: list[str],
+    *,
+    count: int,
+    gpus: int,
+    budget_s: float,
+    out: Path,
+) -> list[str]:
+    """One probe's `srun ... bash -c` (["*"] * N: any N nodes): node.py on every node, its
+    stderr's tail in `fail-<node>.txt` when it could not run, the nodes given in nodes.txt."""
+    pf, s = profile.preflight, profile.slurm
+    cmd = [
+        "srun",
+        f"--nodes={len(nodes)}",
+        "--ntasks-per-node=1",
+        "--kill-on-bad-exit=0",
+        f"--time={max(1, int(budget_s // 60) + 2)}",
+        f"--job-name=hpctrain-bisect-{count}",
+    ]
+    if nodes[0] != "*":
+        cmd.append(f"--nodelist={','.join(nodes)}")
+    for key in ("partition", "account", "qos", "reservation", "constraint"):
+        if getattr(s, key):
+            cmd.append(f"--{key}={getattr(s, key)}")
+    gpu = gpu_directive(profile, gpus)
+    if gpu:
+        cmd.append(gpu)
+    names = '$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)'
+    inner = (
+        f'n={names}; echo "$n" >{_q(str(out))}/nodes.txt; '
+        f'{_q(sys.executable)} -m hpctrain.checks.preflight.node --out {_q(str(out))} --nodes "$n" '
+        f"--budget-s {budget_s:g} --matmul-n {pf.matmul_n} --allreduce-mib {pf.allreduce_mib} "
+        f"2>{_q(str(out))}/stderr-$SLURM_NODEID.txt || "
+        f"{{ echo $?; tail -n 5 {_q(str(out))}/stderr-"
+        f"$SLURM_NODEID.txt; }} >{_q(str(out))}/fail-$SLURM_NODEID.txt"
+    )
+    return [*cmd, "bash", "-c", inner]
 
 
 def _q(text: str) -> str:

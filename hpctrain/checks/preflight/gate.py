@@ -32,7 +32,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from hpctrain.checks.preflight import (
     LATEST,
@@ -41,6 +40,9 @@ from hpctrain.checks.preflight import (
     NODE_FAILURE,
     NODE_REPORT,
     VERDICT,
+    NetError,
+    NetJson,
+    NodeJson,
     spares,
 )
 from hpctrain.checks.preflight.spares import place
@@ -57,9 +59,7 @@ class Verdict:
     bad: dict[str, str]  # node name -> reason
     warnings: list[str] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)
-    update: list[str] = field(
-        default_factory=list
-    )  # `scontrol update JobId=..` arguments for a requeue
+    update: list[str] = field(default_factory=list)  # `scontrol update JobId=..` for a requeue
     reason: str = ""
     busbw_gbps: float | None = None
     seconds: float | None = None
@@ -84,8 +84,11 @@ class Verdict:
 
 def read(
     folder: Path, names: list[str]
-) -> tuple[dict[int, dict[str, Any]], dict[int, str], dict[str, Any] | None, list[dict[str, Any]]]:
-    reports, failures = {}, {}
+) -> tuple[dict[int, NodeJson], dict[int, str], NetJson | None, list[NetError]]:
+    """The node reports, the nodes whose checks could not run (why), the all-reduce's report and
+    its errors."""
+    reports: dict[int, NodeJson] = {}
+    failures: dict[int, str] = {}
     for n in range(len(names)):
         f = folder / NODE_REPORT.format(node=n)
         if f.exists():
@@ -100,10 +103,12 @@ def read(
             code = lines[0] if lines else "?"
             tail = " | ".join(lines[1:])[-400:] or "no output"
             failures[n] = f"the preflight checks could not run (exit code {code}): {tail}"
-    net = None
+    net: NetJson | None = None
     if (folder / NET_REPORT).exists():
         net = json.loads((folder / NET_REPORT).read_text())
-    errors = [json.loads(p.read_text()) for p in sorted(folder.glob(NET_ERROR.format(node="*")))]
+    errors: list[NetError] = [
+        json.loads(p.read_text()) for p in sorted(folder.glob(NET_ERROR.format(node="*")))
+    ]
     return reports, failures, net, errors
 
 
@@ -132,9 +137,7 @@ def judge(
             if failed:
                 bad[name] = "; ".join(f"{c['name']}: {c['detail']}" for c in failed)
     # lagging compute: against the median of the OTHER nodes (with two nodes: the other one)
-    times = {
-        n: r["matmul_s"] for n, r in reports.items() if names[n] not in bad and r.get("matmul_s")
-    }
+    times = {n: t for n, r in reports.items() if names[n] not in bad and (t := r.get("matmul_s"))}
     for n, t in times.items():
         others = [v for m, v in times.items() if m != n]
         if others and t > slow_factor * statistics.median(others):
@@ -318,13 +321,20 @@ def decide(
     )
 
 
-def event(run_dir: Path, record: dict[str, Any]) -> None:
-    """One line in events.jsonl, the template's format (UTC time, job id, restart count)."""
-    fields = dict(record)
-    RunFolder(run_dir).event(fields.pop("event"), **fields)
-
-
 def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
+    names = [n for n in a.nodes.split(",") if n]
+    v = _verdict(a, names)
+    _record(a, names, v)
+    for name, why in v.bad.items():
+        print(f"hpctrain: preflight: node {name} failed: {why}", file=sys.stderr)
+    for w in v.warnings:
+        print(f"hpctrain: preflight: warning: {w}", file=sys.stderr)
+    sys.stdout.write(v.shell())
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m hpctrain.checks.preflight.gate",
         description=__doc__,
@@ -349,8 +359,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train", help="hot spares: the training nodes (the rest: spares)")
     ap.add_argument("--spare-nodes", type=int, default=0, help="hot spares the job asks for")
     ap.add_argument("--when", choices=("start", "training"), default="start")
-    a = ap.parse_args(argv)
-    names = [n for n in a.nodes.split(",") if n]
+    return ap
+
+
+def _verdict(a: argparse.Namespace, names: list[str]) -> Verdict:
+    """The reports judged, bad training nodes swapped for good spares (--train), else the usual
+    decision over what is left; with a requeue, what the requeued job changes."""
     good, bad, warnings, busbw = judge(
         a.folder,
         names,
@@ -378,70 +392,53 @@ def main(argv: list[str] | None = None) -> int:
             partition=partition_nodes(os.environ.get("SLURM_JOB_PARTITION")) if bad else None,
             spares=a.spare_nodes,
         )
-    train = spots.train if spots is not None else good
-    update = (
-        requeue_update(
-            list(bad),
-            current,
-            a.min_nodes + a.spare_nodes,
-            (a.max_nodes or len(names)) + a.spare_nodes,
-        )
-        if action == "requeue"
-        else []
-    )
-    seconds = round(time.time() - a.started, 2) if a.started else None
-    v = Verdict(
-        action,
-        good,
-        bad,
-        warnings,
+    # the allocation's node counts: a requeued job asks for its spares again
+    low, high = a.min_nodes + a.spare_nodes, (a.max_nodes or len(names)) + a.spare_nodes
+    return Verdict(
+        action=action,
+        good=good,
+        bad=bad,
+        warnings=warnings,
         exclude=exclude,
-        update=update,
+        update=requeue_update(list(bad), current, low, high) if action == "requeue" else [],
         reason=reason,
         busbw_gbps=busbw,
-        seconds=seconds,
-        train=train,
+        seconds=round(time.time() - a.started, 2) if a.started else None,
+        train=spots.train if spots is not None else good,
         spares_left=spots.spares_left if spots is not None else [],
         swapped=spots.swapped if spots is not None and action == "swap" else [],
     )
+
+
+def _record(a: argparse.Namespace, names: list[str], v: Verdict) -> None:
+    """verdict.json, the run's preflight.json, and the events: `preflight` when a node failed or
+    a warning was raised (a gate that passed is in those two files only), `spare_swapped`."""
     record = {"job_id": a.job_id, "restart_count": a.restart_count, "nodes": names, **asdict(v)}
     write_atomic(a.folder / VERDICT, json.dumps(record, indent=1) + "\n")
-    RunFolder(a.run_dir).write(
-        LATEST, json.dumps({**record, "folder": str(a.folder)}, indent=1) + "\n"
-    )
-    if (
-        bad or warnings
-    ):  # a gate that passed is in verdict.json and preflight.json, not in the event log
-        event(
-            a.run_dir,
-            {
-                "event": "preflight",
-                "job_id": a.job_id,
-                "restart_count": a.restart_count,
-                "verdict": action,
-                "good": good,
-                "bad": bad,
-                "warnings": warnings,
-                "busbw_gbps": busbw,
-                "seconds": seconds,
-            },
+    run = RunFolder(a.run_dir)
+    run.write(LATEST, json.dumps({**record, "folder": str(a.folder)}, indent=1) + "\n")
+    if v.bad or v.warnings:
+        run.event(
+            "preflight",
+            job_id=a.job_id,
+            restart_count=a.restart_count,
+            verdict=v.action,
+            good=v.good,
+            bad=v.bad,
+            warnings=v.warnings,
+            busbw_gbps=v.busbw_gbps,
+            seconds=v.seconds,
         )
     spares.record(
         a.run_dir,
         v.swapped,
-        bad,
+        v.bad,
         when=a.when,
         job_id=a.job_id,
         restart_count=a.restart_count,
         train=v.train,
         left=len(v.spares_left),
     )
-    for name, why in bad.items():
-        print(f"hpctrain: preflight: node {name} failed: {why}", file=sys.stderr)
-    for w in warnings:
-        print(f"hpctrain: preflight: warning: {w}", file=sys.stderr)
-    sys.stdout.write(v.shell())
-    return 0
 
 
 if __name__ == "__main__":

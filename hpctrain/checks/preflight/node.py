@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import json
 import os
 import shutil
 import socket
@@ -32,19 +33,26 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from hpctrain.checks.doctor import node_checks
 from hpctrain.checks.preflight import (
     ENV_GPUS_PER_NODE,
     ENV_SCHEDULER,
     ENV_WANT_GPU,
+    NODE_FAILURE,
     NODE_REPORT,
+    NodeJson,
+    Row,
     write_json,
 )
-from hpctrain.checks.preflight.allreduce import network, wait_reports
 from hpctrain.kernel.support import torch_problem
+
+if TYPE_CHECKING:
+    import torch
 
 # The reduced check (`--when training`) skips these, and only these. The start gate of this job
 # start passed them on every node it now checks (the training nodes and the spares left: a node that
@@ -71,7 +79,7 @@ SKIPPED_IN_TRAINING = {
 }
 
 
-def check(name: str, ok: bool | None, detail: str) -> dict[str, str]:
+def check(name: str, ok: bool | None, detail: str) -> Row:
     """A check row like doctor's: status pass | fail | warn."""
     return {
         "name": name,
@@ -85,7 +93,7 @@ def check(name: str, ok: bool | None, detail: str) -> dict[str, str]:
 
 def check_imports(
     entry_kind: str, entry_target: str, scratch: Path | None = None, *, entry: bool = True
-) -> tuple[list[dict[str, str]], Any]:
+) -> tuple[list[Row], ModuleType | None]:
     """torch (its release within hpctrain's supported range), then, with `entry`, the entry
     (train_entry's trainer, and one tiny checkpoint save + verify + load in `scratch`; a user
     module found; a script compiled)."""
@@ -124,7 +132,7 @@ def check_imports(
     return rows, torch
 
 
-def check_checkpoint(scratch: Path) -> dict[str, str]:
+def check_checkpoint(scratch: Path) -> Row:
     """train_entry's checkpoint path end to end on this node (train_entry/checkpoint/roundtrip.py)."""
     # lazy: torch on a torch-free path (after the torch check)
     from train_entry.checkpoint.roundtrip import round_trip
@@ -160,7 +168,7 @@ def _smi(fields: str) -> list[list[str]] | None:
     ]
 
 
-def check_gpu_health() -> dict[str, str]:
+def check_gpu_health() -> Row:
     """nvidia-smi's error counters: uncorrected volatile ECC errors, pages waiting for retirement,
     row remaps pending or failed (A100 and later). A field the GPU does not report is skipped."""
     problems, seen = [], []
@@ -196,10 +204,8 @@ def check_gpu_health() -> dict[str, str]:
 
 
 def check_compute(
-    torch: Any,  # Any: torch objects (torch is imported lazily)
-    devices: list[Any],
-    n: int,  # Any: torch objects (torch is imported lazily)
-) -> tuple[list[dict[str, str]], float | None]:
+    torch: ModuleType, devices: list[torch.device], n: int
+) -> tuple[list[Row], float | None]:
     """On each device: an exact integer-valued matmul checked by Freivalds' test (C v == A (B v) in
     float64), the best time of a few float32 matmuls on normal data, and that those are finite."""
     rows, worst = [], 0.0
@@ -212,11 +218,8 @@ def check_compute(
     want = a_int.double() @ (b_int.double() @ v)
     a_rand, b_rand = torch.randn(n, n, generator=g), torch.randn(n, n, generator=g)
     for dev in devices:
-
-        def sync(dev: Any = dev) -> None:  # Any: torch objects (torch is imported lazily)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-
+        # a GPU's matmul returns before it ends: each timing waits for it
+        sync = partial(torch.cuda.synchronize, dev) if dev.type == "cuda" else _nothing
         c = (a_int.to(dev) @ b_int.to(dev)).double().cpu()
         if not torch.equal(c @ v, want):
             rows.append(
@@ -259,7 +262,11 @@ def check_compute(
     return rows, (worst if rows and all(r["status"] == "pass" for r in rows) else None)
 
 
-def skipped_rows() -> list[dict[str, str]]:
+def _nothing() -> None:
+    pass
+
+
+def skipped_rows() -> list[Row]:
     """The reduced check's record of what it did not run, and why (status `skip`)."""
     return [
         {"name": name, "status": "skip", "detail": f"not checked after a failed step: {why}"}
@@ -267,7 +274,7 @@ def skipped_rows() -> list[dict[str, str]]:
     ]
 
 
-def local_report(node: int, name: str, args: argparse.Namespace) -> dict[str, Any]:
+def local_report(node: int, name: str, args: argparse.Namespace) -> NodeJson:
     t0 = time.perf_counter()
     want_gpu = os.environ.get(ENV_WANT_GPU) == "1"
     gpus = int(os.environ.get(ENV_GPUS_PER_NODE, "0") or 0)
@@ -377,14 +384,34 @@ def main(argv: list[str] | None = None) -> int:
     got = wait_reports(a.out, len(names), start + a.budget_s * 0.5)
     members = [r for _, r in sorted(got.items()) if r is not None and r["ok"]]
     if len(members) >= 2:
-        network(a.out, me, members, a.allreduce_mib << 20, start + a.budget_s * 0.9)
+        # lazy: torch on a torch-free path (the local checks above report a broken torch)
+        from hpctrain.checks.preflight.allreduce import network
+
+        deadline = start + a.budget_s * 0.9
+        network(a.out, me=me, members=members, nbytes=a.allreduce_mib << 20, deadline=deadline)
     return 0
+
+
+def wait_reports(out: Path, nnodes: int, deadline: float) -> dict[int, NodeJson | None]:
+    """Every node's local report (None: it failed to run); nodes missing at the deadline: absent."""
+    got: dict[int, NodeJson | None] = {}
+    while True:
+        for n in range(nnodes):
+            if n in got:
+                continue
+            f = out / NODE_REPORT.format(node=n)
+            if f.exists():
+                got[n] = json.loads(f.read_text())
+            elif (out / NODE_FAILURE.format(node=n)).exists():
+                got[n] = None
+        if len(got) == nnodes or time.monotonic() >= deadline:
+            return got
+        time.sleep(0.2)
 
 
 if __name__ == "__main__":
     code = main()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(
-        code
-    )  # a finished gloo process may abort at interpreter exit (train_entry.dist.exit_now)
+    # a finished gloo process may abort at interpreter exit (train_entry.dist.exit_now)
+    os._exit(code)

@@ -15,7 +15,7 @@ into a `file:line: dotted.key: message` problem.
 """
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the names __getattr__ below loads on first use, typed for mypy
     from pydantic import BaseModel as BaseModel
@@ -54,12 +54,6 @@ if TYPE_CHECKING:  # the names __getattr__ below loads on first use, typed for m
     )
     from hpctrain.profiles.schema.base import (
         Strict as Strict,
-    )
-    from hpctrain.profiles.schema.checks import (
-        ENV_NAME as ENV_NAME,
-    )
-    from hpctrain.profiles.schema.checks import (
-        ENV_REF as ENV_REF,
     )
     from hpctrain.profiles.schema.checks import (
         check_gloo_ifname as check_gloo_ifname,
@@ -137,8 +131,6 @@ _WHERE = {
     ),
     **dict.fromkeys(
         (
-            "ENV_NAME",
-            "ENV_REF",
             "check_gloo_ifname",
             "check_ib_hca",
             "check_nccl_ifname",
@@ -165,7 +157,7 @@ SIGNALS = ("USR2", "USR1", "HUP", "INT", "URG")
 __all__ = [*_WHERE, *_PYDANTIC, "SIGNALS"]
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     if name in _PYDANTIC:
         module = importlib.import_module(_PYDANTIC[name])
     elif name in _WHERE:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
@@ -277,13 +277,13 @@ def _net_env_name(name: str) -> str:
     return name
 
 
-def number_as_text(value: Any) -> Any:  # Any: raw YAML value
+def number_as_text(value: object) -> object:
     """Environment values are text; `NCCL_IB_TIMEOUT: 22` means "22" (true/false stay errors:
     the program reading it decides whether that is "1", "true" or "yes")."""
     return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
 
 
-def _without_nulls(value: Any) -> Any:  # Any: raw YAML value
+def _without_nulls(value: object) -> object:
     """`NAME: null` in a child profile (or the user config) removes an inherited entry."""
     return {k: v for k, v in value.items() if v is not None} if isinstance(value, dict) else value
 

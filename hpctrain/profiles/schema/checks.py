@@ -2,12 +2,19 @@
 
 Each check returns the value or raises ValueError("what is wrong; fix: what to write instead"); the
 loader turns that into a `file:line: dotted.key: message` problem. What validates here must render:
-the renderer uses the same patterns (DIRECTIVE_VALUE, ENV_REF) instead of its own.
+the renderer uses the same patterns (hpctrain/kernel/shell.py) instead of its own.
 """
 
 from __future__ import annotations
 
 import re
+
+from hpctrain.kernel.shell import (
+    DEFAULT_CHARS,
+    DIRECTIVE_VALUE,
+    ENV_NAME,
+    ENV_REF,
+)
 
 _IFACE = r"[A-Za-z0-9_.:@-]{1,15}"  # Linux IFNAMSIZ is 16 including NUL
 IFACE = re.compile(rf"^{_IFACE}\Z")
@@ -15,19 +22,7 @@ _NCCL_IFNAME = re.compile(rf"^\^?=?{_IFACE}(,{_IFACE})*\Z")
 _GLOO_IFNAME = re.compile(rf"^{_IFACE}(,{_IFACE})*\Z")
 _HCA = r"[A-Za-z0-9_.-]{1,64}(:[0-9]{1,3})?"
 _NCCL_IB_HCA = re.compile(rf"^\^?=?{_HCA}(,{_HCA})*\Z")
-# What an #SBATCH value may carry: sbatch reads these lines itself (the shell never sees them), so
-# `&`, `|`, `!` and brackets (a constraint such as `a100&ib`) are fine; whitespace, quotes,
-# backslashes, `$` (nothing would expand it), `;`, `<`, `>` and control characters are not.
-DIRECTIVE_VALUE = r"[^\s'\"\\`$;<>]*"
-DIRECTIVE = re.compile(rf"^--[a-z][a-z0-9-]*(={DIRECTIVE_VALUE})?\Z")
 _OPTION = re.compile(rf"^--([a-z][a-z0-9-]*)(=({DIRECTIVE_VALUE}))?\Z")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-# The environment value grammar: these expand on the node, nothing else does. A default is plain
-# text: inside the double-quoted `${NAME:-...}` bash still parses quotes, `<(`, `$` and backslashes
-# (a `'` there swallows every line up to the next one), so only these characters may appear.
-DEFAULT_CHARS = "_./:,=+@%~^ -"
-_DEFAULT = r"[A-Za-z0-9_./:,=+@%~^ -]*"
-ENV_REF = re.compile(rf"\$(?:\{{[A-Za-z_][A-Za-z0-9_]*(?::-{_DEFAULT})?\}}|[A-Za-z_][A-Za-z0-9_]*)")
 # Any `${NAME:-...}`, to name a default the grammar refuses (up to the first `}`).
 _ANY_DEFAULT = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*):-([^}]*)(\}?)")
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}\Z")

@@ -7,12 +7,13 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field, field_validator
 
-from hpctrain.containers import KINDS
+from hpctrain.kernel import shell
+from hpctrain.kernel.plugins import CONTAINERS
 from hpctrain.profiles.schema import checks
 from hpctrain.profiles.schema.base import ContainerFlag, EnvMap, EnvName, Strict, TaskEnvMap
 
 MODULE_OPS = ("load", "unload", "use", "purge", "reset")
-CONTAINER_KINDS = tuple(KINDS)
+CONTAINER_KINDS = tuple(CONTAINERS)
 
 
 def _module_line(line: str) -> str:
@@ -108,7 +109,7 @@ class Container(Strict):
     @classmethod
     def _image(cls, v: str) -> str:
         checks.check_defaults(v, "container.image", word=True)
-        if not checks.IMAGE.match(checks.ENV_REF.sub("x", v)):
+        if not checks.IMAGE.match(shell.ENV_REF.sub("x", v)):
             raise ValueError(
                 f"{v!r} is not an image reference; fix: use letters, digits, "
                 "_.:/#@+=- and $VAR, without spaces or quotes, not starting with -"

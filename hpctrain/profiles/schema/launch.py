@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
-from hpctrain.kernel import jobenv
-from hpctrain.launchers import LAUNCHERS
+from hpctrain.kernel import jobenv, shell
+from hpctrain.kernel.plugins import LAUNCHERS
 from hpctrain.profiles.schema import checks
 from hpctrain.profiles.schema.base import Strict, TorchrunOption
 
@@ -65,7 +65,7 @@ class Launch(Strict):
         checks.check_word(words[0], "launch.torchrun command")
         for w in words:
             checks.check_defaults(w, "launch.torchrun", word=True)
-            if not w or not checks.WORD.match(checks.ENV_REF.sub("x", w)):
+            if not w or not checks.WORD.match(shell.ENV_REF.sub("x", w)):
                 raise ValueError(
                     f"launch.torchrun {v!r}: {w!r} is not a plain word; fix: words of "
                     "letters, digits, _./+=:@,%- and $VAR separated by single spaces"
@@ -214,7 +214,7 @@ class Preemption(Strict):
 
     @field_validator("signal", mode="before")
     @classmethod
-    def _sig(cls, v: Any) -> Any:  # Any: pydantic validator input (raw YAML)
+    def _sig(cls, v: object) -> object:
         if not isinstance(v, str):
             return v
         v = v.upper().removeprefix("SIG")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, Field, PrivateAttr, field_validator
 
+from hpctrain.kernel import shell
+from hpctrain.kernel.plugins import SCHEDULERS
 from hpctrain.profiles.health import Preflight, Watchdog
 from hpctrain.profiles.schema import checks
 from hpctrain.profiles.schema.base import TORCHRUN_SECTION, Strict
@@ -60,7 +62,7 @@ class Profile(Strict):
         description="Profile this one builds on: a name (found by discovery) or a path "
         "(relative to this file). Chains are allowed, cycles are rejected.",
     )
-    scheduler: Literal["slurm", "local"] = Field(
+    scheduler: Literal[tuple(SCHEDULERS)] = Field(  # type: ignore[valid-type]
         "slurm", description="`slurm`, or `local` (submitit's local executor on this machine)."
     )
     template: str | None = Field(
@@ -101,12 +103,12 @@ class Profile(Strict):
 
     @field_validator("version", mode="before")
     @classmethod
-    def _version(cls, v: Any) -> Any:  # Any: pydantic validator input (raw YAML) or annotation
+    def _version(cls, v: object) -> object:
         return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
 
     @field_validator("scheduler", mode="before")
     @classmethod
-    def _scheduler(cls, v: Any) -> Any:  # Any: pydantic validator input (raw YAML) or annotation
+    def _scheduler(cls, v: object) -> object:
         if isinstance(v, str) and v.strip().lower() in UNSUPPORTED_SCHEDULERS:
             raise ValueError(
                 f"{v!r}: {UNSUPPORTED_SCHEDULERS[v.strip().lower()]} is not supported; hpctrain "
@@ -231,8 +233,7 @@ def model_at(path: tuple[str | int, ...]) -> type[BaseModel] | None:
     return model
 
 
-# Any: pydantic validator input (raw YAML) or annotation
-def _model_of(annotation: Any) -> type[BaseModel] | None:
+def _model_of(annotation: object) -> type[BaseModel] | None:
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
     for arg in getattr(annotation, "__args__", ()) or ():
@@ -252,6 +253,6 @@ def key_exists(dotted: str) -> bool:
         if field is None:
             return False
         if part in ("env", "task_env") and i == len(parts) - 2:
-            return bool(checks.ENV_NAME.match(parts[-1]))
+            return bool(shell.ENV_NAME.match(parts[-1]))
         model = _model_of(field.annotation)
     return True

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator
 
@@ -144,7 +144,7 @@ class Slurm(Strict):
 
     @field_validator("mem", "mem_per_gpu", mode="before")
     @classmethod
-    def _mem_number(cls, v: Any) -> Any:  # Any: pydantic validator input (raw YAML)
+    def _mem_number(cls, v: object) -> object:
         return number_as_text(v)
 
     @field_validator("mem", "mem_per_gpu")
@@ -252,7 +252,7 @@ class Network(Strict):
 
     @field_validator("ib", mode="before")
     @classmethod
-    def _ib(cls, v: Any) -> Any:  # Any: pydantic validator input (raw YAML)
+    def _ib(cls, v: object) -> object:
         if isinstance(v, bool) or v == "unset":
             return v
         raise ValueError(

@@ -1,5 +1,5 @@
 """On the site: the code a remote submit uploaded becomes the run folder's code/ (`submit --code
-DIR`, moved from hpctrain/remote/code.py, which packs that code on the login side)."""
+DIR`; hpctrain/remote/code.py packs that code on this machine)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,9 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from hpctrain.kernel.errors import UserError
-from hpctrain.render.script import render
-
-if TYPE_CHECKING:
-    # hpctrain.service.submit imports this module: no service -> remote -> service circle at run time
-    from hpctrain.service.prepare import Prepared
+from hpctrain.service.prepare import Prepared
 
 # The folder a remote submit uploads to: WORKDIR/incoming/<run name>-<8 hex>/code (remote/submit.py).
 _UPLOAD = re.compile(r"^[^/]+-[0-9a-f]{8}\Z")
@@ -55,10 +50,7 @@ def adopt(prepared: Prepared, code_dir: Path) -> None:
     if req.entry.kind == "script":
         rel = Path(req.entry.target).resolve().relative_to(code_dir.resolve())
         entry = dataclasses.replace(req.entry, target=str(prepared.run.path / "code" / rel))
-        prepared.request = dataclasses.replace(req, entry=entry)
-    prepared.script = render(
-        prepared.profile, prepared.request, prepared.run.path, python=prepared.python
-    )
+        prepared.use(dataclasses.replace(req, entry=entry))
 
 
 def install(run_path: Path, code_dir: Path) -> None:

@@ -1,7 +1,7 @@
 """The login-node agent: the site's hpctrain, started once per laptop connection and kept warm, so a
 command from the laptop costs neither a login shell nor an interpreter start on the site.
 
-    python -m hpctrain.remote.agent start --token T [--idle S] [--replace]
+    python -m hpctrain.agent.serve start --token T [--idle S] [--replace]
 
 `start` runs from the site user's login shell (one ssh command), so the agent's environment is the
 login node's ($SCRATCH, modules, Slurm on PATH). It imports hpctrain's CLI and the status/logs
@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 
 from hpctrain import __version__
+from hpctrain.agent.session import _session, _sources
 from hpctrain.kernel.files import write_atomic
-from hpctrain.remote.session import _session, _sources
 from hpctrain.remote.wire import PROTO
 
 IDLE_S = 600  # hpctrain.remote.ssh.PERSIST_S: the agent lives as long as an idle connection
@@ -56,7 +56,7 @@ _WARM = (
     "hpctrain.cli.preempt",
     "hpctrain.cli.sweep",
     "hpctrain.runs.folder",
-    "hpctrain.jobs.sweep",
+    "hpctrain.service.sweep",
     "hpctrain.runs.progress",
     "hpctrain.service.status",
     "hpctrain.service.logs",
@@ -103,7 +103,7 @@ def _alive(pid_file: Path) -> int | None:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except (OSError, ValueError):
         return None
-    return pid if b"hpctrain.remote.agent" in cmdline else None
+    return pid if b"hpctrain.agent.serve" in cmdline else None
 
 
 # -- start -----------------------------------------------------------------------------------------
@@ -183,13 +183,7 @@ def _serve(
     last = time.monotonic()
     try:
         while True:
-            for pid in list(live):
-                try:
-                    done, _ = os.waitpid(pid, os.WNOHANG)
-                except ChildProcessError:
-                    done = pid
-                if done:
-                    live.discard(pid)
+            _reap(live)
             if spare is None:
                 # no SIGTERM between the fork and `spare` being set: leaving would miss it
                 signal.pthread_sigmask(signal.SIG_BLOCK, _LEAVE_SIGNALS)
@@ -200,12 +194,7 @@ def _serve(
             now = time.monotonic()
             if live:
                 last = now
-            try:
-                if os.stat(path).st_ino != inode:
-                    break  # replaced by another agent
-            except OSError:
-                break  # removed: nobody can reach us any more
-            if not live and now - last > idle:
+            if not _ours(path, inode) or (not live and now - last > idle):
                 break
             try:
                 ready, _, _ = select.select([spare[1]], [], [], min(CHECK_S, max(idle, 0.1)))
@@ -223,26 +212,53 @@ def _serve(
         pass
     finally:
         if os.getpid() == me:  # not a child that got the signal before resetting it
-            try:
-                if os.stat(path).st_ino == inode:
-                    path.unlink()
-            except OSError:
-                pass
-            listener.close()
-            pid_file, log = path.with_suffix(".pid"), path.with_suffix(".log")
-            try:  # this agent's own pid file, and its log when nothing was written to it
-                if pid_file.read_text().strip() == str(me):
-                    pid_file.unlink()
-                if log.stat().st_size == 0:
-                    log.unlink()
-            except (OSError, ValueError):
-                pass
-            if spare is not None and not select.select([spare[1]], [], [], 0)[0]:
-                try:  # still waiting for a connection (one that took one runs it to the end)
-                    os.kill(spare[0], signal.SIGTERM)
-                    os.waitpid(spare[0], 0)
-                except OSError:
-                    pass
+            _close(listener, path, inode=inode, spare=spare)
+
+
+def _reap(live: set[int]) -> None:
+    """Forget the sessions whose command ended."""
+    for pid in list(live):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid
+        if done:
+            live.discard(pid)
+
+
+def _ours(path: Path, inode: int) -> bool:
+    """Whether the socket file is still this agent's (not removed, not replaced by another's)."""
+    try:
+        return os.stat(path).st_ino == inode
+    except OSError:
+        return False  # removed: nobody can reach us any more
+
+
+def _close(
+    listener: socket.socket, path: Path, *, inode: int, spare: tuple[int, int] | None
+) -> None:
+    """The agent leaving: its socket, its pid file, its log when empty, and a spare still waiting
+    for a connection (one that took one runs it to the end)."""
+    try:
+        if os.stat(path).st_ino == inode:
+            path.unlink()
+    except OSError:
+        pass
+    listener.close()
+    pid_file, log = path.with_suffix(".pid"), path.with_suffix(".log")
+    try:  # this agent's own pid file, and its log when nothing was written to it
+        if pid_file.read_text().strip() == str(os.getpid()):
+            pid_file.unlink()
+        if log.stat().st_size == 0:
+            log.unlink()
+    except (OSError, ValueError):
+        pass
+    if spare is not None and not select.select([spare[1]], [], [], 0)[0]:
+        try:
+            os.kill(spare[0], signal.SIGTERM)
+            os.waitpid(spare[0], 0)
+        except OSError:
+            pass
 
 
 def _spawn(

@@ -1,16 +1,17 @@
-"""A sweep's points as they stand (moved from hpctrain/jobs/sweep.py): the table `status`, `runs`
+"""A sweep's points as they stand (moved from hpctrain/service/sweep.py): the table `status`, `runs`
 and `report` show, and cancelling them. Above hpctrain.runs.folder and hpctrain.dispatch; planning
-and submitting a sweep is hpctrain.jobs.sweep's.
+and submitting a sweep is hpctrain.service.sweep's.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hpctrain import dispatch
+from hpctrain.kernel import states
 from hpctrain.runs.folder import TERMINAL, RunDir
 from hpctrain.runs.sweepdir import read
 
@@ -30,23 +31,37 @@ def final_loss(run_path: Path) -> float | None:
     return None
 
 
-def table(sweep_dir: Path) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Point:
+    """One point of a sweep as it stands (`status SWEEP --json`: these keys, in this order)."""
+
+    index: int
+    point: str  # its folder's name, <i>-<key=value,...>
+    values: dict[str, object]  # the grid's value of each key
+    state: str
+    job_id: str | None
+    checkpoint_step: int | None
+    final_loss: float | None
+    path: str
+
+
+def table(sweep_dir: Path) -> list[Point]:
     """One row per point: index, values, state, job, newest checkpoint step, final loss."""
     rows = []
     for p in read(sweep_dir).get("points", []):
         run = RunDir(sweep_dir / str(p["folder"]))
-        state = dispatch.state(run) if run.exists() and run.jobs() else "WAITING"
+        state = dispatch.state(run) if run.exists() and run.jobs() else states.WAITING
         rows.append(
-            {
-                "index": p["index"],
-                "point": p["folder"],
-                "values": p.get("values", {}),
-                "state": state,
-                "job_id": run.last_job_id() if run.exists() else None,
-                "checkpoint_step": run.newest_checkpoint_step(),
-                "final_loss": final_loss(run.path),
-                "path": str(run.path),
-            }
+            Point(
+                index=p["index"],
+                point=p["folder"],
+                values=p.get("values", {}),
+                state=state,
+                job_id=run.last_job_id() if run.exists() else None,
+                checkpoint_step=run.newest_checkpoint_step(),
+                final_loss=final_loss(run.path),
+                path=str(run.path),
+            )
         )
     return rows
 
@@ -57,7 +72,7 @@ def cancel(sweep_dir: Path) -> list[tuple[str, str]]:
     pid = data.get("runner_pid")
     if pid:
         try:
-            if "hpctrain.jobs.sweep_runner" in Path(f"/proc/{pid}/cmdline").read_text():
+            if "hpctrain.service.sweep_runner" in Path(f"/proc/{pid}/cmdline").read_text():
                 os.kill(int(pid), 15)
         except OSError:
             pass

@@ -12,18 +12,16 @@ the variable and the fix. `${NAME:-default}` needs nothing: it is the way to all
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
 
 from hpctrain.kernel.errors import UserError
-from hpctrain.profiles.schema.checks import ENV_REF
-from hpctrain.render.shellwords import Sh, quote
+from hpctrain.kernel.shell import ENV_REF, Sh, quote
 
 _NAME = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)(:-)?")
 ALWAYS_SET = {"HOME"}  # set for every job (an activate path's `~` is written $HOME)
 
 
-def names(value: Any) -> list[str]:  # Any: any YAML value of a profile
+def names(value: object) -> list[str]:
     """Every variable `value` expands, with or without a default, in order, once each."""
     out: list[str] = []
     for m in ENV_REF.finditer(str(value)):
@@ -33,7 +31,7 @@ def names(value: Any) -> list[str]:  # Any: any YAML value of a profile
     return out
 
 
-def needs(value: Any) -> list[str]:  # Any: any YAML value of a profile
+def needs(value: object) -> list[str]:
     """The variables `value` expands without a default: unset, each would stop the script."""
     out: list[str] = []
     for m in ENV_REF.finditer(str(value)):
@@ -43,14 +41,14 @@ def needs(value: Any) -> list[str]:  # Any: any YAML value of a profile
     return out
 
 
-def where(origins: dict[str, str], key: str) -> str:
+def where(origins: Mapping[str, str], key: str) -> str:
     """`file:line: key` (the origin when it is a place in a file; else the key alone)."""
     origin = origins.get(key, "")
     return f"{origin}: {key}" if re.search(r":\d+\Z", origin) else key
 
 
 def order(
-    env: dict[str, str], keys: dict[str, str], origins: dict[str, str]
+    env: Mapping[str, str], keys: Mapping[str, str], origins: Mapping[str, str]
 ) -> list[tuple[str, str]]:
     """The exports sorted by name, except that a value comes after every export it names (its own
     name excepted: `PATH: /x:$PATH` extends the node's PATH). `keys`: name -> the profile key that
@@ -82,8 +80,7 @@ def order(
     return list(done.items())
 
 
-# Any: any YAML value of a profile
-def guard(key: str, value: Any, origins: dict[str, str], known: Iterable[str] = ()) -> Sh:
+def guard(key: str, value: object, origins: Mapping[str, str], known: Iterable[str] = ()) -> Sh:
     """`hpctrain_need 'file:line: key' NAME...; ` for the names `value` needs that are not in
     `known` (exported before it by the script itself); "" when it needs none."""
     missing = [n for n in needs(value) if n not in set(known) | ALWAYS_SET]

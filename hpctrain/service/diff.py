@@ -1,7 +1,7 @@
 """Compare two profiles the way an admin reviews a change: the resolved keys that differ (with
 where each value comes from) and the unified diff of the scripts both render for the same request.
 
-    from hpctrain.profiles.diff import compare
+    from hpctrain.service.diff import compare
     result = compare("mycluster", "./mycluster.yaml", nodes=2)   # published vs the new draft
     print(result.text())
 
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.jobs.request import JobRequest
+from hpctrain.jobs.spec import JobSpec
 from hpctrain.profiles.load import resolve
 from hpctrain.render.script import render
 
@@ -78,7 +79,7 @@ def _leaves(value: Any, prefix: str = "") -> dict[str, Any]:  # Any: parsed YAML
 
 def _script(profile: ResolvedProfile, nodes: int, gpus: int | None) -> str:
     req = JobRequest.build(profile, name="diff", nodes=nodes, gpus=gpus, args=[])
-    return render(profile, req, RUN, python="/node/python")
+    return render(JobSpec.build(profile, req, RUN, python="/node/python"))
 
 
 def compare(old_ref: str, new_ref: str, *, nodes: int = 2, gpus: int | None = None) -> Comparison:

@@ -1,5 +1,6 @@
 """The strategy of a run with tp and/or pp: one DeviceMesh, the model cut and sharded in a fixed
-order, FSDP2 (the run's data-parallel strategy) over the mesh's dp dimension.
+order, FSDP2 (the run's data-parallel strategy) over the mesh's dp dimension. The dimensions
+themselves (the mesh, tp, pp, the demo GPT's plan and split) are in train_entry/parallel/.
 
 Order (torchtitan's): 1. split into pipeline stages (this rank keeps its stages' layers),
 then per stage 2. the TP plan, 3. activation checkpointing, 4. compile, 5. fully_shard over dp.
@@ -12,17 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager as ContextManager
 from contextlib import ExitStack
-from typing import Any, cast
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from train_entry.config import TrainConfig
-from train_entry.model import compute_loss
+from train_entry.model import apply_activation_checkpointing, apply_compile, compute_loss
 from train_entry.optim import build_optimizer, build_scheduler
 from train_entry.parallel import pp, tp
 from train_entry.parallel.dims import ParallelDims
+from train_entry.state import _canonical, _full, digest
 from train_entry.strategies.base import Strategy
 from train_entry.strategies.fsdp import FSDPStrategy
 
@@ -38,7 +39,8 @@ class ParallelStrategy(Strategy):
     cfg: TrainConfig
     max_norm: float | None
     params: list[nn.Parameter]
-    loss_context: Callable[[], ContextManager[Any]]
+    optimizer: torch.optim.Optimizer
+    loss_context: Callable[[], ContextManager[object]]
     pipeline: pp.Pipeline | None
 
     @classmethod
@@ -52,27 +54,26 @@ class ParallelStrategy(Strategy):
         dims: ParallelDims,
         dp_strategy: type[FSDPStrategy],
     ) -> ParallelStrategy:
-        from train_entry.strategies import apply_activation_checkpointing, apply_compile
-
-        par, grid = cfg.parallel, dims.mesh
+        par = cfg.parallel
         # 1. pipeline stages: this rank's, the rest of the model dropped
+        loss: pp.Loss | None = None
         if par.pp > 1:
             parts, loss = pp.split(model, pp_rank=dims.pp_rank, cfg=cfg)
         else:
-            parts, loss = [model], None
+            parts = [model]
         model.to(device)
         blocks = 0
         for part in parts:
             # 2. tensor parallel (DTensor parameters on mesh["tp"])
             if par.tp > 1:
-                tp.apply(part, tp_mesh=grid["tp"], cfg=cfg)
+                tp.apply(part, tp_mesh=dims.sub("tp"), cfg=cfg)
             # 3. activation checkpointing, 4. compile, per block
             if cfg.train.activation_checkpointing:
                 apply_activation_checkpointing(part, block_class=cfg.fsdp.block_class)
             if cfg.train.compile:
                 apply_compile(part, block_class=cfg.fsdp.block_class)
             # 5. data parallel over mesh["dp"]: every block, then the stage as the root
-            blocks += dp_strategy.shard(part, cfg=cfg, device=device, mesh=grid["dp"])
+            blocks += dp_strategy.shard(part, cfg=cfg, device=device, mesh=dims.sub("dp"))
         optimizer = build_optimizer(model.parameters(), cfg)
         s = cls(
             model,
@@ -87,12 +88,12 @@ class ParallelStrategy(Strategy):
         s.max_norm, s.params = cfg.train.clip_grad_norm, list(model.parameters())
         s.loss_context = tp.loss_context(cfg)
         s.pipeline = None
-        if par.pp > 1:
+        if loss is not None:  # pp > 1
             s.pipeline = pp.Pipeline(
                 parts,
-                loss=cast("Callable[..., Any]", loss),  # pp.split's, set when pp > 1
+                loss=loss,
                 pp_rank=dims.pp_rank,
-                pp_group=grid["pp"].get_group(),
+                pp_group=dims.sub("pp").get_group(),
                 device=device,
                 cfg=cfg,
                 grad_accum=grad_accum,
@@ -100,8 +101,7 @@ class ParallelStrategy(Strategy):
         return s
 
     # ---- one micro-step
-    # Any: torch objects (tensors, modules, optimizers, state dicts)
-    def micro_step(self, batch: Any, last: bool) -> torch.Tensor:
+    def micro_step(self, batch: object, last: bool) -> torch.Tensor:
         with ExitStack() as stack:
             stack.enter_context(self.autocast())
             stack.enter_context(self.loss_context())
@@ -118,7 +118,7 @@ class ParallelStrategy(Strategy):
             self.backward(loss)
         return _plain(loss).detach().float()
 
-    def sync(self, last: bool) -> ContextManager[Any]:
+    def sync(self, last: bool) -> ContextManager[object]:
         for part in self.parts:
             part.set_requires_gradient_sync(last)  # type: ignore[operator]
         return ExitStack()
@@ -131,7 +131,7 @@ class ParallelStrategy(Strategy):
             total = _plain(torch.nn.utils.get_total_norm(grads, foreach=True))
             if self.pipeline is not None:
                 total = total**2
-                dist.all_reduce(total, group=self.dims.mesh["pp"].get_group())
+                dist.all_reduce(total, group=self.dims.sub("pp").get_group())
                 total = total.sqrt()
             torch.nn.utils.clip_grads_with_norm_(self.params, self.max_norm, total, foreach=True)
             norm = float(total)
@@ -143,12 +143,10 @@ class ParallelStrategy(Strategy):
     def params_sha256(self) -> str:
         """The same digest as a run without pp (state.params_sha256): with pp, every stage's full
         parameters are gathered over the pp group first (a collective on every rank)."""
-        from train_entry.state import _canonical, _full, digest
-
         local = {_canonical(n): _full(p).cpu() for n, p in self.model.named_parameters()}
         if self.pipeline is not None:
-            everyone: list[Any] = [None] * self.dims.layout.pp
-            dist.all_gather_object(everyone, local, group=self.dims.mesh["pp"].get_group())
+            everyone: list[dict[str, torch.Tensor]] = [{}] * self.dims.layout.pp
+            dist.all_gather_object(everyone, local, group=self.dims.sub("pp").get_group())
             local = {k: v for part in everyone for k, v in part.items()}
         return digest(sorted(local.items()))
 

@@ -1,8 +1,9 @@
-"""The second red team's findings (issue 20, item 4): shell syntax in `${NAME:-default}`, prefixes
-of owned options, defaults that look like options, a site folder of the user's own, the SSH control
-folder, container prefixes and flags under locks, bash's own switches, `login.host`, the preflight
-gate's container, and the inputs that were tracebacks. Each is refused with one located line and
-exit 2 (or, for the gate, renders the launch's own container command)."""
+"""Values that would smuggle shell syntax or options into the rendered script, or a file past the
+trust check (the second red team's findings, issue 20, item 4): shell syntax in `${NAME:-default}`,
+prefixes of owned options, defaults that look like options, a site folder of the user's own, the
+SSH control folder, container prefixes and flags under locks, bash's own switches, `login.host`.
+Each is refused with one located line and exit 2 (the inputs that were tracebacks:
+tests/test_bad_input.py; the preflight gate's container: tests/test_bad_nodes.py)."""
 
 from __future__ import annotations
 

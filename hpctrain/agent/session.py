@@ -1,5 +1,5 @@
 """One connection to the login-node agent, in the spare process that took it: the request frame,
-the CLI's main run in this warm process, its output sent back as frames (agent.py's docstring)."""
+the CLI's main run in this warm process, its output sent back as frames (serve.py's docstring)."""
 
 from __future__ import annotations
 

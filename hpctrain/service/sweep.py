@@ -24,35 +24,26 @@ import sys
 import time as _time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from hpctrain.jobs import entry_check
 from hpctrain.jobs.options import JobOptions
 from hpctrain.jobs.request import NAME_RE, NAME_RULE, JobRequest
+from hpctrain.jobs.spec import JobSpec, node_python
+from hpctrain.kernel import states, strategies
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.rundir import RunFolder
-from hpctrain.remote.upload import check_upload
-from hpctrain.render.script import node_python, render, sbatch_directives
+from hpctrain.render.script import render
 from hpctrain.runs.folder import RunDir, runs_dir_of
-from hpctrain.runs.points import table
 from hpctrain.runs.sweepdir import KIND, is_sweep, read, record, write, write_array
+from hpctrain.service.points import table
+from hpctrain.service.upload import check_upload
 
 if TYPE_CHECKING:
     from hpctrain.profiles.resolved import ResolvedProfile
 
 # Point states `resume SWEEP` brings back (a point never started locally shows WAITING).
-RESUMABLE = {
-    "FAILED",
-    "CANCELLED",
-    "PREEMPTED",
-    "TIMEOUT",
-    "NODE_FAIL",
-    "OUT_OF_MEMORY",
-    "LOST",
-    "BOOT_FAIL",
-    "DEADLINE",
-    "WAITING",
-}
+RESUMABLE = states.RESUMABLE
 MAX_POINTS = 10_000  # a grid's product is checked before any point is built
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,63}\Z")
 _VALUE = re.compile(r"[A-Za-z0-9_.+:-]{1,64}\Z")
@@ -167,7 +158,7 @@ def sbatch_array(sweep_dir: Path, script: str) -> str:
     return sbatch(sweep_dir / "submitit", script, what="the job array").split("_")[0]
 
 
-def submit_array(sweep_dir: Path, script: str, runs: list[Any], pts: list[Point]) -> str:
+def submit_array(sweep_dir: Path, script: str, runs: list[RunDir], pts: list[Point]) -> str:
     """Slurm: one sbatch of the array script; every point records `<array>_<i>`."""
     array_id = sbatch_array(sweep_dir, script)
     for run, p in zip(runs, pts, strict=True):
@@ -179,7 +170,7 @@ def start_local(sweep_dir: Path) -> int:
     """Local profile: a detached runner starts the points, max_parallel at a time."""
     log = RunFolder(sweep_dir).open_log("logs/runner.log")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hpctrain.jobs.sweep_runner", str(sweep_dir)],
+        [sys.executable, "-m", "hpctrain.service.sweep_runner", str(sweep_dir)],
         stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -193,7 +184,7 @@ def start_local(sweep_dir: Path) -> int:
 def resume_local(sweep_dir: Path) -> int:
     """Local profile: a new runner for the points that did not finish (the same job.sh each:
     train_entry resumes from the newest checkpoint); returns how many it will run."""
-    left = [r for r in table(sweep_dir) if r["state"] in RESUMABLE]
+    left = [r for r in table(sweep_dir) if r.state in RESUMABLE]
     if left:
         data = read(sweep_dir)
         write(sweep_dir, {**data, "runner_pid": start_local(sweep_dir)})
@@ -209,24 +200,19 @@ class Planned:
     profile: ResolvedProfile
     grid: list[tuple[str, list[str]]]
     points: list[Point]
-    requests: list[Any]
+    requests: list[JobRequest]
     scripts: list[str]
     python: str
     max_parallel: int | None
     array: str | None  # the array script (Slurm)
 
 
-def prepare(o: JobOptions, profile: ResolvedProfile, code_dir: Path | None = None) -> Planned:
-    if code_dir is not None:  # before anything is written: --code is moved, never any folder
-        check_upload(code_dir, o.script)
-    grid_items, max_parallel = o.grid, o.max_parallel
-    grid = parse_grid(grid_items)
-    pts = points(grid)
+def _sweep_dir(o: JobOptions, profile: ResolvedProfile) -> tuple[str, Path]:
     name = o.name or f"sweep-{_time.strftime('%Y%m%d-%H%M%S')}"
     if not NAME_RE.match(name) or len(name) > 56:
         raise UserError(f"--name {name!r} is not a valid sweep name ({NAME_RULE}, at most 56)")
-    if max_parallel is not None and max_parallel < 1:
-        raise UserError(f"--max-parallel {max_parallel}: at least 1")
+    if o.max_parallel is not None and o.max_parallel < 1:
+        raise UserError(f"--max-parallel {o.max_parallel}: at least 1")
     sweep_dir = runs_dir_of(profile) / name
     if sweep_dir.exists():
         hint = (
@@ -235,11 +221,65 @@ def prepare(o: JobOptions, profile: ResolvedProfile, code_dir: Path | None = Non
             else "move that folder away"
         )
         raise UserError(f"{sweep_dir} already exists; choose another --name, or {hint}")
+    return name, sweep_dir
+
+
+def _point_request(
+    o: JobOptions,
+    profile: ResolvedProfile,
+    point: Point,
+    *,
+    name: str,
+    strategy: str | None,
+    ours: bool,
+    code_dir: Path | None,
+) -> JobRequest:
+    """One point's request, its config checked at the requested world size (train_entry)."""
+    args = (*o.args, *point.args())
+    req = JobRequest.build(
+        profile,
+        name=f"{name}-{point.index}",
+        nodes=o.nodes,
+        gpus=o.gpus,
+        time_min=o.time_min,
+        strategy=strategy,
+        script=o.script,
+        module=o.module,
+        args=args,
+        min_nodes=o.min_nodes,
+        exclude=tuple(o.exclude or ()),
+    )
+    if ours:  # before anything is queued
+        try:
+            resolved = entry_check.check_train_entry(
+                nodes=req.nodes,
+                gpus=req.gpus,
+                args=args,
+                strategy=strategy,
+                domain=profile.slurm.gpus_per_domain,
+            )
+        except UserError as e:
+            raise UserError(f"point {point.folder}: {e.message}") from None
+        if resolved["strategy"] != req.strategy:
+            req = req.with_strategy(resolved["strategy"])
+    if code_dir is not None and req.entry.kind == "script":
+        rel = Path(req.entry.target).resolve().relative_to(code_dir.resolve())
+        sweep_dir = runs_dir_of(profile) / name
+        entry = dataclasses.replace(req.entry, target=str(sweep_dir / "code" / rel))
+        req = dataclasses.replace(req, entry=entry)
+    return req
+
+
+def prepare(o: JobOptions, profile: ResolvedProfile, code_dir: Path | None = None) -> Planned:
+    if code_dir is not None:  # before anything is written: --code is moved, never any folder
+        check_upload(code_dir, o.script)
+    grid = parse_grid(o.grid)
+    pts = points(grid)
+    name, sweep_dir = _sweep_dir(o, profile)
     python = node_python(profile)
-    requests, scripts = [], []
     ours = not (o.script or o.module)  # the bundled train_entry
     strategy = o.strategy
-    if strategy == "auto":
+    if strategy == strategies.AUTO:
         raise UserError(
             "sweep --strategy auto is not supported: choose ddp, fsdp or deepspeed "
             "(`hpctrain plan` says which)"
@@ -247,52 +287,34 @@ def prepare(o: JobOptions, profile: ResolvedProfile, code_dir: Path | None = Non
     if ours:  # the grid's keys become entry flags too (`--grid run-dir=...` is refused)
         entry_check.refuse_owned((*o.args, *(f"--{k}=" for k, _ in grid)))
         strategy = entry_check.one_source(strategy, tuple(o.args))
-    for p in pts:
-        args = (*o.args, *p.args())
-        req = JobRequest.build(
-            profile,
-            name=f"{name}-{p.index}",
-            nodes=o.nodes,
-            gpus=o.gpus,
-            time_min=o.time_min,
-            strategy=strategy,
-            script=o.script,
-            module=o.module,
-            args=args,
-            min_nodes=o.min_nodes,
-            exclude=tuple(o.exclude or ()),
-        )
-        if ours:  # every point's config, at the requested world size, before anything is queued
-            try:
-                resolved = entry_check.check_train_entry(
-                    nodes=req.nodes,
-                    gpus=req.gpus,
-                    args=args,
-                    strategy=strategy,
-                    domain=profile.slurm.gpus_per_domain,
-                )
-            except UserError as e:
-                raise UserError(f"point {p.folder}: {e.message}") from None
-            if resolved["strategy"] != req.strategy:
-                req = dataclasses.replace(req, strategy=resolved["strategy"])
-        if code_dir is not None and req.entry.kind == "script":
-            rel = Path(req.entry.target).resolve().relative_to(code_dir.resolve())
-            entry = dataclasses.replace(req.entry, target=str(sweep_dir / "code" / rel))
-            req = dataclasses.replace(req, entry=entry)
-        requests.append(req)
-        scripts.append(render(profile, req, sweep_dir / p.folder, python=python))
+    requests = [
+        _point_request(o, profile, p, name=name, strategy=strategy, ours=ours, code_dir=code_dir)
+        for p in pts
+    ]
+    specs = [
+        JobSpec.build(profile, req, sweep_dir / p.folder, python=python)
+        for p, req in zip(pts, requests, strict=True)
+    ]
     array = None
     if profile.scheduler == "slurm":
-        first = sweep_dir / pts[0].folder
         array = array_script(
             name,
             sweep_dir,
-            sbatch_directives(profile, requests[0], str(first)),
+            list(specs[0].directives),
             [sweep_dir / p.folder for p in pts],
-            array_spec(len(pts), max_parallel),
+            array_spec(len(pts), o.max_parallel),
         )
     return Planned(
-        name, sweep_dir, profile, grid, pts, requests, scripts, python, max_parallel, array
+        name=name,
+        sweep_dir=sweep_dir,
+        profile=profile,
+        grid=grid,
+        points=pts,
+        requests=requests,
+        scripts=[render(spec) for spec in specs],
+        python=python,
+        max_parallel=o.max_parallel,
+        array=array,
     )
 
 
