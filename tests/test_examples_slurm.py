@@ -181,29 +181,3 @@ def test_unchanged_accelerate_script_sees_the_whole_job_locally(tmp_path):
     seen = _accelerate_world(out)
     assert [s["num_processes"] for s in seen] == [2, 2], seen
     assert all(s["gathered"] == [0, 1] for s in seen), seen
-
-
-@pytest.mark.slurm
-@pytest.mark.timeout(300)
-def test_plain_submit_on_two_by_two_trains_and_wait_shows_training(runs):
-    # no batch flags at all: the defaults adapt to world 4 (they failed on 16 % (4 x 8) before)
-    out = runs.hp(
-        "submit",
-        "--profile",
-        "loopback",
-        "--nodes",
-        "2",
-        "--gpus",
-        "2",
-        "--name",
-        "plain",
-        "--wait",
-        "--",
-        "--max-steps",
-        "3",
-        timeout=280,
-    )
-    assert "global batch 16 = world 4 x micro 4 x accum 1" in out.stdout, out.stdout
-    assert "plain: COMPLETED  step 3/3  loss " in out.stdout, out.stdout + out.stderr
-    status = runs.hp("status", "plain").stdout
-    assert "training: step 3/3" in status and "strategy ddp" in status, status

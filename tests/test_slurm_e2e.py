@@ -6,8 +6,7 @@ torchrun c10d rendezvous, gloo over lo, real checkpoints, real sacct.
     sudo .venv/bin/python -m pytest -m slurm tests/test_slurm_e2e.py -k preempt   # one of them
 
 Sizes are tiny (the demo GPT, 2 CPU cores for 2 "nodes"). On failure every log of the test's runs is
-printed (batch, node, rank logs, events, restarts) so a CI failure can be read without the machine.
-"""
+printed (batch, node, rank logs, events, restarts) so a CI failure can be read without the machine."""
 
 from __future__ import annotations
 
@@ -22,6 +21,7 @@ from pathlib import Path
 import pytest
 from _events import flow, kinds
 from _hold import held, ranks
+from _squeue import queued
 
 pytestmark = [pytest.mark.slurm]
 
@@ -96,15 +96,25 @@ class Runs:
         return json.loads(self.hp("status", name, "--json").stdout)
 
     def wait(self, name: str, states: set[str], timeout: float) -> dict:
+        """Poll `status` until its state is one of `states`. Waiting for an end, a job of the run
+        still in Slurm's queue (squeue: a C client) skips the poll: each `status` is a Python
+        start of ~0.5 s CPU, taken from the tests beside this one (asked at least every 15 s)."""
         deadline = time.monotonic() + timeout
-        info = self.status(name)
+        info, asked = self.status(name), time.monotonic()
         while info["state"] not in states:
             assert time.monotonic() < deadline, (
                 f"{name}: {info['state']}, not {states} in {timeout} s"
             )
             time.sleep(1)
-            info = self.status(name)
+            if states <= ENDED and time.monotonic() - asked < 15 and self.queued(name):
+                continue
+            info, asked = self.status(name), time.monotonic()
         return info
+
+    def queued(self, name: str) -> bool:
+        """A job of the run is in Slurm's queue (pending, running, completing)."""
+        ids = [str(job["job_id"]) for job in lines(self.run(name) / "jobs.jsonl")]
+        return bool(ids) and queued(ids)
 
     def until(self, what: str, cond, timeout: float, poll: float = 0.5):
         deadline = time.monotonic() + timeout
@@ -180,24 +190,39 @@ def runs(slurm_cluster, tmp_path, request):
 
 @pytest.fixture(scope="module")
 def reference(slurm_cluster, tmp_path_factory):
-    """One uninterrupted 2 x 2 run: the result every interrupted run must reproduce bit for bit."""
+    """One uninterrupted 2 x 2 run: the result every interrupted run must reproduce bit for bit.
+    Submitted with `--wait` and no batch flags (the defaults adapt to world 4 as FULL's: micro 4,
+    global 16), so its test shows both too."""
     r = Runs(tmp_path_factory.mktemp("slurm-reference"))
-    job = r.submit("ref", train=FULL)
-    try:
-        info = r.wait("ref", ENDED, 240)
-    except AssertionError:
-        r.dump()
-        raise
+    unbatched = [
+        a for a in FULL if not a.startswith(("--train.micro_batch", "--train.global_batch"))
+    ]
+    assert len(unbatched) == len(FULL) - 2
+    waited = r.hp(
+        "submit", "--profile", "loopback", "--nodes", "2", "--gpus", "2", "--name", "ref",
+        "--wait", "--", *unbatched, check=False, timeout=300,
+    )  # fmt: skip
+    m = re.search(r"job (\d+)", waited.stdout)
+    assert m, f"{waited.stdout}\n{waited.stderr}"
+    info = r.status("ref")
     if info["state"] != "COMPLETED":
         r.dump()
-    return r, job, info
+    return r, m.group(1), info, waited
 
 
 @pytest.mark.timeout(300)
 def test_submit_trains_across_two_nodes_to_completion(reference):
-    r, job, info = reference
+    r, job, info, waited = reference
     run = r.run("ref")
-    assert info["state"] == "COMPLETED", info
+    assert info["state"] == "COMPLETED", (info, waited.stdout, waited.stderr)
+    # no batch flags: the defaults adapt to world 4 (they failed on 16 % (4 x 8) before), and
+    # --wait follows the run to its end, showing training
+    assert "global batch 16 = world 4 x micro 4 x accum 1" in waited.stdout, waited.stdout
+    assert f"ref: COMPLETED  step {FULL_STEPS}/{FULL_STEPS}  loss " in waited.stdout, (
+        waited.stdout + waited.stderr
+    )
+    status = r.hp("status", "ref").stdout
+    assert f"training: step {FULL_STEPS}/{FULL_STEPS}" in status and "strategy ddp" in status
     assert sacct_states(job) == ["COMPLETED"]  # the state status shows is sacct's
     assert info["job_id"] == job and info["nodes"] == 2 and info["gpus_per_node"] == 2
 
@@ -218,45 +243,68 @@ def test_submit_trains_across_two_nodes_to_completion(reference):
     assert kinds(lines(run / "events.jsonl")) == ["done"]
 
 
-def _interrupted_run_matches_reference(r: Runs, name: str, reference, interrupt) -> dict:
-    """Submit the reference config, interrupt it mid-training with `interrupt(job_id)`, let Slurm
-    requeue it; it must resume from a checkpoint and end bit-identical to the reference."""
-    ref_runs, _, ref_info = reference
+def _interrupted_run_matches_reference(r: Runs, name: str, reference, interrupts) -> dict:
+    """Submit the reference config and interrupt it mid-training with each of `interrupts(job_id)`
+    in turn, the next once Slurm has requeued and started the run again and it trained 3 more
+    steps; every start after the first must resume from a checkpoint, and the run end
+    bit-identical to the reference."""
+    ref_runs, _, ref_info, _ = reference
     assert ref_info["state"] == "COMPLETED", "the reference run failed (see its test)"
     run = r.run(name)
     job = r.submit(name, train=FULL)
-    r.until("training past step 3", lambda: len(steps(run)) >= 3, 180)
-    with held(run):  # the interruption lands mid-run however slow it is under load
-        interrupt(job)
-    # Restart 1 is recorded by the requeued batch script when Slurm starts it again (~10 s later).
-    r.until(
-        "the requeued job starts",
-        lambda: any(x["restart_count"] == 1 for x in lines(run / "restarts.jsonl")),
-        120,
-    )
+    logged = 0  # metrics lines before the current start's
+    for n, interrupt in enumerate(interrupts, 1):
+        r.until(
+            f"start {n} training 3 steps", lambda m=logged: len(steps(run)) >= m + 3, 180, poll=0.2
+        )
+        with held(run):  # the interruption lands mid-run however slow it is under load
+            assert max(steps(run)) < FULL_STEPS, "the run finished before the interruption"
+            interrupt(job)
+        # Restart n is recorded by the requeued batch script when Slurm starts it again (~10 s).
+        r.until(
+            f"the requeued job starts ({n})",
+            lambda n=n: any(x["restart_count"] == n for x in lines(run / "restarts.jsonl")),
+            120,
+        )
+        logged = len(steps(run))
     info = r.wait(name, ENDED, 240)
     assert info["state"] == "COMPLETED", info
 
     assert (run / "final_params.sha256").read_text() == (
         ref_runs.run("ref") / "final_params.sha256"
     ).read_text()
-    assert info["restarts"] >= 1 and info["starts"] >= 2, info  # status shows the restart
-    assert re.search(r"restarts: [1-9]", r.hp("status", name).stdout)
-    assert [h["restart_count"] for h in info["history"]][:2] == [0, 1]
-    assert "REQUEUED" in sacct_states(job) and sacct_states(job)[-1] == "COMPLETED"
-    # The second start resumed from a checkpoint: its first logged step follows the checkpoint.
-    starts = re.findall(rf"step (\d+)/{FULL_STEPS}\n", (run / "train.log").read_text())
-    assert len(starts) >= 2 and starts[0] == "0" and int(starts[1]) > 0, starts
+    n = len(interrupts)
+    assert info["restarts"] >= n and info["starts"] >= n + 1, info  # status shows the restarts
+    assert re.search(rf"restarts: [{n}-9]", r.hp("status", name).stdout)
+    assert [h["restart_count"] for h in info["history"]][: n + 1] == list(range(n + 1))
+    assert sacct_states(job).count("REQUEUED") >= n and sacct_states(job)[-1] == "COMPLETED"
+    # Each later start resumed from the checkpoint its interruption saved: its first logged step
+    # follows it, past the start before.
+    starts = [
+        int(s) for s in re.findall(rf"step (\d+)/{FULL_STEPS}\n", (run / "train.log").read_text())
+    ]
+    assert len(starts) >= n + 1 and starts[0] == 0, starts
+    assert all(a < b for a, b in zip(starts[:n], starts[1 : n + 1], strict=True)), starts
     return info
 
 
-@pytest.mark.timeout(420)
-def test_hpctrain_preempt_saves_requeues_and_resumes_bit_identical(runs, reference):
+@pytest.mark.timeout(600)
+def test_preempt_then_scontrol_requeue_each_resume_bit_identical(runs, reference):
+    """`hpctrain preempt` (USR2 to the batch shell: every rank saves, the script requeues), then,
+    in the requeued start, `scontrol requeue` (Slurm's own): each resumes from a checkpoint, one
+    run through both (one job start fewer than a run each)."""
+
     def preempt(job_id: str) -> None:
         out = runs.hp("preempt", "pre")
         assert f"job {job_id}" in out.stdout, out.stdout
 
-    _interrupted_run_matches_reference(runs, "pre", reference, preempt)
+    def requeue(job_id: str) -> None:
+        out = subprocess.run(
+            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=30
+        )
+        assert out.returncode == 0, out.stderr
+
+    _interrupted_run_matches_reference(runs, "pre", reference, [preempt, requeue])
     events = flow(lines(runs.run("pre") / "events.jsonl"))
     names = [e["event"] for e in events]
     # the chain: the batch shell's trap got USR2, every rank stopped and saved, the script requeued
@@ -267,23 +315,22 @@ def test_hpctrain_preempt_saves_requeues_and_resumes_bit_identical(runs, referen
     assert re.search(rf"step {stopped}/{FULL_STEPS}\n", (runs.run("pre") / "train.log").read_text())
 
 
-@pytest.mark.timeout(420)
-def test_scontrol_requeue_mid_training_resumes_bit_identical(runs, reference):
-    def requeue(job_id: str) -> None:
-        out = subprocess.run(
-            ["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=30
-        )
-        assert out.returncode == 0, out.stderr
-
-    _interrupted_run_matches_reference(runs, "req", reference, requeue)
-
-
 @pytest.mark.timeout(300)
 def test_time_limit_warning_saves_and_requeues_before_the_kill(runs):
     # --time 1 with the profile's USR2@30: Slurm signals the batch shell some seconds before the
-    # limit (it checks limits about every 30 s, so no exact times are asserted).
+    # limit (it checks limits about every 30 s, so no exact times are asserted). The steps wait on
+    # test_chain's slow data (50 ms a sample): the 30-60 s until the warning cost the tests beside
+    # this one little CPU, where 4 ranks training flat out took both cores.
+    from test_chain import SLOW_DATA
+
+    (runs.root / "slowdata.py").write_text(SLOW_DATA)
+    runs.env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(runs.root), os.environ.get("PYTHONPATH")])
+    )
     run = runs.run("short")
-    job = runs.submit("short", "--time", "1", train=[*TRAIN, "--max-steps=1000000"])
+    job = runs.submit(
+        "short", "--time", "1", train=[*TRAIN, "--data=slowdata:build", "--max-steps=1000000"]
+    )
     runs.until(
         "the requeued job starts",
         lambda: any(x["restart_count"] == 1 for x in lines(run / "restarts.jsonl")),
@@ -303,7 +350,7 @@ def test_time_limit_warning_saves_and_requeues_before_the_kill(runs):
 
 @pytest.mark.timeout(420)
 def test_cancel_then_resume_continues_from_newest_checkpoint(runs, reference):
-    ref_runs, _, ref_info = reference
+    ref_runs, _, ref_info, _ = reference
     assert ref_info["state"] == "COMPLETED", "the reference run failed (see its test)"
     run = runs.run("cr")
     runs.submit("cr", train=FULL)

@@ -237,4 +237,7 @@ def test_the_gate_names_a_broken_checkpoint_path(tmp_path, monkeypatch) -> None:
     monkeypatch.delattr(fs, "_StorageInfo")  # what a torch that moved the name does
     row = node.check_checkpoint(tmp_path / "ckpt")
     assert row["status"] == "fail", row
-    assert row["detail"].startswith("a test save failed: ImportError: cannot import name"), row
+    # an ImportError where train_entry.checkpoint is imported after the name went, a pickling
+    # error of the name where it was imported before: either way the check names it
+    assert row["detail"].startswith("a test save failed: "), row
+    assert "_StorageInfo" in row["detail"], row

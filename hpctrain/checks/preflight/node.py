@@ -134,10 +134,11 @@ def check_imports(
 
 def check_checkpoint(scratch: Path) -> Row:
     """train_entry's checkpoint path end to end on this node (train_entry/checkpoint/roundtrip.py)."""
-    # lazy: torch on a torch-free path (after the torch check)
-    from train_entry.checkpoint.roundtrip import round_trip
-
     try:
+        # lazy: torch on a torch-free path (after the torch check); inside the try, since a torch
+        # that moved a name DCP's private parts use fails right at this import
+        from train_entry.checkpoint.roundtrip import round_trip
+
         return check("checkpoint", True, round_trip(scratch))
     except BaseException as e:  # noqa: BLE001 - the failure is the finding (DCP's are Base)
         if isinstance(e, KeyboardInterrupt | SystemExit):
