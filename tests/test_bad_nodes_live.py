@@ -102,8 +102,8 @@ class Live:
 
     def wait(self, name: str, timeout: float) -> dict:
         """`status` until the run ended; skipped while a job of the run is in Slurm's queue (a
-        Python start of ~0.5 s CPU each; asked at least every 15 s: tests/test_slurm_e2e.py)."""
-        from test_slurm_e2e import queued
+        Python start of ~0.5 s CPU each; asked at least every 15 s: tests/_squeue.py)."""
+        from _squeue import queued
 
         deadline = time.monotonic() + timeout
         while True:

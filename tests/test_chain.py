@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from _events import flow
-from test_slurm_e2e import queued
+from _squeue import queued
 
 HPCTRAIN = [sys.executable, "-m", "hpctrain"]
 PROFILE = """name: loopchain

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from _events import kinds
 from _hold import held
-from test_slurm_e2e import queued
+from _squeue import queued
 
 HPCTRAIN = [sys.executable, "-m", "hpctrain"]
 TINY = ["--train.micro_batch=4", "--train.global_batch=8", "--train.log_every=1"]

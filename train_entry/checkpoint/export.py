@@ -25,8 +25,7 @@ import os
 import shutil
 import stat
 import sys
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -41,6 +40,7 @@ from train_entry.checkpoint.safeload import load_torch
 from train_entry.config import TrainConfig
 from train_entry.model import call_factory, load_object
 from train_entry.strategies import strategy_class
+from train_entry.strategies.base import Weights
 
 # format -> (single file, index file, shard file pattern), Hugging Face's names
 FILES = {
@@ -60,17 +60,6 @@ DCP_MODEL = (
     "app.model."  # the checkpointer saves {"app": {"model": ..., "optim": ...}} (common.AppState)
 )
 SCRIPT_STATE = "state.pt"  # hpctrain.runtime.STATE_FILE (that module imports no torch until used)
-
-
-@dataclass
-class Weights:
-    """The model tensors of one checkpoint: `specs` (name -> (shape, dtype), in model order) up
-    front, `take(names)` the full CPU tensors of those names. `skipped`: entries that are no tensor
-    (a module's extra state), left out of the export."""
-
-    specs: dict[str, tuple[tuple[int, ...], torch.dtype]]
-    take: Callable[[list[str]], dict[str, torch.Tensor]]
-    skipped: list[str] = field(default_factory=list)
 
 
 def dcp_weights(folder: Path) -> Weights:

@@ -11,10 +11,11 @@ train_entry/strategies/__init__.py holds the registry (names from hpctrain/kerne
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager as ContextManager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -24,8 +25,16 @@ from train_entry.config import TrainConfig
 from train_entry.model import compute_loss
 from train_entry.state import params_sha256
 
-if TYPE_CHECKING:
-    from train_entry.checkpoint.export import Weights
+
+@dataclass
+class Weights:
+    """The model tensors of one checkpoint: `specs` (name -> (shape, dtype), in model order) up
+    front, `take(names)` the full CPU tensors of those names. `skipped`: entries that are no tensor
+    (a module's extra state), left out of the export."""
+
+    specs: dict[str, tuple[tuple[int, ...], torch.dtype]]
+    take: Callable[[list[str]], dict[str, torch.Tensor]]
+    skipped: list[str] = field(default_factory=list)
 
 
 class Strategy:
@@ -99,7 +108,7 @@ class Strategy:
     @staticmethod
     def full_weights(folder: Path) -> Weights | None:
         """`hpctrain export`: the consolidated model weights of a checkpoint folder this strategy's
-        engine wrote (a train_entry.checkpoint.export.Weights); None: DCP's files hold them."""
+        engine wrote; None: DCP's files hold them."""
         return None
 
     # ---- a checkpoint its engine writes itself (kernel/strategies.py checkpoint="engine"); the

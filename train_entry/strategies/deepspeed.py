@@ -20,12 +20,12 @@ import torch
 from torch import nn
 
 from hpctrain.kernel.errors import UserError
-from train_entry.checkpoint.export import Weights, quiet
+from train_entry.checkpoint.export import quiet
 from train_entry.checkpoint.safeload import load_torch, private
 from train_entry.config import TrainConfig
 from train_entry.dist import pick_device
 from train_entry.optim import build_optimizer, build_scheduler
-from train_entry.strategies.base import Strategy
+from train_entry.strategies.base import Strategy, Weights
 
 MISSING = "deepspeed is not installed: pip install 'hpctrain[deepspeed]'"
 
