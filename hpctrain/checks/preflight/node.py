@@ -134,9 +134,8 @@ def check_imports(
 
 def check_checkpoint(scratch: Path) -> Row:
     """train_entry's checkpoint path end to end on this node (train_entry/checkpoint/roundtrip.py)."""
-    try:
-        # lazy: torch on a torch-free path (after the torch check); inside the try, since a torch
-        # that moved a name DCP's private parts use fails right at this import
+    try:  # a torch that moved a name DCP's private parts use fails right at the import
+        # lazy: torch on a torch-free path (after the torch check)
         from train_entry.checkpoint.roundtrip import round_trip
 
         return check("checkpoint", True, round_trip(scratch))
