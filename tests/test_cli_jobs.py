@@ -267,9 +267,10 @@ def test_slurm_submit_hands_over_the_rendered_script(cli):
         )
     )
     plan = json.loads((cli.tmp / "runs" / "auto" / "plan.json").read_text())
-    assert (plan["strategy"], plan["zero_stage"]) == ("deepspeed", 2)
+    # FSDP (core) where ZeRO-2 (DeepSpeed, optional) also fits; the plan's settings ride along
+    assert (plan["strategy"], plan["zero_stage"]) == ("fsdp", None)
     assert (
-        "--strategy deepspeed --deepspeed.zero_stage=2)"
+        "--strategy fsdp --train.precision=bf16 --train.micro_batch=1 --train.global_batch=16)"
         in (cli.tmp / "runs" / "auto" / "job.sh").read_text()
     )
 

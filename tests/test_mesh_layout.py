@@ -67,7 +67,8 @@ def test_the_batch_is_per_data_parallel_rank() -> None:
 
 
 def test_a_bad_layout_in_train_entry_lists_every_problem() -> None:
-    cfg = load_config(None, ["--parallel.tp=2", "--parallel.pp=3"])
+    # an explicit ddp (the default strategy would become fsdp for a layout: issue 34)
+    cfg = load_config(None, ["--strategy=ddp", "--parallel.tp=2", "--parallel.pp=3"])
     with pytest.raises(ValidationError) as e:
         check_sizes(cfg, world=8, gpus_per_node=4)
     text = str(e.value)

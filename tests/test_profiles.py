@@ -108,7 +108,8 @@ BAD = {
     ),
     "wrong type": (
         "name: x\nslurm:\n  gpus_per_node: eight\n",
-        ":3: slurm.gpus_per_node: Input should be a valid integer",
+        ":3: slurm.gpus_per_node: 'eight' is not a whole number; fix: write a whole number, "
+        "e.g. `gpus_per_node: 8`",
     ),
     "wrong type bool": ("name: x\nslurm:\n  exclusive: maybe\n", ":3: slurm.exclusive:"),
     "wrong type list": (
@@ -136,9 +137,9 @@ BAD = {
         "name: x\npreemption:\n  signal: QUIT\n",
         ":3: preemption.signal: Input should be 'USR2'",
     ),
-    "term signal": (
-        "name: x\npreemption:\n  signal: SIGTERM\n",
-        ":3: preemption.signal: TERM cannot be the preemption warning",
+    "kill signal": (
+        "name: x\npreemption:\n  signal: SIGKILL\n",
+        ":3: preemption.signal: KILL cannot be the preemption warning",
     ),
     "bad interface =^": (
         "name: x\nnetwork:\n  socket_ifname: =^eth0\n",
@@ -294,7 +295,7 @@ network:
   socket_ifname: "eth0, lo"
 preemption:
   warning_s: -5
-  signal: TERM
+  signal: KILL
 color: blue
 """,
     )

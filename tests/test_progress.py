@@ -26,7 +26,9 @@ def test_progress_from_the_newest_metrics_lines(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"ste')
     snap = snapshot(tmp_path)
     assert snap.step == 10 and snap.total == 60 and snap.eta_s == 25.0
-    assert describe(snap) == "step 10/60  loss 2  320 samples/s  ETA 0:00:25"
+    assert (
+        describe(snap) == "step 10/60  loss 2  320 samples/s (median, last 10 steps)  ETA 0:00:25"
+    )
 
 
 def test_follower_without_a_terminal_prints_a_line_a_minute_and_at_each_change(tmp_path):

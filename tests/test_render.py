@@ -121,13 +121,13 @@ def test_slurm_header_order_and_topology():
 def test_gpus_per_node_request_and_container():
     text = golden_script("aws-efa")
     assert "#SBATCH --gpus-per-node=8" in text and "--gres" not in text
-    assert '--container-image="nvcr.io#nvidia/pytorch:24.05-py3"' in text
+    assert '--container-image="nvcr.io#nvidia/pytorch:25.06-py3"' in text  # torch 2.8: in range
     assert (
         f'--container-mounts="/fsx:/fsx,/opt/amazon/efa:/opt/amazon/efa:ro,{GOLDEN_RUNS}/golden:'
         f'{GOLDEN_RUNS}/golden" --container-writable)'
     ) in text
     assert "SC2054" not in text  # the container line is shellcheck clean without a disable
-    assert f"export {jobenv.PYTHON}=/opt/hpctrain/bin/python" in text
+    assert 'source "/fsx/hpctrain/venv"/bin/activate' in text and 'PYTHON="python"' in text
 
 
 def test_request_problems_all_at_once():

@@ -9,12 +9,14 @@ shellcheck, and render the same twice.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+from _profiles_common import cli, write
 
 from hpctrain.jobs.request import JobRequest
 from hpctrain.jobs.spec import JobSpec
@@ -159,7 +161,7 @@ EXPECT = {
         'export NCCL_SOCKET_IFNAME="^docker,lo,veth"',
         'export NCCL_IB_DISABLE="1"',
         "hpctrain_launch+=(--cpu-bind=none)",
-        'hpctrain_launch+=(--container-image="/fsx/apps/pytorch.sqsh" --container-mounts="/fsx:/fsx,'
+        'hpctrain_launch+=(--container-image="/fsx/apps/pytorch-25.06.sqsh" --container-mounts="/fsx:/fsx,'
         '/scratch/runs/demo:/scratch/runs/demo" --container-workdir="/fsx" '
         '--container-env="FI_PROVIDER,NCCL_PROTO")  # environment.container (pyxis)',
         f'exec "${jobenv.PYTHON}" -m hpctrain.launchers.rdzv {TORCHRUN_FLAGS}',
@@ -176,10 +178,77 @@ EXPECT = {
         'export NCCL_SOCKET_IFNAME="eth0"',
         'export GLOO_SOCKET_IFNAME="eth0"',
         'export NCCL_IB_DISABLE="0"',
-        'hpctrain_launch+=(--container-image="nvcr.io#nvidia/pytorch:24.03-py3" --container-mounts='
+        'hpctrain_launch+=(--container-image="nvcr.io#nvidia/pytorch:25.06-py3" --container-mounts='
         '"/opt/microsoft:/opt/microsoft:ro,/shared:/shared,/scratch/runs/demo:/scratch/runs/demo")'
         "  # environment.container (pyxis)",
         f'exec "${jobenv.PYTHON}" -m hpctrain.launchers.rdzv {TORCHRUN_FLAGS}',
+    ],
+    # issue 34: six more clusters (slurm.gpu_type, preemption.signal TERM, environment.login_shell)
+    "c3se-alvis": [
+        "#SBATCH --gpus-per-node=A100:4",  # the typed request: A40 nodes have no InfiniBand
+        "#SBATCH --cpus-per-task=64",
+        "#SBATCH --partition=alvis",
+        "#SBATCH --account=NAISS2025-22-0000",
+        "hpctrain_module purge",
+        'export NCCL_IB_DISABLE="0"',
+        'hpctrain_launch+=(singularity exec --nv --bind "/mimer:/mimer" --bind "/scratch/runs/demo:'
+        '/scratch/runs/demo" "/apps/containers/PyTorch/PyTorch-NGC-25.06.sif")'
+        "  # environment.container (singularity)",
+    ],
+    "csc-roihu": [
+        "#SBATCH --gres=gpu:gh200:4",
+        "#SBATCH --cpus-per-task=288",
+        "#SBATCH --mem=480G",
+        "#SBATCH --partition=gpumedium",
+        "#SBATCH --account=project_2000000",
+        "hpctrain_module load pytorch",
+        'source "/projappl/project_2000000/hpctrain-venv"/bin/activate || hpctrain_fail '
+        '"cannot activate the profile\'s virtual environment"',
+        'export NCCL_IB_DISABLE="0"',
+    ],
+    "ncsa-delta": [
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --partition=gpuA100x4-preempt",
+        "#SBATCH --signal=B:TERM@300",  # preemption.signal TERM: the site's SIGTERM is the warning
+        "#SBATCH --requeue",
+        "trap 'hpctrain_on_signal TERM' TERM",
+        "#SBATCH --account=bxyz-delta-gpu",
+        'conda activate train || hpctrain_fail "cannot activate the conda environment"',
+        'export NCCL_SOCKET_IFNAME="hsn"',
+        'export NCCL_IB_DISABLE="1"',
+    ],
+    "fasrc-cannon": [
+        "#SBATCH --gres=gpu:4",
+        "#SBATCH --cpus-per-task=64",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=my_lab",
+        "hpctrain_module load python",
+        'conda activate train || hpctrain_fail "cannot activate the conda environment"',
+        'export NCCL_IB_DISABLE="0"',
+    ],
+    "surf-snellius": [
+        "#SBATCH --gpus-per-node=4",
+        "#SBATCH --cpus-per-task=64",
+        "#SBATCH --partition=gpu_h100",
+        "hpctrain_module load 2024",
+        "hpctrain_module load Python/3.12.3-GCCcore-13.3.0",
+        'source "$HOME/venvs/hpctrain"/bin/activate || hpctrain_fail '
+        '"cannot activate the profile\'s virtual environment"',
+    ],
+    "pdc-dardel": [
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --partition=gpu",
+        "#SBATCH --account=naiss2025-22-0000",
+        "#SBATCH --exclusive",
+        "source /etc/profile",  # environment.login_shell: PDC's scripts are `#!/bin/bash -l`
+        "hpctrain_module load PDC",
+        "hpctrain_module load singularity/4.2.0-cpeGNU-24.11",
+        'export FI_PROVIDER="${FI_PROVIDER:-cxi}"',
+        'export NCCL_SOCKET_IFNAME="hsn0"',
+        'hpctrain_launch+=(singularity exec --rocm --bind "/cfs/klemming:/cfs/klemming" --bind '
+        '"/scratch/runs/demo:/scratch/runs/demo" '
+        '"/cfs/klemming/projects/supr/naiss2025-22-0000/pytorch-rocm-2.8.sif")'
+        "  # environment.container (singularity)",
     ],
 }
 
@@ -190,6 +259,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     monkeypatch.delenv(jobenv.SITE_PATH, raising=False)
     monkeypatch.setenv(jobenv.PYTHON, "/opt/hpctrain/bin/python")
+    return tmp_path
 
 
 def rendered(name: str) -> str:
@@ -200,7 +270,7 @@ def rendered(name: str) -> str:
 
 def test_the_examples_cover_the_kinds_of_site_asked_for():
     assert {p.stem for p in EXAMPLES.glob("*.yaml")} == set(EXPECT)
-    assert len(EXPECT) >= 8
+    assert len(EXPECT) >= 14
 
 
 @pytest.mark.parametrize("name", sorted(EXPECT))
@@ -221,3 +291,34 @@ def test_example_renders_what_the_site_documents(name, tmp_path):
     assert exe, "shellcheck is missing: `make sysdeps`"
     out = subprocess.run([exe, "--shell=bash", str(script)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout
+
+
+def test_profiles_list_shows_every_example_as_example_name():
+    rows = json.loads(cli("profiles", "list", "--json").output)
+    examples = [r for r in rows if r["kind"] == "example"]
+    assert {r["name"] for r in examples} == {f"example:{n}" for n in EXPECT}
+    for r in examples:
+        assert r["error"] is None and r["wins"], r
+        assert r["scheduler"] == "slurm" and r["description"]
+    assert rows[-len(examples) :] == examples  # a group of their own, after every usable profile
+    table = cli("profiles", "list").output
+    assert "example:juwels-booster" in table and "example:NAME: a real cluster" in table
+
+
+def test_an_example_is_usable_by_name_and_never_takes_a_plain_name(isolated):
+    assert resolve("example:juwels-booster").name == "juwels-booster"
+    mine = write(
+        Path(isolated) / "config" / "hpctrain" / "profiles" / "juwels-booster.yaml",
+        "name: juwels-booster\nextends: example:juwels-booster\ndescription: mine\n"
+        "slurm: {account: mine0001}\n",
+    )
+    profile = resolve("juwels-booster")
+    assert profile.source == mine and profile.slurm.account == "mine0001"
+    assert profile.slurm.partition == "booster"  # from the example it extends
+    rows = json.loads(cli("profiles", "list", "--json").output)
+    assert [(r["kind"], r["wins"]) for r in rows if r["name"].endswith("juwels-booster")] == [
+        ("user", True),
+        ("example", True),
+    ]
+    miss = cli("render", "--profile", "alvis", "--nodes", "2")
+    assert miss.exit_code == 2 and "did you mean 'example:c3se-alvis'?" in miss.output

@@ -113,7 +113,10 @@ def test_user_profile_shadowing_a_locked_site_profile_is_refused(locked_site, is
         ('name: x\nscheduler: local\ndescription: "a\\x01b"\n', "x.yaml:3: description"),
         ('name: x\nscheduler: local\ndescription: "a\\ud800b"\n', "x.yaml:3: description"),
         ("name: x\nscheduler: local\nslurm:\n  gpu_mem_gib: .inf\n", "not a finite number"),
-        ("name: x\nscheduler: local\nslurm:\n  default_time_min: 1:30\n", "(got '1:30')"),
+        (
+            "name: x\nscheduler: local\nslurm:\n  default_time_min: 1:30\n",
+            "x.yaml:4: slurm.default_time_min: '1:30' is not a whole number",
+        ),
         (
             "name: x\nscheduler: local\nslurm:\n  exclusive: 'true'\n",
             "x.yaml:4: slurm.exclusive: 'true' is quoted text; "

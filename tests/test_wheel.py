@@ -46,6 +46,8 @@ def test_wheel_renders_the_golden(tmp_path):
     assert {
         f"hpctrain/site_configs/{p.name}" for p in (REPO / "site_configs").glob("*.yaml")
     } <= set(names)
+    examples = sorted((REPO / "site_configs" / "examples").glob("*.yaml"))
+    assert {f"hpctrain/site_configs/examples/{p.name}" for p in examples} <= set(names)
 
     venv = tmp_path / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
@@ -94,3 +96,6 @@ def test_wheel_renders_the_golden(tmp_path):
         env=env,
     )
     assert out.stdout == (REPO / "tests" / "golden" / "loopback.sh").read_text()
+    # the bundled real-cluster examples are listed from the installed package, as example:NAME
+    listed = run([str(venv / "bin" / "hpctrain"), "profiles", "list"], cwd=cwd, env=env).stdout
+    assert all(f"example:{p.stem} " in listed for p in examples), listed

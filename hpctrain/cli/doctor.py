@@ -11,6 +11,7 @@ import click
 from hpctrain.checks.doctor.report import format_report
 from hpctrain.checks.doctor.service import run_local, run_slurm
 from hpctrain.checks.preflight.bisect import format_bisection, run_bisect
+from hpctrain.cli.complete import profile_names
 from hpctrain.kernel.errors import UserError
 from hpctrain.profiles import resolve
 from hpctrain.remote.doctor import doctor as remote_doctor
@@ -24,7 +25,9 @@ MIB = 1024**2
 
 @click.command()
 @click.option(
-    "--profile", help="Site profile (default: the usual default profile; local without Slurm)."
+    "--profile",
+    shell_complete=profile_names,
+    help="Site profile (default: the usual default profile; local without Slurm).",
 )
 @click.option(
     "--nodes",

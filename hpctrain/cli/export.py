@@ -8,6 +8,7 @@ from pathlib import Path
 
 import click
 
+from hpctrain.cli.complete import run_names
 from hpctrain.cli.table import printable
 from hpctrain.kernel.errors import UserError
 from hpctrain.remote.forward import maybe_forward
@@ -20,7 +21,7 @@ def _warn(msg: str) -> None:
 
 
 @click.command()
-@click.argument("run")
+@click.argument("run", shell_complete=run_names)
 @click.option(
     "--step", type=int, help="The checkpoint of this step (default: the newest verified)."
 )

@@ -3,12 +3,15 @@ the service layer writes and starts. Nothing here imports torch (tests/test_cli_
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 import click
 
+from hpctrain.cli.complete import profile_names
+from hpctrain.cli.types import Count
 from hpctrain.jobs.options import JobOptions
 from hpctrain.kernel import states
 from hpctrain.kernel import strategies as strategy_names
@@ -29,6 +32,7 @@ _OPTIONS = [
     click.option(
         "--profile",
         "-p",
+        shell_complete=profile_names,
         help="Site profile name or YAML path (default: your config's "
         "default_profile, else `local` when sbatch is not on PATH).",
     ),
@@ -89,6 +93,7 @@ _OPTIONS = [
     click.option("--partition", help="Override slurm.partition."),
     click.option("--account", help="Override slurm.account."),
     click.option("--qos", help="Override slurm.qos."),
+    click.option("--gpu-type", help="Override slurm.gpu_type (e.g. A100: --gpus-per-node=A100:4)."),
     click.option(
         "--set",
         "sets",
@@ -96,7 +101,9 @@ _OPTIONS = [
         metavar="KEY=VALUE",
         help="Override any unlocked profile key, e.g. --set slurm.mem=0 (repeatable).",
     ),
-    click.option("--params", type=int, help="--strategy auto: the model's parameter count."),
+    click.option(
+        "--params", type=Count(), help="--strategy auto: the model's parameter count (7e9, 7B)."
+    ),
     click.option("--model", "plan_model", help="--strategy auto: the model factory pkg.mod:fn."),
     click.argument("args", nargs=-1, type=click.UNPROCESSED),
 ]
@@ -152,7 +159,16 @@ def render(**o: object) -> None:
     hidden=True,
     help="On the site: the uploaded code folder, moved into the run folder as code/.",
 )
-def submit(**o: object) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON object on stdout and nothing else there (the text goes to stderr): "
+    "name, run_dir, job_id, job_ids, profile, scheduler, where, topology, entry, time_min, "
+    "total_steps, chain, moved_aside, dry_run; with --wait also state (the final one), "
+    "progress and why (null, or the failure's kind, line and log).",
+)
+def submit(as_json: bool, **o: object) -> None:
     """Submit a training run: train_entry (or --script/--module) on N nodes x G GPUs under torchrun.
     Arguments after `--` go to the entry.
 
@@ -163,55 +179,80 @@ def submit(**o: object) -> None:
       hpctrain submit --nodes 1 --gpus 2 --script train.py --name mine -- --lr 3e-4
       hpctrain submit --profile mysite-remote --script train.py --name exp1   # over SSH (docs/remote.md)
       hpctrain submit --profile mycluster --time 2880 --chain --name long   # past max_time_min
+
+    \b
+    For scripts, --json (add --wait for the end):
+      job=$(hpctrain submit --json --name demo -- --max-steps 60 | jq -r .job_id)
+      {"name": "demo", "run_dir": "/home/me/runs/demo", "job_id": "4242", "job_ids": ["4242"],
+       "profile": "mycluster", "scheduler": "slurm", ..., "dry_run": false}
+      with --wait: ... "state": "COMPLETED", "progress": {"step": 60, "total": 60, ...}, "why": null}
     """
     opts = JobOptions.of(o)
+    say = _stderr if as_json else click.echo  # --json: stdout holds the JSON object only
     profile = resolve_profile(opts)
     if profile.login is not None and not opts.code:
         # lazy: CLI start-up: the SSH side (tunnel, packing, tarfile) only for a profile with login:
         from hpctrain.remote.submit import submit as remote_submit
 
-        sys.exit(remote_submit(opts, profile, echo=click.echo))
+        extra = ["--json"] if as_json else None  # the site prints the object
+        sys.exit(remote_submit(opts, profile, echo=say, extra=extra))
     rec, run = service.submit(opts, profile)
     if opts.dry_run:
-        click.echo(
-            f"dry run: would submit {rec.name} to {rec.where} with profile {rec.profile}\n"
-            f"  topology: {rec.topology}, time {rec.time_min} min, {rec.entry}\n"
-            f"  on failure: {rec.recovery}\n"
-            + (f"  {rec.snapshots}\n" if rec.snapshots else "")
-            + f"  run folder: {rec.run_path}\n  script: {rec.script_lines} lines "
-            "(`hpctrain render` with the same options prints it)"
-        )
-        if rec.chain:
-            click.echo(
-                f"  chain: {len(rec.chain)} jobs (--time {rec.chain_time_min} "
-                f"> slurm.max_time_min {rec.max_time_min}), each resuming from the newest checkpoint"
-            )
-            for line in rec.chain:
-                click.echo(f"    {line}")
-        click.echo("  nothing was written")
+        _dry_run(rec, say)
+        if as_json:
+            click.echo(json.dumps(rec.to_json(), indent=2))
         return
     if rec.moved_aside is not None:
-        click.echo(
+        say(
             f"{rec.name} had failed before its first step: its folder (logs) is now "
             f"{rec.moved_aside}"
         )
     if rec.chain:
-        click.echo(
+        say(
             f"chain of {len(rec.chain)} jobs, each --time <= {rec.max_time_min} min, "
             "each waiting for the one before (afterany)"
         )
-    click.echo(
+    say(
         f"submitted {rec.name}: job {rec.job_id} on {rec.where}, {rec.topology}, {rec.entry}\n"
         f"  run folder: {rec.run_path}\n"
         f"  follow: hpctrain status {rec.name}; hpctrain logs {rec.name} --follow"
     )
     if opts.wait:
-        wait_for(run, rec.name, total=rec.total_steps)
+        wait_for(run, rec.name, total=rec.total_steps, record=rec if as_json else None)
+    elif as_json:
+        click.echo(json.dumps(rec.to_json(), indent=2))
 
 
-def wait_for(run: RunDir, name: str, *, total: int | None) -> None:
-    """Follow the job to its end: state and training progress; on failure, why and where."""
-    follow = Follower(run, total=total, out=lambda s: click.echo(s, err=True))
+def _stderr(text: str) -> None:
+    click.echo(text, err=True)
+
+
+def _dry_run(rec: service.Submitted, say: Callable[[str], None]) -> None:
+    """The dry run's lines, through `say` (stderr with --json)."""
+    say(
+        f"dry run: would submit {rec.name} to {rec.where} with profile {rec.profile}\n"
+        f"  topology: {rec.topology}, time {rec.time_min} min, {rec.entry}\n"
+        f"  on failure: {rec.recovery}\n"
+        + (f"  {rec.snapshots}\n" if rec.snapshots else "")
+        + f"  run folder: {rec.run_path}\n  script: {rec.script_lines} lines "
+        "(`hpctrain render` with the same options prints it)"
+    )
+    if rec.chain:
+        say(
+            f"  chain: {len(rec.chain)} jobs (--time {rec.chain_time_min} "
+            f"> slurm.max_time_min {rec.max_time_min}), each resuming from the newest checkpoint"
+        )
+        for line in rec.chain:
+            say(f"    {line}")
+    say("  nothing was written")
+
+
+def wait_for(
+    run: RunDir, name: str, *, total: int | None, record: service.Submitted | None = None
+) -> None:
+    """Follow the job to its end: state and training progress; on failure, why and where.
+    `record` (submit --json): print it with the final state, progress and cause as one object."""
+    follow = Follower(run, total=total, out=_stderr)
     try:
         final = wait(run, on_poll=follow)
     except KeyboardInterrupt:
@@ -221,9 +262,19 @@ def wait_for(run: RunDir, name: str, *, total: int | None) -> None:
         )
         sys.exit(130)
     follow.close()
-    click.echo(f"{name}: {final}  {describe(snapshot(run, total))}")
+    snap = snapshot(run, total)
+    cause = root_cause(run.path) if final != states.COMPLETED else None
+    if record is not None:
+        progress = snap.to_json() if snap else None
+        why = cause.to_json() if cause else None
+        click.echo(
+            json.dumps(
+                record.to_json() | {"state": final, "progress": progress, "why": why}, indent=2
+            )
+        )
+    else:
+        click.echo(f"{name}: {final}  {describe(snap)}")
     if final != states.COMPLETED:
-        cause = root_cause(run.path)
         if cause:
             click.echo(f"  why: {cause.line}\n  full log: {cause.log}", err=True)
         else:

@@ -2,47 +2,18 @@
 
 from __future__ import annotations
 
-import math
 import shutil
 
 import click
 from rich.console import Console
 from rich.table import Table
 
+from hpctrain.cli.types import Count
+from hpctrain.cli.types import flag_of as _flag
 from hpctrain.kernel.errors import UserError
 from hpctrain.plan import OPTIMIZERS, PRECISIONS, Plan, gib, make_plan, no_fit_message, workload
 from hpctrain.plan.ladder import for_plan
 from hpctrain.plan.parallel import SCHEDULES
-
-
-def _flag(param: click.Parameter | None) -> str:
-    return param.opts[0] if param is not None and param.opts else "the value"
-
-
-class Count(click.ParamType):  # type: ignore[type-arg]  # click.ParamType[int] fails on click < 8.2
-    """A parameter count as people write it: 7000000000, 7e9, 1.3e9, 7B, 350M, 125k."""
-
-    name = "count"
-    _SCALE = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
-
-    def convert(
-        self, value: object, param: click.Parameter | None, ctx: click.Context | None
-    ) -> int:
-        if isinstance(value, int):
-            return value
-        text = str(value).strip().replace("_", "").replace(",", "")
-        scale = self._SCALE.get(text[-1:].lower(), 1)
-        try:
-            number = float(text[:-1] if scale != 1 else text) * scale
-        except ValueError:
-            number = 0.0
-        if not math.isfinite(number) or round(number) < 1:  # inf, nan, 1e400: no count
-            # one line (UserError), not click's usage block
-            raise UserError(
-                f"{_flag(param)} {str(value)[:40]!r} is not a parameter count; write e.g. "
-                "7000000000, 7e9 or 7B"
-            )
-        return round(number)
 
 
 class Gib(click.ParamType):  # type: ignore[type-arg]  # as Count
@@ -111,6 +82,18 @@ class Gib(click.ParamType):  # type: ignore[type-arg]  # as Count
     help="GPUs joined by NVLink (tensor parallel stays inside; default: the profile's "
     "slurm.gpus_per_domain, else --gpus).",
 )
+@click.option(
+    "--inter-gbps",
+    type=Gib(),
+    help="Bus bandwidth between nodes in GB/s, as nccl-tests report it (default: the profile's "
+    "preflight.expected_busbw_gbps, else 100 assumed).",
+)
+@click.option(
+    "--intra-gbps", type=Gib(), help="Bus bandwidth inside a node, GB/s (default 300 assumed)."
+)
+@click.option(
+    "--tflops", type=Gib(), help="Effective TFLOP/s per GPU for the step estimate (default 300)."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON.")
 def plan(
     params: int | None,
@@ -130,15 +113,20 @@ def plan(
     global_batch: int | None,
     schedule: str,
     domain: int | None,
+    inter_gbps: float | None,
+    intra_gbps: float | None,
+    tflops: float | None,
     as_json: bool,
 ) -> None:
     """Estimate memory per GPU for DDP, ZeRO-1/2/3, FSDP, tensor x pipeline parallel and offload,
     and recommend one.
 
     Walks the out-of-memory ladder (smaller micro-batch -> mixed precision -> activation
-    checkpointing -> ZeRO-2 -> FSDP/ZeRO-3 -> tensor x pipeline x FSDP -> CPU offload -> NVMe
-    offload) and picks the first rung that fits with 12% headroom plus 1 GiB for the CUDA context;
-    among the tp x pp layouts that fit, the one that sends the least between nodes. The shape
+    checkpointing -> DDP -> FSDP -> tensor x pipeline x FSDP -> CPU offload -> NVMe offload) with
+    12% headroom plus 1 GiB for the CUDA context, and weighs what fits by an estimated step time:
+    the compute, the bubble, and the bytes each GPU sends per step inside and between nodes over
+    --intra-gbps / --inter-gbps. A tp x pp layout wins over data parallel when it saves at least
+    10% of the step; ZeRO-2 (DeepSpeed, an optional install) is shown, FSDP preferred. The shape
     (--layers, --hidden, --heads, --seq-len, --micro-batch) is assumed from the parameter count
     where not given. Exit 1 when nothing fits.
 
@@ -167,6 +155,9 @@ def plan(
         global_batch=global_batch,
         schedule=schedule,
         domain=domain,
+        inter_gbps=inter_gbps,
+        intra_gbps=intra_gbps,
+        tflops=tflops,
     )
     result = make_plan(wl)
     if as_json:
@@ -226,12 +217,13 @@ def _strategies(result: Plan) -> Table:
     table = Table(
         title=title,
         title_justify="left",
-        caption="GiB per GPU (host: per node); * = recommended",
+        caption="GiB per GPU (host: per node; between: sent per GPU per step between nodes, as "
+        "asked); * = recommended",
         caption_justify="left",
         pad_edge=False,
         box=None,
     )
-    cols = ("params", "grads", "optim", "state", "gather", "act", "act ckpt", "host")
+    cols = ("params", "grads", "optim", "state", "gather", "act", "act ckpt", "host", "between")
     table.add_column("strategy", justify="left", no_wrap=True)
     for col in (*cols, "fits", "ckpt fits"):
         table.add_column(col, justify="right", no_wrap=True)
@@ -246,6 +238,7 @@ def _strategies(result: Plan) -> Table:
             e.activation_bytes_per_gpu,
             e.activation_bytes_per_gpu_checkpointed,
             e.host_bytes_per_node,
+            result.between_nodes(e),
         )
         mark = " *" if rec and rec.name == e.name else ""
         fits = ("yes" if e.fits else "no", "yes" if e.fits_with_checkpointing else "no")
@@ -282,13 +275,14 @@ def _print_parallel(console: Console, result: Plan, rows: int = 6) -> None:
     table = Table(
         title="tensor x pipeline x data parallel (FSDP over dp), best first",
         title_justify="left",
-        caption="GiB per GPU; between nodes: GiB each GPU sends per step over the slowest link",
+        caption="GiB per GPU; between nodes: GiB each GPU sends per step over the slowest link; "
+        "step: the estimated step time",
         caption_justify="left",
         pad_edge=False,
         box=None,
     )
-    cols = ("layout", "state", "gather", "act", "total", "ckpt", "bubble", "between nodes", "fits")
-    for col in cols:
+    cols = ("layout", "state", "gather", "act", "total", "ckpt", "bubble", "between nodes")
+    for col in (*cols, "step", "fits"):
         table.add_column(col, justify="left" if col == "layout" else "right", no_wrap=True)
     rec = result.recommendation
     for c in result.parallel[:rows]:
@@ -302,5 +296,5 @@ def _print_parallel(console: Console, result: Plan, rows: int = 6) -> None:
         ckpt = "yes" if c.activation_checkpointing else "no"
         fits = "yes" if c.fits else "no"
         cells = [c.name + mark, *map(_g, sizes), ckpt, f"{c.bubble:.1%}"]
-        table.add_row(*cells, _g(c.slow_bytes_per_step), fits)
+        table.add_row(*cells, _g(c.slow_bytes_per_step), f"{c.step_s:.2f} s", fits)
     console.print(table)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from hpctrain.cli.complete import run_names
 from hpctrain.kernel.errors import UserError
 from hpctrain.remote.forward import maybe_forward
 from hpctrain.runs import sweepdir
@@ -14,7 +15,7 @@ from hpctrain.service.preempt import preempt as send
 
 
 @click.command()
-@click.argument("run")
+@click.argument("run", shell_complete=run_names)
 @click.option(
     "--signal",
     "sig",

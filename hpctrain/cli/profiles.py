@@ -10,10 +10,17 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from hpctrain.cli.complete import profile_names
 from hpctrain.cli.table import plain_table
 from hpctrain.kernel import jobenv
 from hpctrain.kernel.errors import Problem, UserError, ValidationError
-from hpctrain.profiles.discovery import _check_shadowing, discover, search_dirs
+from hpctrain.profiles.discovery import (
+    EXAMPLE,
+    _check_shadowing,
+    discover,
+    profile_name,
+    search_dirs,
+)
 from hpctrain.profiles.load import resolve, resolve_file
 from hpctrain.profiles.yamlsafe import read_yaml
 from hpctrain.service.profiles import publish as install
@@ -51,7 +58,9 @@ def list_(as_json: bool) -> None:
     """Every profile found, where it comes from, and which file wins a name clash.
 
     Search order (later wins): bundled, each directory of ${var.SITE_PATH}, then
-    $XDG_CONFIG_HOME/hpctrain/profiles.
+    $XDG_CONFIG_HOME/hpctrain/profiles. Listed last, from "example": the bundled
+    profiles of real clusters (site_configs/examples/), named example:NAME, with
+    placeholders (account, paths) to replace in your own copy.
 
     \b
     Example:
@@ -60,7 +69,7 @@ def list_(as_json: bool) -> None:
     rows = []
 
     entries = discover()
-    for e in entries:
+    for e in sorted(entries, key=lambda e: e.kind == "example"):  # the examples last
         row: dict[str, Any] = {  # Any: JSON values of several types
             "name": e.name,
             "scheduler": None,
@@ -77,7 +86,7 @@ def list_(as_json: bool) -> None:
         try:
             if e.wins:
                 _check_shadowing(e, [x for x in entries if x.error is None])
-            p = resolve_file(e.found or e.path, user_config=False, expect_name=e.name)
+            p = resolve_file(e.found or e.path, user_config=False, expect_name=profile_name(e.name))
             row.update(scheduler=p.scheduler, description=p.description)
         except ValidationError as err:
             more = len(err.problems) - 1
@@ -108,12 +117,17 @@ def list_(as_json: bool) -> None:
             plain_table(["name", "scheduler", "description", "from", "status", "source"], lines),
             nl=False,
         )
+    if any(r["kind"] == "example" for r in rows):
+        click.echo(
+            f"{EXAMPLE}NAME: a real cluster's public documentation as a profile, with placeholders "
+            f"(account, paths); start yours from one: hpctrain profiles show {EXAMPLE}NAME"
+        )
     if not rows:
         click.echo("no profiles found in: " + ", ".join(str(d) for d, _ in search_dirs()))
 
 
 @profiles.command()
-@click.argument("name")
+@click.argument("name", shell_complete=profile_names)
 @click.option(
     "--resolved",
     is_flag=True,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from hpctrain.cli.complete import run_names
 from hpctrain.cli.runs import show
 from hpctrain.remote.forward import maybe_forward
 from hpctrain.report.service import build
@@ -15,7 +16,7 @@ from hpctrain.runs import sweepdir
 
 
 @click.command()
-@click.argument("runs", nargs=-1, required=True)
+@click.argument("runs", nargs=-1, required=True, shell_complete=run_names)
 @click.option(
     "--runs-dir",
     type=click.Path(file_okay=False, path_type=Path),

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 
+from hpctrain.cli.complete import run_names
 from hpctrain.kernel import states
 from hpctrain.remote.forward import maybe_forward
 from hpctrain.runs import sweepdir
@@ -33,7 +34,7 @@ def _warn(msg: str) -> None:
 
 
 @click.command(context_settings={"ignore_unknown_options": True})
-@click.argument("run")
+@click.argument("run", shell_complete=run_names)
 @click.option(
     "--wait", is_flag=True, help="Block until the job ends; exit 1 if it did not complete."
 )

@@ -10,17 +10,19 @@ from pathlib import Path
 
 import click
 
+from hpctrain.cli.complete import run_names
 from hpctrain.cli.table import plain_table, printable
 from hpctrain.kernel.errors import UserError
 from hpctrain.remote.forward import each_json, each_site, maybe_forward
 from hpctrain.remote.index import sites
 from hpctrain.runs import in_job, spares, sweepdir
 from hpctrain.runs.folder import all_runs, find_run
+from hpctrain.runs.phase import Phase
 from hpctrain.runs.progress import describe, health_lines
 from hpctrain.service import points
 from hpctrain.service import status as status_service
 from hpctrain.service.logs import follow as follow_logs
-from hpctrain.service.logs import log_files
+from hpctrain.service.logs import log_files, shown
 from hpctrain.service.status import BROKEN, Detail, Summary, SweepCancelled
 
 _runs_dir_option = click.option(
@@ -31,7 +33,7 @@ _runs_dir_option = click.option(
 
 
 @click.command()
-@click.argument("run", required=False)
+@click.argument("run", required=False, shell_complete=run_names)
 @_runs_dir_option
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def status(run: str | None, runs_dir: Path | None, as_json: bool) -> None:
@@ -79,13 +81,20 @@ def _detail_lines(info: Detail) -> list[str]:
     job = f"  (job {info.job_id}, {info.scheduler}, profile {info.profile})"
     # a failed run says why in its first line
     head = f"{info.name}: {info.state}" + (f": {info.reason}" if info.reason else "")
+    if info.phase:  # the run folder knows sooner than the scheduler (preempted, requeued)
+        differs = info.state != info.scheduler_state
+        head += f" ({info.phase}" + (
+            f"; the scheduler says {info.scheduler_state})" if differs else ")"
+        )
     out = [head, job] if info.reason else [head + job]
+    training = not Phase(info.state, info.phase).stale  # else its newest line is from before
     out += [
         f"  topology: {info.nodes} node(s) x {info.gpus_per_node}, strategy {info.strategy}"
         f"{', mesh ' + info.mesh if info.mesh else ''}",
-        f"  restarts: {info.restarts} ({info.starts} start(s) of the script)",
+        f"  restarts: {info.restarts} ({info.starts} start(s) of the script, "
+        f"{len(info.jobs)} submission(s))",
         in_job.line(info.in_job_restarts),
-        f"  training: {describe(info.progress)}",
+        f"  training: {describe(info.progress, training=training)}",
         f"  newest checkpoint: {'step ' + str(step) if step is not None else 'none yet'}",
         f"  folder: {info.path}",
     ]
@@ -162,7 +171,7 @@ def _table(items: Sequence[Summary]) -> None:
 
 
 @click.command()
-@click.argument("run")
+@click.argument("run", shell_complete=run_names)
 @click.option(
     "--rank",
     "-r",
@@ -204,7 +213,7 @@ def logs(run: str, rank: int | None, node: int | None, follow: bool, runs_dir: P
             if f.is_file():
                 if len(files) > 1:
                     click.echo(f"==> {f} <==")
-                click.echo(f.read_text(errors="replace"), nl=False)
+                click.echo(shown(f), nl=False)  # a routine preempt's launcher noise left out
         return
     follow_logs(
         r, files, lambda text: click.echo(text, nl=False), new_nodes=rank is None and node is None
@@ -212,7 +221,7 @@ def logs(run: str, rank: int | None, node: int | None, follow: bool, runs_dir: P
 
 
 @click.command()
-@click.argument("run")
+@click.argument("run", shell_complete=run_names)
 @_runs_dir_option
 def cancel(run: str, runs_dir: Path | None) -> None:
     """Cancel a run's current job (Slurm: scancel; local: TERM, then KILL after 60 s).

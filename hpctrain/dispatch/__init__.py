@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol, cast
 
+from hpctrain.kernel import layout
 from hpctrain.kernel.plugins import SCHEDULERS
 from hpctrain.runs.folder import TERMINAL, RunDir
 
@@ -32,6 +33,16 @@ class Scheduler(Protocol):
 
     def signal(self, run: RunDir, name: str) -> str:
         """Send signal `name` (USR2, TERM, ...) to the run's batch script; says what was signalled."""
+
+
+def mark_cancel(run: RunDir, job_id: str) -> None:
+    """Say in the run folder that `hpctrain cancel` stops job `job_id`, before the signal: under
+    preemption.signal TERM the batch shell reads it to tell a cancel from a preemption."""
+    try:
+        before = run.file(layout.CANCEL).read_text()
+    except FileNotFoundError:
+        before = ""
+    run.write(layout.CANCEL, f"{before}{job_id}\n")
 
 
 def scheduler(name: str) -> Scheduler:

@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpctrain.dispatch import mark_cancel
 from hpctrain.dispatch.submitit_api import start_local
 from hpctrain.kernel import layout, states
 from hpctrain.kernel.errors import UserError
@@ -135,6 +136,8 @@ def cancel(run: RunDir, *, grace_s: float = 60.0) -> str:
     pid = script_pid(run)
     if pid is None:
         return state(run)  # not running, or the pid now belongs to another process: no signal
+    if job_id:
+        mark_cancel(run, job_id)  # the batch script's JOB_ID is the controller's pid
     try:
         pgid = os.getpgid(pid)
         os.kill(pid, signal.SIGTERM)

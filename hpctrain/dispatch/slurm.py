@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpctrain.dispatch import sacct
+from hpctrain.dispatch import mark_cancel, sacct
 from hpctrain.dispatch.submitit_api import failed_job_error, sacct_text, submit_sbatch
 from hpctrain.kernel import layout, states
 from hpctrain.kernel.errors import UserError
@@ -147,6 +147,7 @@ class Slurm:
             run.last_job_id() or ""
         ]:  # a chain: every segment left
             if job_id:
+                mark_cancel(run, job_id)
                 cancel(job_id)
                 run.event("cancel", job_id=job_id)
         return self.state(run)

@@ -62,6 +62,19 @@ def entry_flag(args: tuple[str, ...] | list[str], name: str) -> str | None:
     return value
 
 
+def without_flag(args: tuple[str, ...], name: str) -> tuple[str, ...]:
+    """The entry's arguments less every `--name V` / `--name=V`: hpctrain passes that one itself."""
+    flag, out, skip = f"--{name}", [], False
+    for item in args:
+        if skip:
+            skip = False
+        elif item == flag:
+            skip = True
+        elif not item.startswith(flag + "="):
+            out.append(item)
+    return tuple(out)
+
+
 def one_source(
     submit_value: str | None, args: tuple[str, ...], name: str = "strategy"
 ) -> str | None:

@@ -33,6 +33,8 @@ class JobOptions:
     partition: str | None = None
     account: str | None = None
     qos: str | None = None
+    gpu_type: str | None = None
+    """--gpu-type: slurm.gpu_type for this run (`A100`: `--gpus-per-node=A100:4`)."""
     sets: tuple[str, ...] = ()
     """--set KEY=VALUE profile overrides."""
     params: int | None = None

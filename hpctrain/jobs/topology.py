@@ -75,4 +75,5 @@ def gpu_directive(profile: ResolvedProfile, gpus: int) -> str | None:
     s = profile.slurm
     if not s.gpus_per_node or not gpus or s.gpu_request == "none":
         return None
-    return f"--gres=gpu:{gpus}" if s.gpu_request == "gres" else f"--gpus-per-node={gpus}"
+    count = f"{s.gpu_type}:{gpus}" if s.gpu_type else str(gpus)  # slurm.gpu_type: `A100:4`
+    return f"--gres=gpu:{count}" if s.gpu_request == "gres" else f"--gpus-per-node={count}"

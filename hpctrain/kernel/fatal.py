@@ -80,6 +80,29 @@ def refused_start(run_dir: str | Path) -> tuple[int, str] | None:
     return None
 
 
+def launcher_leaves(run_dir: str | Path) -> tuple[int, str] | None:
+    """(exit code, one line) when a node's torchrun agent, about to start a new rendezvous round
+    (its workers left, or another node's did), must leave instead; else None.
+
+    After a stop every new round is wasted: each restarted worker only leaves again (refused_start).
+    Worse, it is a race: once one node's agent is gone (the batch shell ends the step), another one
+    inside the round waits in a c10d store call for a key that never comes, 60 s, where no SIGTERM
+    reaches it (seen: 68-71 s from the save to the requeue, 3 of 3 under load). So the agent leaves
+    before the round: 0 when the stop's checkpoint is committed (the PREEMPTED file tells the batch
+    shell to requeue, as launcher srun's tasks do), 75 when a stop was asked but no rank saved yet
+    (the newest checkpoint stands), 1 after an error that repeats (FATAL)."""
+    if jobenv.get(jobenv.JOB_ID) is None:
+        return None
+    if read(run_dir) is not None:
+        return 1, "hpctrain: this node's launcher leaves: the job met an error that repeats (FATAL)"
+    stop = jobenv.get(jobenv.STOP_FILE)
+    if not stop or not os.path.exists(stop):
+        return None
+    if (Path(run_dir) / layout.PREEMPTED).exists():
+        return 0, "hpctrain: the stop's checkpoint is committed: this node's launcher leaves"
+    return exitcodes.PREEMPTED, "hpctrain: a stop was asked: this node's launcher leaves (exit 75)"
+
+
 def left_preempted(code: int) -> None:
     """A worker leaving PREEMPTED (75: its stop's checkpoint is committed; the save ends with a
     barrier, so every rank's part is) marks the run folder (layout.PREEMPTED). The batch shell then

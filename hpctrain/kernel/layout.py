@@ -72,6 +72,12 @@ ENTRIES: tuple[Entry, ...] = (
         "per-node command",
     ),
     Entry(
+        "CANCEL",
+        "the job ids `hpctrain cancel` stopped, one a line, written before the signal: with "
+        "preemption.signal TERM the batch shell tells a cancel from a preemption by it",
+        "cancel",
+    ),
+    Entry(
         "FATAL",
         "an error that repeats (user code, config, a checkpoint that does not load): its cause in "
         "one line; no in-job restart follows, the job fails with it; removed at each start",
@@ -167,6 +173,7 @@ EVENTS = "events.jsonl"
 STOP = "STOP"
 PREEMPTED = "PREEMPTED"
 FATAL = "FATAL"
+CANCEL = "CANCEL"
 STATE = "state.json"
 CHECKPOINTS = "checkpoints"
 METRICS = "metrics.jsonl"

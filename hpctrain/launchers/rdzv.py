@@ -11,15 +11,21 @@ endpoint (an account that reaches the port can still disturb the job: docs/secur
 
 A site's own torchrun finds the backend through the `torchrun.handlers` entry point (hpctrain
 installed beside it). The key comes from the environment only (kernel/jobkey.py).
+
+The handler is also where an agent leaves after a stop (`Guarded`): torchrun would open a new
+rendezvous round to restart workers that left 75 after their save; the agent leaves before it
+(kernel/fatal.launcher_leaves, docs/recovery.md).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
 from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
+    RendezvousInfo,
     RendezvousParameters,
     RendezvousStateError,
     rendezvous_handler_registry,
@@ -31,7 +37,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     create_handler,
 )
 
-from hpctrain.kernel import jobenv, jobkey
+from hpctrain.kernel import fatal, jobenv, jobkey
 from hpctrain.kernel.jobkey import RDZV_BACKEND as NAME
 
 if TYPE_CHECKING:
@@ -73,6 +79,68 @@ class Signed(RendezvousBackend):
         return state
 
 
+class Guarded(RendezvousHandler):
+    """torchrun's handler, with one difference: after a stop (or an error that repeats) the agent
+    leaves where it would start a new round (kernel/fatal.launcher_leaves says how), and it asks the
+    store nothing more. Its workers are stopped by then (torchrun stops them before a round)."""
+
+    def __init__(self, inner: RendezvousHandler) -> None:
+        self._inner = inner
+        self._rounds = 0
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        self._rounds += 1
+        if self._rounds > 1:  # the first round trains to its stop
+            _leave_if_stopped()
+        return self._inner.next_rendezvous()
+
+    def num_nodes_waiting(self) -> int:
+        """The agent asks this at every look at healthy workers: a store call to the head node,
+        whose agent may be gone once a stop's checkpoint is committed. One stat of the STOP file
+        per look (every 0.5 s) until a stop: the shared filesystem pays no more (issue 37)."""
+        stop = jobenv.get(jobenv.STOP_FILE)
+        stopped = bool(stop) and os.path.exists(stop or "") and _run_dir()
+        if stopped and fatal.launcher_leaves(_run_dir()):
+            return 0
+        return self._inner.num_nodes_waiting()
+
+    def get_backend(self) -> str:
+        return self._inner.get_backend()
+
+    @property
+    def use_agent_store(self) -> bool:
+        return self._inner.use_agent_store
+
+    def is_closed(self) -> bool:
+        return self._inner.is_closed()
+
+    def set_closed(self) -> None:
+        self._inner.set_closed()  # type: ignore[no-untyped-call]  # torch's, unannotated
+
+    def get_run_id(self) -> str:
+        return self._inner.get_run_id()
+
+    def shutdown(self) -> bool:
+        return self._inner.shutdown()
+
+
+def _run_dir() -> str:
+    return jobenv.get(jobenv.RUN_DIR) or ""
+
+
+def _leave_if_stopped() -> None:
+    """Leave this process now when launcher_leaves says so: one line, no traceback, no store call
+    (os._exit: torchrun's handlers would report a failure and shut the rendezvous down)."""
+    run_dir = _run_dir()
+    leaves = fatal.launcher_leaves(run_dir) if run_dir else None
+    if leaves is None:
+        return
+    code, line = leaves
+    print(line, file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(code)
+
+
 def create(params: RendezvousParameters) -> RendezvousHandler:
     secret = jobkey.key()
     if secret is None:
@@ -82,7 +150,7 @@ def create(params: RendezvousParameters) -> RendezvousHandler:
         )
     backend, store = create_backend(params)
     signed = Signed(backend, secret, params.run_id, params.endpoint)
-    return create_handler(store, signed, params)
+    return Guarded(create_handler(store, signed, params))
 
 
 def handler() -> Callable[[RendezvousParameters], RendezvousHandler]:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+import sys
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.plan.model import GIB, Workload
@@ -41,10 +43,13 @@ def check_sizes(counts: dict[str, int | None], mems: dict[str, float | None]) ->
             )
     for key, mem in mems.items():
         if mem is not None and not (math.isfinite(mem) and 0 < mem <= MAX_GIB):
-            raise UserError(
-                f"--{key.replace('_', '-')} {mem}: give the memory in GiB, a number above 0 and "
+            what = (
+                "the memory in GiB, a number above 0 and "
                 f"at most {MAX_GIB:,.0f} (80 for an 80 GiB GPU)"
+                if key.endswith("_gib")
+                else f"a number above 0 and at most {MAX_GIB:,.0f}"
             )
+            raise UserError(f"--{key.replace('_', '-')} {mem}: give {what}")
 
 
 def workload(
@@ -66,9 +71,12 @@ def workload(
     global_batch: int | None = None,
     schedule: str = "1f1b",
     domain: int | None = None,
+    inter_gbps: float | None = None,
+    intra_gbps: float | None = None,
+    tflops: float | None = None,
 ) -> Workload:
-    """Resolve the inputs (model size, GPU memory and the fast-link domain from the flags or the
-    profile) into a Workload."""
+    """Resolve the inputs (model size, GPU memory, the fast-link domain and the bandwidth between
+    nodes from the flags or the profile) into a Workload."""
     if (params is None) == (model is None):
         raise UserError("give exactly one of --params N or --model pkg.mod:factory")
     check_sizes(
@@ -84,8 +92,16 @@ def workload(
             "micro_batch": micro_batch,
             "global_batch": global_batch,
         },
-        {"gpu_mem_gib": gpu_mem_gib, "host_mem_gib": host_mem_gib},
+        {
+            "gpu_mem_gib": gpu_mem_gib,
+            "host_mem_gib": host_mem_gib,
+            "inter_gbps": inter_gbps,
+            "intra_gbps": intra_gbps,
+            "tflops": tflops,
+        },
     )
+    if profile is not None and inter_gbps is None:  # what the preflight gate expects between nodes
+        inter_gbps = resolve(profile).preflight.expected_busbw_gbps
     largest = None
     if model is not None:
         params, largest = count_params(model)
@@ -114,6 +130,9 @@ def workload(
         global_batch=global_batch,
         schedule=schedule,
         domain=None if domain is None else min(domain, gpus),  # TP stays inside a node
+        inter_gbps=inter_gbps,
+        intra_gbps=intra_gbps,
+        tflops=tflops,
     )
 
 
@@ -204,6 +223,9 @@ def count_params(spec: str) -> tuple[int, int]:
         raise UserError(
             f"--model {spec!r}: expected pkg.module:factory (a callable returning an nn.Module)"
         )
+    if "" not in sys.path and os.getcwd() not in sys.path:
+        # as `python -m` (submit's nodes, train_entry) finds it: the current folder first
+        sys.path.insert(0, os.getcwd())
     try:
         factory = getattr(importlib.import_module(mod_name), attr)
     except (ImportError, AttributeError) as e:

@@ -10,7 +10,6 @@ from typing import TypedDict
 
 from hpctrain.kernel import strategies
 from hpctrain.kernel.errors import UserError
-from hpctrain.plan.inputs import workload
 from hpctrain.plan.model import (
     BY_NAME,
     CUDA_CONTEXT_BYTES,
@@ -23,6 +22,7 @@ from hpctrain.plan.model import (
     Workload,
     estimate,
 )
+from hpctrain.plan.network import MP_MARGIN, Cost, Network, dp_bytes, dp_cost, mesh_cost, network
 from hpctrain.plan.parallel import Candidate, assume_shape, choose, ring
 from hpctrain.plan.snapshots import SnapshotPlan, plan_snapshots
 
@@ -49,6 +49,8 @@ class Recommendation:
     microbatches: int | None = None
     bubble: float | None = None
     offload_lost: str = ""  # why the first offload rung lost to tp x pp (when one was chosen)
+    step_s: float | None = None  # the estimated step (hpctrain/plan/network.py)
+    between_nodes_bytes: int | None = None  # sent per GPU per step between nodes
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -71,6 +73,14 @@ class Plan:
     ladder: list[Rung] = field(default_factory=list)
     recommendation: Recommendation | None = None
     parallel: list[Candidate] = field(default_factory=list)  # tp x pp x dp layouts, best first
+    network: Network | None = None  # the bandwidths and speed the pick assumed
+
+    def between_nodes(self, e: Estimate) -> int:
+        """What a data-parallel layout sends per GPU per step between nodes, as asked."""
+        lay = BY_NAME[e.name]
+        return dp_bytes(lay, self.workload, precision=self.workload.precision) * (
+            self.workload.nodes > 1
+        )
 
     def to_dict(self) -> dict[str, object]:
         wl = self.workload
@@ -80,7 +90,11 @@ class Plan:
             "usable_bytes_per_gpu": wl.usable_bytes,
             "headroom": HEADROOM,
             "cuda_context_bytes": CUDA_CONTEXT_BYTES,
-            "strategies": [e.to_dict() for e in self.estimates],
+            "strategies": [
+                {**e.to_dict(), "between_nodes_bytes_per_step": self.between_nodes(e)}
+                for e in self.estimates
+            ],
+            "network": asdict(self.network) if self.network else None,
             "ladder": self.ladder,
             "recommended": rec.name if rec else None,
             "recommendation": asdict(rec) if rec else None,
@@ -118,6 +132,7 @@ def for_plan(plan: Plan) -> SnapshotPlan | None:
         tp=rec.tp,
         pp=rec.pp,
         node_mem_bytes=wl.host_mem_bytes,
+        gpu_mem_bytes=wl.gpu_mem_bytes,
     )
 
 
@@ -143,7 +158,10 @@ def _levers(wl: Workload) -> list[tuple[str, str, int | None, bool]]:
 
 
 def make_plan(wl: Workload) -> Plan:
-    """Estimate every layout, then walk the ladder and keep the first rung that fits."""
+    """Estimate every layout, walk the ladder, and pick by the estimated step time: the first
+    data-parallel rung that fits (DDP, else FSDP) unless a tensor x pipeline layout sends less
+    between nodes and saves at least MP_MARGIN of its step (hpctrain/plan/network.py); offload
+    only when nothing fits on the GPUs."""
     if wl.params <= 0:
         raise UserError("the model has no parameters: pass --params N (> 0) or a --model factory")
     if wl.nodes < 1 or wl.gpus < 1:
@@ -154,30 +172,63 @@ def make_plan(wl: Workload) -> Plan:
             f"{gib(CUDA_CONTEXT_BYTES)} CUDA context and {HEADROOM:.0%} headroom"
         )
     wl = assume_shape(wl)
-    plan = Plan(wl, [estimate(lay, wl) for lay in LAYOUTS])
+    net = network(wl)
+    plan = Plan(wl, [estimate(lay, wl) for lay in LAYOUTS], network=net)
     ddp = estimate(BY_NAME["ddp"], wl)
-    chosen, plan.parallel = choose(wl)
+    chosen, plan.parallel = choose(wl, lambda c: mesh_cost(c, wl, net).step_s)
     for name in LADDER:
         lay = BY_NAME[name]
-        if lay.offload != "none" and chosen is not None:
-            # the decision tree's last branch: before offload, tensor x pipeline parallel
-            plan.ladder.append(
-                Rung(
-                    name=chosen.name,
-                    rung="activation checkpointing"
-                    if chosen.activation_checkpointing
-                    else "as asked",
-                    fits=True,
-                    total_bytes_per_gpu=chosen.total_bytes_per_gpu,
-                    why=_mp_why(chosen, wl),
-                )
-            )
-            plan.recommendation = _mp_recommendation(chosen, wl, plan)
-            return plan
-        plan.recommendation = _climb(plan, lay, ddp=ddp)
-        if plan.recommendation is not None:
-            return plan
+        if lay.offload != "none":
+            break
+        rec = _climb(plan, lay, ddp=ddp)
+        if rec is None:
+            continue
+        cost = dp_cost(
+            lay,
+            wl,
+            net,
+            precision=rec.precision,
+            checkpointing=rec.activation_checkpointing,
+            accum=rec.grad_accumulation,
+        )
+        rec.step_s, rec.between_nodes_bytes = cost.step_s, cost.inter_bytes
+        if (
+            chosen is not None
+            and chosen.slow_bytes_per_step < cost.inter_bytes  # it moves traffic off the slow link
+            and chosen.step_s < cost.step_s * (1 - MP_MARGIN)
+        ):
+            plan.recommendation = _mp_recommendation(chosen, wl, plan, lost=(rec, cost))
+        else:
+            rec.reason += f"; {cost.describe()}" + _mp_lost(chosen, wl, net, cost)
+            plan.recommendation = rec
+        return plan
+    if chosen is not None:  # the decision tree's last branch: before offload, tensor x pipeline
+        plan.recommendation = _mp_recommendation(chosen, wl, plan, lost=None)
+        return plan
+    for name in LADDER:
+        lay = BY_NAME[name]
+        if lay.offload != "none":
+            plan.recommendation = _climb(plan, lay, ddp=ddp)
+            if plan.recommendation is not None:
+                return plan
     return plan
+
+
+def _mp_lost(chosen: Candidate | None, wl: Workload, net: Network, dp: Cost) -> str:
+    """Why the best tensor x pipeline layout lost to data parallel (in figures)."""
+    if chosen is None:
+        return ""
+    mp = mesh_cost(chosen, wl, net)
+    why = (
+        f"not {MP_MARGIN:.0%} below it"
+        if mp.inter_bytes < dp.inter_bytes
+        else "and it sends no less between nodes"
+    )
+    return (
+        f"; the best tensor x pipeline layout, {chosen.name}, would take {mp.describe()}, {why} "
+        f"(between nodes {gib(mp.inter_bytes)} per GPU per step against {gib(dp.inter_bytes)}; "
+        f"{net.describe()})"
+    )
 
 
 def _climb(plan: Plan, lay: Layout, *, ddp: Estimate) -> Recommendation | None:
@@ -237,7 +288,8 @@ def _reason(name: str, *, rung: str, why: str, ddp: Estimate, wl: Workload, accu
         "zero2": f"DDP's replica does not fit ({gib(ddp.model_state_bytes_per_gpu)} model state); "
         f"ZeRO-2 shards gradients and optimizer state over {n} GPUs",
         "fsdp": f"the model does not fit on one GPU but fits sharded over all {n} GPUs: "
-        "FSDP (PyTorch-native ZeRO-3)",
+        "FSDP (PyTorch-native ZeRO-3; core, where ZeRO-2 would need DeepSpeed, an optional "
+        "install)",
         "zero3_offload": f"even fully sharded over {n} GPUs it does not fit: ZeRO-3 with the "
         "optimizer offloaded to host memory",
         "zero3_offload_params": "ZeRO-3 with optimizer and parameters offloaded to host memory",
@@ -259,10 +311,16 @@ def _mp_why(c: Candidate, wl: Workload) -> str:
     )
 
 
-def _mp_recommendation(c: Candidate, wl: Workload, plan: Plan) -> Recommendation:
+def _mp_recommendation(
+    c: Candidate, wl: Workload, plan: Plan, *, lost: tuple[Recommendation, Cost] | None
+) -> Recommendation:
+    """The tp x pp layout's recommendation; `lost`: the data-parallel one that fit but was
+    slower (else none fit)."""
     # the mesh's data-parallel strategy as the ladder estimated it (whole, no offload)
     fsdp = next(e for e in plan.estimates if e.strategy == strategies.MESH and e.offload == "none")
     domain = wl.domain or wl.gpus
+    net = plan.network or network(wl)
+    cost = mesh_cost(c, wl, net)
     pipe = (
         f"pipeline parallel {c.pp} ({c.layers_per_stage} layers per stage, {c.schedule}, "
         f"{c.microbatches} micro-batches, bubble {c.bubble:.1%})"
@@ -271,13 +329,25 @@ def _mp_recommendation(c: Candidate, wl: Workload, plan: Plan) -> Recommendation
     )
     ck = ", activation checkpointing" if c.activation_checkpointing else ""
     dp = f"FSDP over data parallel {c.dp}" if c.dp > 1 else "data parallel 1 (no GPUs left for it)"
+    if lost is None:
+        head = (
+            f"even fully sharded over {wl.world} GPUs the model does not fit (FSDP: "
+            f"{gib(fsdp.model_state_bytes_per_gpu)} model state + {gib(fsdp.transient_bytes)} "
+            f"gathered + {gib(fsdp.activation_bytes_per_gpu_checkpointed)} checkpointed "
+            "activations)"
+        )
+    else:
+        rec, dcost = lost
+        head = (
+            f"{rec.name} fits ({gib(rec.total_bytes_per_gpu)}) but takes {dcost.describe()}, "
+            f"sending {gib(dcost.inter_bytes)} per GPU per step between nodes; this layout "
+            f"saves {1 - cost.step_s / dcost.step_s:.0%} of the step"
+        )
     reason = (
-        f"even fully sharded over {wl.world} GPUs the model does not fit (FSDP: "
-        f"{gib(fsdp.model_state_bytes_per_gpu)} model state + {gib(fsdp.transient_bytes)} "
-        f"gathered + {gib(fsdp.activation_bytes_per_gpu_checkpointed)} checkpointed activations): "
-        f"tensor parallel {c.tp} inside each {domain}-GPU fast-link domain, {pipe}, "
-        f"{dp}{ck}: {_mp_why(c, wl)}; of the layouts that fit it sends the least between "
-        f"nodes ({gib(c.slow_bytes_per_step)} per GPU per step)"
+        f"{head}: tensor parallel {c.tp} inside each {domain}-GPU fast-link domain, {pipe}, "
+        f"{dp}{ck}: {_mp_why(c, wl)}; {cost.describe()}, {gib(c.slow_bytes_per_step)} per GPU "
+        f"per step between nodes: the shortest estimated step of the layouts that fit "
+        f"({net.describe()})"
     )
     return Recommendation(
         name=c.name,
@@ -297,6 +367,8 @@ def _mp_recommendation(c: Candidate, wl: Workload, plan: Plan) -> Recommendation
         microbatches=c.microbatches if c.pp > 1 else None,
         bubble=c.bubble if c.pp > 1 else None,
         offload_lost=_offload_lost(c, wl),
+        step_s=cost.step_s,
+        between_nodes_bytes=c.slow_bytes_per_step,
     )
 
 
@@ -318,66 +390,6 @@ def _offload_lost(c: Candidate, wl: Workload) -> str:
         f"{gib(int(gathers))} per GPU per step between nodes for its parameter gathers and "
         f"gradient reduce-scatter against {gib(c.slow_bytes_per_step)} here"
     )
-
-
-def recommend(
-    *,
-    params: int | None = None,
-    model: str | None = None,
-    precision: str = "bf16",
-    optimizer: str = "adamw",
-    nodes: int = 1,
-    gpus: int = 1,
-    gpu_mem_gib: float | None = None,
-    profile: str | None = None,
-    micro_batch: int | None = None,
-    seq_len: int | None = None,
-    hidden: int | None = None,
-    layers: int | None = None,
-    heads: int | None = None,
-    global_batch: int | None = None,
-    schedule: str = "1f1b",
-    domain: int | None = None,
-) -> Recommendation:
-    """The strategy for `hpctrain submit --strategy auto`.
-
-    Give the model as `params` (a count) or `model` ("pkg.mod:factory", built on the meta device),
-    the topology (`nodes` x `gpus` per node) and the GPU memory (`gpu_mem_gib`, else the profile's
-    `slurm.gpu_mem_gib`; a profile without GPUs plans for CPU workers sharing this machine's RAM).
-    Returns a Recommendation: `.strategy` (ddp|fsdp|deepspeed; the DP dimension), `.zero_stage`
-    (None, 1, 2, 3), `.offload` (none|optimizer|optimizer+params|nvme), the mesh `.tp`, `.pp`, `.dp`
-    (with `.schedule`, `.microbatches`, `.bubble` when pp > 1), `.reason`, and `.to_json()` (write
-    it to the run folder's plan.json). The shape (`layers`, `hidden`, `heads`, `seq_len`,
-    `micro_batch`) is assumed from the parameter count where not given; `domain` (GPUs joined by
-    NVLink, else the profile's `slurm.gpus_per_domain`, else `gpus`) bounds tensor parallel.
-    Raises UserError (exit 2) when no option fits or an input is missing.
-
-        rec = recommend(params=124_000_000, nodes=2, gpus=8, profile="mycluster")
-        rec.strategy, rec.zero_stage  # ("ddp", None)
-    """
-    plan = make_plan(
-        workload(
-            params=params,
-            model=model,
-            precision=precision,
-            optimizer=optimizer,
-            nodes=nodes,
-            gpus=gpus,
-            gpu_mem_gib=gpu_mem_gib,
-            profile=profile,
-            micro_batch=micro_batch,
-            seq_len=seq_len,
-            hidden=hidden,
-            layers=layers,
-            heads=heads,
-            global_batch=global_batch,
-            schedule=schedule,
-            domain=domain,
-        )
-    )
-    if plan.recommendation is None:
-        raise UserError(no_fit_message(plan))
-    return plan.recommendation
 
 
 def no_fit_message(plan: Plan) -> str:

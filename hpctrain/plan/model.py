@@ -96,7 +96,8 @@ BY_NAME = {lay.name: lay for lay in LAYOUTS}
 # the gradients into their owner's partition at stage 1).
 ZERO_SHARDED = {1: (GRADS, OPTIMIZER), 2: (GRADS, OPTIMIZER), 3: (PARAMS, GRADS, OPTIMIZER)}
 # The out-of-memory ladder's strategy rungs (after batch -> mixed precision -> checkpointing).
-LADDER = ("ddp", "zero2", "fsdp", "zero3_offload", "zero3_offload_params", "zero3_nvme")
+# ZeRO-2 is not one: FSDP (core) fits wherever it does, and DeepSpeed is an optional install.
+LADDER = ("ddp", "fsdp", "zero3_offload", "zero3_offload_params", "zero3_nvme")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,6 +121,10 @@ class Workload:
     schedule: str = "1f1b"  # pipeline schedule: gpipe | 1f1b | interleaved_1f1b
     domain: int | None = None  # GPUs joined by the fast link (NVLink); None: gpus per node
     assumed: tuple[str, ...] = ()  # shape fields the plan assumed (hpctrain.plan.parallel)
+    # the pick's network term (hpctrain/plan/network.py); None: its stated default
+    inter_gbps: float | None = None  # bus bandwidth between nodes, GB/s
+    intra_gbps: float | None = None  # inside a node (NVLink)
+    tflops: float | None = None  # effective TFLOP/s per GPU
 
     @property
     def world(self) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hpctrain.plan.model import BY_NAME, Workload, model_state
@@ -150,6 +151,7 @@ class Candidate:
     dp_bytes_per_step: int
     slow_bytes_per_step: int  # of the above, what crosses nodes
     crosses_nodes: tuple[str, ...]
+    step_s: float = 0.0  # the estimated step (hpctrain/plan/network.py), set by choose()
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -260,13 +262,19 @@ def best_rung(wl: Workload, tp: int, pp: int, dp: int) -> Candidate | None:
 
 
 def rank_key(c: Candidate) -> tuple[float, ...]:
-    """The choice among layouts that fit: least traffic between nodes, then the smallest bubble,
-    then the least model parallelism (tp x pp), then the least memory."""
-    return (c.slow_bytes_per_step, c.bubble, c.tp * c.pp, c.total_bytes_per_gpu)
+    """The choice among layouts that fit: the shortest estimated step (its network term weighs
+    the bytes between nodes), then the least traffic between nodes, then the least model
+    parallelism (tp x pp), then the least memory."""
+    return (round(c.step_s, 6), c.slow_bytes_per_step, c.tp * c.pp, c.total_bytes_per_gpu)
 
 
-def choose(wl: Workload) -> tuple[Candidate | None, list[Candidate]]:
-    """(the chosen layout or None, every layout at its best rung, best first)."""
+def choose(
+    wl: Workload, step: Callable[[Candidate], float]
+) -> tuple[Candidate | None, list[Candidate]]:
+    """(the chosen layout or None, every layout at its best rung, best first); `step` estimates
+    a layout's step time in seconds."""
     found = [c for t, p, d in layouts(wl) if (c := best_rung(wl, t, p, d)) is not None]
+    for c in found:
+        c.step_s = step(c)
     found.sort(key=lambda c: (not c.fits, *rank_key(c)))
     return (found[0] if found and found[0].fits else None), found

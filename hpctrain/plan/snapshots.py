@@ -20,6 +20,10 @@ from hpctrain.kernel import snapshot as store
 from hpctrain.plan.model import GIB, Layout, model_state
 
 FOLDER = "/dev/shm"  # where the plan assumes them (jobenv.SNAPSHOT_DIR moves them)
+# Without the node's memory (no slurm.mem, no --host-mem-gib) the plan assumes this many bytes of
+# host memory per byte of the node's GPU memory (DGX A100/H100: 2 TiB for 8 x 80 GiB, 3.2) and
+# warns when the snapshots would not fit that either.
+HOST_PER_GPU_MEM = 2.0
 FIRST = 'train.log: "snapshots in memory every N step(s): X MiB per rank"'
 
 
@@ -56,6 +60,7 @@ class SnapshotPlan:
     rank_bytes: int | None  # one rank's state; None: measured at the first snapshot
     node_mem_bytes: int | None  # the node's memory; None: not known
     every_steps: int | None = None  # snapshot.every_steps: None auto, 0 off, N
+    gpu_mem_bytes: int | None = None  # per GPU: for the assumed node memory when it is not known
     budget: float = store.BUDGET
     kept: int = store.KEEP
 
@@ -80,8 +85,16 @@ class SnapshotPlan:
         return int(self.node_mem_bytes * store.SHM_SHARE * store.MEMORY_SHARE)
 
     @property
+    def assumed_mem_bytes(self) -> int | None:
+        """The node memory assumed when it is not known: HOST_PER_GPU_MEM x its GPUs' memory."""
+        if self.node_mem_bytes is not None or not self.gpu_mem_bytes:
+            return None
+        return int(HOST_PER_GPU_MEM * self.ranks_per_node * self.gpu_mem_bytes)
+
+    @property
     def status(self) -> str:
-        """off | none (DeepSpeed) | unknown_size | unknown_memory | fits | too_large"""
+        """off | none (DeepSpeed) | unknown_size | unknown_memory | likely_too_large (more than
+        the allowed share of an assumed node memory) | fits | too_large"""
         if self.every_steps == 0:
             return "off"
         if strategies.engine_checkpoint(self.strategy):
@@ -90,6 +103,9 @@ class SnapshotPlan:
         if need is None:
             return "unknown_size"
         if allowed is None:
+            assumed = self.assumed_mem_bytes
+            if assumed is not None and need > assumed * store.SHM_SHARE * store.MEMORY_SHARE:
+                return "likely_too_large"
             return "unknown_memory"
         return "fits" if need <= allowed else "too_large"
 
@@ -110,6 +126,7 @@ class SnapshotPlan:
             "rank_bytes": self.rank_bytes,
             "node_bytes": self.node_bytes,
             "node_mem_bytes": self.node_mem_bytes,
+            "assumed_node_mem_bytes": self.assumed_mem_bytes,
             "allowed_bytes": self.allowed_bytes,
             "memory_share": store.MEMORY_SHARE,
             "shm_share": store.SHM_SHARE,
@@ -158,6 +175,19 @@ class SnapshotPlan:
                 "plan: --host-mem-gib): the first snapshot checks it against "
                 f"{store.MEMORY_SHARE:.0%} of the free memory"
             )
+        if status == "likely_too_large":
+            assumed = self.assumed_mem_bytes or 0
+            share = store.SHM_SHARE * store.MEMORY_SHARE
+            return (
+                f"{head}: {size}: WARNING: likely too large: the node's memory is not known (the "
+                f"profile's slurm.mem; plan: --host-mem-gib), and against an assumed "
+                f"{_gib(assumed)} ({HOST_PER_GPU_MEM:g} x its {self.ranks_per_node} x "
+                f"{_gib(self.gpu_mem_bytes)} of GPU memory) that is over the "
+                f"{_gib(int(assumed * share))} allowed ({share:.0%} of it); if so the first "
+                "snapshot turns them off; give the node's memory to check, FSDP more nodes "
+                f"(smaller shards), {jobenv.SNAPSHOT_DIR} a larger node-local folder, or turn them "
+                "off with --snapshot.every_steps=0"
+            )
         if status == "fits":
             return f"{head}: {size} of {allowed}: fits"
         return (
@@ -180,9 +210,11 @@ def plan_snapshots(
     node_mem_bytes: int | None = None,
     every_steps: int | None = None,
     budget: float = store.BUDGET,
+    gpu_mem_bytes: int | None = None,
 ) -> SnapshotPlan:
     """The snapshot plan of a run: `params` None when the model's size is not known before it
-    is built (a factory's model, a user script)."""
+    is built (a factory's model, a user script); `gpu_mem_bytes` (per GPU) sizes the assumed node
+    memory when `node_mem_bytes` is not known."""
     rank = (
         None
         if params is None
@@ -198,6 +230,7 @@ def plan_snapshots(
         node_mem_bytes=node_mem_bytes,
         every_steps=every_steps,
         budget=budget,
+        gpu_mem_bytes=gpu_mem_bytes,
     )
 
 

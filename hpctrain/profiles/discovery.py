@@ -1,5 +1,9 @@
 """Discovery: which profile file a name means (bundled < each site path folder, jobenv SITE_PATH <
-the user's own), and the refusal of a user profile that would silently drop a site's locks."""
+the user's own), and the refusal of a user profile that would silently drop a site's locks.
+
+The bundled real-cluster examples (site_configs/examples/) are found too, under their own names
+`example:STEM`: shown by `profiles list`, usable as `--profile example:STEM` or
+`extends: example:STEM`, never clashing with (or shadowing) a profile of the plain name."""
 
 from __future__ import annotations
 
@@ -26,7 +30,7 @@ class Entry:
 
     name: str
     path: Path
-    kind: str  # "bundled" | "site" | "user"
+    kind: str  # "bundled" | "example" | "site" | "user"
     shadowed_by: Path | None = None  # the file that wins this name, when not this one
     found: Path | None = None  # the path as found (the trust check follows it, symlinks too)
     error: str | None = None  # a search folder that cannot be read: one broken row
@@ -40,11 +44,22 @@ def config_home() -> Path:
     return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "hpctrain"
 
 
-def search_dirs() -> list[tuple[Path, str]]:
+EXAMPLE = "example:"  # the name prefix of a bundled example: example:juwels-booster
+
+
+def profile_name(ref: str) -> str:
+    """The `name:` a profile found as REF carries: an example's name without its prefix."""
+    return ref.removeprefix(EXAMPLE)
+
+
+def search_dirs(*, examples: bool = True) -> list[tuple[Path, str]]:
     """Discovery order, lowest precedence first."""
     dirs: list[tuple[Path, str]] = []
     try:
-        dirs.append((resources.bundled("site_configs"), "bundled"))
+        bundled = resources.bundled("site_configs")
+        dirs.append((bundled, "bundled"))
+        if examples:
+            dirs.append((bundled / "examples", "example"))
     except FileNotFoundError:
         pass
     for d in (jobenv.get(jobenv.SITE_PATH) or "").split(":"):
@@ -54,11 +69,12 @@ def search_dirs() -> list[tuple[Path, str]]:
     return dirs
 
 
-def discover() -> list[Entry]:
-    """Every profile file, in precedence order (lowest first); later wins a name clash."""
+def discover(*, examples: bool = True) -> list[Entry]:
+    """Every profile file, in precedence order (lowest first); later wins a name clash.
+    `examples`: with the bundled examples (named `example:STEM`)."""
     entries: list[Entry] = []
     broken: list[Entry] = []
-    for d, kind in search_dirs():
+    for d, kind in search_dirs(examples=examples):
         try:
             if not d.is_dir():
                 continue
@@ -67,8 +83,10 @@ def discover() -> list[Entry]:
                 for p in d.iterdir()
                 if p.suffix in (".yaml", ".yml") and not p.name.startswith(".") and p.is_file()
             )
+            prefix = EXAMPLE if kind == "example" else ""
             found = [
-                Entry(p.stem, p.resolve(), kind, found=Path(os.path.abspath(p))) for p in files
+                Entry(prefix + p.stem, p.resolve(), kind, found=Path(os.path.abspath(p)))
+                for p in files
             ]
         except (OSError, RuntimeError) as err:
             reason = getattr(err, "strerror", None) or str(err)
@@ -99,10 +117,12 @@ def discover() -> list[Entry]:
 
 
 def _is_bundled(path: Path) -> bool:
+    """A file shipped with hpctrain: a bundled profile or one of the bundled examples."""
     try:
-        return path.resolve().parent == resources.bundled("site_configs").resolve()
+        home = resources.bundled("site_configs").resolve()
     except FileNotFoundError:
         return False
+    return path.resolve().parent in (home, home / "examples")
 
 
 def _looks_like_path(ref: str) -> bool:
@@ -120,11 +140,16 @@ def find(name: str, *, skip: set[Path] | None = None) -> Path:
         if e.name == name and e.path not in (skip or set()):
             _check_shadowing(e, entries)
             return e.found or e.path
-    names = sorted({e.name for e in entries})
-    close = difflib.get_close_matches(name, names, n=1)
+    every_name = sorted({e.name for e in entries})
+    close = difflib.get_close_matches(name, every_name, n=1)
+    if not close and not name.startswith(EXAMPLE):  # `alvis` for `example:c3se-alvis`
+        close = [n for n in every_name if n.startswith(EXAMPLE) and name in n][:1]
     hint = f"did you mean {close[0]!r}? " if close else ""
+    names = [n for n in every_name if not n.startswith(EXAMPLE)]
+    more = len(every_name) - len(names)
+    also = f" (and {more} bundled examples, {EXAMPLE}NAME)" if more else ""
     raise UserError(
-        f"no profile named {name!r}; {hint}available: {', '.join(names) or 'none'}.\n"
+        f"no profile named {name!r}; {hint}available: {', '.join(names) or 'none'}{also}.\n"
         "  fix: pass --profile with one of these names or a path to a profile file "
         "(`hpctrain profiles list` shows where each comes from)"
     )

@@ -46,9 +46,11 @@ Shipped profiles (`site_configs/`): `local` (this machine, no Slurm), `generic-i
 `roce` (RoCE v2, extends generic-ib), `aws-efa` (EFA with a pyxis container), `ethernet`
 (TCP only) and `loopback` (the live two-node test cluster of `tests/slurm/cluster.sh`).
 `site_configs/examples/` holds profiles of real clusters modelled on their public documentation
-(LUMI, Perlmutter, CSCS Alps, Olivia, JUWELS Booster, Vega, AWS ParallelCluster, Azure NDv5), each
-citing its pages; [publishing-a-site.md](publishing-a-site.md) goes from a site's sbatch recipe to
-a published, locked profile.
+(LUMI, Perlmutter, CSCS Alps, Olivia, JUWELS Booster, Vega, AWS ParallelCluster, Azure NDv5, C3SE
+Alvis, CSC Roihu, NCSA Delta, FASRC Cannon, SURF Snellius, PDC Dardel), each citing its pages; they
+ship with hpctrain and are found as `example:NAME` (`--profile example:c3se-alvis`,
+`extends: example:c3se-alvis`); [publishing-a-site.md](publishing-a-site.md) goes from a site's
+sbatch recipe to a published, locked profile.
 
 ## Layers
 
@@ -90,7 +92,8 @@ and `locked` cannot be set from the user config or flags.
 Profiles are found by file name (`NAME.yaml` or `NAME.yml`, whose `name:` must match) in, lowest
 precedence first:
 
-1. the profiles bundled with hpctrain;
+1. the profiles bundled with hpctrain, and the bundled examples (`site_configs/examples/`) under
+   the names `example:NAME`, which never clash with a plain name;
 2. each directory of `${jobenv.SITE_PATH}` (colon-separated; where admins publish);
 3. `$XDG_CONFIG_HOME/hpctrain/profiles/`.
 

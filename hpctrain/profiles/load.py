@@ -28,6 +28,7 @@ from hpctrain.profiles.discovery import (  # noqa: F401  (_is_bundled: the tests
     config_home,
     discover,
     find,
+    profile_name,
 )
 from hpctrain.profiles.layers import (
     Stack,
@@ -43,6 +44,7 @@ from hpctrain.profiles.problems import (
     _more_cross_field,
     _problems,
     _quoted_wants,
+    reads_as,
 )
 from hpctrain.profiles.yamlsafe import read_yaml
 
@@ -271,7 +273,7 @@ def _quoted(quoted: list[tuple[Path_, str, _Layer]]) -> list[Problem]:
             key=dotted(path),
         )
         for (path, value, layer), want in zip(quoted, wants, strict=True)
-        if want
+        if want and reads_as(value, want)  # else not quoted: the schema's message says it
     ]
 
 
@@ -323,7 +325,7 @@ def default_profile_name() -> str:
         return default
     if shutil.which("sbatch") is None:
         return "local"
-    names = sorted({e.name for e in discover()})
+    names = sorted({e.name for e in discover(examples=False)})
     raise UserError(
         "no profile given and this machine has Slurm; fix: pass --profile NAME "
         f"(available: {', '.join(names)}) or set `default_profile: NAME` in "
@@ -348,4 +350,4 @@ def resolve(
                 "profile name (`hpctrain profiles list`)"
             )
         return resolve_file(path, flags)
-    return resolve_file(find(ref), flags, expect_name=ref)
+    return resolve_file(find(ref), flags, expect_name=profile_name(ref))

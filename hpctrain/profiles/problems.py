@@ -47,6 +47,29 @@ _FIX = {
 }
 
 
+# text where the schema wants a number or a bool, and that does not read as one: (what, example)
+_NOT_A = {
+    "int_parsing": ("a whole number", "8"),
+    "float_parsing": ("a number", "0.5"),
+    "bool_parsing": ("true or false", "true"),
+}
+_BOOL_WORDS = {"true", "false", "yes", "no", "on", "off", "t", "f", "y", "n", "1", "0"}
+
+
+def reads_as(value: str, want: str) -> bool:
+    """Whether the text `value` is what `want` (a _quoted_instead_of answer) asks for, so that
+    it must have been quoted to be text: `'4'`, `'true'`. Text that reads as nothing of the kind
+    (`eight`) is the schema's one problem, not a quoting one."""
+    text = value.strip()
+    if want == "write true or false":
+        return text.lower() in _BOOL_WORDS
+    try:
+        number = float(text)
+    except ValueError:
+        return False
+    return number.is_integer() if want == "write a whole number" else True
+
+
 def _more_cross_field(
     merged: Mapping[str, object], errors: list[ErrorDetails]
 ) -> list[ErrorDetails]:
@@ -102,6 +125,9 @@ def _message(err: ErrorDetails, path: Path_, msg: str) -> str:
     if kind == "cross_field":
         return msg
     got = err.get("input")
+    if kind in _NOT_A and isinstance(got, str):  # `gpus_per_node: eight`: one plain sentence
+        what, example = _NOT_A[kind]
+        return f"{got!r} is not {what}; fix: write {what}, e.g. `{path[-1]}: {example}`"
     shown = f" (got {got!r})" if isinstance(got, str | int | float | bool) else ""
     if kind == "missing":
         return NAME_MISSING if path == ("name",) else "required key is missing; fix: add it"

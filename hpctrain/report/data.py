@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import datetime as _dt
 import json
 import re
 from collections.abc import Sequence
@@ -14,6 +13,7 @@ from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.files import read_jsonl
 from hpctrain.runs.folder import RunDir
+from hpctrain.runs.phase import timestamp
 from hpctrain.runs.record import Job
 
 GPU_CSV = "gpu.csv"
@@ -99,6 +99,7 @@ class RunData:
     scheduler: str | None = None
     metrics: list[Metric] = field(default_factory=list)  # in file order
     starts: list[float | None] = field(default_factory=list)  # restarts.jsonl: each start's time
+    start_lines: list[dict[str, object]] = field(default_factory=list)  # restarts.jsonl as written
     events: list[dict[str, object]] = field(default_factory=list)
     jobs: list[Job] = field(default_factory=list)
     saves: list[Save] = field(default_factory=list)
@@ -110,24 +111,6 @@ class RunData:
     @property
     def world(self) -> int:
         return (self.nodes or 1) * (self.gpus or 1)
-
-
-def timestamp(value: object) -> float | None:
-    """Seconds since the epoch from a float or an ISO time ('...Z' or with an offset)."""
-    if isinstance(value, int | float):
-        return float(value)
-    if not isinstance(value, str):
-        return None
-    text = value.replace("Z", "+00:00")
-    if re.search(r"[+-]\d{4}$", text):
-        text = text[:-2] + ":" + text[-2:]
-    try:
-        t = _dt.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if t.tzinfo is None:
-        t = t.replace(tzinfo=_dt.UTC)
-    return t.timestamp()
 
 
 def segments(metrics: Sequence[Metric], starts: Sequence[float] = ()) -> list[Segment]:
@@ -205,6 +188,7 @@ def load(run: RunDir) -> RunData:
         scheduler=rec.scheduler if rec else None,
         metrics=metrics,
         starts=[timestamp(s.get("time")) for s in run.restarts()],
+        start_lines=run.restarts(),
         events=run.events(),
         jobs=run.jobs(),
         saves=[_save(s) for s in read_jsonl(path / layout.SAVES)],

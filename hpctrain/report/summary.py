@@ -6,8 +6,10 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from hpctrain.report.data import Checkpoint, RunData, Segment, timestamp
+from hpctrain.report.data import Checkpoint, RunData, Segment
+from hpctrain.runs import phase
 from hpctrain.runs.in_job import summary as in_job_summary
+from hpctrain.runs.phase import timestamp
 
 END_EVENTS = ("done", "failed", "timeout")
 
@@ -41,7 +43,7 @@ class Summary:
     gpus_per_node: int | None
     starts: int
     jobs: int
-    restarts: int
+    restarts: int  # the count `status` shows (hpctrain/runs/phase.py); details: restart_details
     steps_redone: int
     restart_seconds_lost: float
     # from the events: a restart that resumed from the step it reached splits no stretch
@@ -123,7 +125,7 @@ def summarize(rd: RunData, *, sacct: bool = True) -> Summary:
         gpus_per_node=rd.gpus,
         starts=len(rd.starts),
         jobs=len(rd.jobs),
-        restarts=len(outside),
+        restarts=phase.restarts(rd.start_lines, rd.jobs, rd.events),
         steps_redone=sum(r.steps_redone for r in outside),
         restart_seconds_lost=sum((max(0.0, r.seconds_lost or 0.0) for r in outside), 0.0),
         in_job_restarts=jobs.count,
@@ -204,7 +206,7 @@ def text(s: Summary) -> str:
     trained = (
         f"step {s.steps}/{s.max_steps or '?'}, "
         f"loss {_num(s.loss_first)} -> {_num(s.loss_last)}, "
-        f"{_num(s.samples_per_s_median, '.0f')} samples/s (median)"
+        f"{_num(s.samples_per_s_median, '.0f')} samples/s (median over the run)"
         if s.steps is not None
         else "no training step in metrics.jsonl"
     )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hpctrain.runs import trainer_progress
+from hpctrain.runs import phase, trainer_progress
 from hpctrain.runs.folder import RunDir
 from hpctrain.runs.trainer_progress import Progress
 
@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 METRICS = "metrics.jsonl"
 TAIL_BYTES = 16384  # enough for the last ~40 metric lines; a long run's file is never read whole
+WINDOW = 10  # the newest metric lines the live rate and step time are taken over
+RATE_LABEL = f" (median, last {WINDOW} steps)"  # `report` says "(median over the run)"
 
 
 def _tail_rows(path: Path, limit: int = 20) -> list[dict[str, object]]:
@@ -67,11 +69,14 @@ def snapshot(run: RunDir | Path, total: int | None = None) -> Progress | None:
     assert isinstance(step, int)  # _tail_rows keeps only such rows
     most = last.get("max_steps")
     total = (most if isinstance(most, int) else None) or total
-    times = [t for r in rows[-10:] if (t := _number(r.get("step_time_s"))) is not None]
+    times = [t for r in rows[-WINDOW:] if (t := _number(r.get("step_time_s"))) is not None]
     step_time = sum(times) / len(times) if times else None
     # a progress line may carry no loss (a callback's step count between two of Trainer's logs)
     loss = next((x for r in reversed(rows) if (x := _number(r.get("loss"))) is not None), None)
-    rate = next((r["samples_per_s"] for r in reversed(rows) if "samples_per_s" in r), None)
+    # the median of the newest lines', as `report` takes the median of all (one step's rate swings
+    # with a save, a compile or the logging interval: 1847 live against 854 in `report`, issue 34)
+    rates = sorted(x for r in rows[-WINDOW:] if (x := _number(r.get("samples_per_s"))) is not None)
+    rate = rates[len(rates) // 2] if rates else None
     eta = (total - step) * step_time if total and step_time is not None else None
     at = _number(last.get("time"))
     return Progress(
@@ -92,15 +97,19 @@ def clock(seconds: float | None) -> str:
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
-def describe(snap: Progress | None) -> str:
-    """One line: `step 40/60  loss 2.112  310 samples/s  ETA 0:00:07`."""
+def describe(snap: Progress | None, *, training: bool = True) -> str:
+    """One line: `step 40/60  loss 2.112  310 samples/s (median of the last 10 steps)  ETA
+    0:00:07`. `training` False (preempted, requeued: the newest line is from before): the step
+    and loss only, no rate or ETA of a job that is not training now."""
     if snap is None:
         return "no training step yet"
     parts = [f"step {snap.step}/{snap.total or '?'}"]
     if snap.loss is not None:
         parts.append(f"loss {snap.loss:.4g}")
+    if not training:
+        return "  ".join(parts)
     if snap.samples_per_s is not None:
-        parts.append(f"{snap.samples_per_s:.0f} samples/s")
+        parts.append(f"{snap.samples_per_s:.0f} samples/s{RATE_LABEL if not snap.source else ''}")
     if snap.total:
         parts.append(f"ETA {clock(snap.eta_s)}")
     if snap.source:
@@ -198,14 +207,22 @@ class Follower:
         self.live: Live | None = None
 
     def line(self, state: str) -> str:
+        return self._line(state)[1]
+
+    def _line(self, state: str) -> tuple[str, str]:
+        """(the state shown, the line): a preemption and its requeue as the run folder tells
+        them, before the scheduler does (hpctrain/runs/phase.py)."""
         snap = snapshot(self.run, self.total)
-        text = f"{time.strftime('%H:%M:%S')} {state}"
-        return text + ("  " + describe(snap) if snap is not None else "")
+        seen = time.time() - snap.age_s if snap is not None and snap.age_s is not None else None
+        now = phase.of(self.run, state, last_metric_time=seen)
+        text = f"{time.strftime('%H:%M:%S')} {now.state}" + (f" ({now.note})" if now.note else "")
+        shown = describe(snap, training=not now.stale) if snap is not None else ""
+        return now.state + (now.note or ""), text + ("  " + shown if shown else "")
 
     def __call__(self, state: str) -> None:
-        text = self.line(state)
-        changed = state != self.last_state
-        self.last_state = state
+        shown, text = self._line(state)
+        changed = shown != self.last_state
+        self.last_state = shown
         if self.live_mode:
             if self.live is None:
                 from rich.console import Console  # lazy: CLI start-up: the live display only

@@ -16,12 +16,14 @@
         ...one optimizer step...
         step += 1
         ckpt.snapshot(step, state)               # every step; in memory when due (in-job restarts)
-        if runtime.should_stop():                # the STOP file or a signal, agreed by all ranks
-            ckpt.save(step, state())
-            ckpt.close()
+        stop = runtime.should_stop()             # the STOP file or a signal, agreed by all ranks
+        if stop or step % save_every == 0 or step == total:
+            ckpt.save(step, state())             # a kill without warning redoes one interval
+        if stop:
             runtime.exit(runtime.PREEMPTED)      # 75: the batch shell requeues, the job resumes
-    ckpt.save(step, state())
-    ckpt.close()                                 # the snapshots' memory freed
+    runtime.exit(0)                              # exit(0 or 75) frees the snapshots' memory
+
+The whole recipe, as a script: examples/README.md (tests/scripts/recipe_ddp.py).
 
 `should_stop()`, `run_dir()`, `restart_count()` and `exit()` need no torch; `Checkpoint` imports it
 when it saves, loads or snapshots. Nothing here imports click. With torch.distributed initialised,

@@ -28,7 +28,17 @@ from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.files import utc_now
 from hpctrain.kernel.rundir import RunFolder
 from hpctrain.runtime import restarts
-from hpctrain.runtime.job import _barrier, _device, _dist, _saved, _torch, _warn, rank, run_dir
+from hpctrain.runtime.job import (
+    _barrier,
+    _closers,
+    _device,
+    _dist,
+    _saved,
+    _torch,
+    _warn,
+    rank,
+    run_dir,
+)
 
 if TYPE_CHECKING:
     import numpy as np
@@ -225,7 +235,7 @@ class Checkpoint:
 
     def close(self) -> None:
         """At the run's end, after its last save (done, or preempted): this node's snapshots of
-        this job start removed. Every rank may call it."""
+        this job start removed. Every rank may call it; runtime.exit(0 or PREEMPTED) does."""
         if self._snaps is not None:
             self._snaps.close()
 
@@ -244,6 +254,7 @@ class Checkpoint:
                     apply=self._apply,
                     log=_warn,
                 )
+                _closers.append(self.close)  # runtime.exit(0 or 75) frees them
         return self._snaps
 
     def _from_memory(self, disk_step: int, restore_rng: bool) -> Found | None:

@@ -9,7 +9,7 @@ import hashlib
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING
@@ -71,7 +71,8 @@ def rank() -> int:
 
 def exit(code: int = 0, *, step: int | None = None) -> None:  # noqa: A001 - reads as what it does
     """Leave now. With PREEMPTED, rank 0 first records a `preempted` event (`step`, else the step of
-    the last Checkpoint.save) in events.jsonl, as train_entry does. Then: flush, os._exit (torch
+    the last Checkpoint.save) in events.jsonl, as train_entry does. With 0 or PREEMPTED every
+    Checkpoint's snapshots in memory are freed (Checkpoint.close). Then: flush, os._exit (torch
     2.13 + gloo can abort at interpreter exit after a finished run, which torchrun would report as
     a failure). The process group is not destroyed: the exit closes its connections, and gloo's
     destroy_process_group can hang one rank at the end (torch 2.7.1: 2 of 4 two-rank runs after
@@ -79,6 +80,9 @@ def exit(code: int = 0, *, step: int | None = None) -> None:  # noqa: A001 - rea
     step = step if step is not None else (_saved[-1] if _saved else None)
     if code == PREEMPTED and rank() == 0 and step is not None:
         _event("preempted", step=step, reason=_flag.reason)
+    if code in (0, PREEMPTED):  # the run's end or its stop: this start's snapshots are done with
+        for close in _closers:
+            close()
     fatal.left_preempted(code)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -94,6 +98,7 @@ def _event(name: str, **fields: object) -> None:
 
 
 _saved: list[int] = []  # steps this process saved (the last one goes into the preempted event)
+_closers: list[Callable[[], None]] = []  # Checkpoint.close of each Checkpoint with snapshots
 
 
 # ---------------------------------------------------------------- the stop flag

@@ -19,6 +19,7 @@ from pathlib import Path
 from hpctrain.kernel import layout
 from hpctrain.kernel.checkpoint import newest_verified, step_folders, step_name, verify
 from hpctrain.kernel.errors import UserError
+from hpctrain.kernel.rundir import RunFolder
 from hpctrain.runs.folder import find_run
 
 FORMATS = ("safetensors", "torch")
@@ -154,7 +155,11 @@ def export(
     config = _config(folder)
     from train_entry.checkpoint.export import export as write  # lazy: torch on a torch-free path
 
-    summary = write(folder, manifest, target, fmt=fmt, dtype=dtype, max_shard=limit, config=config)
+    # one mode for every file of the export: inside a run folder, that folder's (storage.share)
+    mask = RunFolder(run).mask() if target.is_relative_to(run) else None
+    summary = write(
+        folder, manifest, target, fmt=fmt, dtype=dtype, max_shard=limit, config=config, mask=mask
+    )
     return Exported(
         run=run.name,
         run_dir=str(run),

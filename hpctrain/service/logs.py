@@ -1,7 +1,14 @@
-"""Which log files to show for a run, and following them while the job runs (reading only)."""
+"""Which log files to show for a run, and following them while the job runs (reading only).
+
+A routine preemption (a rank saved and left 75, the job requeued) makes the launcher say much that
+reads like a crash: torchrun's `failed (exitcode: 75)`, its shutdown traceback, c10d's C++ warnings
+and frames, srun's step-kill lines. What is shown (`Quiet`) leaves those out, from the stop's exit
+to the next start, and says how many lines it left out; the files themselves keep everything.
+"""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -50,12 +57,14 @@ def follow(
     """Pass what is added to `files` to `out` until the job ends; `new_nodes`: node logs that appear
     later (the job was pending when following began) are followed too. Ctrl-C stops quietly."""
     offsets = {f: 0 for f in files}
+    quiet = {f: Quiet(f) for f in files}
     finished_polls = 0
     try:
         while True:
             if new_nodes:
                 for f in sorted(run.logs.glob("node-*.log")):
                     offsets.setdefault(f, 0)
+                    quiet.setdefault(f, Quiet(f))
             for f in list(offsets):
                 if f.is_file():
                     with f.open("rb") as fh:
@@ -63,11 +72,106 @@ def follow(
                         chunk = fh.read()
                     if chunk:
                         offsets[f] += len(chunk)
-                        out(chunk.decode(errors="replace"))
+                        text = quiet[f].feed(chunk.decode(errors="replace"))
+                        if text:
+                            out(text)
             if dispatch.state(run) in TERMINAL:
                 finished_polls += 1
                 if finished_polls > 1:  # one last read after the end
+                    for q in quiet.values():
+                        if text := q.end():
+                            out(text)
                     return
             time.sleep(1)
     except KeyboardInterrupt:
         return
+
+
+# ---------------------------------------------------------------- a routine preempt, shown quietly
+_START = re.compile(r"^hpctrain: (node \d+ (task \d+ )?.*on |start of job )")
+_STOPPED = re.compile(  # from here to the next start, the launcher's exit is routine
+    r"failed \(exitcode: 75\)|^hpctrain: a rank left 75 after the stop's checkpoint"
+    r"|^hpctrain: the stop's checkpoint is committed|^hpctrain: a stop was asked: this node"
+)
+_NOISE = re.compile(
+    r"failed \(exitcode: 75\)"  # torchrun: a worker left 75
+    r"|^[EWI]\d{4} [\d:.]+ +\d+ \S*torch/distributed/"  # torch's Python log lines
+    r"|^\[[EWI]\d{4} "  # c10d's C++ log lines ([W1206 22:57:32.38 socket.cpp:469] ...)
+    r"|^frame #\d+: |^Exception raised from |^terminate called"  # C++ frames
+    r"|^\[default\d+\]:hpctrain: not started again: a stop was asked"
+    r"|^srun: |^slurmstepd\S*: error: \*\*\* "  # srun ending the step
+)
+_RULE = re.compile(r"^={20,}$")  # torchrun's failure summary is framed by these
+_CHAIN = re.compile(r"^(During handling of the above exception|The above exception was the direct)")
+
+
+class Quiet:
+    """Lines in, the lines to show out: a routine preempt's launcher noise left out (above)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.stopped = False  # inside a job start's routine exit
+        self.hidden = 0
+        self.block: str | None = None  # inside a hidden traceback or summary
+        self.rest = ""
+
+    def feed(self, text: str) -> str:
+        """Complete lines of `text` (and what was left over before) filtered; a partial last line
+        waits for the next feed."""
+        lines = (self.rest + text).split("\n")
+        self.rest = lines.pop()
+        return "".join(self._line(line) for line in lines)
+
+    def end(self) -> str:
+        """The partial last line, and the count of lines left out."""
+        out = self._line(self.rest)[:-1] if self.rest else ""
+        self.rest = ""
+        return out + self._summary()
+
+    def _summary(self) -> str:
+        if not self.hidden:
+            return ""
+        n, self.hidden = self.hidden, 0
+        return (
+            f"hpctrain logs: {n} line(s) of the launcher's exit after a routine preempt not shown "
+            f"(exit 75, shutdown); {self.path} has them\n"
+        )
+
+    def _line(self, line: str) -> str:
+        if _START.match(line):
+            head = self._summary()
+            self.stopped, self.block = False, None
+            return head + line + "\n"
+        if not self.stopped and _STOPPED.search(line):
+            self.stopped = True
+        if self.stopped and self._noise(line):
+            self.hidden += 1
+            return ""
+        return line + "\n"
+
+    def _noise(self, line: str) -> bool:
+        if self.block == "traceback":
+            if line[:1] in (" ", "\t"):
+                return True
+            self.block = "chain"  # the exception's own line ends the block
+            return True
+        if self.block == "chain" and (not line or _CHAIN.match(line)):
+            return True  # a chained exception: its traceback follows
+        if self.block == "summary":
+            if _RULE.match(line):
+                self.block = None
+            return True
+        self.block = None
+        if line.startswith("Traceback (most recent call last):"):
+            self.block = "traceback"
+            return True
+        if _RULE.match(line):
+            self.block = "summary"
+            return True
+        return bool(_NOISE.search(line))
+
+
+def shown(path: Path) -> str:
+    """A log file as `hpctrain logs` shows it (Quiet)."""
+    quiet = Quiet(path)
+    return quiet.feed(path.read_text(errors="replace")) + quiet.end()

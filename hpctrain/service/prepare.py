@@ -32,9 +32,10 @@ def flags(
     qos: str | None,
     sets: tuple[str, ...],
     spare_nodes: int | None = None,
+    gpu_type: str | None = None,
 ) -> dict[str, object]:
     """The command line's profile overrides: --set KEY=VALUE and the --partition/--account/--qos/
-    --spare-nodes shortcuts, as a flags layer (hpctrain.profiles.resolve)."""
+    --spare-nodes/--gpu-type shortcuts, as a flags layer (hpctrain.profiles.resolve)."""
     out: dict[str, object] = {}
     for item in sets:
         key, sep, value = item.partition("=")
@@ -43,7 +44,8 @@ def flags(
         # An environment variable's value is text as typed (`--set environment.env.X=true`).
         text_key = key.startswith(("environment.env.", "network.env."))
         out[key] = value if text_key else _scalar(value)
-    for key, given in (("partition", partition), ("account", account), ("qos", qos)):
+    shortcuts = {"partition": partition, "account": account, "qos": qos, "gpu_type": gpu_type}
+    for key, given in shortcuts.items():
         if given is not None:
             out[f"slurm.{key}"] = given
     if spare_nodes is not None:
@@ -57,7 +59,9 @@ def _scalar(text: str) -> object:
 
 
 def resolve_profile(o: JobOptions) -> ResolvedProfile:
-    return resolve(o.profile, flags(o.partition, o.account, o.qos, o.sets, o.spare_nodes))
+    return resolve(
+        o.profile, flags(o.partition, o.account, o.qos, o.sets, o.spare_nodes, o.gpu_type)
+    )
 
 
 class Prepared:
@@ -74,6 +78,8 @@ class Prepared:
             entry_check.refuse_owned(args)
             if strategy != "auto":
                 strategy = entry_check.one_source(strategy, args)
+                # train_entry's argv carries --strategy once (jobs.request.Entry.argv), not again
+                args = entry_check.without_flag(args, "strategy") if strategy else args
         self.plan: Recommendation | None = None
         self.planned: Plan | None = None  # the whole plan (its workload: the model's size)
         if strategy == "auto":
@@ -81,8 +87,10 @@ class Prepared:
             self.plan = self.planned.recommendation
             assert self.plan is not None  # planned() raised when nothing fits
             strategy = self.plan.strategy
-            if not (o.script or o.module):  # train_entry takes the plan's details as flags
-                args = (*plan_args(self.plan), *args)
+            if not (o.script or o.module):  # train_entry takes the plan's settings as flags
+                for key in _planned_from(args):  # the plan started from these and chose
+                    args = entry_check.without_flag(args, key)
+                args = (*plan_args(self.plan), *batch_args(self.planned), *args)
         explicit = strategy  # None: train_entry's own (its --config), else this one
         self.request = JobRequest.build(
             self.profile,
@@ -98,6 +106,7 @@ class Prepared:
             exclude=tuple(o.exclude or ()),
         )
         self.resolved: Resolved | None = None
+        self.note = ""  # one line the user should read (a strategy picked for the layout)
         if ours:  # validated at the requested world size before anything is queued
             self.resolved = entry_check.check_train_entry(
                 nodes=self.request.nodes,
@@ -108,6 +117,7 @@ class Prepared:
             )
             if self.resolved["strategy"] != self.request.strategy:  # e.g. `strategy:` in --config
                 self.request = self.request.with_strategy(self.resolved["strategy"])
+            self.note = _default_mesh_note(explicit, args, self.resolved)
         self.run = RunDir(runs_dir_of(self.profile) / self.request.name)
         self.python = node_python(self.profile)
         self.chain = chain
@@ -125,8 +135,41 @@ class Prepared:
 def entry_line(p: Prepared) -> str:
     if p.resolved is None:
         return f"entry {p.request.entry.kind} {p.request.entry.target}"
+    note = p.note or (_auto_note(p.plan) if p.plan else "")
+    note = f" ({note})" if note else ""
+    return f"strategy {p.request.strategy}{note}, {describe(p.resolved)}"
 
-    return f"strategy {p.request.strategy}, {describe(p.resolved)}"
+
+def _auto_note(rec: Recommendation) -> str:
+    """What --strategy auto carried into the run besides the strategy (batch_args, plan_args)."""
+    parts = [f"auto: {rec.name}"]
+    if rec.tp > 1 or rec.pp > 1:
+        parts.append(f"tp {rec.tp} x pp {rec.pp} x dp {rec.dp}")
+        if rec.pp > 1:
+            parts.append(f"{rec.schedule}, {rec.microbatches} pipeline micro-batches")
+    if rec.zero_stage is not None:
+        parts.append(f"ZeRO-{rec.zero_stage}")
+    if rec.offload != "none":
+        parts.append(f"offload {rec.offload}")
+    parts.append(rec.precision)
+    parts.append("activation checkpointing" if rec.activation_checkpointing else "no checkpointing")
+    return ", ".join(parts)
+
+
+def _default_mesh_note(explicit: str | None, args: tuple[str, ...], r: Resolved) -> str:
+    """The line that says train_entry took fsdp for a layout asked with the strategy left at its
+    default (train_entry/config/load.py); '' when the strategy was given (or a --config may
+    have set it)."""
+    if explicit or entry_check.entry_flag(args, "config") is not None:
+        return ""
+    if r["strategy"] != strategies.MESH or (r["tp"] == 1 and r["pp"] == 1):
+        return ""
+    sizes = {"tp": r["tp"], "pp": r["pp"]}
+    layout = " ".join(f"--parallel.{k} {v}" for k, v in sizes.items() if v > 1)
+    return (
+        f"picked for {layout}: {strategies.DEFAULT}, the default, does not compose with tp/pp, "
+        f"{strategies.MESH} is the mesh's data-parallel dimension"
+    )
 
 
 def plan_args(rec: Recommendation) -> list[str]:
@@ -154,6 +197,43 @@ def plan_args(rec: Recommendation) -> list[str]:
     return []
 
 
+# train_entry keys --strategy auto plans from (the user's value, else its assumption) and sets
+PLANNED = ("train.precision", "train.micro_batch", "train.global_batch")
+PRECISIONS = ("fp32", "bf16", "fp16")  # hpctrain.plan.PRECISIONS (imported where it is used)
+
+
+def batch_args(planned: Plan) -> list[str]:
+    """train_entry flags for what the plan estimated besides the layout: the precision, the
+    activation checkpointing and the batch (micro-batch per GPU, global batch = dp x micro x
+    accumulation; under pp one pipeline pass of micro x microbatches per step)."""
+    rec, wl = planned.recommendation, planned.workload
+    assert rec is not None
+    out = [f"--train.precision={rec.precision}"]
+    if rec.activation_checkpointing:
+        out.append("--train.activation_checkpointing=true")
+    micro, accum = rec.micro_batch or 1, rec.grad_accumulation
+    if rec.pp > 1:
+        micro, accum = micro * (rec.microbatches or 1), 1
+    dp = rec.dp or wl.world
+    return [*out, f"--train.micro_batch={micro}", f"--train.global_batch={dp * micro * accum}"]
+
+
+def _planned_from(args: tuple[str, ...]) -> list[str]:
+    """The PLANNED keys the user gave with a value the plan used (a bad one stays for
+    train_entry's check to name)."""
+    precision = entry_check.entry_flag(args, "train.precision")
+    used = {"train.precision": precision in PRECISIONS}
+    used |= {key: _entry_int(args, key) is not None for key in PLANNED[1:]}
+    return [key for key in PLANNED if used[key]]
+
+
+def _entry_int(args: tuple[str, ...], key: str) -> int | None:
+    """An integer train_entry flag the plan should use (`--train.micro_batch 4`); None when
+    absent or not a number (train_entry's own check names it)."""
+    text = entry_check.entry_flag(args, key)
+    return int(text) if text is not None and text.isdigit() and int(text) > 0 else None
+
+
 def plan(profile: ResolvedProfile, o: JobOptions) -> Recommendation:
     """The strategy of --strategy auto (hpctrain.plan.recommend); UserError when nothing fits."""
     rec = planned(profile, o).recommendation
@@ -172,23 +252,32 @@ def planned(profile: ResolvedProfile, o: JobOptions) -> Plan:
             "--strategy auto needs hpctrain.plan, which is not available in this install; "
             "choose --strategy ddp, fsdp or deepspeed"
         ) from None
-    if o.params is None and o.plan_model is None:
+    ours = not (o.script or o.module)
+    model = o.plan_model
+    if model is None and o.params is None and ours:  # train_entry's own `--model pkg.mod:fn`
+        model = entry_check.entry_flag(o.args, "model")
+    if o.params is None and model is None:
         raise UserError(
             "--strategy auto needs the model size: add --params N (parameter count) or "
             "--model pkg.mod:factory"
         )
     source = profile.source
+    # what the user gave train_entry is what the plan estimates (bf16 unless told otherwise)
+    precision = entry_check.entry_flag(o.args, "train.precision") if ours else None
     result = make_plan(
         workload(
             params=o.params,
-            model=o.plan_model,
-            precision="bf16",
+            model=model,
+            precision=precision if precision in PRECISIONS else "bf16",
+            micro_batch=_entry_int(o.args, "train.micro_batch") if ours else None,
+            global_batch=_entry_int(o.args, "train.global_batch") if ours else None,
             optimizer="adamw",
             nodes=o.nodes or 1,
             gpus=o.gpus or (profile.slurm.gpus_per_node or 1),
             # from the resolved profile, so `--set slurm.KEY=V` counts
             gpu_mem_gib=profile.slurm.gpu_mem_gib,
             domain=profile.slurm.gpus_per_domain,
+            inter_gbps=profile.preflight.expected_busbw_gbps,
             profile=str(source) if source else profile.name,
         )
     )
@@ -223,6 +312,7 @@ def snapshots(p: Prepared) -> SnapshotPlan | None:
         tp=r["tp"] if r else rec.tp if rec else 1,
         pp=r["pp"] if r else rec.pp if rec else 1,
         node_mem_bytes=None if mem is None else int(mem * GIB),
+        gpu_mem_bytes=int(slurm.gpu_mem_gib * GIB) if slurm.gpu_mem_gib else None,
         every_steps=r["snapshot_every"] if r else None,
         budget=r["snapshot_budget"] if r else DEFAULT_BUDGET,
     )

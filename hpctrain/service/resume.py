@@ -22,7 +22,7 @@ from hpctrain.kernel.checkpoint import newest_verified
 from hpctrain.kernel.errors import UserError, ValidationError
 from hpctrain.profiles import schema
 from hpctrain.render.script import render
-from hpctrain.runs import sweepdir
+from hpctrain.runs import progress, sweepdir
 from hpctrain.runs.folder import RunDir, copy_aside
 from hpctrain.service import points, sweep
 from hpctrain.service.submit import resubmit
@@ -151,7 +151,7 @@ def _check_steps(
     done = ckpt.step if ckpt else None
     if current == states.COMPLETED and (new is None or (old is not None and new <= old)):
         raise UserError(
-            f"{r.name} is COMPLETED ({'step ' + str(done) if ckpt else 'no checkpoint'}); "
+            f"{r.name} is COMPLETED ({_where(r, ckpt)}); "
             f"nothing to resume. To train further pass --max-steps N with N > "
             f"{old if old is not None else 'the steps done'}; to start over use "
             "`hpctrain submit --replace-finished`"
@@ -163,6 +163,18 @@ def _check_steps(
                 f"--max-steps {new} is fewer than the {floor} steps the run was set to "
                 "(or has done); resume can only add steps"
             )
+
+
+def _where(r: RunDir, ckpt: Checkpoint | None) -> str:
+    """Where a finished run ended: its last step from metrics (what it trained), and its newest
+    checkpoint when that is older (a script that saves only on a stop: issue 34)."""
+    prog = progress.snapshot(r)
+    step = ckpt.step if ckpt and ckpt.step is not None else None
+    saved = f"newest checkpoint step {step}" if step is not None else "no checkpoint"
+    if prog is None:
+        return f"step {step}" if step is not None else saved
+    reached = f"step {prog.step}" + (f"/{prog.total}" if prog.total else "")
+    return reached if step == prog.step else f"{reached}; {saved}"
 
 
 def _check_nodes(

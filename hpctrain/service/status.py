@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +13,7 @@ from hpctrain import dispatch
 from hpctrain.kernel import layout, states
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.rundir import UnsafeRun
-from hpctrain.runs import in_job, spares, sweepdir
+from hpctrain.runs import in_job, phase, spares, sweepdir
 from hpctrain.runs.cause import Cause, root_cause
 from hpctrain.runs.folder import TERMINAL, find_run
 from hpctrain.runs.in_job import InJob
@@ -36,6 +37,8 @@ class Summary:
 
     name: str
     state: str
+    """The scheduler's state, or what the run folder knows sooner (hpctrain/runs/phase.py):
+    PREEMPTED while the job still runs after a save and exit 75, REQUEUED until it starts again."""
     job_id: str | None
     scheduler: str | None
     profile: str | None
@@ -46,13 +49,18 @@ class Summary:
     mesh: str | None
     """The layout of the newest start, as train_entry wrote it ("dp 2 x tp 2")."""
     restarts: int
-    """Starts of the script beyond one per submission (requeues)."""
+    """Training started again after it stopped (a requeue, from its event on, or a resume); the
+    count `report` shows too (hpctrain/runs/phase.py)."""
     starts: int
     checkpoint_step: int | None
     created: str | None
     path: str
     reason: str | None
     """Why it failed (or, BROKEN, why its folder cannot be read)."""
+    scheduler_state: str | None = None
+    """The scheduler's own state (differs from `state` while it has not caught up)."""
+    phase: str | None = None
+    """Why `state` differs from the scheduler's, in one line (None: it does not)."""
 
     def to_json(self) -> dict[str, object]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(Summary)}
@@ -122,12 +130,17 @@ def summary(run: RunDir) -> Summary:
 def _read_summary(run: RunDir) -> Summary:
     run.check_safe()
     rec = run.record()
-    starts = len(run.restarts())
+    starts = run.restarts()
     state = dispatch.state(run)
+    snap = snapshot(run) if state in states.LIVE else None
+    seen = time.time() - snap.age_s if snap is not None and snap.age_s is not None else None
+    now = phase.of(run, state, last_metric_time=seen)
     mesh = (layout.read_mesh(run.path) or {}).get("mesh")
     return Summary(
         name=run.name,
-        state=state,
+        state=now.state,
+        scheduler_state=state,
+        phase=now.note,
         job_id=run.last_job_id(),
         scheduler=rec.scheduler,
         profile=rec.profile_name,
@@ -135,8 +148,8 @@ def _read_summary(run: RunDir) -> Summary:
         gpus_per_node=rec.gpus,
         strategy=rec.strategy if rec.entry_kind == "train_entry" else rec.entry_kind,
         mesh=mesh if isinstance(mesh, str) else None,
-        restarts=max(0, starts - len(run.jobs())),
-        starts=starts,
+        restarts=phase.restarts(starts, run.jobs(), run.events()),
+        starts=len(starts),
         checkpoint_step=run.newest_checkpoint_step(),
         created=rec.created,
         path=str(run.path),
@@ -157,7 +170,7 @@ def detail(r: RunDir) -> Detail:
         from hpctrain.dispatch.slurm import chain_states  # lazy: CLI start-up: Slurm runs only
 
         segments = chain_states(r)
-    cause = root_cause(r.path) if row.state not in _NOT_FAILED else None
+    cause = root_cause(r.path) if row.scheduler_state not in _NOT_FAILED else None
     if cause is not None and not row.reason:
         # the first line of `status`: which rank failed first, and how
         row = dataclasses.replace(row, reason=cause.line)

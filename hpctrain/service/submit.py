@@ -40,6 +40,7 @@ class Submitted:
     run_path: Path
     profile: str
     time_min: int
+    scheduler: str = ""  # slurm | local
     dry_run: bool = False
     script_lines: int = 0
     moved_aside: Path | None = None
@@ -49,6 +50,25 @@ class Submitted:
     total_steps: int | None = None
     recovery: str = ""  # what a failure during training leads to
     snapshots: str = ""  # dry run: the in-memory snapshots' memory (hpctrain/plan/snapshots.py)
+
+    def to_json(self) -> dict[str, object]:
+        """`submit --json` (documented in its --help): what a script needs to follow the run."""
+        return {
+            "name": self.name,
+            "run_dir": str(self.run_path),
+            "job_id": self.job_id,
+            "job_ids": self.job_id.split(" -> ") if self.job_id else [],
+            "profile": self.profile,
+            "scheduler": self.scheduler,
+            "where": self.where,
+            "topology": self.topology,
+            "entry": self.entry,
+            "time_min": self.time_min,
+            "total_steps": self.total_steps,
+            "chain": self.chain,
+            "moved_aside": str(self.moved_aside) if self.moved_aside else None,
+            "dry_run": self.dry_run,
+        }
 
 
 def recovery(profile: ResolvedProfile) -> str:
@@ -102,6 +122,7 @@ def submit(o: JobOptions, profile: ResolvedProfile) -> tuple[Submitted, RunDir]:
         run_path=run.path,
         profile=profile.name,
         time_min=req.time_min,
+        scheduler=profile.scheduler,
         dry_run=dry_run,
         script_lines=len(p.script.splitlines()),
         max_time_min=profile.slurm.max_time_min,

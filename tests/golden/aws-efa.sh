@@ -108,7 +108,7 @@ export OMP_NUM_THREADS="24"
 export PYTHONUNBUFFERED="1"
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="3"
 export TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC="600"
-export HPCTRAIN_PYTHON=/opt/hpctrain/bin/python
+export HPCTRAIN_PYTHON="python"
 
 # The per-node command: each srun task (or simulated node) runs it in its own bash, with the entry's
 # argv as "$@": one task per node (launcher torchrun) or one per GPU (launcher srun). Everything
@@ -118,6 +118,9 @@ hpctrain_node_cmd='
 node=${HPCTRAIN_NODEID:-${SLURM_NODEID:-0}}
 export HPCTRAIN_NODEID=$node
 exec >>"$HPCTRAIN_RUN_DIR/logs/node-$node.log" 2>&1
+hpctrain_task_fail() { echo "hpctrain: error: $* (node $node, $(hostname))"; exit 2; }
+# shellcheck source=/dev/null
+source "/fsx/hpctrain/venv"/bin/activate || hpctrain_task_fail "cannot activate the profile'\''s virtual environment"
 ifnames=${GLOO_SOCKET_IFNAME:-}
 for ifname in ${ifnames//,/ }; do
   if [ ! -e "/sys/class/net/$ifname" ]; then
@@ -166,9 +169,15 @@ hpctrain_wait() {  # PID...: wait for all, through trapped signals; hpctrain_rc 
       fatal=1  # an error that repeats: stop the step now, before a restart trains into it again
       kill -TERM "$@" 2>/dev/null
     fi
-    # A rank left 75, the stop's checkpoint committed (kernel/fatal.left_preempted): a second later
-    # end the step, or torchrun starts every worker again only for each to leave 75 too.
-    if [ "$saved" = 1 ]; then saved=2; kill -TERM "$@" 2>/dev/null; fi
+    # A rank left 75, the stop's checkpoint committed (kernel/fatal.left_preempted): each node's
+    # torchrun then leaves by itself before it would start its workers again, and before any store
+    # call that could wait 60 s on a node already gone (launchers/rdzv.py Guarded; ending the step
+    # a second after the save raced that wait: 68-71 s from the save to the requeue). 3 s later, a
+    # TERM for one still there (a worker that did not leave): torchrun then stops its workers.
+    if [ "$saved" -gt 0 ] && [ "$saved" -lt 4 ]; then
+      saved=$((saved + 1))
+      if [ "$saved" = 4 ]; then kill -TERM "$@" 2>/dev/null; fi
+    fi
     if [ "$saved" = 0 ] && [ "$preempted" = 1 ] && [ -e "$HPCTRAIN_RUN_DIR/PREEMPTED" ]; then
       saved=1
       echo "hpctrain: a rank left 75 after the stop's checkpoint: ending the step (no in-job restart)"
@@ -270,7 +279,7 @@ while :; do
   if [ -n "$hpctrain_nodes" ]; then hpctrain_launch+=(--nodelist="$hpctrain_nodes"); fi  # the gate's healthy nodes
   hpctrain_launch+=(--cpus-per-task=192)
   hpctrain_launch+=(--cpu-bind=none)
-  hpctrain_launch+=(--container-image="nvcr.io#nvidia/pytorch:24.05-py3" --container-mounts="/fsx:/fsx,/opt/amazon/efa:/opt/amazon/efa:ro,/scratch/runs/golden:/scratch/runs/golden" --container-writable)  # environment.container (pyxis)
+  hpctrain_launch+=(--container-image="nvcr.io#nvidia/pytorch:25.06-py3" --container-mounts="/fsx:/fsx,/opt/amazon/efa:/opt/amazon/efa:ro,/scratch/runs/golden:/scratch/runs/golden" --container-writable)  # environment.container (pyxis)
   "${hpctrain_launch[@]}" bash -c "$hpctrain_node_cmd" hpctrain-node "${hpctrain_entry[@]}" &
   hpctrain_node_pids=("$!")
   hpctrain_wait "${hpctrain_node_pids[@]}"  # torchrun restarts its workers itself (--max-restarts)

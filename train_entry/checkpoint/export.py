@@ -225,9 +225,13 @@ def export(
     dtype: str | None,
     max_shard: int,
     config: Mapping[str, object] | None,
+    mask: int | None = None,
 ) -> dict[str, object]:
     """Write the weights of the checkpoint `folder` into the new folder `out` (see the module
-    docstring); the summary: files, index, tensors, bytes, huggingface, skipped."""
+    docstring); the summary: files, index, tensors, bytes, huggingface, skipped. Every file and
+    folder it makes gets one mode (_modes): 0666 / 0777 less `mask` (the run folder's, from its
+    storage.share, when `out` lies in it), else less this process's umask; never world-writable."""
+    mask = _mask(mask)
     with quiet(f"reading the checkpoint {folder}"):
         src = weights(folder, manifest)
     cast = DTYPES[dtype] if dtype else None
@@ -245,7 +249,7 @@ def export(
     world = manifest.get("world_size")
     hf = hf_model(config, world if isinstance(world, int) and world else 1)
     meta = {"format": "pt"}  # what transformers checks in a safetensors header
-    staging = _staging(out)
+    staging = _staging(out, mask)
     try:
         weight_map: dict[str, str] = {}
         for shard, fname in zip(shards, names, strict=True):
@@ -264,8 +268,8 @@ def export(
             if gen is not None and hf.can_generate():
                 with contextlib.suppress(Exception):  # an unusual one is not worth failing for
                     gen.save_pretrained(staging)
-        for path in staging.iterdir():
-            _not_world_writable(path)
+        for path in staging.iterdir():  # safetensors writes 0600, torch.save and json 0666 - umask
+            _one_mode(path, mask)
         fd = os.open(staging, os.O_RDONLY)
         try:
             os.fsync(fd)
@@ -293,16 +297,28 @@ def export(
     }
 
 
-def _not_world_writable(path: Path) -> None:
-    """Keep the mode the umask gave, less write access for every account."""
+def _mask(given: int | None) -> int:
+    """The export's one rule for modes: `given` (a run folder's umask), else this process's
+    umask; either way no write access for every account."""
+    if given is None:
+        given = os.umask(0o022)  # reading the umask sets it: put it back at once
+        os.umask(given)
+    return given | 0o002
+
+
+def _one_mode(path: Path, mask: int) -> None:
+    """A file 0666 & ~mask, a folder 0777 & ~mask (setgid kept); a symlink is left alone."""
     mode = path.lstat().st_mode
-    if mode & 0o002 and not stat.S_ISLNK(mode):
-        os.chmod(path, stat.S_IMODE(mode) & ~0o002)
+    if stat.S_ISLNK(mode):
+        return
+    want = (0o777 if stat.S_ISDIR(mode) else 0o666) & ~mask
+    if stat.S_IMODE(mode) & 0o777 != want:
+        os.chmod(path, want | (stat.S_IMODE(mode) & stat.S_ISGID))
 
 
-def _staging(out: Path) -> Path:
+def _staging(out: Path, mask: int) -> Path:
     """The hidden folder beside `out` the files are written into, and any missing folder above
-    it; none of them writable by every account."""
+    it; each with the export's mode (_one_mode)."""
     name = f".{out.name}.partial-{os.getpid()}"
     if len(os.fsencode(name)) > 255:  # a long --out: the staging name must fit the same folder
         name = f".hpctrain-export.partial-{os.getpid()}"
@@ -310,7 +326,7 @@ def _staging(out: Path) -> Path:
         missing = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
         for path in [*reversed(missing), out.parent / name]:
             path.mkdir()
-            _not_world_writable(path)
+            _one_mode(path, mask)
     except OSError as exc:
         raise UserError(
             f"--out {out}: cannot create {exc.filename or out.parent} ({exc.strerror or exc}); "

@@ -11,7 +11,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError as PydanticError
 
-from hpctrain.kernel import jobenv, mesh
+from hpctrain.kernel import jobenv, mesh, strategies
 from hpctrain.kernel.errors import Problem, UserError, ValidationError
 from hpctrain.kernel.yamlsafe import read_yaml
 from train_entry.config.models import TrainConfig, all_keys
@@ -146,6 +146,10 @@ def load_config(
         raise ValidationError(problems) from None
     if problems:
         raise ValidationError(problems)
+    if "strategy" not in cfg.model_fields_set and (cfg.parallel.tp > 1 or cfg.parallel.pp > 1):
+        # a layout with the strategy left at its default: the mesh's data-parallel dimension
+        # (ddp does not compose with tp/pp); an explicit ddp stays an error with its fix
+        cfg.strategy = strategies.MESH
     problems = _cross_checks(cfg, origins)
     if world is not None:
         try:

@@ -32,13 +32,21 @@ class Strict(BaseModel):
 
 
 # sbatch/srun options that hpctrain writes itself: a profile may not set them.
+TASK_TRES = (
+    "hpctrain requests the GPUs and CPUs itself: per node slurm.gpus_per_node (slurm.gpu_type "
+    "for the kind), per task launch.task_gpus (launcher srun) and slurm.cpus_per_task"
+)
 SBATCH_OWNED = {
     "nodes": "the node count comes from `--nodes` on the command line",
     "ntasks": "the launcher decides the tasks (launch.launcher)",
     "ntasks-per-node": "the launcher decides the tasks per node (launch.launcher)",
     "gpus": "GPUs come from slurm.gpus_per_node and slurm.gpu_request",
     "gpus-per-node": "GPUs come from slurm.gpus_per_node and slurm.gpu_request",
-    "gpus-per-task": "set launch.task_gpus (launcher srun)",
+    "gpus-per-task": TASK_TRES,
+    # the same requests in Slurm's generic form (`--tres-per-task=gres/gpu:1`, Slurm >= 21.08) or
+    # per socket: refused like --gpus-per-task, or a second GPU request would contradict the first
+    "tres-per-task": TASK_TRES,
+    "gpus-per-socket": "GPUs come from slurm.gpus_per_node and slurm.gpu_request",
     "gres": "GPUs come from slurm.gpus_per_node with slurm.gpu_request: gres",
     "signal": "set preemption.signal and preemption.warning_s",
     "requeue": "set preemption.requeue",
@@ -73,6 +81,8 @@ SRUN_OWNED = {
             "gpus",
             "gpus-per-node",
             "gpus-per-task",
+            "tres-per-task",
+            "gpus-per-socket",
             "gres",
             "output",
             "error",

@@ -195,6 +195,13 @@ class Environment(Strict):
         "`unload A`, `use PATH`, `purge`, `reset`. A failed one stops the job with a "
         "message naming it.",
     )
+    login_shell: bool = Field(
+        False,
+        description="Read /etc/profile in the batch shell first, as a login shell would (`bash -l`), "
+        "before setup and the modules: a site whose `module` command comes from its login "
+        "profile (PDC Dardel). Wrapped in `set +u ... set -u` (profile scripts read unset "
+        "variables); a missing /etc/profile stops the job naming this key.",
+    )
     setup: list[ShellLine] = Field(
         default_factory=list,
         description="Admin shell lines run in the batch shell before the modules (`ulimit -c 0`, a "

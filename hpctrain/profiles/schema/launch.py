@@ -176,11 +176,17 @@ class Rendezvous(Strict):
 class Preemption(Strict):
     """How a job is warned before it is stopped, and what happens next."""
 
-    signal: Literal["USR2", "USR1", "HUP", "INT", "URG"] = Field(
+    signal: Literal["USR2", "USR1", "HUP", "INT", "URG", "TERM"] = Field(
         "USR2",
         description="Signal sent to the batch shell `warning_s` seconds before the end "
         "(`--signal=B:SIG@warning_s`). USR1 is accepted but NCCL may catch it; prefer USR2. "
-        "TERM is reserved for cancel.",
+        "`TERM`: the site preempts with SIGTERM and a grace time, no warning signal (NCSA "
+        "Delta's preempt partitions: SIGTERM, SIGKILL 300 s later; Slurm's `PreemptMode=REQUEUE` "
+        "with `GraceTime`): a TERM, to the batch shell or to the tasks, is a preemption, the run "
+        "saves and is requeued; `hpctrain cancel` still ends it CANCELLED (it marks the run "
+        "first), a plain `scancel` too (Slurm no longer runs the job: no requeue). Under "
+        "launcher torchrun the save must fit torchrun's 30 s between its TERM and KILL to the "
+        "workers. Otherwise TERM means cancel.",
     )
     warning_s: int = Field(
         120, ge=0, le=65535, description="Seconds of warning before the time limit."
@@ -218,10 +224,10 @@ class Preemption(Strict):
         if not isinstance(v, str):
             return v
         v = v.upper().removeprefix("SIG")
-        if v in ("TERM", "KILL", "STOP", "CONT"):
+        if v in ("KILL", "STOP", "CONT"):
             raise ValueError(
-                f"{v} cannot be the preemption warning: Slurm and scancel send TERM "
-                "and KILL to stop a job, and STOP/CONT suspend it; fix: use USR2 "
-                "(the default)"
+                f"{v} cannot be the preemption warning: Slurm sends KILL to end a job (it "
+                "cannot be caught), and STOP/CONT suspend it; fix: use USR2 (the default), or "
+                "TERM where the site preempts with SIGTERM and a grace time"
             )
         return v

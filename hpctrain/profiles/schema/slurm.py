@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal
 
 from pydantic import Field, field_validator
@@ -15,6 +16,9 @@ from hpctrain.profiles.schema.base import (
     Strict,
     number_as_text,
 )
+
+# A GRES type name (gres.conf `Type=`): what sits between `gpu:` and the count in `gpu:A100:4`.
+GRES_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 
 
 class Slurm(Strict):
@@ -47,6 +51,13 @@ class Slurm(Strict):
         "`parallel.tp`). null: gpus_per_node (the node is the domain). Set it below "
         "gpus_per_node for nodes with two NVLink islands (e.g. 4 of 8); a multi-node domain "
         "(GB200 NVL72: 72) is accepted but tensor parallel still stays inside a node.",
+    )
+    gpu_type: str | None = Field(
+        None,
+        description="The GPU type, as the site's Slurm names it (its GRES type: `A100`, `gh200`, "
+        "`a100_3g.20gb`): `--gpus-per-node=A100:4` with gpu_request gpus-per-node, "
+        "`--gres=gpu:A100:4` with gres. Picks one kind of node in a partition that mixes them "
+        "(`submit --gpu-type` overrides it). Null: any GPU the partition has.",
     )
     gpu_vendor: Literal["nvidia", "amd"] = Field(
         "nvidia",
@@ -91,8 +102,9 @@ class Slurm(Strict):
     extra_sbatch: list[SbatchOption] = Field(
         default_factory=list,
         description="Extra `#SBATCH` directives, each `--key` or `--key=value`. Directives hpctrain "
-        "writes itself (--nodes, --ntasks*, --gpus*, --gres, --signal, --requeue, --output, "
-        "--open-mode, --job-name, --time, ...) and those with their own key are refused.",
+        "writes itself (--nodes, --ntasks*, --gpus*, --gres, --tres-per-task, --signal, --requeue, "
+        "--output, --open-mode, --job-name, --time, ...) and those with their own key are refused "
+        "(`--tres-per-task=gres/gpu:1` too, as `--gpus-per-task`: one GPU request per job).",
     )
     single_node_sbatch: list[SbatchOption] = Field(
         default_factory=list,
@@ -132,6 +144,16 @@ class Slurm(Strict):
             raise ValueError(f"{v!r} is not a Slurm name; fix: use letters, digits and _.,:+- only")
         return v
 
+    @field_validator("gpu_type")
+    @classmethod
+    def _gpu_type(cls, v: str | None) -> str | None:
+        if v is not None and not GRES_TYPE.match(v):
+            raise ValueError(
+                f"{v!r} is not a Slurm GPU type; fix: the type as `sinfo -o %G` shows it after "
+                "`gpu:` (e.g. A100, gh200, a100_3g.20gb): letters, digits and _.- only"
+            )
+        return v
+
     @field_validator("constraint")
     @classmethod
     def _constraint(cls, v: str | None) -> str | None:
@@ -142,7 +164,7 @@ class Slurm(Strict):
             )
         return v
 
-    @field_validator("mem", "mem_per_gpu", mode="before")
+    @field_validator("mem", "mem_per_gpu", "gpu_type", mode="before")
     @classmethod
     def _mem_number(cls, v: object) -> object:
         return number_as_text(v)
@@ -197,6 +219,20 @@ class Slurm(Strict):
                 (
                     "mem_per_gpu",
                     "mem_per_gpu is set but gpus_per_node is 0; fix: use mem for CPU-only nodes",
+                )
+            )
+        if self.gpu_type is not None and (self.gpu_request == "none" or not g):
+            out.append(
+                (
+                    "gpu_type",
+                    f"gpu_type {self.gpu_type} names the GPUs of a request, but "
+                    + (
+                        "gpu_request is none (no GPUs are asked for by name)"
+                        if g
+                        else "gpus_per_node is 0"
+                    )
+                    + "; fix: use gpu_request gpus-per-node or gres, or remove gpu_type "
+                    "(or pick the nodes with slurm.constraint)",
                 )
             )
         if self.max_time_min is not None and self.default_time_min > self.max_time_min:

@@ -159,9 +159,15 @@ hpctrain_wait() {  # PID...: wait for all, through trapped signals; hpctrain_rc 
       fatal=1  # an error that repeats: stop the step now, before a restart trains into it again
       kill -TERM "$@" 2>/dev/null
     fi
-    # A rank left 75, the stop's checkpoint committed (kernel/fatal.left_preempted): a second later
-    # end the step, or torchrun starts every worker again only for each to leave 75 too.
-    if [ "$saved" = 1 ]; then saved=2; kill -TERM "$@" 2>/dev/null; fi
+    # A rank left 75, the stop's checkpoint committed (kernel/fatal.left_preempted): each node's
+    # torchrun then leaves by itself before it would start its workers again, and before any store
+    # call that could wait 60 s on a node already gone (launchers/rdzv.py Guarded; ending the step
+    # a second after the save raced that wait: 68-71 s from the save to the requeue). 3 s later, a
+    # TERM for one still there (a worker that did not leave): torchrun then stops its workers.
+    if [ "$saved" -gt 0 ] && [ "$saved" -lt 4 ]; then
+      saved=$((saved + 1))
+      if [ "$saved" = 4 ]; then kill -TERM "$@" 2>/dev/null; fi
+    fi
     if [ "$saved" = 0 ] && [ "$preempted" = 1 ] && [ -e "$HPCTRAIN_RUN_DIR/PREEMPTED" ]; then
       saved=1
       echo "hpctrain: a rank left 75 after the stop's checkpoint: ending the step (no in-job restart)"
