@@ -108,7 +108,7 @@ def test_scontrol_requeue_reruns_with_restart_count(slurm_cluster, tmp_path):
     _wait_file(tmp_path / "starts.txt", 60)
     out = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    # cred_expire=10 on this cluster: the rerun starts about 10 s later.
+    # cred_expire=5 on this cluster: the rerun starts about 6 s later.
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and len(_lines(tmp_path / "starts.txt")) < 2:
         time.sleep(0.5)
