@@ -258,3 +258,16 @@ def test_the_recipe_survives_a_killed_rank_of_4_redoing_one_interval_at_most(ref
     assert not [e for e in lines(run / layout.EVENTS) if e["event"] == "requeue"]
     assert final_hash(run) == ref
     assert not snapshot.run_folder(run).exists()
+
+
+def test_resume_keeps_the_runs_node_range_and_excluded_nodes() -> None:
+    """`hpctrain resume` built a new request field by field and dropped --min-nodes/--exclude."""
+    from hpctrain.jobs.request import JobRequest
+
+    req = JobRequest(name="r", nodes=4, gpus=2, time_min=60, min_nodes=2, exclude=("n7",))
+    same = resume.resumed(req, nodes=4, time_min=90, args=("--max-steps", "9"))
+    assert (same.min_nodes, same.exclude, same.time_min, same.args) == (
+        2, ("n7",), 90, ("--max-steps", "9"),
+    )  # fmt: skip
+    fewer = resume.resumed(req, nodes=2, time_min=60, args=())
+    assert (fewer.nodes, fewer.min_nodes, fewer.exclude) == (2, None, ("n7",))

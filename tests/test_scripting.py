@@ -140,6 +140,7 @@ def test_profile_names_complete(tmp_path, monkeypatch):
     got = complete(tmp_path, monkeypatch, "hpctrain submit --profile lo")
     assert got == ["local", "loopback", "lovelace"]
     assert complete(tmp_path, monkeypatch, "hpctrain doctor --profile loc") == ["local"]
+    assert complete(tmp_path, monkeypatch, "hpctrain plan --profile loc") == ["local"]
     assert complete(tmp_path, monkeypatch, "hpctrain profiles show loo") == ["loopback"]
 
 

@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from hpctrain.cli.complete import profile_names
 from hpctrain.cli.types import Count
 from hpctrain.cli.types import flag_of as _flag
 from hpctrain.kernel.errors import UserError
@@ -52,7 +53,11 @@ class Gib(click.ParamType):  # type: ignore[type-arg]  # as Count
     type=Gib(),
     help="Memory per GPU (default: the profile's slurm.gpu_mem_gib).",
 )
-@click.option("--profile", help="Site profile to read GPU (and host) memory from.")
+@click.option(
+    "--profile",
+    help="Site profile to read GPU (and host) memory from.",
+    shell_complete=profile_names,
+)
 @click.option(
     "--host-mem-gib",
     type=Gib(),

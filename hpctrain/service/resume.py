@@ -122,13 +122,10 @@ def plan(
     if nodes is not None and nodes != req.nodes:
         _check_nodes(r, req, ckpt, nodes=nodes, args=args, warn=warn)
         changes["nodes"] = nodes
-    new = JobRequest(
-        name=req.name,
+    new = resumed(
+        req,
         nodes=nodes if nodes is not None and "nodes" in changes else req.nodes,
-        gpus=req.gpus,
         time_min=time_min if time_min is not None and "time_min" in changes else req.time_min,
-        strategy=req.strategy,
-        entry=req.entry,
         args=tuple(new_args),
     )
     problems = new.problems(profile)
@@ -142,6 +139,13 @@ def plan(
         profile=profile,
         request=new,
     )
+
+
+def resumed(req: JobRequest, *, nodes: int, time_min: int, args: tuple[str, ...]) -> JobRequest:
+    """The run's own request with what resume changes; --min-nodes and --exclude kept (a node
+    range ends at the new count)."""
+    low = req.min_nodes if req.min_nodes is not None and req.min_nodes < nodes else None
+    return dataclasses.replace(req, nodes=nodes, time_min=time_min, args=args, min_nodes=low)
 
 
 def _check_steps(
