@@ -24,6 +24,7 @@ a version gate or a public fallback where torch offers one. The compatibility la
 from __future__ import annotations
 
 import pathlib
+from typing import TYPE_CHECKING
 
 import torch
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
@@ -32,11 +33,14 @@ from torch.distributed.checkpoint import metadata as md
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner as DefaultSavePlanner
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.filesystem import FileSystemReader as FileSystemReader
-from torch.distributed.checkpoint.filesystem import FileSystemWriter, _StorageInfo
+from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.distributed.checkpoint.storage import StorageReader
 
 from hpctrain.kernel.support import release
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
 
 TORCH = release(torch.__version__)
 
@@ -58,6 +62,10 @@ dcp_load = state_dict_loader.load  # torch.distributed.checkpoint.load
 def storage_info(relative_path: str, offset: int, length: int) -> _StorageInfo:
     """DCP's record of where one item lies (file, offset, length): FileSystemReader reads it from
     the metadata's storage_data. A private dataclass in every release (2.7 .. 2.14), same fields."""
+    # lazy: a torch that moved this private name fails each save with the ImportError, so the run
+    # ends at its first save naming it (tests/test_compat.py), not at every start
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+
     return _StorageInfo(relative_path, offset, length)
 
 
