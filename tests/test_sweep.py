@@ -142,8 +142,8 @@ def test_local_sweep_one_point_at_a_time_cancel_and_resume_by_sweep_name(hp):
         "optim.lr=1e-3,3e-3",
         "--",
         *TINY,
-        "--max-steps=24",
-        "--checkpoint-every=4",
+        "--max-steps=96",  # ~2 s of training: room for the cancel to land mid-run
+        "--checkpoint-every=32",
     )
     assert "2 points on this machine, 1 at a time" in out.stdout, out.stdout
     sweep = hp.root / "runs" / "loc"
@@ -153,9 +153,21 @@ def test_local_sweep_one_point_at_a_time_cancel_and_resume_by_sweep_name(hp):
         return json.loads(hp("status", "loc", "--json").stdout)
 
     try:
-        until("point 0 trains", lambda: len(lines(first / "metrics.jsonl")) >= 2, 120)
-        out = hp("cancel", "loc")  # the runner stops; the running point saves and stops
-        assert "sweep loc: 1 point(s) cancelled" in out.stdout, out.stdout
+        deadline = time.monotonic() + 120
+        while len(lines(first / "metrics.jsonl")) < 2:  # polled fast: the point trains ~2 s
+            assert time.monotonic() < deadline, "point 0 never trained"
+            time.sleep(0.02)
+        # the runner stops; the running point saves and stops. Its ranks are held until the
+        # batch shell has the cancel (a fresh-clone CI run once saw point 0 finish first)
+        with held(first):
+            cancel = subprocess.Popen(
+                [*HPCTRAIN, "cancel", "loc"], cwd=hp.root, env=hp.env, text=True,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )  # fmt: skip
+            until("the cancel reaches point 0", lambda: (first / "STOP").exists(), 60)
+        said, err = cancel.communicate(timeout=120)
+        assert cancel.returncode == 0, err
+        assert "sweep loc: 1 point(s) cancelled" in said, said
         rows = until(
             "point 0 ends", lambda: (t := status())["points"][0]["state"] != "RUNNING" and t, 90
         )["points"]
@@ -178,13 +190,13 @@ def test_local_sweep_one_point_at_a_time_cancel_and_resume_by_sweep_name(hp):
     assert rows[0]["final_loss"] != rows[1]["final_loss"]  # the grid reached the entry
     assert (first / "run.yaml").is_file() and (second / "job.sh").is_file()  # each its own
     # point 0 resumed from the checkpoint its cancel saved; point 1 started after it was done
-    starts = re.findall(r"step (\d+)/24\n", (first / "train.log").read_text())
+    starts = re.findall(r"step (\d+)/96\n", (first / "train.log").read_text())
     assert len(starts) == 2 and starts[0] == "0" and int(starts[1]) > 0, starts
     done = [e["time"] for e in lines(first / "events.jsonl") if e["event"] == "done"]
     assert done and lines(second / "restarts.jsonl")[0]["time"] >= done[-1]
     table = hp("runs").stdout
     assert re.search(r"sweep loc .*\n.*\n.*\n0\s+0-optim\.lr=1e-3\s+COMPLETED", table), table
-    assert "done: 24 steps" in hp("logs", "loc/1", "--rank", "0").stdout
+    assert "done: 96 steps" in hp("logs", "loc/1", "--rank", "0").stdout
     report = json.loads(hp("report", "loc", "--json").stdout)
     assert [p["final_loss"] for p in report["points"]] == [r["final_loss"] for r in rows]
 
