@@ -12,8 +12,6 @@ next start comes that much after the requeue: 7.0 s after the save, measured qui
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 from _events import kinds
 from _hold import held
@@ -32,7 +30,8 @@ from _recipe import (
 from _recipe import reference as reference_run
 from _recipe import steps as steps_of
 from test_parallel_layouts import Home
-from test_slurm_e2e import ENDED, Runs, lines
+from test_slurm_e2e import ENDED, lines
+from test_slurm_e2e import runs as runs  # the fixture: one Runs per test, nothing left queued
 
 from hpctrain.kernel import layout, snapshot
 
@@ -42,18 +41,6 @@ SLURM_HOLD_S = 6  # a requeued job's EligibleTime after the requeue, on the test
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory) -> str:
     return reference_run(Home(tmp_path_factory.mktemp("recipe-ref")))
-
-
-@pytest.fixture
-def runs(slurm_cluster, tmp_path, request):
-    r = Runs(tmp_path)
-    yield r
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        r.dump()
-    for jobs in (tmp_path / "runs").glob("*/jobs.jsonl"):
-        for job in lines(jobs):
-            subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
 
 
 @pytest.mark.slurm

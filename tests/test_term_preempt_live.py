@@ -19,23 +19,12 @@ import pytest
 from _events import flow
 from _hold import held
 from test_slurm_e2e import ENDED, TRAIN, Runs, lines, sacct_states, steps
+from test_slurm_e2e import runs as runs  # the fixture: one Runs per test, nothing left queued
 
 pytestmark = [pytest.mark.slurm]
 
 STEPS = 150  # ~40 ms a step here: room for two interruptions
 SMALL = [*TRAIN, "--model.d_model=64", "--model.n_layers=2", "--model.seq_len=32"]
-
-
-@pytest.fixture
-def runs(slurm_cluster, tmp_path, request):
-    r = Runs(tmp_path)
-    yield r
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        r.dump()
-    for jobs in (tmp_path / "runs").glob("*/jobs.jsonl"):
-        for job in lines(jobs):
-            subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
 
 
 def interrupt(runs: Runs, run, after: int, command: list[str]) -> None:

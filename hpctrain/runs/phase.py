@@ -22,7 +22,6 @@ No torch, no click: reads of the run folder only.
 from __future__ import annotations
 
 import datetime as _dt
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -41,11 +40,8 @@ def timestamp(value: object) -> float | None:
         return float(value)
     if not isinstance(value, str):
         return None
-    text = value.replace("Z", "+00:00")
-    if re.search(r"[+-]\d{4}$", text):
-        text = text[:-2] + ":" + text[-2:]
     try:
-        t = _dt.datetime.fromisoformat(text)
+        t = _dt.datetime.fromisoformat(value)  # Python >= 3.11 reads 'Z' and '+0000' itself
     except ValueError:
         return None
     if t.tzinfo is None:
