@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 from _events import kinds
 from _hold import held
-from test_slurm_e2e import ENDED, Runs, lines, steps
+from test_slurm_e2e import ENDED, lines, steps
+from test_slurm_e2e import runs as runs  # the fixture: one Runs per test, nothing left queued
 
 from hpctrain.kernel import jobenv
 
@@ -32,18 +33,6 @@ STEPS = 30
 # --sleep: each step takes long enough that the preemption lands mid-run (tiny models, 2 cores)
 ARGS = ["--steps", str(STEPS), "--save-every", "10", "--sleep", "0.2"]
 PLAIN_ACCELERATE = REPO / "tests" / "scripts" / "plain_accelerate.py"
-
-
-@pytest.fixture
-def runs(slurm_cluster, tmp_path, request):
-    r = Runs(tmp_path)
-    yield r
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        r.dump()
-    for jobs in (tmp_path / "runs").glob("*/jobs.jsonl"):
-        for job in lines(jobs):
-            subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
 
 
 def _reference(name: str, folder: Path) -> subprocess.Popen:

@@ -8,28 +8,16 @@ save-and-exit-75 (or a failure) after the stop requeues. Live, for each entry ki
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 from test_slurm_e2e import ENDED, TRAIN, Runs, lines
+from test_slurm_e2e import runs as runs  # the fixture: one Runs per test, nothing left queued
 
 pytestmark = [pytest.mark.slurm]
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "tests" / "scripts"
-
-
-@pytest.fixture
-def runs(slurm_cluster, tmp_path, request):
-    r = Runs(tmp_path)
-    yield r
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        r.dump()
-    for jobs in (tmp_path / "runs").glob("*/jobs.jsonl"):
-        for job in lines(jobs):
-            subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
 
 
 def _started(runs: Runs, name: str) -> bool:

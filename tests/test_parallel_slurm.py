@@ -13,28 +13,16 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 
 import pytest
 from _events import kinds
 from _hold import frozen, ranks
 from test_parallel_layouts import BASE, LAYOUTS, final_hash, reference_run
 from test_preempt_cli import job_processes
-from test_slurm_e2e import ENDED, Runs, lines, steps
+from test_slurm_e2e import ENDED, lines, steps
+from test_slurm_e2e import runs as runs  # the fixture: one Runs per test, nothing left queued
 
 pytestmark = [pytest.mark.slurm]
-
-
-@pytest.fixture
-def runs(slurm_cluster, tmp_path, request):
-    r = Runs(tmp_path)
-    yield r
-    rep = getattr(request.node, "rep_call", None)
-    if rep is not None and rep.failed:
-        r.dump()
-    for jobs in (tmp_path / "runs").glob("*/jobs.jsonl"):
-        for job in lines(jobs):
-            subprocess.run(["scancel", str(job["job_id"])], capture_output=True, timeout=30)
 
 
 @pytest.mark.timeout(900)
