@@ -40,7 +40,7 @@ LANE_PY    ?= $(or $(shell p="$$(pyenv prefix $(LANE_PYVER) 2>/dev/null)/bin/pyt
 LANE_TESTS ?= tests/test_support.py tests/test_ckpt_writer.py tests/test_checkpoint.py \
               tests/test_faults.py tests/test_runtime.py tests/test_resume_exact.py \
               tests/test_export.py tests/test_export_mesh.py tests/test_compat.py \
-              tests/test_random_kills.py
+              tests/test_random_kills.py tests/test_resize.py
 LANE_MARKS ?= not slow or lane
 
 venv-compat: $(LANE_STAMP)

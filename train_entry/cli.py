@@ -16,7 +16,7 @@ import sys
 import traceback
 from typing import NoReturn
 
-from hpctrain.kernel import failures, fatal, jobenv
+from hpctrain.kernel import failures, fatal, hffolder, jobenv
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.errors import UserError, ValidationError
 from train_entry.config import STRATEGIES, TrainConfig, check_sizes, keys_help, load_config
@@ -104,6 +104,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, TrainConfig, int]:
         for what, spec in specs.items():
             if spec:
                 load_object(spec, what)
+        if hffolder.folder_of(cfg.model.factory):  # the folder against its config, the TP plan
+            from train_entry.pretrained.build import check  # lazy: it imports torch
+
+            check(cfg)
     if strategy_names.info(
         cfg.strategy
     ).parse_check:  # e.g. DeepSpeed's own checks, no processes yet

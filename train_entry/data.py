@@ -5,13 +5,17 @@ Position (saved in every checkpoint, world-size independent): {"epoch": e, "offs
 number of samples the whole job consumed in epoch e. Map-style data goes through
 DistributedSampler(seed, drop_last) + set_epoch(e): the epoch's order depends on (seed, e) only, rank r
 reads every world_size-th index, so skipping g // world_size indices per rank resumes exactly where the
-job stopped. Iterable data must shard itself and provide state_dict()/load_state_dict() describing the
-position after the last sample it yielded; it is read in the training process (num_workers ignored).
+job stopped. With data.record_ids every rank appends what it reads to RUN/samples/rank-N.jsonl
+(`Record`): the proof that a resume, also on another world size, skips and repeats nothing.
+Iterable data must shard itself and provide state_dict()/load_state_dict() describing the position
+after the last sample it yielded; it is read in the training process (num_workers ignored).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sized
+import json
+from collections.abc import Callable, Iterable, Iterator, Sized
+from pathlib import Path
 from typing import Protocol, cast
 
 import torch
@@ -23,7 +27,9 @@ from torch.utils.data import (
     default_collate,
 )
 
+from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
+from hpctrain.kernel.rundir import RunFolder
 from train_entry.config import TrainConfig
 from train_entry.model import call_factory, load_object
 from train_entry.state import Position
@@ -97,6 +103,33 @@ def build_dataset(config: TrainConfig, *, rank: int, world_size: int) -> Samples
     return cast(Samples, ds)
 
 
+class Record:
+    """RUN/samples/rank-N.jsonl: one line per micro-batch this rank read, {"epoch": e, "pos": [global
+    positions in the epoch's order], "ids": [dataset indices]}. The positions come from the indices
+    the DataLoader was handed (rank r's l-th is the epoch order's l * world + r), so the files of
+    every rank and every run of a job, merged (`recorded`), give the job's order at any world size."""
+
+    def __init__(self, run_dir: Path, rank: int) -> None:
+        # open for the run, one line per read (appended: every run of the job adds to it)
+        self.file = RunFolder(run_dir).open_log(f"{layout.SAMPLES}/rank-{rank}.jsonl")
+
+    def add(self, epoch: int, pos: list[int], ids: list[int]) -> None:
+        # flushed per line: a killed rank's record ends where its reading did
+        self.file.write(json.dumps({"epoch": epoch, "pos": pos, "ids": ids}) + "\n")
+        self.file.flush()
+
+
+def recorded(run_dir: Path) -> list[tuple[int, int, int]]:
+    """Every (epoch, position, sample id) of a run's record, sorted: the job's order. A position
+    read twice (a repeat) is in it twice."""
+    rows = []
+    for path in sorted((run_dir / layout.SAMPLES).glob("rank-*.jsonl")):
+        for line in path.read_text().splitlines():
+            d = json.loads(line)
+            rows += [(d["epoch"], p, i) for p, i in zip(d["pos"], d["ids"], strict=True)]
+    return sorted(rows)
+
+
 class Batches:
     """Micro-batches for this rank, forever (epoch after epoch), with `position` to save and restore."""
 
@@ -111,6 +144,7 @@ class Batches:
         shuffle: bool = True,
         collate: Callable[[list[object]], object] | None = None,
         num_workers: int = 0,
+        record: Record | None = None,
     ) -> None:
         self.ds, self.micro, self.rank, self.world = dataset, micro_batch, rank, world_size
         self.collate = collate or default_collate
@@ -132,6 +166,8 @@ class Batches:
                 )
         self.epoch, self.offset = 0, 0  # offset: samples the whole job consumed in this epoch
         self._it: Iterator[object] | None = None
+        self._order: list[int] = []  # this rank's indices of the epoch (the record reads them)
+        self.record = None if self.iterable else record  # an iterable's items carry no index
 
     @property
     def stream(self) -> Resumable:
@@ -176,13 +212,19 @@ class Batches:
             self.epoch, self.offset = self.epoch + 1, 0
             self._it = self._loader()
             batch = next(self._it)
+        if self.record is not None:
+            first = self.offset // self.world
+            local = range(first, first + self.micro)
+            pos = [i * self.world + self.rank for i in local]
+            self.record.add(self.epoch, pos, [self._order[i] for i in local])
         self.offset += self.micro * self.world
         return batch
 
     def _loader(self) -> Iterator[object]:
         self.sampler.set_epoch(self.epoch)
         skip = self.offset // self.world
-        indices = list(self.sampler)[skip:]
+        self._order = list(cast("Iterable[int]", self.sampler))
+        indices = self._order[skip:]
         return iter(
             DataLoader(
                 cast("Dataset[object]", self.ds),
@@ -195,8 +237,12 @@ class Batches:
         )
 
 
-def build_batches(config: TrainConfig, *, rank: int, world_size: int) -> Batches:
+def build_batches(
+    config: TrainConfig, *, rank: int, world_size: int, run_dir: Path | None = None
+) -> Batches:
+    """`run_dir`: where data.record_ids records (given by one rank of each data shard)."""
     dataset = build_dataset(config, rank=rank, world_size=world_size)
+    record = Record(run_dir, rank) if run_dir is not None and config.data.record_ids else None
     collate = load_object(config.data.collate, "data.collate") if config.data.collate else None
     return Batches(
         dataset,
@@ -207,6 +253,7 @@ def build_batches(config: TrainConfig, *, rank: int, world_size: int) -> Batches
         shuffle=config.data.shuffle,
         collate=collate,
         num_workers=config.data.num_workers,
+        record=record,
     )
 
 

@@ -5,6 +5,8 @@ Loss protocol for your own model (`--model pkg.module:factory`):
     `rank` and `world_size`, and returns an `nn.Module`;
   - the trainer calls `model(**batch)` when a batch is a dict (Hugging Face style), else `model(batch)`;
   - forward returns the mean loss as a scalar tensor, or an object/dict with a `loss` entry.
+`--model hf:<folder>` is a Hugging Face folder: the model is built on the meta device and loaded
+after the layout is applied (train_entry/pretrained/, docs/finetune.md).
 Blocks for FSDP sharding and activation checkpointing are the children of the model's ModuleLists,
 or the modules whose class is named by `fsdp.block_class`.
 """
@@ -21,8 +23,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from hpctrain.kernel import hffolder
 from hpctrain.kernel.errors import UserError
 from train_entry.config import TrainConfig
+from train_entry.pretrained import build as pretrained
 
 
 class Block(nn.Module):
@@ -97,7 +101,10 @@ def demo_model(config: TrainConfig) -> nn.Module:
 
 
 def load_object(spec: str, what: str) -> Callable[..., object]:
-    """'pkg.module:name' -> the object; a clear error when it is not there."""
+    """'pkg.module:name' -> the object; a clear error when it is not there. 'hf:<folder>' -> the
+    factory of a Hugging Face folder's model, on the meta device (train_entry/pretrained/)."""
+    if hffolder.folder_of(spec) is not None:
+        return pretrained.meta_model
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
         raise UserError(f"{what} '{spec}' must look like 'pkg.module:factory'")
@@ -141,6 +148,11 @@ def build_model(config: TrainConfig, *, rank: int, world_size: int) -> nn.Module
             f"not an nn.Module"
         )
     return model
+
+
+def on_meta(model: nn.Module) -> bool:
+    """Built without memory (an hf: model before its weights are loaded)."""
+    return any(p.is_meta for p in model.parameters())
 
 
 def compute_loss(model: Callable[..., object], batch: object) -> torch.Tensor:

@@ -39,6 +39,7 @@ from train_entry.metrics import GpuSampler, Metrics, profiler, rank_logger
 from train_entry.model import build_model
 from train_entry.parallel.dims import ParallelDims
 from train_entry.preempt import PREEMPTED_EXIT, StopFlag
+from train_entry.pretrained import load as pretrained
 from train_entry.state import TrainState
 from train_entry.stepsync import Boundary, StepSync
 from train_entry.strategies import wrap
@@ -250,8 +251,14 @@ class Trainer:
         dims = ParallelDims.build(cfg, rank=rank, world_size=world, device=info.device)
         model = build_model(cfg, rank=rank, world_size=world)
         n_params = sum(p.numel() for p in model.parameters())
-        batches = build_batches(cfg, rank=dims.dp_rank, world_size=dims.dp)
+        reader = dims.tp_rank == dims.pp_rank == 0  # one rank per data shard records its ids
+        run_dir = self.run_dir if reader else None
+        batches = build_batches(cfg, rank=dims.dp_rank, world_size=dims.dp, run_dir=run_dir)
+        # an hf: model (on the meta device) loads each rank's share once the layout is applied
+        load = pretrained.Loader.of(model, cfg, dims, device=info.device)
         w = wrap(model, cfg=cfg, device=info.device, grad_accum=self.accum, dims=dims)
+        if load is not None:
+            load()
         return dims, w, batches, n_params
 
     def _metrics(

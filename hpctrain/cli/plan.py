@@ -39,8 +39,9 @@ class Gib(click.ParamType):  # type: ignore[type-arg]  # as Count
 )
 @click.option(
     "--model",
-    metavar="PKG.MOD:FACTORY",
-    help="Count the parameters of this factory's model, built on the meta device.",
+    metavar="PKG.MOD:FACTORY|hf:FOLDER",
+    help="Count the parameters of this factory's model, built on the meta device; hf:FOLDER: "
+    "of a Hugging Face folder, from its safetensors headers (its width and layers too).",
 )
 @click.option("--precision", type=click.Choice(PRECISIONS), default="bf16", show_default=True)
 @click.option("--optimizer", type=click.Choice(OPTIMIZERS), default="adamw", show_default=True)

@@ -61,7 +61,7 @@ STRATEGIES: dict[str, StrategyInfo] = {
             name="deepspeed",
             summary="DeepSpeed ZeRO (its engine)",
             checkpoint="engine",
-            reshards=False,
+            reshards=True,  # another world size: its universal checkpoint (train_entry)
             async_save=False,
             parse_check=True,
             no_mesh="DeepSpeed's ZeRO engine owns the model and its partitioning and takes no "
@@ -69,9 +69,6 @@ STRATEGIES: dict[str, StrategyInfo] = {
             "parallel.tp=1 and parallel.pp=1",
             zero=True,
             master_copy=True,
-            no_shrink="DeepSpeed checkpoints load only at the world size that saved them, so a "
-            "DeepSpeed run cannot continue on fewer nodes; drop --min-nodes (a bad node is then "
-            "excluded and the job requeued)",
         ),
     )
 }

@@ -9,6 +9,7 @@ import math
 import os
 import sys
 
+from hpctrain.kernel import hffolder
 from hpctrain.kernel.errors import UserError
 from hpctrain.plan.model import GIB, Workload
 from hpctrain.profiles import resolve
@@ -78,7 +79,9 @@ def workload(
     """Resolve the inputs (model size, GPU memory, the fast-link domain and the bandwidth between
     nodes from the flags or the profile) into a Workload."""
     if (params is None) == (model is None):
-        raise UserError("give exactly one of --params N or --model pkg.mod:factory")
+        raise UserError(
+            "give exactly one of --params N or --model pkg.mod:factory (or hf:<folder>)"
+        )
     check_sizes(
         {
             "params": params,
@@ -105,6 +108,10 @@ def workload(
     largest = None
     if model is not None:
         params, largest = count_params(model)
+        shape = _folder_shape(model)  # an hf: folder's config.json fills what was not given
+        hidden = hidden or shape.get("hidden_size")
+        layers = layers or shape.get("num_hidden_layers")
+        heads = heads or shape.get("num_attention_heads")
     mem, host_mem_gib, domain = _memory(
         profile, nodes=nodes, gpus=gpus, gpu=gpu_mem_gib, host=host_mem_gib, domain=domain
     )
@@ -215,9 +222,26 @@ def _meminfo_gib() -> float | None:
     return None
 
 
+def _folder_shape(spec: str) -> dict[str, int]:
+    path = hffolder.folder_of(spec)
+    if path is None:
+        return {}
+    f = hffolder.read(path)
+    keys = ("hidden_size", "num_hidden_layers", "num_attention_heads")
+    return {k: v for k in keys if (v := f.int(k)) is not None}
+
+
 def count_params(spec: str) -> tuple[int, int]:
     """(parameters, largest parameter's elements) of `pkg.mod:factory()`, built on the meta
-    device: no memory, no weights."""
+    device: no memory, no weights. `hf:<folder>`: from its safetensors headers' shapes (exact, no
+    torch; a tied head is stored once, and counted once)."""
+    path = hffolder.folder_of(spec)
+    if path is not None:
+        folder = hffolder.read(path)
+        sizes = [math.prod(t.shape) for t in folder.tensors.values()]
+        if not sizes:
+            raise UserError(f"--model {spec!r}: the folder's safetensors hold no tensors")
+        return sum(sizes), max(sizes)
     mod_name, _, attr = spec.partition(":")
     if not mod_name or not attr:
         raise UserError(

@@ -216,6 +216,17 @@ def hf_model(config: Mapping[str, object] | None, world: int) -> Pretrained | No
     return cast(Pretrained, model) if isinstance(model, PreTrainedModel) else None
 
 
+def tied(hf: Pretrained | None) -> dict[str, str]:
+    """name -> the name whose tensor it is, in a tied model (lm_head.weight under
+    tie_word_embeddings)."""
+    keys = getattr(hf, "_tied_weights_keys", None)
+    if not isinstance(keys, dict) or not getattr(
+        getattr(hf, "config", None), "tie_word_embeddings", 0
+    ):
+        return {}
+    return {str(k): str(v) for k, v in keys.items()}
+
+
 def export(
     folder: Path,
     manifest: Mapping[str, object],
@@ -234,6 +245,11 @@ def export(
     mask = _mask(mask)
     with quiet(f"reading the checkpoint {folder}"):
         src = weights(folder, manifest)
+    world = manifest.get("world_size")
+    hf = hf_model(config, world if isinstance(world, int) and world else 1)
+    for name, same in tied(hf).items():  # written once, as transformers writes it
+        if same in src.specs:
+            src.specs.pop(name, None)
     cast = DTYPES[dtype] if dtype else None
     sizes = {
         n: _nbytes(shape, cast if cast is not None and dt.is_floating_point else dt)
@@ -246,8 +262,6 @@ def export(
         if len(shards) == 1
         else [pattern.format(i=i + 1, n=len(shards)) for i in range(len(shards))]
     )
-    world = manifest.get("world_size")
-    hf = hf_model(config, world if isinstance(world, int) and world else 1)
     meta = {"format": "pt"}  # what transformers checks in a safetensors header
     staging = _staging(out, mask)
     try:

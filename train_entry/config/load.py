@@ -11,10 +11,12 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError as PydanticError
 
-from hpctrain.kernel import jobenv, mesh, strategies
+from hpctrain.kernel import hffolder, jobenv, mesh, strategies
 from hpctrain.kernel.errors import Problem, UserError, ValidationError
 from hpctrain.kernel.yamlsafe import read_yaml
 from train_entry.config.models import TrainConfig, all_keys
+
+HF_COLLATE = "train_entry.pretrained.data:collate"  # its COLLATE (that module imports torch)
 
 # ---------------------------------------------------------------- loading
 
@@ -180,6 +182,9 @@ def _cross_checks(cfg: TrainConfig, origins: _Origins) -> list[Problem]:
                 f"d_model={cfg.model.d_model}; pick a divisor",
             )
         )
+    if hffolder.folder_of(cfg.model.factory) and cfg.data.factory is None and not cfg.data.collate:
+        # the demo task in transformers' keys (input_ids, labels): model(**batch) gives its loss
+        cfg.data.collate = HF_COLLATE
     for check in _SECTION_CHECKS.get(cfg.strategy, ()):
         out += check(cfg, at)
     return out + _parallel_checks(cfg, at)
@@ -196,6 +201,8 @@ def _parallel_checks(cfg: TrainConfig, at: Callable[[str, str], Problem]) -> lis
                 "--train.precision=bf16 (or fp32)",
             )
         )
+    if hffolder.folder_of(m.factory) is not None:
+        return out + _pretrained_checks(cfg, at)
     if m.factory is not None:
         example = "see examples/gpt_parallel.py (the demo GPT's, worked through)"
         if par.tp > 1 and not par.tp_plan:
@@ -233,6 +240,20 @@ def _parallel_checks(cfg: TrainConfig, at: Callable[[str, str], Problem]) -> lis
                     )
                 )
     return out
+
+
+def _pretrained_checks(cfg: TrainConfig, at: Callable[[str, str], Problem]) -> list[Problem]:
+    """An hf:<folder> model, read without torch (hpctrain/kernel/hffolder.py): its files against
+    its config.json, and what tp/pp need of it. The TP plan itself (transformers' class) is checked
+    by `train_entry --check` (train_entry/pretrained/build.py), which imports torch."""
+    path = hffolder.folder_of(cfg.model.factory)
+    assert path is not None
+    try:
+        folder = hffolder.read(path)
+    except UserError as e:
+        return [at("model.factory", str(e))]
+    found = hffolder.problems(folder, tp=cfg.parallel.tp, pp=cfg.parallel.pp)
+    return [at("model.factory", line) for line in found]
 
 
 def _deepspeed_checks(cfg: TrainConfig, at: Callable[[str, str], Problem]) -> list[Problem]:
@@ -275,7 +296,7 @@ def check_layout(cfg: TrainConfig, world: int, gpus_per_node: int | None = None)
         tp=par.tp,
         pp=par.pp,
         gpus_per_node=gpus_per_node,
-        n_layers=cfg.model.n_layers if cfg.model.factory is None else None,
+        n_layers=_layers(cfg),
         schedule=par.schedule,
         microbatches=par.microbatches,
         strategy=cfg.strategy,
@@ -286,6 +307,17 @@ def check_layout(cfg: TrainConfig, world: int, gpus_per_node: int | None = None)
             p.key = None
         raise ValidationError(problems)
     return mesh.Layout.of(world, par.tp, par.pp)
+
+
+def _layers(cfg: TrainConfig) -> int | None:
+    """The layers a pipeline splits: the demo GPT's, an hf: folder's config.json's; else unknown."""
+    if cfg.model.factory is None:
+        return cfg.model.n_layers
+    path = hffolder.folder_of(cfg.model.factory)
+    try:
+        return hffolder.read(path).int("num_hidden_layers") if path else None
+    except UserError:
+        return None  # said by the cross-checks
 
 
 def check_sizes(

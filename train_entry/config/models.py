@@ -40,7 +40,8 @@ class ModelConfig(_Section):
     factory: str | None = _f(
         None,
         "Your model: 'pkg.module:factory' returning an nn.Module whose "
-        "forward(batch) returns the loss (see train_entry/model.py). None = demo GPT.",
+        "forward(batch) returns the loss (see train_entry/model.py), or 'hf:<folder>', a Hugging "
+        "Face model folder (docs/finetune.md). None = demo GPT.",
     )
     vocab_size: int = _f(16, "Demo GPT: vocabulary size (also the modulus of the demo task).", ge=2)
     d_model: int = _f(64, "Demo GPT: width.", ge=8)
@@ -76,11 +77,22 @@ class DataConfig(_Section):
     shuffle: bool = _f(
         True, "Shuffle map-style data each epoch (DistributedSampler(seed) + set_epoch)."
     )
+    record_ids: bool = _f(
+        False,
+        "Append the index of every sample read (map-style data) to RUN/samples/rank-N.jsonl: the "
+        "proof that a resume, also on another world size, skips and repeats none "
+        "(docs/checkpoint-resume.md).",
+    )
 
 
 class OptimConfig(_Section):
     name: Literal["adamw", "sgd"] = _f("adamw", "Optimizer: adamw or sgd.")
-    lr: float = _f(3e-3, "Peak learning rate (after warmup).", gt=0)
+    lr: float = _f(
+        3e-3,
+        "Peak learning rate (after warmup); 0 leaves the weights as loaded (with weight_decay 0: "
+        "a check that a pretrained model's load and export are exact).",
+        ge=0,
+    )
     betas: tuple[float, float] = _f((0.9, 0.95), "AdamW betas.")
     eps: float = _f(1e-8, "AdamW epsilon.", gt=0)
     weight_decay: float = _f(0.0, "Decoupled weight decay (AdamW) / L2 (SGD).", ge=0)

@@ -1,11 +1,11 @@
-"""Pipeline parallel: split the model into stages (the user's `parallel.pp_split`, or the demo
-GPT's), keep on this rank only what its stages use, and run a torch.distributed.pipelining
+"""Pipeline parallel: split the model into stages (the user's `parallel.pp_split`, an hf: model's
+decoder layers, or the demo GPT's), keep on this rank only what its stages use, and run a torch.distributed.pipelining
 schedule (GPipe, 1F1B, interleaved 1F1B) over the mesh's "pp" dimension.
 
 Stages are assigned like torchtitan's: rank r holds stage r (and r + pp with interleaving).
 Every rank first builds the whole model (same seed, so the same initial values as a run without
-pp); the layers of other stages are dropped before any sharding. A model too big for one host
-needs meta-device initialisation, which this does not do yet.
+pp); the layers of other stages are dropped before any sharding. An hf: model is built on the
+meta device and each rank loads only its stages' tensors (train_entry/pretrained/).
 """
 
 from __future__ import annotations
@@ -16,11 +16,13 @@ import torch
 from torch import nn
 from torch.distributed import ProcessGroup
 
+from hpctrain.kernel import hffolder
 from hpctrain.kernel import mesh as layouts
 from hpctrain.kernel.errors import UserError
 from train_entry.config import TrainConfig
 from train_entry.model import call_factory, load_object
 from train_entry.parallel import gpt
+from train_entry.pretrained import layout
 
 Loss = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # loss_fn(output, target)
 
@@ -35,8 +37,10 @@ def split(model: nn.Module, *, pp_rank: int, cfg: TrainConfig) -> tuple[list[nn.
     ids = stage_ids(pp_rank, par.pp, par.schedule)
     n = par.pp * layouts.stages_per_rank(par.schedule)
     fn = load_object(par.pp_split, "parallel.pp_split") if par.pp_split else gpt.pp_split
-    out = call_factory(fn, model=model, stage_ids=ids, n_stages=n, config=cfg)
     what = par.pp_split or "the demo GPT's split"
+    if not par.pp_split and hffolder.folder_of(cfg.model.factory):
+        fn, what = layout.pp_split, "the decoder's split (model.model.layers)"
+    out = call_factory(fn, model=model, stage_ids=ids, n_stages=n, config=cfg)
     if not (isinstance(out, tuple) and len(out) == 2 and callable(out[1])):
         raise UserError(
             f"parallel.pp_split {what} returned {type(out).__name__}; return "

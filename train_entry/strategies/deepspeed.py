@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 from hpctrain.kernel.errors import UserError
+from train_entry.checkpoint import universal
+from train_entry.checkpoint.common import stderr
 from train_entry.checkpoint.export import quiet
 from train_entry.checkpoint.safeload import load_torch, private
 from train_entry.config import TrainConfig
@@ -205,25 +207,37 @@ class DeepSpeedStrategy(Strategy):
 
     @staticmethod
     def load_engine(model: nn.Module, *, folder: Path) -> None:
-        load_path, _ = cast(_Engine, model).load_checkpoint(
-            str(folder.parent),
-            tag=folder.name,
-            load_optimizer_states=True,
-            load_lr_scheduler_states=True,
-        )
+        """Same world size: the engine's own files. Another one (ZeRO 1-3): their universal form,
+        converted once next to them (train_entry/checkpoint/universal.py) and loaded with
+        DeepSpeed's `checkpoint.load_universal`, switched on for this load only."""
+        engine = cast(_Engine, model)
+        world = torch.distributed.get_world_size()
+        if torch.distributed.get_rank() == 0:
+            universal.drop_orphans(folder.parent)  # conversions of checkpoints pruned since
+        resize = universal.needs(folder, world=world)
+        if resize:
+            source, folder = folder, universal.ensure(folder)
+            private(folder, source.parent.parent)  # its files unpickle fully too
+            if torch.distributed.get_rank() == 0:
+                stderr(f"loading {source.name} at {world} ranks from {folder}")
+        config = engine._config
+        before = config.load_universal_checkpoint
+        config.load_universal_checkpoint = resize
+        try:
+            load_path, _ = engine.load_checkpoint(
+                str(folder.parent),
+                tag=folder.name,
+                load_optimizer_states=True,
+                load_lr_scheduler_states=True,
+            )
+        finally:
+            config.load_universal_checkpoint = before
         if load_path is None:
             raise UserError(f"DeepSpeed could not load {folder}")
 
     @staticmethod
     def check_resume(folder: Path, *, saved_world: object, world: int) -> None:
-        if saved_world != world:
-            raise UserError(
-                f"{folder} was saved by DeepSpeed with {saved_world} ranks and this run "
-                f"has {world}: DeepSpeed checkpoints load only at the same world size. Resume with the "
-                "same nodes x GPUs; or convert: ZeRO stage 3 via deepspeed.checkpoint.ds_to_universal "
-                'and "checkpoint": {"load_universal": true}; any stage to plain weights via '
-                "zero_to_fp32.py (weights only, the optimizer restarts). See docs/checkpoint-resume.md."
-            )
+        """Any world size loads: another one goes through the universal form (load_engine)."""
 
     @staticmethod
     def full_weights(folder: Path) -> Weights:
@@ -259,8 +273,14 @@ class DeepSpeedStrategy(Strategy):
         return Weights({k: (tuple(v.shape), v.dtype) for k, v in sd.items()}, take)
 
 
+class _Config(Protocol):
+    load_universal_checkpoint: bool  # read by every load_checkpoint (DeepSpeed 0.17-0.19)
+
+
 class _Engine(Protocol):
     """What the checkpoint uses of DeepSpeed's engine (deepspeed ships no type information)."""
+
+    _config: _Config
 
     def save_checkpoint(
         self, save_dir: str, *, tag: str, client_state: dict[str, object], save_latest: bool

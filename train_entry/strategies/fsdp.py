@@ -21,7 +21,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from hpctrain.kernel.errors import UserError
 from train_entry.config import TrainConfig
-from train_entry.model import find_blocks
+from train_entry.model import find_blocks, on_meta
 from train_entry.optim import DTYPES, build_optimizer, build_scheduler
 from train_entry.strategies.base import Strategy, clip_and_step
 
@@ -80,7 +80,8 @@ class FSDPStrategy(Strategy):
         kwargs = cls.options(cfg, device)
         if mesh is not None:
             kwargs["mesh"] = mesh
-        if "offload_policy" not in kwargs:
+        # meta: an hf: model, loaded once sharded (train_entry/pretrained/)
+        if "offload_policy" not in kwargs and not on_meta(model):
             model = model.to(device)
         f = cfg.fsdp
         blocks = find_blocks(model, f.block_class)

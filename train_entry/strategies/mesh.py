@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch import nn
 
 from train_entry.config import TrainConfig
-from train_entry.model import apply_activation_checkpointing, apply_compile, compute_loss
+from train_entry.model import apply_activation_checkpointing, apply_compile, compute_loss, on_meta
 from train_entry.optim import build_optimizer, build_scheduler
 from train_entry.parallel import pp, tp
 from train_entry.parallel.dims import ParallelDims
@@ -61,7 +61,8 @@ class ParallelStrategy(Strategy):
             parts, loss = pp.split(model, pp_rank=dims.pp_rank, cfg=cfg)
         else:
             parts = [model]
-        model.to(device)
+        if not on_meta(model):  # meta: an hf: model, loaded once sharded (train_entry/pretrained/)
+            model.to(device)
         blocks = 0
         for part in parts:
             # 2. tensor parallel (DTensor parameters on mesh["tp"])
