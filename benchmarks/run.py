@@ -45,7 +45,8 @@ BENCHMARKS = {
     "preemption": "benchmarks.preemption",  # 4 steps redone after a signal / SIGKILL
     "cli": "benchmarks.cli",  # 5 submit --dry-run vs bare imports; 4,096-node render
     "collective": "benchmarks.collective",  # 6 doctor's all-reduce bus bandwidth vs bare gloo
-    "scale": "benchmarks.scale",  # 7 4,096-rank commit/verify; runs/status over 1,000
+    "scale": "benchmarks.scale",  # 7 Slurm calls, sockets, rendezvous, resume reads, gate, runs
+    "pretrained": "benchmarks.pretrained",  # 11 hf: load on 4 ranks vs from_pretrained per rank
     "preflight": "benchmarks.preflight",  # 7 round trip, reduced check; gate, stall (live Slurm)
     "remote": "benchmarks.remote",  # 8 status/logs over SSH vs on the login node; connections
     "parallel": "benchmarks.parallel",  # 9 tp 2 / pp 2 vs plain mesh loops; the pipeline bubble

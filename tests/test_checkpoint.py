@@ -68,9 +68,9 @@ def test_save_is_atomic_and_verified(tmp_path):
     assert manifest["torch"] == torch.__version__
     on_disk = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     assert sorted([*manifest["files"], "MANIFEST.json"]) == on_disk
-    assert {"train_state.json", "config.json", "rng/rank-00000.json", ".metadata"} <= set(
-        manifest["files"]
-    )
+    # W + 4 files (issue 37): the rank's generators are the tail of its weights file
+    assert set(manifest["files"]) == {"train_state.json", "config.json", "__0_0.raw", ".metadata"}
+    assert manifest["files"]["__0_0.raw"]["rng"]["size"] > 0
     assert json.loads((folder / "config.json").read_text()) == {"model": "tiny"}
 
 
@@ -218,7 +218,7 @@ def test_async_save_snapshots_the_state_when_called(tmp_path):
     assert params_sha256(fresh.model) == expected
 
 
-def test_deepspeed_world_size_change_says_what_works(tmp_path):
+def test_deepspeed_loads_at_another_world_size_but_not_a_dcp_checkpoint(tmp_path):
     run(tmp_path, 1)
     manifest_path = tmp_path / "checkpoints" / "step-00000001" / "MANIFEST.json"
     manifest = json.loads(manifest_path.read_text())
@@ -226,9 +226,9 @@ def test_deepspeed_world_size_change_says_what_works(tmp_path):
 
     with pytest.raises(UserError, match="DDP and FSDP checkpoints load into each other"):
         check_compatible(manifest_path.parent, manifest, strategy="deepspeed", world=1)
+    # another world size goes through DeepSpeed's universal form (tests/test_resize.py)
     manifest["strategy"], manifest["world_size"] = "deepspeed", 4
-    with pytest.raises(UserError, match="ds_to_universal.*zero_to_fp32"):
-        check_compatible(manifest_path.parent, manifest, strategy="deepspeed", world=2)
+    check_compatible(manifest_path.parent, manifest, strategy="deepspeed", world=2)
 
 
 def test_newest_verified_without_torch_state(tmp_path):

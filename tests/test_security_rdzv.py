@@ -24,7 +24,7 @@ from torch.distributed.elastic.rendezvous import RendezvousStateError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
 from hpctrain.kernel import jobkey
-from hpctrain.launchers.rdzv import Signed
+from hpctrain.launchers.rdzv import WRITES_KEY, Signed
 
 ATTACK = r"""
 import base64, os, pickle, sys, time
@@ -59,6 +59,7 @@ wrote = 0
 for _ in range(50):  # the agents read the state about twice a second
     try:
         store.set(key, base64.b64encode(pickle.dumps(Payload())).decode())
+        store.add(WRITES + found["--rdzv-id"], 1)  # what makes the agents read it (rdzv.Writes)
     except Exception:  # the head agent left (it refused the state, or the pickle broke it)
         break
     wrote += 1
@@ -66,6 +67,7 @@ for _ in range(50):  # the agents read the state about twice a second
 print("wrote", key, wrote, "times at", host, port, flush=True)
 assert wrote
 """
+ATTACK = f"WRITES = {WRITES_KEY!r}\n" + ATTACK  # the key of rdzv.Writes
 
 
 @pytest.mark.slow

@@ -98,8 +98,8 @@ def test_the_allocation_holds_the_spares_and_training_gets_its_node_list():
     assert f"export {jobenv.NNODES}=2\n" in text  # training nodes: the topology is unchanged
     assert 'if [ "${SLURM_NNODES:-}" != 3 ]; then' in text
     assert f'--ntasks="$(({jobenv.NNODES} * 1))"' in text
-    assert 'hpctrain_launch+=(--nodelist="$hpctrain_nodes")' in text
-    assert '--train "$hpctrain_nodes" --spare-nodes 1' in text
+    assert '/training.txt" "$hpctrain_nodes"\n' in text  # the node list by a file (issue 37)
+    assert '"@$dir/train.args" --spare-nodes 1' in text
     srun = spare_script("srun")
     assert f'--ntasks="$(({jobenv.NNODES} * 2))"' in srun
     assert '[ "$hpctrain_tries" -ge 2 ]' in srun  # a swap spends no in-job restart
@@ -247,8 +247,11 @@ SRUN = """#!/bin/bash
 nodes=$SLURM_JOB_NODELIST
 opts=()
 while [ "${1#-}" != "$1" ]; do
-  case $1 in --nodelist=*) nodes=${1#--nodelist=} ;; esac
-  opts+=("$1")
+  case $1 in
+    --nodelist=*/*) nodes=$(paste -sd, "${1#--nodelist=}"); opts+=("--nodelist=$nodes") ;;  # a file's names
+    --nodelist=*) nodes=${1#--nodelist=}; opts+=("$1") ;;
+    *) opts+=("$1") ;;
+  esac
   shift
 done
 echo "${opts[*]}" >>"$RECORD/srun.calls"
@@ -258,7 +261,7 @@ rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done; exit $rc
 """
 SCONTROL = """#!/bin/bash
 echo "$*" >>"$RECORD/scontrol.calls"
-if [ "$1 $2" = "show hostnames" ]; then tr ',' '\\n' <<<"$3"; fi
+if [ "$1 $2" = "show hostnames" ]; then tr ',' '\\n' <<<"${3:-$SLURM_JOB_NODELIST}"; fi
 exit 0
 """
 GETENT = """#!/bin/bash

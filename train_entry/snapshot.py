@@ -1,6 +1,6 @@
 """In-memory snapshots of the trainer's state for in-job restarts (issue 24; docs/recovery.md).
 
-When to take one, the exchange with the partner rank on the next node and the choice at a restart
+When to take one, the exchange with the partner rank on another node and the choice at a restart
 are shared with the runtime API (hpctrain/runtime/recovery.py: `Snapshots`, `Exchange`, `choose`);
 this module says what a snapshot of the trainer holds and how it loads: the same state a disk
 checkpoint holds (model and optimizer shards, scheduler, scaler, RNG, the data position).

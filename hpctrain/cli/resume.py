@@ -161,7 +161,8 @@ def _say_sweep(out: service.SweepResumed, *, dry_run: bool) -> None:
 
 def _say_resumed(r: RunDir, done: service.Resumed) -> None:
     origin = (
-        f"from {done.from_checkpoint} (verified)"
+        f"from {done.from_checkpoint} (verified): manifest, names and sizes checked here; "
+        "each rank checks the digests of what it reads at start"
         if done.from_checkpoint
         else "from the start (no verified checkpoint yet)"
         if r.record().entry_kind == "train_entry"

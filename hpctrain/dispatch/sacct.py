@@ -14,6 +14,7 @@ element with no record of its own, and then as a guess that the controller may o
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from hpctrain.kernel.states import REQUEUED
@@ -31,7 +32,7 @@ class Found:
     source: str
 
 
-def _indexes(spec: str) -> list[int]:
+def indexes(spec: str) -> list[int]:
     out: list[int] = []
     for part in spec.split(","):
         lo, _, hi = part.partition("-")
@@ -69,19 +70,42 @@ def _latest(states: list[str]) -> str:
 
 def find(text: str, job_id: str) -> Found | None:
     """What the sacct output `text` says about `job_id` ("43" or "43_1"); None: nothing."""
-    own: list[str] = []
-    ranged: list[str] = []
-    element = _ELEMENT.match(job_id)
+    return index(text, [job_id]).get(job_id)
+
+
+def index(text: str, job_ids: Iterable[str]) -> dict[str, Found]:
+    """find() for many ids over one listing, reading it once (a 1,000-point sweep's listing is
+    read once, not once per point); an id sacct says nothing about is left out."""
+    own: dict[str, list[str]] = {}
+    ranges: dict[str, list[tuple[set[int], str]]] = {}  # array id -> (its indexes, state)
     for jid, state in records(text):
-        if jid == job_id:
-            own.append(state)
+        own.setdefault(jid, []).append(state)
+        if m := _RANGE.match(jid):
+            ranges.setdefault(m.group(1), []).append((set(indexes(m.group(2))), state))
+    out: dict[str, Found] = {}
+    for job_id in job_ids:
+        element = _ELEMENT.match(job_id)
+        if job_id in own:
+            out[job_id] = Found(_latest(own[job_id]), "element" if element else "job")
         elif element:
-            m = _RANGE.match(jid)
-            if m and m.group(1) == element.group(1):
-                if int(element.group(2)) in _indexes(m.group(2)):
-                    ranged.append(state)
-    if own:
-        return Found(_latest(own), "element" if element else "job")
-    if ranged:
-        return Found(_latest(ranged), "range")
-    return None
+            n = int(element.group(2))
+            ranged = [state for idx, state in ranges.get(element.group(1), []) if n in idx]
+            if ranged:
+                out[job_id] = Found(_latest(ranged), "range")
+    return out
+
+
+# ids per sacct call: ~8 KB of `-j` argument, far below the kernel's 128 KiB for one argument
+CHUNK = 1000
+FIELDS = "JobID,State,NodeList"
+
+
+def commands(job_ids: Iterable[str]) -> list[list[str]]:
+    """The sacct calls that list every job in `job_ids`: an array element is asked by its array's
+    id (one id lists every element and range record), CHUNK ids a call; -X: allocations only
+    (steps would be dropped by records() anyway)."""
+    asked = sorted({j.split("_")[0] for j in job_ids if j})
+    return [
+        ["sacct", "-X", "-o", FIELDS, "--parsable2", "-j", ",".join(asked[i : i + CHUNK])]
+        for i in range(0, len(asked), CHUNK)
+    ]

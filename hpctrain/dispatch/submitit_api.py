@@ -1,14 +1,15 @@
 """The one place hpctrain touches submitit, including the parts of it that are not public.
 
 submitit is the mission's dispatcher, but its public API submits pickled Python functions; we hand
-the scheduler our own rendered script. So three private pieces are used, each in ONE function here:
+the scheduler our own rendered script. So three private pieces are used, each in ONE function here.
+sacct is no longer asked through submitit's watcher: it asks for one job at a time (its registered
+ids only grow, so a listing of N runs asked N(N+1)/2 ids); dispatch/slurm.py asks for every run of
+a listing in one call (issue 37), with dispatch/sacct.py's command and parser.
+
 
   SlurmExecutor._make_submission_file_text  overridden: the sbatch file is our job.sh, byte for byte
   SlurmExecutor._make_submission_command     overridden: sbatch [extra options] FILE
   SlurmExecutor._submit_command             runs sbatch on it and parses the job id (submit_sbatch)
-  SlurmJob.watcher._make_command            the sacct command (sacct_text; its parser is ours,
-                                             dispatch/sacct.py: submitit's spreads a range record
-                                             over elements that have records of their own)
   LocalExecutor (its controller module)      started the way LocalExecutor._submit_command does
                                              (start_local), with our command
 
@@ -34,7 +35,6 @@ PRIVATE = {  # attribute path -> the parameters we rely on
     "submitit.slurm.slurm.SlurmExecutor._make_submission_file_text": ["self", "command", "uid"],
     "submitit.slurm.slurm.SlurmExecutor._make_submission_command": ["self", "submission_file_path"],
     "submitit.slurm.slurm.SlurmExecutor._submit_command": ["self", "command"],
-    "submitit.slurm.slurm.SlurmJob.watcher._make_command": [],
     "submitit.local._local": None,  # a module run as `python -m submitit.local._local FOLDER`
 }
 
@@ -90,22 +90,6 @@ def submit_sbatch(folder: Path, script: str, extra_args: list[str] | None = None
 
     folder.mkdir(parents=True, exist_ok=True)  # submitit writes its submission file there
     return str(_ScriptExecutor(folder)._submit_command("").job_id)
-
-
-def sacct_text(job_id: str) -> str:
-    """sacct's records of the job (an array element's: of its whole array), through submitit's own
-    command, with stderr captured (a cluster that is down or has accounting off must not spray
-    errors); "" when sacct cannot say."""
-    watcher = _slurm().SlurmJob.watcher
-    watcher.register_job(job_id)
-    command = watcher._make_command()
-    if not command:
-        return ""
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return proc.stdout if proc.returncode == 0 else ""
 
 
 def start_local(folder: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:

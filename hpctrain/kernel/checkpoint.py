@@ -7,7 +7,9 @@
                                  strategy, step, torch version
 
 A checkpoint verifies when every file the manifest lists has its size and checksum. A truncated or
-corrupted one is reported and skipped, never deleted. This module owns the names, the verification
+corrupted one is reported and skipped, never deleted. A resume splits the check (issue 37): rank 0
+(and `hpctrain resume` on the login node) `check_manifest` (names, sizes; no file read), each rank
+then the digests of the files it reads. This module owns the names, the verification
 and the commit sequence (`write_manifest`, `publish`, `prune`), which train_entry's Checkpointer
 and the runtime API (hpctrain/runtime/) both call; the writers own what goes into staging. A digest
 is no signature: `not_private` says whether another account could have written a checkpoint, for
@@ -23,7 +25,7 @@ import pwd
 import re
 import shutil
 import stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
@@ -39,6 +41,25 @@ STAGING_PREFIX = ".staging-"
 MANIFEST = "MANIFEST.json"
 LATEST = "latest"
 FORMAT = 1
+# The files of one checkpoint (docs/checkpoint-resume.md); W ranks' DCP save is W + 4 files:
+METADATA = ".metadata"  # DCP's (rank 0)
+TRAIN_STATE = "train_state.json"  # rank 0: step, data position, scheduler, ...
+CONFIG = "config.json"  # rank 0: the frozen TrainConfig
+RNG = "rng"  # a weights file's manifest entry: where its rank's generators lie in it
+
+
+def raw_name(rank: int) -> str:
+    """Rank `rank`'s weights file (DCP's prefix `__<rank>_`, hpctrain's raw format); its tail
+    holds the rank's generators (the entry's RNG)."""
+    return f"__{rank}_0.raw"
+
+
+def old_rng_name(rank: int) -> str:
+    """Before issue 37 (and an engine's save, which writes no raw file): one RNG file per rank."""
+    return f"rng/rank-{rank:05d}.json"
+
+
+_RANK_FILE = re.compile(r"^(?:__(\d+)_0\.raw|rng/rank-(\d+)\.json)$")
 
 
 def step_name(step: int) -> str:
@@ -67,13 +88,16 @@ def sha256_file(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
-def digest_file(path: Path, algo: str) -> str:
-    """The hex digest of a file with one of DIGESTS."""
+def digest_file(path: Path, algo: str, blob: bytes | None = None) -> str:
+    """The hex digest of a file with one of DIGESTS (of `blob`, its bytes, when read already)."""
     if algo == "sha256":
-        return sha256_file(path)
+        return hashlib.sha256(blob).hexdigest() if blob is not None else sha256_file(path)
     import xxhash  # lazy: optional: without it, one line says install xxhash
 
     h = xxhash.xxh3_128()
+    if blob is not None:
+        h.update(blob)
+        return h.hexdigest()
     with open(path, "rb", buffering=0) as f:
         while chunk := f.read(8 << 20):
             h.update(chunk)
@@ -91,11 +115,12 @@ def list_files(folder: Path) -> list[str]:
     return sorted(out)
 
 
-def verify(folder: Path) -> tuple[dict[str, object] | None, str | None]:
-    """(manifest, None) when every file the manifest lists has its size and checksum, else
-    (None, why). Reads only regular files inside `folder`: a manifest naming /dev/zero, ../x or a
-    symlink out is refused, never followed (verification must not hang or read outside the
-    checkpoint)."""
+def check_manifest(folder: Path) -> tuple[dict[str, object] | None, str | None]:
+    """(manifest, None) when the manifest parses, has a step, and every file it lists is a
+    regular file inside `folder` of its listed size, else (None, why). Reads the manifest and
+    lstats the files, never their bytes: what the login node (`hpctrain resume`) and rank 0 check
+    before the ranks each verify the digests of the files they read (`verify_files`). A manifest
+    naming /dev/zero, ../x or a symlink out is refused, never followed."""
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
     except FileNotFoundError:
@@ -109,10 +134,11 @@ def verify(folder: Path) -> tuple[dict[str, object] | None, str | None]:
         return None, f"{MANIFEST} lists no files"
     root = folder.resolve()
     for rel, entry in sorted(files.items()):
-        algo = next(
-            (a for a in DIGESTS if isinstance(entry, dict) and isinstance(entry.get(a), str)), None
-        )
-        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or algo is None:
+        if (
+            not isinstance(entry, dict)
+            or not isinstance(entry.get("size"), int)
+            or not _algo(entry)
+        ):
             return None, f"{MANIFEST}: the entry of {rel!r} has no size and digest (sha256)"
         path = folder / rel
         try:
@@ -126,19 +152,132 @@ def verify(folder: Path) -> tuple[dict[str, object] | None, str | None]:
             return None, f"{MANIFEST} lists {rel!r}, which is outside the checkpoint folder"
         if not stat.S_ISREG(st.st_mode):
             return None, f"{MANIFEST} lists {rel!r}, which is not a regular file"
-        size = st.st_size
-        if size != entry["size"]:
-            return None, f"{rel} is {size} bytes, the manifest says {entry['size']} (truncated?)"
-        try:
-            digest = digest_file(path, algo)
-        except ImportError:
-            return None, f"{rel} has an {algo} checksum: install xxhash to verify it"
-        if digest != entry[algo]:
-            return None, f"{rel} does not match its {algo} checksum (corrupted)"
+        if st.st_size != entry["size"]:
+            return (
+                None,
+                f"{rel} is {st.st_size} bytes, the manifest says {entry['size']} (truncated?)",
+            )
     step = manifest.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         return None, f"{MANIFEST} has no step (a step number is what a resume starts from)"
     return manifest, None
+
+
+def _algo(entry: Mapping[str, object]) -> str | None:
+    return next((a for a in DIGESTS if isinstance(entry.get(a), str)), None)
+
+
+def verify_files(folder: Path, manifest: Mapping[str, object], rels: Iterable[str]) -> str | None:
+    """Why one of the files `rels` (listed in the checked `manifest`) does not match its size
+    and digest, or None: the digests a rank checks of the files it will read."""
+    files = manifest["files"]
+    assert isinstance(files, dict)  # check_manifest
+    for rel in rels:
+        entry = files.get(rel)
+        if not isinstance(entry, dict):
+            return f"{rel} is not listed in {MANIFEST}"
+        algo = _algo(entry)
+        assert algo is not None  # check_manifest
+        try:
+            digest = digest_file(folder / rel, algo)
+        except ImportError:
+            return f"{rel} has an {algo} checksum: install xxhash to verify it"
+        except OSError as exc:
+            return f"{rel} cannot be read: {exc}"
+        if digest != entry[algo]:
+            return f"{rel} does not match its {algo} checksum (corrupted)"
+    return None
+
+
+def verify(folder: Path) -> tuple[dict[str, object] | None, str | None]:
+    """(manifest, None) when every file the manifest lists has its size and checksum, else
+    (None, why): `check_manifest` and every digest, by one process (`python -m
+    train_entry.checkpoint verify`, export, tests). A resume splits the digests across its ranks
+    instead (train_entry/checkpoint/load.py)."""
+    manifest, why = check_manifest(folder)
+    if manifest is None:
+        return None, why
+    files = manifest["files"]
+    assert isinstance(files, dict)
+    why = verify_files(folder, manifest, sorted(files))
+    return (None, why) if why else (manifest, None)
+
+
+def read_verified(folder: Path, manifest: Mapping[str, object], rel: str) -> bytes:
+    """A small listed file's bytes, read once and checked against its digest in memory (nothing
+    unverified is parsed, and no second read can see other bytes); ValueError why not."""
+    files = manifest["files"]
+    entry = files.get(rel) if isinstance(files, dict) else None
+    if not isinstance(entry, dict):
+        raise ValueError(f"{rel} is not listed in {MANIFEST}")
+    return _checked(folder / rel, 0, entry, rel)
+
+
+def _checked(path: Path, offset: int, entry: Mapping[str, object], what: str) -> bytes:
+    size, algo = entry.get("size"), _algo(entry)
+    if not isinstance(size, int) or algo is None:
+        raise ValueError(f"{MANIFEST}: the entry of {what!r} has no size and digest")
+    try:
+        with open(path, "rb", buffering=0) as f:
+            f.seek(offset)
+            blob = f.read(size)
+    except OSError as exc:
+        raise ValueError(f"{what} cannot be read: {exc}") from None
+    if len(blob) != size:
+        raise ValueError(f"{what} is shorter than the manifest says (truncated?)")
+    try:
+        digest = digest_file(path, algo, blob)
+    except ImportError:
+        raise ValueError(f"{what} has an {algo} checksum: install xxhash to verify it") from None
+    if digest != entry[algo]:
+        raise ValueError(f"{what} does not match its {algo} checksum (corrupted)")
+    return blob
+
+
+def rng_blob(folder: Path, manifest: Mapping[str, object], rank: int) -> bytes | None:
+    """Rank `rank`'s generators as saved (JSON bytes, verified), or None when the checkpoint has
+    none for it (saved by fewer ranks). Since issue 37 they are the tail of the rank's weights
+    file (its manifest entry's "rng": offset, size, sha256); older checkpoints have
+    rng/rank-<R>.json (read still). ValueError when damaged."""
+    files = manifest["files"]
+    assert isinstance(files, dict)
+    raw = files.get(raw_name(rank))
+    if isinstance(raw, dict) and isinstance(raw.get(RNG), dict):
+        tail = raw[RNG]
+        offset = tail.get("offset")
+        size = tail.get("size")
+        if not (isinstance(offset, int) and isinstance(size, int) and 0 <= offset <= raw["size"]):
+            raise ValueError(f"{MANIFEST}: the rng of {raw_name(rank)} has no offset")
+        if not 0 <= size <= raw["size"] - offset:  # checked against the file by check_manifest
+            raise ValueError(f"{MANIFEST}: the rng of {raw_name(rank)} lies past its end")
+        return _checked(folder / raw_name(rank), offset, tail, f"{raw_name(rank)} (rng)")
+    if old_rng_name(rank) in files:
+        return read_verified(folder, manifest, old_rng_name(rank))
+    return None
+
+
+def rng_ranks(manifest: Mapping[str, object]) -> list[int]:
+    """The ranks whose generators a checkpoint holds (either layout)."""
+    files = manifest.get("files")
+    found = set()
+    for rel, entry in (files or {}).items() if isinstance(files, dict) else ():
+        m = _RANK_FILE.match(rel)
+        if m and (m.group(2) is not None or (isinstance(entry, dict) and RNG in entry)):
+            found.add(int(m.group(1) or m.group(2)))
+    return sorted(found)
+
+
+def merge_entries(
+    parts: Iterable[Mapping[str, Mapping[str, object]] | None],
+) -> dict[str, Mapping[str, object]] | None:
+    """Rank 0: every rank's {file: entry} in one dict, one pass (linear in the entries); None
+    when a rank did not hash its files (an engine's: the commit reads them)."""
+    out: dict[str, Mapping[str, object]] = {}
+    for part in parts:
+        if part is None:
+            return None
+        out.update(part)
+    return out
 
 
 def _owner(uid: int) -> str:
@@ -183,11 +322,12 @@ def step_folders(ckpt_dir: Path) -> list[tuple[int, Path]]:
 
 
 def newest_verified(
-    ckpt_dir: Path, warn: Callable[[str], None] | None = None
+    ckpt_dir: Path, warn: Callable[[str], None] | None = None, *, digests: bool = True
 ) -> tuple[Path, dict[str, object]] | None:
-    """The newest checkpoint whose manifest verifies; every one skipped on the way is reported."""
+    """The newest checkpoint whose manifest verifies; every one skipped on the way is reported.
+    `digests=False`: only `check_manifest` (no file's bytes read; the ranks check the digests)."""
     for _, folder in step_folders(ckpt_dir):
-        manifest, why = verify(folder)
+        manifest, why = verify(folder) if digests else check_manifest(folder)
         if manifest is not None:
             return folder, manifest
         if warn:
@@ -307,14 +447,3 @@ def prune(
 def _delete(folders: list[Path]) -> None:
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-if __name__ == "__main__":  # python -m hpctrain.kernel.checkpoint verify DIR
-    import sys
-
-    if len(sys.argv) == 3 and sys.argv[1] == "verify":
-        _, problem = verify(Path(sys.argv[2]))
-        print(problem or "ok")
-        sys.exit(1 if problem else 0)
-    print("usage: python -m hpctrain.kernel.checkpoint verify CKPT", file=sys.stderr)
-    sys.exit(2)

@@ -136,6 +136,13 @@ VARS: tuple[Var, ...] = (
         "train_entry (watchdog)",
     ),
     Var(
+        "RACKS",
+        "the profile's network.racks as JSON (rack -> Slurm hostlist): snapshot partners go to "
+        "a node of another rack",
+        SCRIPT,
+        "train_entry, hpctrain.runtime (kernel/partners.py)",
+    ),
+    Var(
         "STALL_S",
         "a rank with no optimizer step for this many seconds is stalled (watchdog.stall_s)",
         SCRIPT,
@@ -236,6 +243,7 @@ NODEID = BY_KEY["NODEID"].name
 DEVICE = BY_KEY["DEVICE"].name
 PG_TIMEOUT_S = BY_KEY["PG_TIMEOUT_S"].name
 STALL_S = BY_KEY["STALL_S"].name
+RACKS = BY_KEY["RACKS"].name
 SNAPSHOT_DIR = BY_KEY["SNAPSHOT_DIR"].name
 SITE_PATH = BY_KEY["SITE_PATH"].name
 STOP_AT_STEP = BY_KEY["STOP_AT_STEP"].name

@@ -160,6 +160,12 @@ ENTRIES: tuple[Entry, ...] = (
         "with watchdog.stall_s: {rank, step, time, pid, host}, every 5-30 s",
         "train_entry (watchdog)",
     ),
+    Entry(
+        "samples/rank-<R>.jsonl",
+        'with data.record_ids: one line per micro-batch read, {"epoch", "pos", "ids"} (the '
+        "sample-id proof of a resume: train_entry/data.py)",
+        "train_entry",
+    ),
 )
 
 RUN_YAML = "run.yaml"
@@ -192,6 +198,7 @@ STALLED = "STALLED"
 STACKS = "stacks"
 HEARTBEAT = "heartbeat"
 FAILURES = "failures"
+SAMPLES = "samples"
 # What `resume` and `status` read as trusted (a script, a profile, a pid to signal): each must be
 # yours, not group/other-writable and not a symlink (RunFolder.unsafe).
 TRUSTED = (RUN_YAML, JOB_SH, STATE)

@@ -1,58 +1,27 @@
-"""A run folder read into plain records (no torch, no click), safe on half-written lines."""
+"""A run folder read into plain records (no torch, no click), safe on half-written lines; the
+metric lines as columns (columns.py)."""
 
 from __future__ import annotations
 
 import csv
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpctrain.kernel import layout
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.files import read_jsonl
+from hpctrain.report.columns import Metric, Metrics, number
 from hpctrain.runs.folder import RunDir
 from hpctrain.runs.phase import timestamp
 from hpctrain.runs.record import Job
 
+__all__ = ["Metric", "Metrics", "RunData", "load", "number", "segments"]
+
 GPU_CSV = "gpu.csv"
 STEP_DIR = re.compile(r"^step-(\d{8})$")
-
-
-def number(value: object) -> float | None:
-    """A JSON number as it is (an int stays an int), else None."""
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One metrics.jsonl line that has a step."""
-
-    step: int
-    time: float | None
-    loss: float | None
-    samples_per_s: float | None
-    step_time_s: float | None
-    max_steps: int | None
-    mem_peak_gib: list[float]  # one per rank (empty: not measured)
-
-    @classmethod
-    def of(cls, row: dict[str, object]) -> Metric | None:
-        step, most, mem = row.get("step"), row.get("max_steps"), row.get("mem_peak_gib")
-        if not isinstance(step, int):
-            return None
-        return cls(
-            step=step,
-            time=timestamp(row.get("time")),
-            loss=number(row.get("loss")),
-            samples_per_s=number(row.get("samples_per_s")),
-            step_time_s=number(row.get("step_time_s")),
-            max_steps=most if isinstance(most, int) else None,
-            mem_peak_gib=[v for x in mem if (v := number(x)) is not None]
-            if isinstance(mem, list)
-            else [],
-        )
 
 
 @dataclass(frozen=True)
@@ -97,7 +66,7 @@ class RunData:
     nodes: int | None = None
     gpus: int | None = None  # per node
     scheduler: str | None = None
-    metrics: list[Metric] = field(default_factory=list)  # in file order
+    metrics: Metrics = field(default_factory=Metrics)  # in file order, as columns
     starts: list[float | None] = field(default_factory=list)  # restarts.jsonl: each start's time
     start_lines: list[dict[str, object]] = field(default_factory=list)  # restarts.jsonl as written
     events: list[dict[str, object]] = field(default_factory=list)
@@ -116,11 +85,16 @@ class RunData:
 def segments(metrics: Sequence[Metric], starts: Sequence[float] = ()) -> list[Segment]:
     """Split the metric rows at each start of the job (restarts.jsonl times) and wherever the step
     goes back or repeats (a restart that resumed from an older checkpoint)."""
+    pairs: Iterable[tuple[int, float | None]]
+    if isinstance(metrics, Metrics):  # the columns, without a Metric object per line
+        times = metrics.column("time")
+        pairs = zip(metrics.step, (None if t != t else t for t in times), strict=True)
+    else:
+        pairs = ((m.step, m.time) for m in metrics)
     bounds = sorted(starts)[1:]
     out: list[Segment] = []
     era = 0
-    for row in metrics:
-        step, t = row.step, row.time
+    for step, t in pairs:
         new_era = era
         while t is not None and new_era < len(bounds) and t >= bounds[new_era]:
             new_era += 1
@@ -179,7 +153,7 @@ def load(run: RunDir) -> RunData:
         rec = run.record()
     except UserError:  # a broken run.yaml: the rest of the folder still tells what it did
         rec = None
-    metrics = [m for r in read_jsonl(path / layout.METRICS) if (m := Metric.of(r)) is not None]
+    metrics = Metrics.read(path / layout.METRICS)
     rd = RunData(
         name=path.name,
         path=path,

@@ -108,7 +108,6 @@ def summarize(rd: RunData, *, sacct: bool = True) -> Summary:
         source = "estimate: wall time x nodes x GPUs" + (
             "" if rd.scheduler == "slurm" else " (local: CPU workers)"
         )
-    rates = [m.samples_per_s for m in rows if m.samples_per_s is not None]
     outside = [r for r in restarts if not r.in_job]  # the in-job ones count from their events
     return Summary(
         name=rd.name,
@@ -117,7 +116,7 @@ def summarize(rd: RunData, *, sacct: bool = True) -> Summary:
         max_steps=last.max_steps if last else None,
         loss_first=first.loss if first else None,
         loss_last=last.loss if last else None,
-        samples_per_s_median=sorted(rates)[len(rates) // 2] if rates else None,
+        samples_per_s_median=rows.middle("samples_per_s"),
         wall_s=wall,
         gpu_hours=gpu_hours,
         gpu_hours_source=source,
@@ -155,8 +154,7 @@ def _wall(rd: RunData) -> float | None:
 
 def _restarts(rd: RunData) -> list[Restart]:
     """Every place training resumed: the steps it did again and the time it lost."""
-    steps = sorted(m.step_time_s for m in rd.metrics if m.step_time_s is not None)
-    typical = steps[len(steps) // 2] if steps else 0.0
+    typical = rd.metrics.middle("step_time_s") or 0.0
     # an in-job restart's event is written at its resume, between the two stretches it separates
     in_job = [
         t

@@ -19,7 +19,9 @@ lines first: srun reports in the order it saw), then the order found. Used by `s
 
 from __future__ import annotations
 
+import heapq
 import json
+import os
 import re
 import signal
 from collections.abc import Callable, Iterable
@@ -126,6 +128,15 @@ class Failure:
 
 Rank = Callable[[int], Failure]  # the Failure of a rank, made at its first mention
 
+# What `status` reads of a big run (issue 37: a failed 1,000 x 8 run read 1.7 GB): node logs by
+# their tails, the records in the order they were written (their mtime), and a rank's own log only
+# while it could still be the first failure.
+TAIL = 4 << 10  # a node log's tail; four times more while it starts inside torchrun's block
+TAIL_MAX = 1 << 20
+HEAD = 2 << 10  # node-0.log's first header says the launcher
+RANK_LOGS = 64  # rank logs read (tails) to explain ranks that left no record
+SLACK_S = 2.0  # a record's mtime after its own time (a slow shared filesystem)
+
 
 def root_cause(run: Path) -> Cause | None:
     """Why the run's newest start failed; None when nothing says why."""
@@ -136,7 +147,7 @@ def root_cause(run: Path) -> Cause | None:
             return Cause("setup", reason, str(run / layout.BATCH_LOG))
         if event.get("event") in ("done", "requeue"):
             break
-    nodes = {p: _newest(_read_lines(p)) for p in _sorted(run, "logs/node-*.log")}
+    nodes = {p: _newest(_node_lines(p)) for p in _sorted(run, "logs/node-*.log")}
     for log, lines in nodes.items():
         for raw in lines:
             rank, line = _split(raw)
@@ -149,19 +160,56 @@ def root_cause(run: Path) -> Cause | None:
 
     for log, lines in nodes.items():
         _torchrun_blocks(lines, log, at)
-    if _srun_launcher(nodes.values()):  # its `task N` is a rank (under torchrun: a node)
+    head = _read_lines(run / layout.node_log(0), HEAD, whole=False)
+    if _srun_launcher([*nodes.values(), head]):  # its `task N` is a rank (under torchrun: a node)
         _srun_lines(run, at)
-    _records(run, at)
-    for log in [*_sorted(run, "logs/rank-*.log"), *nodes]:  # tracebacks explain a failing rank
-        for rank, line in _exceptions(nodes.get(log) or _read_lines(log), _num(log.stem), log):
-            f = ranks.get(rank) if rank is not None else None
-            if f is not None and f.error is None and f.signal is None:
-                f.error, f.error_log, f.lost_peer = line, str(log), lost_peer(line)
+    records = _Records(run, at)
+    records.read(ranks)
+    # tracebacks explain a failing rank that left no record: its own log first, then its node's
+    told: dict[int, tuple[str, str]] = {}
+    for log, lines in reversed(nodes.items()):
+        told |= {r: (x, str(log)) for r, x in _exceptions(lines, None, log) if r is not None}
+    own = {_num(p.stem): p for p in _sorted(run, "logs/rank-*.log")}
+    reads = iter(range(RANK_LOGS))  # rank logs read at most
+
+    def explain(f: Failure) -> None:
+        records.apply(f.rank)
+        log = own.get(f.rank) if f.error is None and f.signal is None else None
+        mine = (
+            [(x, str(log)) for r, x in _exceptions(_node_lines(log), f.rank, log) if r == f.rank]
+            if log and next(reads, None) is not None
+            else []
+        )
+        if found := next(iter(mine), None) or told.get(f.rank):
+            f.error, f.error_log, f.lost_peer = found[0], found[1], lost_peer(found[0])
+
+    first = _first(ranks, explain)
+    if first is not None:
+        return first.describe()
+    return _any_exception(run, nodes)
+
+
+def _first(ranks: dict[int, Failure], explain: Callable[[Failure], None]) -> Failure | None:
+    """The failure with the lowest key. A rank known only by an exit code may still turn out to
+    be a cause (its record, a traceback) or a lost peer: it is ranked as a cause (a second early:
+    a record's time is finer than torchrun's) until explained, and explained only when it comes
+    first, so the ranks that failed later are never read."""
     ok = (exitcodes.OK, exitcodes.PREEMPTED)
-    failed = [f for f in ranks.values() if f.exit_code not in ok or f.signal or f.error]
-    if failed:
-        return min(failed, key=Failure.key).describe()
-    return _any_exception(run, list(nodes))
+    heap: list[tuple[tuple[int, int, float, int], int, bool]] = []
+    for f in ranks.values():
+        if open_ := f.signal is None and f.error is None:
+            _, timed, t, order = f.key()
+            heapq.heappush(heap, ((CAUSE, timed, t - 1.0, order), f.rank, True))
+        elif f.exit_code not in ok or f.signal or f.error:
+            heapq.heappush(heap, (f.key(), f.rank, False))
+    while heap:
+        _, rank, open_ = heapq.heappop(heap)
+        if not open_:
+            return ranks[rank]
+        explain(f := ranks[rank])
+        if f.exit_code not in ok or f.signal or f.error:
+            heapq.heappush(heap, (f.key(), rank, False))
+    return None
 
 
 def _torchrun_blocks(lines: list[str], log: Path, at: Rank) -> None:
@@ -208,38 +256,70 @@ def _srun_lines(run: Path, at: Rank) -> None:
                 f.signal, f.stopped = int(_STRSIGNAL[what]), stopping
 
 
-def _records(run: Path, at: Rank) -> None:
-    """The ranks' own records of this start (train_entry writes one at an exception)."""
-    starts = _jsonl(run / layout.RESTARTS)
-    if not starts:
-        return
-    last = starts[-1]
-    where = run / folder(str(last.get("job_id")), str(last.get("restart_count", 0)))
-    for path in sorted(where.glob("rank-*.json"), key=lambda p: _num(p.stem)):
+class _Records:
+    """The ranks' own records of this start (train_entry writes one at an exception), read in the
+    order they were written (mtime, from the listing: no bytes read) and each at most once."""
+
+    def __init__(self, run: Path, at: Rank) -> None:
+        self.run, self.at = run, at
+        self.paths: dict[int, tuple[float, Path]] = {}
+        starts = _jsonl(run / layout.RESTARTS)
+        if not starts:
+            return
+        last = starts[-1]
+        where = run / folder(str(last.get("job_id")), str(last.get("restart_count", 0)))
+        try:
+            with os.scandir(where) as listing:
+                for e in listing:
+                    if e.name.startswith("rank-") and e.name.endswith(".json"):
+                        self.paths[_num(e.name[:-5])] = (e.stat().st_mtime, Path(e.path))
+        except OSError:
+            pass
+
+    def read(self, ranks: dict[int, Failure]) -> None:
+        """Every record written before the earliest cause known (+ SLACK_S), oldest first: a
+        record written later cannot hold an earlier time; the rest only when a rank asks."""
+        keys = [f.key() for f in ranks.values() if f.weight() == CAUSE]
+        best = min(keys)[2] if keys else None
+        if keys and not min(keys)[1]:
+            return  # an untimed cause (srun's line) comes before every timed one
+        for rank, (mtime, _) in sorted(self.paths.items(), key=lambda kv: (kv[1][0], kv[0])):
+            if best is not None and mtime > best + SLACK_S:
+                break
+            if (f := self.apply(rank)) and f.weight() == CAUSE and f.time is not None:
+                best = f.time if best is None else min(best, f.time)
+
+    def apply(self, rank: int) -> Failure | None:
+        """Rank `rank`'s record, when it has one not read yet."""
+        if rank not in self.paths:
+            return None
+        _, path = self.paths.pop(rank)
         try:
             rec = json.loads(path.read_text())
             rank = int(rec["rank"])
         except (OSError, ValueError, KeyError, TypeError):
-            continue
-        f = at(rank)
+            return None
+        f = self.at(rank)
         f.host = f.host or rec.get("host")
         if isinstance(rec.get("node"), int):
             f.node = rec["node"] if f.node is None else f.node
-            f.node_log = f.node_log or str(run / layout.node_log(rec["node"]))
+            f.node_log = f.node_log or str(self.run / layout.node_log(rec["node"]))
         if isinstance(rec.get("time"), (int, float)):
             f.time = float(rec["time"])  # sub-second: better than torchrun's whole seconds
         f.error, f.lost_peer = str(rec.get("error")), bool(rec.get("lost_peer"))
         f.error_log = f.node_log or str(path)
         if f.exit_code is None and f.signal is None:
             f.exit_code = 1
+        return f
 
 
-def _any_exception(run: Path, nodes: list[Path]) -> Cause | None:
+def _any_exception(run: Path, nodes: dict[Path, list[str]]) -> Cause | None:
     """No rank is known to have failed (a user script without torchrun's blocks): the newest
-    exception any log holds, rank 0's first."""
+    exception any log holds, rank 0's first (tails; at most RANK_LOGS rank logs and tees)."""
     found = None
-    for log in [*_sorted(run, "logs/rank-*.log"), *nodes, *_tees(run)]:
-        for rank, line in _exceptions(_read_lines(log), None, log):
+    ranks, tees = _sorted(run, "logs/rank-*.log")[:RANK_LOGS], _tees(run)[:RANK_LOGS]
+    for log in [*ranks, *nodes, *tees]:
+        for rank, line in _exceptions(nodes.get(log) or _node_lines(log), None, log):
             if rank in (None, 0):
                 return Cause("exception", line, str(log))
             found = found or Cause("exception", line, str(log))
@@ -330,15 +410,31 @@ def _split(raw: str) -> tuple[int | None, str]:
     return (int(m.group(1)), raw[m.end() :]) if m else (None, raw)
 
 
-def _read_lines(path: Path, limit: int = 2_000_000) -> list[str]:
+def _read_lines(path: Path, limit: int = 1 << 20, *, whole: bool = True) -> list[str]:
+    """The last `limit` bytes' lines (a line cut at the start dropped); whole=False: the first."""
     try:
         with path.open("rb") as f:
-            f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - limit))
-            return f.read().decode(errors="replace").splitlines()
+            size = f.seek(0, 2)
+            f.seek(max(0, size - limit) if whole else 0)
+            lines = f.read(limit).decode(errors="replace").splitlines()
     except OSError:
         return []
+    return lines[1:] if whole and size > limit and lines else lines
+
+
+def _node_lines(path: Path) -> list[str]:
+    """A log's tail, read further back while it starts inside torchrun's failure block (a field
+    line before the block's `Failures:`), so every failure the block lists is whole."""
+    size = TAIL
+    while True:
+        lines = _read_lines(path, size)
+        heads = [i for i, x in enumerate(lines) if _split(x)[1].startswith("Failures:")]
+        fields = [i for i, x in enumerate(lines) if _FIELD.match(_split(x)[1])]
+        if not fields or (heads and heads[0] < fields[0]) or size >= TAIL_MAX:
+            return lines
+        if size >= (path.stat().st_size if path.exists() else 0):
+            return lines
+        size *= 4
 
 
 def _jsonl(path: Path) -> list[dict[str, object]]:

@@ -13,6 +13,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
@@ -25,7 +26,7 @@ from hpctrain.kernel.files import read_jsonl, utc_now
 from hpctrain.kernel.rundir import RunFolder, make_dirs, umask_of
 from hpctrain.runs import chain, sweepdir
 from hpctrain.runs import index as runindex
-from hpctrain.runs.record import BrokenRun, Job, Parsed, RunRecord
+from hpctrain.runs.record import BrokenRun, Job, Parsed, RunRecord, jsonl, read, regular, shown
 
 if TYPE_CHECKING:
     from hpctrain.jobs.request import JobRequest
@@ -56,8 +57,8 @@ def runs_dir_of(profile: ResolvedProfile, cwd: Path | None = None) -> Path:
         ) from None
 
 
-def _parse_jobs(path: Path) -> list[Job]:
-    return [job for line in read_jsonl(path) if (job := Job.of(line)) is not None]
+def _parse_jobs(path: str) -> list[Job]:
+    return [job for line in jsonl(path) if (job := Job.of(line)) is not None]
 
 
 def _yaml() -> ModuleType:
@@ -77,9 +78,10 @@ class RunDir(RunFolder):
 
     def __init__(self, path: str | Path) -> None:
         super().__init__(path)
-        self._record = Parsed(self.path / layout.RUN_YAML, self._parse_record)
-        self._jobs = Parsed(self.path / layout.JOBS, _parse_jobs)
-        self._restarts = Parsed(self.path / layout.RESTARTS, read_jsonl)
+        self._at = f"{self.path}{os.sep}"  # the files read below, as text (`runs`: 10,000 runs)
+        self._record = Parsed(self._at + layout.RUN_YAML, self._parse_record)
+        self._jobs = Parsed(self._at + layout.JOBS, _parse_jobs)
+        self._restarts = Parsed(self._at + layout.RESTARTS, jsonl)
         self._failed_early = False  # check_free's verdict, for create()
         self.moved_aside: Path | None = None  # create(): where a run of the same name went
 
@@ -221,30 +223,30 @@ class RunDir(RunFolder):
 
     # -- reading ----------------------------------------------------------------------------------
     def record(self) -> RunRecord:
-        """run.yaml, parsed once while it stays the same; BrokenRun when it is not a run's."""
-        if not self.exists():
-            raise UserError(f"{self.path} is not a run folder (no run.yaml)")
+        """run.yaml, parsed once while it stays the same (one stat a call); BrokenRun when it
+        is not a run's."""
         return self._record.get()
 
-    def _parse_record(self, path: Path) -> RunRecord:
-        yaml = _yaml()
-        # libyaml's safe loader where it is built (10-20x faster; `status` and `runs` read every
-        # run's run.yaml), else the same safe loader in Python
-        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    def _parse_record(self, path: str) -> RunRecord:
         try:
-            data = yaml.load(path.read_text(), Loader=loader)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError, ValueError, RecursionError) as e:
-            what = getattr(e, "strerror", None) or type(e).__name__
-            raise BrokenRun(
-                f"{path} cannot be read ({what}): the run is broken; fix: restore "
-                "run.yaml from a backup, or move the folder away"
-            ) from None
-        if not isinstance(data, dict):
-            raise BrokenRun(
-                f"{path} is not a mapping: the run is broken; fix: restore run.yaml "
-                "from a backup, or move the folder away"
-            )
-        return RunRecord.parse(data, path)
+            data = regular(path)
+            text = None if data is None else data.decode()
+        except (FileNotFoundError, NotADirectoryError):
+            text = None
+        except (OSError, UnicodeDecodeError) as e:
+            raise _unreadable(path, getattr(e, "strerror", None) or type(e).__name__) from None
+        if text is None:  # gone, or a folder or pipe of that name
+            raise UserError(f"{self.path} is not a run folder (no run.yaml)")
+        # the keys the record's fields read, from their lines (`runs` reads every run's
+        # run.yaml); the whole file where they are not in hpctrain's shape, or when asked
+        # (`resume`: record.request)
+        doc, where = shown(text), Path(path)
+        if doc is not None:
+            try:
+                return RunRecord.parse(doc, where, lambda: _load(text, where))
+            except BrokenRun:
+                pass  # the whole file's parse says what is wrong with it
+        return RunRecord.parse(_load(text, where), where)
 
     def frozen(self) -> dict[str, object]:
         """run.yaml as a new mapping of its own, to change and freeze() again (resume)."""
@@ -275,14 +277,16 @@ class RunDir(RunFolder):
         return list(self._restarts.get())
 
     def events(self) -> list[dict[str, object]]:
-        return read_jsonl(self.path / layout.EVENTS)
+        return jsonl(self._at + layout.EVENTS)
 
-    def local_state(
-        self,
-    ) -> dict[str, Any] | None:  # Any: state.json, as the batch script writes it
+    def local_state(self) -> dict[str, Any] | None:  # Any: state.json, as the script writes it
+        return self.json_object(layout.STATE)
+
+    def json_object(self, rel: str) -> dict[str, Any] | None:  # Any: a JSON file, as written
+        """The JSON object in file `rel` (state.json, mesh.json); None when there is none."""
         try:
-            data = json.loads((self.path / layout.STATE).read_text())
-        except (OSError, ValueError):
+            data = json.loads(read(self._at + rel))
+        except ValueError:
             return None
         return data if isinstance(data, dict) else None
 
@@ -290,11 +294,10 @@ class RunDir(RunFolder):
         """Why the run stopped, in one line: the last `error: ...` line a rank or the batch script
         wrote, else, when the run folder's disk is full, that (with the newest checkpoint and the fix)."""
         found = None
-        logs = [
-            *sorted(self.logs.glob("node-*.log")),
-            *sorted(self.logs.glob("rank-*.log")),
-            self.logs / "batch.log",
-        ]
+        nodes, ranks = sorted(self.logs.glob("node-*.log")), sorted(self.logs.glob("rank-*.log"))
+        if len(nodes) + len(ranks) > 64:  # a big run: node 0's and rank 0's (status' root cause
+            nodes, ranks = nodes[:1], ranks[:1]  # names the rest; 9,000 tails were 147 MB)
+        logs = [*nodes, *ranks, self.logs / "batch.log"]
         for log in logs:
             try:
                 with open(log, "rb") as f:
@@ -324,12 +327,33 @@ class RunDir(RunFolder):
 
     def newest_checkpoint_step(self) -> int | None:
         """The step of checkpoints/latest (the newest verified checkpoint), or None."""
-        try:
-            name = (self.path / "checkpoints" / "latest").read_text().strip()
-        except OSError:
-            return None
+        name = read(f"{self._at}checkpoints{os.sep}latest").decode(errors="replace").strip()
         digits = name.rsplit("-", 1)[-1]
         return int(digits) if digits.isdigit() else None
+
+
+def _load(text: str, path: Path) -> dict[str, object]:
+    """run.yaml's text as a mapping, or BrokenRun saying why not."""
+    yaml = _yaml()
+    # libyaml's safe loader where it is built (10-20x faster), else the same loader in Python
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    try:
+        data = yaml.load(text, Loader=loader)
+    except (yaml.YAMLError, ValueError, RecursionError) as e:
+        raise _unreadable(path, type(e).__name__) from None
+    if not isinstance(data, dict):
+        raise BrokenRun(
+            f"{path} is not a mapping: the run is broken; fix: restore run.yaml "
+            "from a backup, or move the folder away"
+        )
+    return data
+
+
+def _unreadable(path: str | Path, what: str) -> BrokenRun:
+    return BrokenRun(
+        f"{path} cannot be read ({what}): the run is broken; fix: restore "
+        "run.yaml from a backup, or move the folder away"
+    )
 
 
 def find_run(ref: str, runs_dir: Path | None = None) -> RunDir:
@@ -357,33 +381,36 @@ def find_run(ref: str, runs_dir: Path | None = None) -> RunDir:
 
 
 def all_runs(runs_dir: Path | None = None) -> list[RunDir]:
-    """Runs in `runs_dir` (default ./runs) and in the index, oldest first, each once."""
-    seen: dict[Path, RunDir] = {}
+    """Runs in `runs_dir` (default ./runs) and in the index, oldest first, each once. One stat of
+    each run.yaml (it has the age too), and a folder's real path from the runs folder's (only a
+    link is resolved on its own): `runs` lists 10,000 folders."""
+    seen: dict[Path, tuple[float, RunDir]] = {}
+
+    def add(where: Path) -> None:
+        try:
+            st = os.stat(f"{where}{os.sep}{layout.RUN_YAML}")
+        except (OSError, ValueError):
+            return
+        if stat.S_ISREG(st.st_mode):
+            seen.setdefault(where, (st.st_mtime, RunDir(where)))
+
     base = runs_dir or Path("runs")
     try:
-        children = sorted(base.iterdir()) if base.is_dir() else []
-    except OSError:
+        real = base.resolve()
+        children = sorted(os.scandir(base), key=lambda e: e.name) if base.is_dir() else []
+    except (OSError, RuntimeError):
         children = []
     for child in children:
         try:
-            if (child / "run.yaml").is_file():
-                seen.setdefault(child.resolve(), RunDir(child.resolve()))
+            add(Path(os.path.realpath(child.path)) if child.is_symlink() else real / child.name)
         except (OSError, RuntimeError):
             continue  # a symlink loop or an unreadable entry is not a run
     for item in runindex.entries():
         try:
-            if (item.path / layout.RUN_YAML).is_file():
-                seen.setdefault(item.path.resolve(), RunDir(item.path.resolve()))
+            add(item.path.resolve())
         except (OSError, RuntimeError, ValueError):
             continue
-
-    def mtime(r: RunDir) -> float:
-        try:
-            return r.run_yaml.stat().st_mtime
-        except OSError:
-            return 0.0
-
-    return sorted(seen.values(), key=mtime)
+    return [run for _, run in sorted(seen.values(), key=lambda pair: pair[0])]
 
 
 def move_aside(path: Path, name: str) -> Path:

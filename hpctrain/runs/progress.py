@@ -11,7 +11,7 @@ import dataclasses
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -50,6 +50,22 @@ def _tail_rows(path: Path, limit: int = 20) -> list[dict[str, object]]:
         if isinstance(row, dict) and isinstance(row.get("step"), int):
             rows.append(row)
     return rows
+
+
+def lines_from_end(path: Path, block: int = 4096) -> Iterator[bytes]:
+    """The lines of a file, the last first, read backwards a block at a time (each block twice
+    the one before, up to 1 MiB): the newest line of a 10^6-line metrics.jsonl costs one block.
+    The last line may be cut short (a job writing it, or killed): the caller's parse skips it."""
+    with path.open("rb") as f:
+        end = f.seek(0, 2)
+        rest = b""
+        while end > 0:
+            start = max(0, end - block)
+            f.seek(start)
+            lines = (f.read(end - start) + rest).split(b"\n")
+            end, block = start, min(block * 2, 1 << 20)
+            rest = lines.pop(0) if start > 0 else b""  # cut at the block's start: goes on below
+            yield from (line for line in reversed(lines) if line.strip())
 
 
 def _number(value: object) -> float | None:

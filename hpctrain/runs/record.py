@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cache, cached_property, lru_cache
 from pathlib import Path
 from typing import Generic, TypeVar
 
 from hpctrain.kernel.errors import UserError
+from hpctrain.kernel.files import jsonl_records
 
 T = TypeVar("T")
 FIX = "fix: restore run.yaml from a backup, or move the folder away"
@@ -31,7 +34,9 @@ class BrokenRun(UserError):
 
 @dataclass(frozen=True)
 class RunRecord:
-    """run.yaml as this hpctrain reads it."""
+    """run.yaml as this hpctrain reads it. The fields are what `runs` and `status` show (read from
+    the lines that hold them, shown()); `request`, `profile` and `document` parse the whole file
+    on first use (resume, sweeps)."""
 
     scheduler: str
     """profile.scheduler: `local` when unset."""
@@ -52,15 +57,33 @@ class RunRecord:
     cwd: str | None
     """Where `submit` ran: relative entry arguments point there."""
     node_python: str | None
-    request: Mapping[str, object]
-    profile: Mapping[str, object]
-    document: Mapping[str, object]
-    """The whole file, as parsed (RunDir.frozen() hands out a copy to rewrite)."""
+    path: Path
+    whole: Callable[[], Mapping[str, object]] = field(repr=False, compare=False)
+    """The whole file, parsed (BrokenRun if it cannot be)."""
+
+    @cached_property
+    def document(self) -> Mapping[str, object]:
+        """The whole file, as parsed (RunDir.frozen() hands out a copy to rewrite)."""
+        return self.whole()
+
+    @property
+    def request(self) -> Mapping[str, object]:
+        return _section(self.document, "request", self.path)
+
+    @property
+    def profile(self) -> Mapping[str, object]:
+        return _section(self.document, "profile", self.path)
 
     @classmethod
-    def parse(cls, doc: Mapping[str, object], where: Path) -> RunRecord:
-        """The record of a parsed run.yaml; BrokenRun naming the first key that is not what
-        hpctrain wrote (a missing key is an older hpctrain's file: its default)."""
+    def parse(
+        cls,
+        doc: Mapping[str, object],
+        where: Path,
+        whole: Callable[[], Mapping[str, object]] | None = None,
+    ) -> RunRecord:
+        """The record of a parsed run.yaml (`whole`: the whole file, when `doc` holds only the
+        keys the fields read); BrokenRun naming the first key that is not what hpctrain wrote (a
+        missing key is an older hpctrain's file: its default)."""
         req, prof = _section(doc, "request", where), _section(doc, "profile", where)
         pre = prof.get("preemption") or {}
         if not isinstance(pre, Mapping):
@@ -85,10 +108,136 @@ class RunRecord:
             created=_get(doc, "created", str, where),
             cwd=_get(doc, "cwd", str, where),
             node_python=_get(doc, "node_python", str, where),
-            request=req,
-            profile=prof,
-            document=doc,
+            path=where,
+            whole=whole or (lambda: doc),
         )
+
+
+# What RunRecord's fields read of run.yaml, as yaml.safe_dump writes it (block style, sorted keys,
+# two spaces a level): top-level scalars, and keys of `profile` and `request`, each a scalar, a
+# mapping of scalars or a list of scalars.
+_TOP_SCALARS = ("created", "cwd", "node_python")
+_SHOWN = {
+    "profile": ("name", "scheduler", "preemption"),
+    "request": ("args", "entry", "gpus", "nodes", "strategy", "time_min"),
+}
+# each pattern starts at a line's "\n" (a literal: re finds it fast); shown() reads "\n" + text
+_TOP = re.compile(r"\n([A-Za-z_][A-Za-z0-9_]*):(?: ([^\n]*))?(?=\n|\Z)")
+_NOT_TOP = re.compile(r"\n(?![A-Za-z_][A-Za-z0-9_]*:(?: |\n|\Z)|- | |\n|\Z)")
+_SUBS = {
+    top: re.compile(rf"\n  ({'|'.join(keys)}):(?: ([^\n]*))?(?=\n|\Z)")
+    for top, keys in _SHOWN.items()
+}
+_SUB_END = re.compile(r"\n(?!   |  - )")  # the next line as deep as a key of the section
+_NOT_SUB = re.compile(r"\n(?!  [A-Za-z_][A-Za-z0-9_]*:(?: |\n|\Z)|  - |   |\n|\Z)")
+_LEAF = re.compile(r"    ([A-Za-z_][A-Za-z0-9_]*): (.*)")
+_ITEM = re.compile(r"  - (.*)")
+_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]{0,17})")
+_PLAIN = re.compile(r"(?:[A-Za-z0-9/_.~+=(]|-[^ ])[^#]*(?<!:)")  # no indicator first, no comment
+# what YAML's reader refuses, and \r (another line break): the whole file's parse says so
+_UNREAD = re.compile("[^\x09\x0a\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+_NAMED: dict[str, object] = {"null": None, "~": None, "true": True, "false": False}
+_EMPTY = {"[]": list, "{}": dict}  # how safe_dump writes an empty list or mapping
+
+
+class _Odd(Exception):
+    """run.yaml is not in the shape shown() reads: the whole file is parsed instead."""
+
+
+def shown(text: str) -> dict[str, object] | None:
+    """The keys of run.yaml that RunRecord's fields read, as YAML reads them, from their lines
+    alone: `runs` reads every run's run.yaml, and the whole file (130 lines) costs 20x more. None
+    where the file is not in the shape hpctrain writes (flow style, quoted or double-quoted
+    text, anchors, tags, a value over several lines): the caller parses the whole file with the
+    safe loader. A value that is not plain text, a whole number, true/false or null is odd."""
+    try:
+        text = "\n" + text
+        if "\n\n" in text or _NOT_TOP.search(text) or _unread(text):
+            return None
+        tops = list(_TOP.finditer(text))
+        doc: dict[str, object] = {}
+        for i, m in enumerate(tops):
+            body = text[m.end() : tops[i + 1].start() if i + 1 < len(tops) else len(text)]
+            key = m.group(1)
+            if key in _TOP_SCALARS:
+                doc[key] = _block(m.group(2), body, _LEAF)
+            elif key in _SHOWN:
+                if m.group(2) or _NOT_SUB.search(body):
+                    return None
+                doc[key] = _section_of(body, _SUBS[key])
+        return doc
+    except _Odd:
+        return None
+
+
+def _unread(text: str) -> bool:
+    """_UNREAD's characters in `text`; ASCII text (run.yaml as written) without a regex scan: its
+    printable characters are exactly the ones YAML reads, but for a tab and a line break."""
+    if text.isascii():
+        return not text.replace("\n", "").replace("\t", "").isprintable()
+    return _UNREAD.search(text) is not None
+
+
+def _section_of(body: str, keys: re.Pattern[str]) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for m in keys.finditer(body):  # a key written twice: the last one, as YAML reads it
+        at, inline = m.end(), m.group(2)
+        if inline is not None and (at == len(body) or _SUB_END.match(body, at)):
+            out[m.group(1)] = _block(inline, "", _LEAF)  # one line (most keys): no search
+            continue
+        end = _SUB_END.search(body, at)
+        out[m.group(1)] = _block(inline, body[at : end.start() if end else None], _LEAF)
+    return out
+
+
+def _block(inline: str | None, body: str, leaf: re.Pattern[str]) -> object:
+    """A key's value: `inline` after `key: `, else the lines under it (`body`): a mapping of
+    scalars (`leaf`) or a list of scalars (`- x` lines)."""
+    lines = body.split("\n")[1:]  # body: "\n" + its lines
+    if lines and not lines[-1]:
+        lines.pop()  # the file's last line break
+    if inline is not None:
+        if lines:
+            raise _Odd  # a value over several lines
+        return _EMPTY[inline]() if inline in _EMPTY else _scalar(inline)
+    if not lines:
+        return None
+    matches = [(_ITEM if lines[0].startswith("  - ") else leaf).fullmatch(line) for line in lines]
+    if None in matches:
+        raise _Odd  # a line that is neither (a nested mapping, a flow value, ...)
+    found = [m.groups() for m in matches if m is not None]
+    if lines[0].startswith("  - "):
+        return [_scalar(item) for (item,) in found]
+    return {key: _scalar(value) for key, value in found}
+
+
+@lru_cache(maxsize=4096)  # runs share most values (local, USR2, ddp, a path): one reading each
+def _scalar(raw: str) -> object:
+    """One plain or single-quoted scalar as the safe loader reads it; _Odd for anything else."""
+    if len(raw) >= 2 and raw[0] == raw[-1] == "'" and "'" not in raw[1:-1].replace("''", ""):
+        return raw[1:-1].replace("''", "'")
+    if raw in _NAMED:
+        return _NAMED[raw]
+    if _INT.fullmatch(raw):
+        return int(raw)
+    if not _PLAIN.fullmatch(raw) or raw != raw.strip() or ": " in raw or _resolved(raw):
+        raise _Odd
+    return raw
+
+
+def _resolved(raw: str) -> bool:
+    """Does YAML 1.1 read this plain scalar as something other than text (1.5, yes, 0x1f, a
+    date, 1:30)?"""
+    return _tag_of()(raw) != "tag:yaml.org,2002:str"
+
+
+@cache
+def _tag_of() -> Callable[[str], str]:
+    """The tag YAML's safe resolver gives a plain scalar."""
+    import yaml  # lazy: CLI start-up (`logs`, `cancel` read no run.yaml)
+
+    resolver = yaml.resolver.Resolver()
+    return lambda raw: str(resolver.resolve(yaml.ScalarNode, raw, (True, False)))  # type: ignore[no-untyped-call]
 
 
 def _section(doc: Mapping[str, object], key: str, where: Path) -> Mapping[str, object]:
@@ -131,11 +280,44 @@ class Job:
         return cls(str(job_id), kind if isinstance(kind, str) else None, line)
 
 
+def regular(path: str | Path) -> bytes | None:
+    """A regular file's bytes; None when `path` is something else (a folder, a FIFO: never waited
+    on). OSError when it cannot be opened or read. One open and no stat of the path: `runs` reads
+    7 files of each of 10,000 runs."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # no effect on a regular file
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        # os calls, not open(): 4 system calls for a small file where a file object makes 10
+        want, data = st.st_size + 1, b""  # one more: a file that grows is read to its end
+        while chunk := os.read(fd, want):
+            data += chunk
+            if len(chunk) < want:  # a regular file's short read: its end
+                break
+        return data
+    finally:
+        os.close(fd)
+
+
+def read(path: str | Path) -> bytes:
+    """regular(), with b"" for a file that is missing, unreadable or not a regular file."""
+    try:
+        return regular(path) or b""
+    except OSError:
+        return b""
+
+
+def jsonl(path: str | Path) -> list[dict[str, object]]:
+    """Every JSON object of a JSON-lines file, as kernel.files.read_jsonl reads it, in one open."""
+    return jsonl_records(read(path).decode(errors="replace").splitlines())
+
+
 class Parsed(Generic[T]):
     """One file's parse, kept while the file is the same (inode, size and mtime): `status` asks
     about run.yaml and jobs.jsonl from several places, and a poll loop sees every change."""
 
-    def __init__(self, path: Path, parse: Callable[[Path], T]) -> None:
+    def __init__(self, path: str, parse: Callable[[str], T]) -> None:
         self.path, self.parse = path, parse
         self.key: tuple[int, int, int] | None = None
         self.value: tuple[T] | None = None  # a 1-tuple: the parse may be None

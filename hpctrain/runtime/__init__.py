@@ -38,7 +38,7 @@ put in the state dict (e.g. {"epoch": 1, "offset": 4096}).
 
 A worker that dies is started again inside the job (`preemption.max_in_job_restarts`): the script
 runs from the top and `load()` returns the newest snapshot every rank can get (its own node's
-memory or its partner's copy on the next node), when newer than the disk checkpoint, with the RNG
+memory or its partner's copy on another node), when newer than the disk checkpoint, with the RNG
 restored; so few steps are redone. Snapshots are taken every `Checkpoint(snapshot_every=N)` steps
 (default: as often as they cost under 2% of a step; 0: never) and never replace `latest`. With
 more than 2 DDP ranks, `runtime.fix_ddp_buckets(DDP(model))` keeps a resume exact (docs/recovery.md).

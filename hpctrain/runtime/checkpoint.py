@@ -109,7 +109,7 @@ class Checkpoint:
     snapshot(step, state): call it at every step boundary, on every rank (cheap when none is due).
     When one is due (every `snapshot_every` steps; None: auto, as often as its cost stays under 2%
     of a step; 0: off) each rank keeps `state` and its RNG in node-local memory and sends a copy to
-    its partner on the next node. Off outside an hpctrain job (no job id), and for several processes
+    its partner on another node. Off outside an hpctrain job (no job id), and for several processes
     without a process group. Snapshots never move `latest`. close(): at the run's end (after its
     last save), the snapshots' memory freed.
     """

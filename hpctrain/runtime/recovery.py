@@ -12,9 +12,10 @@ torch). On top of that:
   that restarts its node's workers because another node's failed counts no restart of its own.
 - `record` (restarts.py, torch-free): rank 0 writes one `in_job_restart` event per restart.
 - Snapshots in memory: every N steps each rank keeps its state as bytes in node-local memory
-  (kernel/snapshot.py) and sends a copy to its partner, the rank with its local rank on the next
-  node (`Exchange`). At an in-job restart the newest snapshot every rank can get (`choose`) loads
-  when it is newer than the newest disk checkpoint. Snapshots never move `latest`.
+  (kernel/snapshot.py) and sends a copy to its partner, the rank with its local rank on a node of
+  another rack, else N/2 nodes away (`Exchange`, kernel/partners.py). At an in-job restart the
+  newest snapshot every rank can get (`choose`) loads when it is newer than the newest disk
+  checkpoint. Snapshots never move `latest`.
   `Snapshots` decides when (every N steps, or auto: under `budget` of a step) and whether they
   fit in memory; what goes in is the caller's (`payload`: the state, `apply`: it loaded, thawed):
   train_entry/snapshot.for_train_state, runtime.Checkpoint.snapshot. The loop waits only for
@@ -24,7 +25,9 @@ torch). On top of that:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -35,7 +38,7 @@ from statistics import median_high
 import torch
 import torch.distributed as dist
 
-from hpctrain.kernel import fatal, jobenv
+from hpctrain.kernel import fatal, jobenv, partners
 from hpctrain.kernel import snapshot as store
 from hpctrain.kernel.rundir import RunFolder
 from hpctrain.runtime.frozen import Buffer, freeze, thaw
@@ -71,7 +74,6 @@ class Exchange:
     def __init__(self, run_dir: str | os.PathLike[str]) -> None:
         up = dist.is_available() and dist.is_initialized()
         self.rank, self.world = (dist.get_rank(), dist.get_world_size()) if up else (0, 1)
-        local = int(os.environ.get("LOCAL_WORLD_SIZE") or self.world)
         self.folder = store.node_folder(run_dir)
         self.node = store.node_name()
         # own gloo groups: the bytes are on the CPU (NCCL moves no CPU tensors), the exchange never
@@ -79,11 +81,20 @@ class Exchange:
         # with `get` and the agreements (the loop's); the job's collective timeout (torch's: 30
         # min): a rank whose write hangs fails its partner in that time, as any lost peer does
         wait = timedelta(seconds=float(jobenv.get(jobenv.PG_TIMEOUT_S) or PG_TIMEOUT_S))
-        self.group = dist.new_group(backend="gloo", timeout=wait) if self.world > 1 else None
-        self.side = dist.new_group(backend="gloo", timeout=wait) if self.world > 1 else None
-        # one node (or one rank): the partner copy would sit in the same memory
-        self.partner = (self.rank + local) % self.world if self.world > local else None
-        self.source = (self.rank - local) % self.world
+        # lazy (partners.lazy_gloo): a pair connects at its first message, so the exchange holds
+        # its partner's and source's connections and the agreements' ring neighbours' (flat in
+        # the world size; torch < 2.8: the full mesh of each group)
+        with partners.lazy_gloo():
+            self.group = dist.new_group(backend="gloo", timeout=wait) if self.world > 1 else None
+            self.side = dist.new_group(backend="gloo", timeout=wait) if self.world > 1 else None
+        host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        mine = json.dumps([self.node, partners.rack_of(host, jobenv.get(jobenv.RACKS))])
+        where = [json.loads(raw) for raw in self.gather(mine.encode())]
+        # another rack's node, else the node N/2 away (one node: the copy would sit in the same
+        # memory); a restart reads a lost node's ranks from the same partners (`get`)
+        self.partners = partners.partners([str(w[0]) for w in where], [str(w[1]) for w in where])
+        self.partner = self.partners[self.rank]
+        self.source = partners.sources(self.partners)[self.rank]
         self._got: torch.Tensor | None = None
         self.unsafe = store.ready(self.folder)  # why snapshots cannot be kept here, or None
         self.failed: str | None = None  # the newest write that failed (the run goes on)
@@ -99,7 +110,9 @@ class Exchange:
         digest = store.checksum(data)
         self._keep(self.rank, step, data, digest=digest, anchor=sent)
         own = time.thread_time() - t
-        if not send or self.partner is None:
+        to = [self.partner] if sent and self.partner is not None else []
+        source = self.source if send else None  # whose copy comes here
+        if not to and source is None:
             return own, 0.0
         t = time.perf_counter()
         mac = store.header(
@@ -114,19 +127,24 @@ class Exchange:
         # the 64-bit digest as a signed int64 on the wire, the signature after it
         head = torch.cat([torch.tensor([len(data), digest - (digest >> 63 << 64)]), signature])
         theirs = torch.zeros(6, dtype=torch.int64)
-        self._pairs([(head, self.partner)], [(theirs, self.source)], self.side)
+        self._pairs(
+            [(head, p) for p in to], [(theirs, source)] if source is not None else [], self.side
+        )
+        if source is None:
+            self._pairs([(torch.frombuffer(data, dtype=torch.uint8), p) for p in to], [], self.side)
+            return own, time.perf_counter() - t
         size, digest = (int(v) for v in theirs[:2].tolist())
-        meta: dict[str, object] = dict(step=step, rank=self.source, world=self.world, size=size)
+        meta: dict[str, object] = dict(step=step, rank=source, world=self.world, size=size)
         meta |= {"digest": digest % (1 << 64), "mac": theirs[2:].numpy().tobytes().hex()}
         if self._got is None or self._got.numel() != size:  # reused: fresh memory faults its pages
             self._got = torch.empty(max(0, size), dtype=torch.uint8)
         got = self._got
         mine = torch.frombuffer(data, dtype=torch.uint8)
-        self._pairs([(mine, self.partner)], [(got, self.source)], self.side)
-        if store.valid(got.numpy().data, meta, self.folder, self.source, step):
-            self._keep(self.source, step, got.numpy().data, digest=digest % (1 << 64))
+        self._pairs([(mine, p) for p in to], [(got, source)], self.side)
+        if store.valid(got.numpy().data, meta, self.folder, source, step):
+            self._keep(source, step, got.numpy().data, digest=digest % (1 << 64))
         else:
-            self.failed = f"the copy rank {self.source} sent of step {step} did not verify"
+            self.failed = f"the copy rank {source} sent of step {step} did not verify"
         return own, time.perf_counter() - t
 
     def _keep(
@@ -150,6 +168,7 @@ class Exchange:
         step, source = store.choose(held, self.world, newer_than)
         if step is None:
             return None
+        source = partners.route(source, held, step, self.partners)  # the pairs `put` connected
         data = None
         sends: Pairs = []
         recvs: Pairs = []

@@ -55,36 +55,60 @@ def follow(
     run: RunDir, files: list[Path], out: Callable[[str], None], *, new_nodes: bool = False
 ) -> None:
     """Pass what is added to `files` to `out` until the job ends; `new_nodes`: node logs that appear
-    later (the job was pending when following began) are followed too. Ctrl-C stops quietly."""
+    later (the job was pending when following began) are followed too. Ctrl-C stops quietly.
+    The scheduler is asked on dispatch.Poll's schedule (Slurm: backing off to once a minute, sooner
+    when the run folder's own files change); the logs folder is listed again only when its mtime
+    changes (a new file), and a file is read only when it grew."""
     offsets = {f: 0 for f in files}
     quiet = {f: Quiet(f) for f in files}
-    finished_polls = 0
+    poll = dispatch.poll_for(run, None)
+    listed: int | None = None
+    last, ended = "", False
     try:
         while True:
-            if new_nodes:
+            if new_nodes and (stamp := _mtime(run.logs)) != listed:
+                listed = stamp
                 for f in sorted(run.logs.glob("node-*.log")):
                     offsets.setdefault(f, 0)
                     quiet.setdefault(f, Quiet(f))
             for f in list(offsets):
-                if f.is_file():
-                    with f.open("rb") as fh:
-                        fh.seek(offsets[f])
-                        chunk = fh.read()
-                    if chunk:
-                        offsets[f] += len(chunk)
-                        text = quiet[f].feed(chunk.decode(errors="replace"))
-                        if text:
-                            out(text)
-            if dispatch.state(run) in TERMINAL:
-                finished_polls += 1
-                if finished_polls > 1:  # one last read after the end
-                    for q in quiet.values():
-                        if text := q.end():
-                            out(text)
-                    return
+                text = _grown(f, offsets, quiet[f])
+                if text:
+                    out(text)
+            if ended:  # one last read after the end
+                for q in quiet.values():
+                    if text := q.end():
+                        out(text)
+                return
+            now = time.monotonic()
+            if poll.due(now):
+                current = dispatch.state(run)
+                poll.answered(now, changed=current != last)
+                last, ended = current, current in TERMINAL
             time.sleep(1)
     except KeyboardInterrupt:
         return
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return path.stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def _grown(f: Path, offsets: dict[Path, int], quiet: Quiet) -> str:
+    """What was added to `f` since the last read, shown quietly ("" when it did not grow)."""
+    try:
+        if f.stat().st_size <= offsets[f]:
+            return ""
+        with f.open("rb") as fh:
+            fh.seek(offsets[f])
+            chunk = fh.read()
+    except OSError:
+        return ""
+    offsets[f] += len(chunk)
+    return quiet.feed(chunk.decode(errors="replace"))
 
 
 # ---------------------------------------------------------------- a routine preempt, shown quietly

@@ -13,21 +13,24 @@ from pathlib import Path
 from hpctrain import dispatch
 from hpctrain.kernel import states
 from hpctrain.runs.folder import TERMINAL, RunDir
+from hpctrain.runs.progress import lines_from_end
 from hpctrain.runs.sweepdir import read
 
 
 def final_loss(run_path: Path) -> float | None:
+    """The loss of the newest metrics line that has one, read from the file's end (a sweep of
+    long runs reads a block of each, not every point's whole file)."""
     try:
-        lines = (run_path / "metrics.jsonl").read_text().splitlines()
+        for line in lines_from_end(run_path / "metrics.jsonl"):
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue
+            loss = rec.get("loss") if isinstance(rec, dict) else None
+            if isinstance(loss, int | float) and not isinstance(loss, bool):
+                return float(loss)
     except OSError:
         return None
-    for line in reversed(lines):
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(rec, dict) and isinstance(rec.get("loss"), (int, float)):
-            return float(rec["loss"])
     return None
 
 
@@ -48,9 +51,11 @@ class Point:
 def table(sweep_dir: Path) -> list[Point]:
     """One row per point: index, values, state, job, newest checkpoint step, final loss."""
     rows = []
-    for p in read(sweep_dir).get("points", []):
-        run = RunDir(sweep_dir / str(p["folder"]))
-        state = dispatch.state(run) if run.exists() and run.jobs() else states.WAITING
+    listed = [(p, RunDir(sweep_dir / str(p["folder"]))) for p in read(sweep_dir).get("points", [])]
+    known = dispatch.states([run for _, run in listed if run.exists() and run.jobs()])
+    for p, run in listed:
+        waiting = not (run.exists() and run.jobs())
+        state = known.get(run) or (states.WAITING if waiting else dispatch.state(run))
         rows.append(
             Point(
                 index=p["index"],
@@ -76,12 +81,9 @@ def cancel(sweep_dir: Path) -> list[tuple[str, str]]:
                 os.kill(int(pid), 15)
         except OSError:
             pass
-    out = []
-    for p in data.get("points", []):
-        run = RunDir(sweep_dir / str(p["folder"]))
-        if not run.exists() or not run.jobs():
-            continue
-        before = dispatch.state(run)
-        if before not in TERMINAL:
-            out.append((str(p["folder"]), dispatch.cancel(run)))
-    return out
+    runs = {str(p["folder"]): RunDir(sweep_dir / str(p["folder"])) for p in data.get("points", [])}
+    queued = {name: run for name, run in runs.items() if run.exists() and run.jobs()}
+    before = dispatch.states(list(queued.values()))  # one question, one scancel for them all
+    live = {name: run for name, run in queued.items() if before.get(run) not in TERMINAL}
+    after = dispatch.cancel_many(list(live.values()))
+    return [(name, after.get(run, states.UNKNOWN)) for name, run in live.items()]

@@ -45,8 +45,10 @@ class Checkpoint:
 
 
 def newest_checkpoint(run: RunDir, warn: Warn | None = None) -> Checkpoint | None:
-    """The newest checkpoint that verifies, read without torch."""
-    found = newest_verified(run.path / layout.CHECKPOINTS, warn=warn)
+    """The newest checkpoint whose manifest checks (names, sizes; read without torch). Its
+    digests are left to the job's ranks, each hashing the files it reads (issue 37: the whole
+    read of a 1 TB checkpoint on the login node took minutes); a damaged one is skipped there."""
+    found = newest_verified(run.path / layout.CHECKPOINTS, warn=warn, digests=False)
     if found is None:
         return None
     step, strategy = found[1].get("step"), found[1].get("strategy")
@@ -98,7 +100,9 @@ def plan(
     A run folder another account could have written (swapped into a shared runs_dir) is refused
     before anything in it is read: its profile would become the job's script."""
     r.check_safe()
-    r.record()  # a broken run.yaml says so before the scheduler is asked
+    # a broken run.yaml (any line: record() reads only the ones `runs` shows) says so before
+    # the scheduler is asked
+    r.record().document  # noqa: B018 - the whole file's parse, for its error
     current = dispatch.state(r)
     if current in ACTIVE:
         raise UserError(

@@ -217,6 +217,12 @@ hpctrain_stalled() {
 }
 hpctrain_rc=0  # a launch's first failure (hpctrain_wait); 0 when the gate stops the job before any
 hpctrain_nodes=  # the nodes to train on, when the gate dropped some (comma-separated)
+# A node list goes to a command by a file, never as one argument (Linux refuses an argument over
+# 128 KiB: ~12,000 names); scontrol reads SLURM_JOB_NODELIST itself.
+hpctrain_list_file() {  # FILE LIST [FLAG]: one name a line (srun --nodelist=FILE), or FLAG and
+  mkdir -p "${1%/*}"  # LIST as two lines, what Python's argparse reads from @FILE
+  if [ -n "${3:-}" ]; then printf '%s\n' "$3" "$2" >"$1"; else tr ',' '\n' <<<"$2" >"$1"; fi
+}
 hpctrain_entry=(-m train_entry --run-dir /scratch/runs/golden --strategy ddp --max-steps 10)
 
 hpctrain_fatal=0  # an error that repeats (the FATAL file): the job fails with it
@@ -234,7 +240,8 @@ while :; do
   # say 127.0.1.1), from its name with the site's suffix, or from one of its interfaces (this batch
   # shell runs on it); the port from the job id inside the profile's range, never 29500 unless the
   # profile names it, never in the ephemeral range, and free on the head.
-  hpctrain_head=$(scontrol show hostnames "${hpctrain_nodes:-$SLURM_JOB_NODELIST}" | head -n 1)
+  hpctrain_head=${hpctrain_nodes%%,*}  # no argument grows with nodes: scontrol reads SLURM_JOB_NODELIST
+  if [ -z "$hpctrain_head" ]; then hpctrain_head=$(scontrol show hostnames | head -n 1); fi
   hpctrain_head_addr=$(getent ahostsv4 "$hpctrain_head" | awk 'NR == 1 {print $1}')
   if [ -z "$hpctrain_head_addr" ]; then
     hpctrain_fail "cannot resolve the head node '$hpctrain_head' to an IPv4 address (getent ahostsv4)"
@@ -266,7 +273,10 @@ while :; do
 
   unset HPCTRAIN_NODEID
   hpctrain_launch=(srun --nodes="$HPCTRAIN_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1)
-  if [ -n "$hpctrain_nodes" ]; then hpctrain_launch+=(--nodelist="$hpctrain_nodes"); fi  # the gate's healthy nodes
+  if [ -n "$hpctrain_nodes" ]; then  # the gate's healthy nodes, by a file (srun reads a path's names)
+    hpctrain_list_file "$HPCTRAIN_RUN_DIR/preflight/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT/training.txt" "$hpctrain_nodes"
+    hpctrain_launch+=(--nodelist="$HPCTRAIN_RUN_DIR/preflight/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT/training.txt")
+  fi
   hpctrain_launch+=(--cpus-per-task=1)
   "${hpctrain_launch[@]}" bash -c "$hpctrain_node_cmd" hpctrain-node "${hpctrain_entry[@]}" &
   hpctrain_node_pids=("$!")

@@ -1,16 +1,18 @@
 """Atomic, verified checkpoints for DDP, FSDP2 (torch.distributed.checkpoint) and DeepSpeed (its engine).
 
 One save, whatever the strategy:
-  1. every rank writes into checkpoints/.staging-step-<N>/: the weights and optimizer (DCP shards, or
-     the DeepSpeed engine's files), rng/rank-<R>.json (this rank's generators), and rank 0 writes
-     train_state.json (step, epoch, micro-step, data position, scheduler, scaler) and config.json;
+  1. every rank writes into checkpoints/.staging-step-<N>/: the weights and optimizer (DCP shards,
+     its generators at the tail of its __<R>_0.raw; or the DeepSpeed engine's files and
+     rng/rank-<R>.json), and rank 0 writes train_state.json (step, epoch, micro-step, data
+     position, scheduler, scaler) and config.json: W + 4 files with the manifest;
   2. rank 0, once every rank's files are on disk: fsyncs them, writes MANIFEST.json last (every file
      with size and sha256, world size, strategy, step, torch version), renames the folder to
      checkpoints/step-<8 digits>, then replaces checkpoints/latest (temp file + rename), then prunes.
 A folder named step-<N> therefore always has a manifest; a crash leaves at most a .staging-* folder.
 
-Load: the newest step-<N> whose manifest verifies (sizes and checksums). A truncated or corrupted one
-is reported (one warning line naming it and why) and skipped; nothing is deleted because of it.
+Load: the newest step-<N> whose manifest verifies: rank 0 checks the manifest (names, sizes), each
+rank the checksums of the files it reads, and the ranks agree. A truncated or corrupted one is
+reported (one warning line naming it and why) and skipped; nothing is deleted because of it.
 
 The parts: checkpointer.py (the Checkpointer: triggers, the order of a save, sync saves), steps.py
 (the steps sync and async saves share), commit.py (the finish of a save; rank 0's commit),

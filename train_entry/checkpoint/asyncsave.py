@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from hpctrain.kernel import partners
 from train_entry.checkpoint.commit import Commit
 from train_entry.checkpoint.common import Causes, OtherRank, attempt
 from train_entry.checkpoint.ranks import Ranks
@@ -68,8 +69,11 @@ class AsyncWriter:
         self._timings, self._log = timings, log
         self.pending: Pending | None = None
         self._hooked: torch.optim.Optimizer | None = None  # its step waits for a staging copy
-        # The background write runs collectives; keep them off the training group.
-        self._group = dist.new_group(backend="gloo") if ranks.live() else None
+        # The background write runs collectives; keep them off the training group. Lazy: only
+        # the pairs its collectives use connect (ring neighbours; DCP's plan gather and rank 0's
+        # commit: rank 0 with every rank), not a full mesh (issue 37; torch < 2.8: the mesh)
+        with partners.lazy_gloo():
+            self._group = dist.new_group(backend="gloo") if ranks.live() else None
         # one writer thread for every async save: a thread start per save cost the loop
         # milliseconds (the new thread takes the GIL before the call returns)
         self._jobs: queue.SimpleQueue[tuple[Pending, Texts]] = queue.SimpleQueue()

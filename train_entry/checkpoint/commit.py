@@ -110,9 +110,9 @@ class Commit:
         error, writer = written.error, written.writer
         if any(failed for _, failed, _ in gathered):
             return error or OtherRank("another rank failed")
-        files: Files | None = {}
-        for e, _, _ in gathered:
-            files = None if e is None or files is None else {**files, **e}
+        # one pass (dict.update): a copy per rank made this quadratic, 3.8 s at 32k ranks
+        merged = fmt.merge_entries(e for e, _, _ in gathered)
+        files: Files | None = None if merged is None else {k: dict(v) for k, v in merged.items()}
         if written.results is not None and files is not None and writer is not None:
             metadata = self.plans.metadata
             results = [r for _, _, r in gathered if r is not None]

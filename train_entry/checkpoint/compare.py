@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from hpctrain.kernel.checkpoint import TRAIN_STATE, check_manifest, rng_blob, rng_ranks
+from hpctrain.kernel.errors import UserError
 from train_entry import state as st
 from train_entry.checkpoint.safeload import load_torch
 from train_entry.checkpoint.writer import load_plain
@@ -67,17 +69,31 @@ def compare(a: Path, b: Path) -> dict[str, list[str]]:
     for part in ("model", "optimizer"):
         if not _same(wa[part], wb[part]):
             differs.append(part)
-    ranks = sorted(
-        {p.name for p in (a / "rng").glob("*.json")} | {p.name for p in (b / "rng").glob("*.json")}
-    )
-    for name in ranks:
-        pa, pb = a / "rng" / name, b / "rng" / name
-        if not (pa.exists() and pb.exists()) or pa.read_text() != pb.read_text():
-            differs.append(f"rng ({name.removesuffix('.json')})")
-    la, lb = (st.loads((x / "train_state.json").read_text()) for x in (a, b))
+    ma, mb = _manifest(a), _manifest(b)
+    for rank in sorted(set(rng_ranks(ma)) | set(rng_ranks(mb))):
+        ra, rb = _rng(a, ma, rank), _rng(b, mb, rank)
+        if ra is None or rb is None or ra != rb:
+            differs.append(f"rng (rank-{rank:05d})")
+    la, lb = (st.loads((x / TRAIN_STATE).read_text()) for x in (a, b))
     for key, label in (("data", "data"), ("scheduler", "scheduler"), ("scaler", "scaler")):
         if not _same(la.get(key), lb.get(key)):
             differs.append(label)
     if any(la.get(k) != lb.get(k) for k in ("step", "epoch", "micro_step")):
         differs.append("loop (step/epoch/micro_step)")
     return {"differs": differs}
+
+
+def _manifest(folder: Path) -> dict[str, object]:
+    manifest, why = check_manifest(folder)
+    if manifest is None:
+        raise UserError(f"{folder}: {why}")
+    return manifest
+
+
+def _rng(folder: Path, manifest: dict[str, object], rank: int) -> bytes | None:
+    """A rank's saved generators (either layout: kernel/checkpoint.rng_blob), None if absent or
+    damaged."""
+    try:
+        return rng_blob(folder, manifest, rank)
+    except ValueError:
+        return None

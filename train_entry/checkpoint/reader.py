@@ -29,7 +29,7 @@ import dataclasses
 import io
 import os
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import BinaryIO, cast
 
@@ -43,22 +43,47 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from train_entry.checkpoint.safeload import load_metadata, refusals, safe_bytes
+from hpctrain.kernel.checkpoint import read_verified, verify_files
+from train_entry.checkpoint.safeload import load_metadata, metadata_from, refusals, safe_bytes
 from train_entry.compat import FileSystemReader, dcp_load
 
 RAW_SUFFIX = ".raw"
 DENSE = 0.5  # map the whole file when at least this share of it is wanted
 
 
+class Damaged(Exception):
+    """A file this rank was to read does not match the manifest (a resume tries an older one)."""
+
+
 class RawReader(FileSystemReader):
-    """A DCP StorageReader for hpctrain checkpoints (raw per-rank files, or DCP's own files)."""
+    """A DCP StorageReader for hpctrain checkpoints (raw per-rank files, or DCP's own files).
+    With `manifest` (checked: kernel/checkpoint.check_manifest), this rank verifies what it reads
+    before reading it: the metadata's bytes in memory, and the digest of each file its load plan
+    names (`prepare_local_plan`, inside DCP's planning collective, so a Damaged file fails the
+    load on every rank before any tensor is touched); `verified` lists those files."""
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, manifest: Mapping[str, object] | None = None
+    ) -> None:
+        super().__init__(path)
+        self.manifest = manifest
+        self.verified: list[str] = []
+        self._blobs: dict[str, bytes] = {}
 
     # DCP passes its own arguments (a rank in some torch releases)
     def read_metadata(self, *args: object, **kwargs: object) -> Metadata:
         rank = kwargs.get("rank")
-        md = load_metadata(
-            Path(self.path) / (".metadata" if rank is None else f"__{rank}.metadata")
-        )
+        name = ".metadata" if rank is None else f"__{rank}.metadata"
+        if self.manifest is None:
+            md = load_metadata(Path(self.path) / name)
+        else:
+            blob = self._blobs.get(name)
+            if blob is None:  # read and checked once (the resume's is_flat, then DCP's load)
+                try:
+                    blob = self._blobs[name] = read_verified(Path(self.path), self.manifest, name)
+                except ValueError as exc:
+                    raise Damaged(str(exc)) from None
+            md = metadata_from(io.BytesIO(blob), Path(self.path) / name)
         if getattr(md, "storage_meta", None) is None:  # as FileSystemReader does
             md.storage_meta = StorageMeta()
         md.storage_meta.load_id = getattr(self, "load_id", None)  # type: ignore[union-attr]
@@ -73,6 +98,15 @@ class RawReader(FileSystemReader):
     ) -> None:
         super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
         self._md = metadata
+
+    def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        if self.manifest is not None:
+            rels = sorted({self.storage_data[r.storage_index].relative_path for r in plan.items})
+            why = verify_files(Path(self.path), self.manifest, rels)
+            if why is not None:
+                raise Damaged(why)
+            self.verified = rels
+        return super().prepare_local_plan(plan)
 
     def _chunk(self, index: MetadataIndex) -> tuple[torch.dtype, torch.Size]:
         meta = self._md.state_dict_metadata[index.fqn]

@@ -17,11 +17,12 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.planner import SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 
-from hpctrain.kernel.checkpoint import staging_name, step_name
+from hpctrain.kernel.checkpoint import CONFIG, TRAIN_STATE, old_rng_name, staging_name, step_name
+from hpctrain.kernel.strategies import engine_checkpoint
 from train_entry import state as st
 from train_entry.checkpoint.common import attempt
 from train_entry.checkpoint.statedict import PlanCache, StateDict, planner
-from train_entry.checkpoint.writer import HashingWriter, SyncedFiles
+from train_entry.checkpoint.writer import HashingWriter, SyncedFiles, hand_tail
 from train_entry.compat import dcp_save
 from train_entry.state import TrainState
 
@@ -87,7 +88,7 @@ class Written:
 
 
 def prepare(target: Target, *, log: Callable[[str], None]) -> None:
-    """Rank 0: an empty staging folder (with rng/), whatever an earlier save of the step left."""
+    """Rank 0: an empty staging folder, whatever an earlier save of the step left."""
     final, staging = target.final, target.staging
     final.parent.mkdir(parents=True, exist_ok=True)
     if staging.exists():
@@ -102,7 +103,11 @@ def prepare(target: Target, *, log: Callable[[str], None]) -> None:
         os.rename(final, aside)
     # no fsync here: a staging folder lost in a crash is never a checkpoint anyway; the
     # commit's fsyncs make the finished one durable
-    (staging / "rng").mkdir(parents=True)
+    staging.mkdir(parents=True)
+
+
+# The side texts' key of this rank's generators when its weights file carries them (its tail)
+RNG_TAIL = "<rng tail>"
 
 
 def side_texts(state: TrainState, *, target: Target, strategy: str, later: bool = False) -> Texts:
@@ -110,19 +115,25 @@ def side_texts(state: TrainState, *, target: Target, strategy: str, later: bool 
     the generators' states are taken now (new objects) and encoded when written (on an async
     save's thread)."""
     rng = st.capture_rng()
-    texts: Texts = {
-        f"rng/rank-{target.rank:05d}.json": (lambda: st.dumps(rng)) if later else st.dumps(rng)
-    }
+    # DCP saves: the tail of this rank's weights file (W + 4 files a save); an engine writes its
+    # own files, so its generators keep a file per rank (the layout before issue 37)
+    key = old_rng_name(target.rank) if engine_checkpoint(strategy) else RNG_TAIL
+    texts: Texts = {key: (lambda: st.dumps(rng)) if later else st.dumps(rng)}
     if target.rank == 0:
         loop = state.loop_state() | {"world_size": target.world, "strategy": strategy}
-        texts["train_state.json"] = st.dumps(loop)
-        texts["config.json"] = json.dumps(state.config, indent=1, sort_keys=True, default=str)
+        texts[TRAIN_STATE] = st.dumps(loop)
+        texts[CONFIG] = json.dumps(state.config, indent=1, sort_keys=True, default=str)
     return texts
 
 
 def write_texts(side: SyncedFiles, texts: Texts) -> None:
+    """The side files now; the generators' text goes to this thread's next HashingWriter."""
     for rel, text in texts.items():
-        side.write(rel, text() if callable(text) else text)
+        data = text() if callable(text) else text
+        if rel == RNG_TAIL:
+            hand_tail(data.encode())
+        else:
+            side.write(rel, data)
 
 
 def write_weights(

@@ -35,7 +35,7 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from hpctrain.kernel.checkpoint import XXH3
+from hpctrain.kernel.checkpoint import RNG, XXH3
 from train_entry.checkpoint.reader import RAW_SUFFIX, RawReader  # noqa: F401  (its reader)
 from train_entry.checkpoint.safeload import refusals
 from train_entry.compat import WriterBase, load_everything, stamp, storage_info
@@ -79,6 +79,8 @@ class HashingWriter(WriterBase):
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
+        # this rank's generators (JSON), appended after its tensors: no RNG file per rank
+        self.tail = take_tail()
         self.entries: dict[str, dict[str, object]] = {}
         self.phases: dict[str, float] = {}
         self.final_plan: SavePlan | None = None
@@ -114,6 +116,7 @@ class HashingWriter(WriterBase):
         results: list[WriteResult] = []
         offset = 0
         write_s = 0.0
+        tail: dict[str, object] | None = None
         # bytes first (small, pickled by the planner), then tensors in plan order; small pieces
         # are gathered into one buffer so a save is a few large writes
         items = sorted(plan.items, key=lambda i: i.type != WriteItemType.BYTE_IO)
@@ -155,6 +158,12 @@ class HashingWriter(WriterBase):
                         )
                     )
                     offset += len(buf)
+                if self.tail is not None:  # outside DCP's items: its readers never see it
+                    pad = -offset % ALIGN
+                    pending += bytes(pad) + self.tail
+                    tail = {"offset": offset + pad, "size": len(self.tail)}
+                    tail["sha256"] = hashlib.sha256(self.tail).hexdigest()
+                    offset += pad + len(self.tail)
                 if pending:
                     put(pending)
         except BaseException:
@@ -163,6 +172,8 @@ class HashingWriter(WriterBase):
         # the fsync runs on the I/O pool while the checksums go to rank 0 (`durable()` waits)
         self._fsync = io_pool().submit(_fsync_close, fd)
         self.entries[name] = {"size": offset, XXH3: hasher.hexdigest()}
+        if tail is not None:
+            self.entries[name][RNG] = tail
         self.final_plan = plan
         self.phases.update(
             write_s=write_s, hash_s=hash_s, write_data_s=time.perf_counter() - t_start
@@ -205,6 +216,21 @@ def _fsync_close(fd: int) -> float:
         os.close(fd)
 
 
+_TAIL = threading.local()
+
+
+def hand_tail(blob: bytes) -> None:
+    """This rank's generators for the HashingWriter this thread makes next (the sync save's
+    thread or the async writer's: each writes its side texts, then makes its writer)."""
+    _TAIL.blob = blob
+
+
+def take_tail() -> bytes | None:
+    blob: bytes | None = getattr(_TAIL, "blob", None)
+    _TAIL.blob = None
+    return blob
+
+
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
@@ -233,6 +259,8 @@ class SyncedFiles:
         """Written now (so the file is there when rank 0 lists the folder), fsynced on the pool."""
         blob = data.encode() if isinstance(data, str) else data
         self.entries[rel] = {"size": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+        if "/" in rel:  # an engine's rng/rank-<R>.json
+            (self.root / rel).parent.mkdir(exist_ok=True)
         fd = os.open(self.root / rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             view = memoryview(blob)

@@ -1,6 +1,8 @@
 """The preflight gate: quick checks on every node of an allocation before training starts.
 
     node.py   what each node runs (one process per node, in parallel, inside the job's srun)
+    poll.py   node.py's wait for the others: node 0 gathers the reports and publishes MEMBERS,
+              the other nodes poll that one file (calls per node flat in the node count)
     allreduce.py  node.py's network part: the timed all-reduce between the nodes that passed
     gate.py   what the batch shell runs after them: names the failing or lagging nodes, and says
               whether the job continues on all nodes, on the healthy ones, or excludes and requeues
@@ -29,6 +31,7 @@ ENV_RUN_DIR = jobenv.RUN_DIR
 # files in a gate's folder
 NODE_REPORT = "node-{node}.json"  # node.py: local checks of node index {node}
 NODE_FAILURE = "fail-{node}.txt"  # the node command: node.py could not run (exit code, stderr tail)
+MEMBERS = "members.json"  # node.py, node 0: who joins the all-reduce (the other nodes poll it)
 NET_REPORT = "net.json"  # allreduce.py, group rank 0: the all-reduce between the nodes
 NET_ERROR = "net-error-{node}.json"  # allreduce.py: the all-reduce failed on this node
 VERDICT = "verdict.json"  # gate.py: the decision
@@ -59,6 +62,24 @@ class NodeJson(TypedDict):
     addr: str
     port: int | None  # for the process group, should this node be its rank 0
     seconds: float
+
+
+class Member(TypedDict):
+    """One node of MEMBERS: what the others need to join its process group (no check rows, so
+    the one file every node reads stays small: ~100 bytes a node)."""
+
+    node: int
+    name: str
+    addr: str
+    port: int | None
+
+
+class Members(TypedDict):
+    """MEMBERS: node 0's list of the nodes whose local checks passed (in node order; the first is
+    the group's rank 0), and the nodes that reported nothing by its deadline."""
+
+    members: list[Member]
+    silent: list[int]
 
 
 class Pair(TypedDict):

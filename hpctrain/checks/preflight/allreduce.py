@@ -18,6 +18,7 @@ import torch.distributed as dist
 from hpctrain.checks.preflight import (
     NET_ERROR,
     NET_REPORT,
+    Member,
     NetError,
     NetJson,
     NodeJson,
@@ -67,7 +68,7 @@ def busbw(nbytes: int, seconds: float, world: int) -> float:
 
 
 def network(
-    out: Path, *, me: NodeJson, members: list[NodeJson], nbytes: int, deadline: float
+    out: Path, *, me: NodeJson, members: list[Member], nbytes: int, deadline: float
 ) -> None:
     ids = [m["node"] for m in members]
     rank, world, head = ids.index(me["node"]), len(ids), members[0]

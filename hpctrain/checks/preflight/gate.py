@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
 
 from hpctrain.checks.preflight import (
@@ -45,6 +46,7 @@ from hpctrain.checks.preflight import (
     NodeJson,
     spares,
 )
+from hpctrain.checks.preflight.poll import read_own
 from hpctrain.checks.preflight.spares import place
 from hpctrain.kernel.files import write_atomic
 from hpctrain.kernel.rundir import RunFolder
@@ -86,28 +88,30 @@ def read(
     folder: Path, names: list[str]
 ) -> tuple[dict[int, NodeJson], dict[int, str], NetJson | None, list[NetError]]:
     """The node reports, the nodes whose checks could not run (why), the all-reduce's report and
-    its errors."""
+    its errors. One listing, not a stat per node; only this account's files (poll.read_own)."""
+    present = set(os.listdir(folder)) if folder.is_dir() else set()
+
+    def own(name: str) -> bytes | None:
+        return read_own(folder / name) if name in present else None
+
     reports: dict[int, NodeJson] = {}
-    failures: dict[int, str] = {}
+    failures: dict[int, str] = {}  # node -> why its checks could not run
     for n in range(len(names)):
-        f = folder / NODE_REPORT.format(node=n)
-        if f.exists():
-            try:
-                reports[n] = json.loads(f.read_text())
+        try:
+            if (data := own(NODE_REPORT.format(node=n))) is not None:
+                reports[n] = json.loads(data)
                 continue
-            except (OSError, ValueError):
-                pass
-        f = folder / NODE_FAILURE.format(node=n)
-        if f.exists():
-            lines = [ln.strip() for ln in f.read_text(errors="replace").splitlines() if ln.strip()]
+        except ValueError:
+            pass
+        if (data := own(NODE_FAILURE.format(node=n))) is not None:
+            lines = [ln.strip() for ln in data.decode(errors="replace").splitlines() if ln.strip()]
             code = lines[0] if lines else "?"
             tail = " | ".join(lines[1:])[-400:] or "no output"
             failures[n] = f"the preflight checks could not run (exit code {code}): {tail}"
-    net: NetJson | None = None
-    if (folder / NET_REPORT).exists():
-        net = json.loads((folder / NET_REPORT).read_text())
+    net: NetJson | None = json.loads(data) if (data := own(NET_REPORT)) else None
+    pattern = NET_ERROR.format(node="*")
     errors: list[NetError] = [
-        json.loads(p.read_text()) for p in sorted(folder.glob(NET_ERROR.format(node="*")))
+        json.loads(r) for f in sorted(present) if fnmatch(f, pattern) and (r := own(f))
     ]
     return reports, failures, net, errors
 
@@ -338,6 +342,7 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m hpctrain.checks.preflight.gate",
         description=__doc__,
+        fromfile_prefix_chars="@",  # @FILE: the node lists, never one argument (templates/preflight)
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument("folder", type=Path)

@@ -7,9 +7,10 @@
    doctor's node checks (interface, InfiniBand, GPUs visible, scontrol, /dev/shm), GPU health
    counters (nvidia-smi: uncorrected ECC, pending retired pages / row remaps), a matmul whose
    product is checked exactly (integer-valued inputs, Freivalds' test) and timed, and a NaN check.
-2. The nodes whose local checks passed join one process group (gloo, or NCCL on GPUs) and time an
-   all-reduce whose bus bandwidth the gate compares with the profile's figure; with 3 or more nodes
-   also each ring pair, so a slow link names its node.
+2. The nodes whose local checks passed (node 0 gathers the reports and publishes who, poll.py)
+   join one process group (gloo, or NCCL on GPUs) and time an all-reduce whose bus bandwidth the
+   gate compares with the profile's figure; with 3 or more nodes also each ring pair, so a slow
+   link names its node.
 
 `--when training` (the hot-spare round after a failed training step, in a job start whose start
 gate ran the full checks on every node) is the reduced check: it skips what cannot have changed
@@ -25,7 +26,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import json
 import os
 import shutil
 import socket
@@ -43,12 +43,17 @@ from hpctrain.checks.preflight import (
     ENV_GPUS_PER_NODE,
     ENV_SCHEDULER,
     ENV_WANT_GPU,
-    NODE_FAILURE,
+    MEMBERS,
+    NET_ERROR,
     NODE_REPORT,
+    Member,
+    Members,
+    NetError,
     NodeJson,
     Row,
     write_json,
 )
+from hpctrain.checks.preflight.poll import gather, member, wait_members
 from hpctrain.kernel.support import torch_problem
 
 if TYPE_CHECKING:
@@ -342,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m hpctrain.checks.preflight.node",
         description=__doc__,
+        fromfile_prefix_chars="@",  # @FILE: the node lists, never one argument (templates/preflight)
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     ap.add_argument(
@@ -377,36 +383,38 @@ def main(argv: list[str] | None = None) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     me = local_report(node, name, a)
     write_json(a.out / NODE_REPORT.format(node=node), me)
-    if not me["ok"] or len(names) < 2:
+    if len(names) < 2:
         return 0
-    # the network part: the nodes whose local checks passed, once all have reported (or half the
-    # budget is gone: a node still silent then is the gate's finding, not this node's)
-    got = wait_reports(a.out, len(names), start + a.budget_s * 0.5)
-    members = [r for _, r in sorted(got.items()) if r is not None and r["ok"]]
-    if len(members) >= 2:
-        # lazy: torch on a torch-free path (the local checks above report a broken torch)
-        from hpctrain.checks.preflight.allreduce import network
+    # the network part: the nodes whose local checks passed. Node 0 gathers the reports (until all
+    # are in, or half the budget is gone: a node still silent then is the gate's finding) and
+    # publishes who joins; every other node polls that one file, so no node's polling grows with
+    # the node count
+    members: list[Member] = []
+    if node == 0:
+        got = gather(a.out, len(names), start + a.budget_s * 0.5)
+        members = [member(r) for _, r in sorted(got.items()) if r is not None and r["ok"]]
+        silent = [n for n in range(len(names)) if n not in got]
+        write_json(a.out / MEMBERS, Members(members=members, silent=silent))
+    elif me["ok"]:
+        published = wait_members(a.out, start + a.budget_s * 0.6)
+        if published is None:
+            error: NetError = {
+                "node": node,
+                "name": name,
+                "error": "node 0 published no member list (it could not run, or hung), so this "
+                "node joined no all-reduce",
+            }
+            write_json(a.out / NET_ERROR.format(node=node), error)
+        else:
+            members = published["members"]
+    if not me["ok"] or len(members) < 2 or node not in [m["node"] for m in members]:
+        return 0
+    # lazy: torch on a torch-free path (the local checks above report a broken torch)
+    from hpctrain.checks.preflight.allreduce import network
 
-        deadline = start + a.budget_s * 0.9
-        network(a.out, me=me, members=members, nbytes=a.allreduce_mib << 20, deadline=deadline)
+    deadline = start + a.budget_s * 0.9
+    network(a.out, me=me, members=members, nbytes=a.allreduce_mib << 20, deadline=deadline)
     return 0
-
-
-def wait_reports(out: Path, nnodes: int, deadline: float) -> dict[int, NodeJson | None]:
-    """Every node's local report (None: it failed to run); nodes missing at the deadline: absent."""
-    got: dict[int, NodeJson | None] = {}
-    while True:
-        for n in range(nnodes):
-            if n in got:
-                continue
-            f = out / NODE_REPORT.format(node=n)
-            if f.exists():
-                got[n] = json.loads(f.read_text())
-            elif (out / NODE_FAILURE.format(node=n)).exists():
-                got[n] = None
-        if len(got) == nnodes or time.monotonic() >= deadline:
-            return got
-        time.sleep(0.2)
 
 
 if __name__ == "__main__":

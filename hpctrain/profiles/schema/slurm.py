@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from hpctrain.kernel import partners
 from hpctrain.profiles.schema import checks
 from hpctrain.profiles.schema.base import (
     NETWORK_ENV_PREFIXES,
@@ -277,6 +278,12 @@ class Network(Strict):
     p2p_level: Literal["LOC", "NVL", "PIX", "PXB", "PHB", "SYS"] | None = Field(
         None, description="NCCL_P2P_LEVEL: how far apart two GPUs may be for peer-to-peer."
     )
+    racks: dict[str, str] = Field(
+        default_factory=dict,
+        description='Rack name -> its nodes as a Slurm hostlist, e.g. `{r1: "gpu[001-064]", r2: '
+        '"gpu[065-128]"}`: a rank\'s in-memory snapshot copy goes to a node of another rack '
+        "(a rack lost at once keeps its ranks' copies). Empty: the node half the job away.",
+    )
     env: NetworkEnvMap = Field(
         default_factory=dict,
         description="Extra network environment, names starting with "
@@ -305,6 +312,16 @@ class Network(Strict):
     @classmethod
     def _gloo_if(cls, v: str | None) -> str | None:
         return None if v is None else checks.check_gloo_ifname(v)
+
+    @field_validator("racks")
+    @classmethod
+    def _racks(cls, v: dict[str, str]) -> dict[str, str]:
+        problems = partners.parse_racks(v)
+        if problems:
+            raise ValueError(
+                "; ".join(problems) + "; fix: give each rack its own nodes as a Slurm hostlist"
+            )
+        return v
 
     @field_validator("ib_hca")
     @classmethod

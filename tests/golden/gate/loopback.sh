@@ -217,6 +217,12 @@ hpctrain_stalled() {
 }
 hpctrain_rc=0  # a launch's first failure (hpctrain_wait); 0 when the gate stops the job before any
 hpctrain_nodes=  # the nodes to train on, when the gate dropped some (comma-separated)
+# A node list goes to a command by a file, never as one argument (Linux refuses an argument over
+# 128 KiB: ~12,000 names); scontrol reads SLURM_JOB_NODELIST itself.
+hpctrain_list_file() {  # FILE LIST [FLAG]: one name a line (srun --nodelist=FILE), or FLAG and
+  mkdir -p "${1%/*}"  # LIST as two lines, what Python's argparse reads from @FILE
+  if [ -n "${3:-}" ]; then printf '%s\n' "$3" "$2" >"$1"; else tr ',' '\n' <<<"$2" >"$1"; fi
+}
 # Each node's part: never fails the srun step, so one bad node cannot stop the others' checks; a
 # node whose Python cannot even run leaves fail-<id>.txt (exit code, last lines of stderr).
 # shellcheck disable=SC2016
@@ -235,15 +241,16 @@ hpctrain_preflight() {  # every node's checks at once, then the verdict: go on, 
   local all started gate can_requeue=0
   local -a check hpctrain_update=()
   local hpctrain_gate="" hpctrain_good="" hpctrain_bad="" hpctrain_exclude="" hpctrain_gate_reason=""
-  all=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | paste -sd, -)
+  all=$(scontrol show hostnames | paste -sd, -)
   started=$(date +%s.%N)
   mkdir -p "$dir"
+  hpctrain_list_file "$dir/nodes.args" "$all" --nodes
   # --ntasks too: under launcher srun the job has one task per GPU, and srun would take that from
   # SLURM_NTASKS and start two checks per node, which then share one node folder
   check=(srun --nodes="$SLURM_NNODES" --ntasks="$SLURM_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=0)
   check+=(--cpus-per-task=1)
   timeout -k 5 60 "${check[@]}" bash -c "$hpctrain_preflight_cmd" hpctrain-preflight \
-    "$dir" --nodes "$all" --budget-s 60 --matmul-n 512 \
+    "$dir" "@$dir/nodes.args" --budget-s 60 --matmul-n 512 \
     --allreduce-mib 4 --entry-kind train_entry \
     --entry-target train_entry &
   hpctrain_node_pids=("$!")
@@ -254,7 +261,7 @@ hpctrain_preflight() {  # every node's checks at once, then the verdict: go on, 
   if true && [ "$HPCTRAIN_RESTART_COUNT" -lt 10 ]; then
     can_requeue=1
   fi
-  if ! gate=$("$HPCTRAIN_PYTHON" -m hpctrain.checks.preflight.gate "$dir" --nodes "$all" \
+  if ! gate=$("$HPCTRAIN_PYTHON" -m hpctrain.checks.preflight.gate "$dir" "@$dir/nodes.args" \
       --run-dir "$HPCTRAIN_RUN_DIR" --min-nodes 2 --max-nodes 2 \
       --on-fail shrink --budget-s 60 \
       --slow-factor 25.0 --min-fraction 0.5 \
@@ -299,7 +306,8 @@ while :; do
   # say 127.0.1.1), from its name with the site's suffix, or from one of its interfaces (this batch
   # shell runs on it); the port from the job id inside the profile's range, never 29500 unless the
   # profile names it, never in the ephemeral range, and free on the head.
-  hpctrain_head=$(scontrol show hostnames "${hpctrain_nodes:-$SLURM_JOB_NODELIST}" | head -n 1)
+  hpctrain_head=${hpctrain_nodes%%,*}  # no argument grows with nodes: scontrol reads SLURM_JOB_NODELIST
+  if [ -z "$hpctrain_head" ]; then hpctrain_head=$(scontrol show hostnames | head -n 1); fi
   hpctrain_head_addr=$(getent ahostsv4 "$hpctrain_head" | awk 'NR == 1 {print $1}')
   if [ -z "$hpctrain_head_addr" ]; then
     hpctrain_fail "cannot resolve the head node '$hpctrain_head' to an IPv4 address (getent ahostsv4)"
@@ -331,7 +339,10 @@ while :; do
 
   unset HPCTRAIN_NODEID
   hpctrain_launch=(srun --nodes="$HPCTRAIN_NNODES" --ntasks-per-node=1 --kill-on-bad-exit=1)
-  if [ -n "$hpctrain_nodes" ]; then hpctrain_launch+=(--nodelist="$hpctrain_nodes"); fi  # the gate's healthy nodes
+  if [ -n "$hpctrain_nodes" ]; then  # the gate's healthy nodes, by a file (srun reads a path's names)
+    hpctrain_list_file "$HPCTRAIN_RUN_DIR/preflight/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT/training.txt" "$hpctrain_nodes"
+    hpctrain_launch+=(--nodelist="$HPCTRAIN_RUN_DIR/preflight/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT/training.txt")
+  fi
   hpctrain_launch+=(--cpus-per-task=1)
   "${hpctrain_launch[@]}" bash -c "$hpctrain_node_cmd" hpctrain-node "${hpctrain_entry[@]}" &
   hpctrain_node_pids=("$!")

@@ -207,6 +207,12 @@ hpctrain_stalled() {
 }
 hpctrain_rc=0  # a launch's first failure (hpctrain_wait); 0 when the gate stops the job before any
 hpctrain_nodes=  # the nodes to train on, when the gate dropped some (comma-separated)
+# A node list goes to a command by a file, never as one argument (Linux refuses an argument over
+# 128 KiB: ~12,000 names); scontrol reads SLURM_JOB_NODELIST itself.
+hpctrain_list_file() {  # FILE LIST [FLAG]: one name a line (srun --nodelist=FILE), or FLAG and
+  mkdir -p "${1%/*}"  # LIST as two lines, what Python's argparse reads from @FILE
+  if [ -n "${3:-}" ]; then printf '%s\n' "$3" "$2" >"$1"; else tr ',' '\n' <<<"$2" >"$1"; fi
+}
 # Each node's part: never fails the srun step, so one bad node cannot stop the others' checks; a
 # node whose Python cannot even run leaves fail-<id>.txt (exit code, last lines of stderr).
 # shellcheck disable=SC2016
@@ -221,7 +227,7 @@ fi
 exit 0
 '
 hpctrain_in_order() {  # NAMES: the allocation's nodes named in NAMES (comma-separated), in its order
-  scontrol show hostnames "$SLURM_JOB_NODELIST" | grep -Fx -f <(tr ',' '\n' <<<"$1") | paste -sd, -
+  scontrol show hostnames | grep -Fx -f <(tr ',' '\n' <<<"$1") | paste -sd, -
 }
 hpctrain_gate_round=0  # the gate's checks after a failed training step, in this job start
 hpctrain_preflight() {  # [training]: the checks of the training nodes and the spares left, then the
@@ -244,11 +250,14 @@ hpctrain_preflight() {  # [training]: the checks of the training nodes and the s
   count=$(tr ',' '\n' <<<"$all" | wc -l)
   started=$(date +%s.%N)
   mkdir -p "$dir"
+  hpctrain_list_file "$dir/nodes.args" "$all" --nodes
+  hpctrain_list_file "$dir/train.args" "$hpctrain_nodes" --train
+  hpctrain_list_file "$dir/nodes.txt" "$all"
   # --ntasks: not the allocation's SLURM_NTASKS (one task per GPU under launcher srun, spares too)
-  check=(srun --nodes="$count" --ntasks="$count" --ntasks-per-node=1 --kill-on-bad-exit=0 --nodelist="$all")
+  check=(srun --nodes="$count" --ntasks="$count" --ntasks-per-node=1 --kill-on-bad-exit=0 --nodelist="$dir/nodes.txt")
   check+=(--cpus-per-task=1)
   timeout -k 5 60 "${check[@]}" bash -c "$hpctrain_preflight_cmd" hpctrain-preflight \
-    "$dir" --nodes "$all" --budget-s 60 --matmul-n 512 \
+    "$dir" "@$dir/nodes.args" --budget-s 60 --matmul-n 512 \
     --allreduce-mib 4 --entry-kind train_entry \
     --entry-target train_entry --when "$node_when" &
   hpctrain_node_pids=("$!")
@@ -259,11 +268,11 @@ hpctrain_preflight() {  # [training]: the checks of the training nodes and the s
   if true && [ "$HPCTRAIN_RESTART_COUNT" -lt 10 ]; then
     can_requeue=1
   fi
-  if ! gate=$("$HPCTRAIN_PYTHON" -m hpctrain.checks.preflight.gate "$dir" --nodes "$all" \
+  if ! gate=$("$HPCTRAIN_PYTHON" -m hpctrain.checks.preflight.gate "$dir" "@$dir/nodes.args" \
       --run-dir "$HPCTRAIN_RUN_DIR" --min-nodes 2 --max-nodes 2 \
       --on-fail shrink --budget-s 60 \
       --slow-factor 25.0 --min-fraction 0.5 \
-      --train "$hpctrain_nodes" --spare-nodes 1 --when "$when" \
+      "@$dir/train.args" --spare-nodes 1 --when "$when" \
       --can-requeue "$can_requeue" --restart-count "$HPCTRAIN_RESTART_COUNT" --started "$started"); then
     hpctrain_fail "the preflight verdict could not be computed on $(hostname): its Python environment fails"
   fi
@@ -290,8 +299,8 @@ hpctrain_preflight() {  # [training]: the checks of the training nodes and the s
 }
 # Hot spares (preemption.spare_nodes): training runs on the allocation's first NNODES nodes, the
 # others wait. A node the gate confirms bad, at the start or after a failed step, is swapped for one.
-hpctrain_nodes=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n "$HPCTRAIN_NNODES" | paste -sd, -)
-hpctrain_spares=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | tail -n "+$((HPCTRAIN_NNODES + 1))" | paste -sd, -)
+hpctrain_nodes=$(scontrol show hostnames | head -n "$HPCTRAIN_NNODES" | paste -sd, -)
+hpctrain_spares=$(scontrol show hostnames | tail -n "+$((HPCTRAIN_NNODES + 1))" | paste -sd, -)
 hpctrain_entry=(-m train_entry --run-dir /scratch/runs/golden --strategy ddp --max-steps 10)
 
 hpctrain_fatal=0  # an error that repeats (the FATAL file): the job fails with it
@@ -342,7 +351,8 @@ while :; do
   # say 127.0.1.1), from its name with the site's suffix, or from one of its interfaces (this batch
   # shell runs on it); the port from the job id inside the profile's range, never 29500 unless the
   # profile names it, never in the ephemeral range, and free on the head.
-  hpctrain_head=$(scontrol show hostnames "${hpctrain_nodes:-$SLURM_JOB_NODELIST}" | head -n 1)
+  hpctrain_head=${hpctrain_nodes%%,*}  # no argument grows with nodes: scontrol reads SLURM_JOB_NODELIST
+  if [ -z "$hpctrain_head" ]; then hpctrain_head=$(scontrol show hostnames | head -n 1); fi
   hpctrain_head_addr=$(getent ahostsv4 "$hpctrain_head" | awk 'NR == 1 {print $1}')
   if [ -z "$hpctrain_head_addr" ]; then
     hpctrain_fail "cannot resolve the head node '$hpctrain_head' to an IPv4 address (getent ahostsv4)"
@@ -379,7 +389,10 @@ while :; do
   hpctrain_launch=(srun --nodes="$HPCTRAIN_NNODES" --ntasks-per-node=2 --kill-on-bad-exit=1)
   # not the allocation's SLURM_NTASKS, which counts the spares' tasks too
   hpctrain_launch+=(--ntasks="$((HPCTRAIN_NNODES * 2))")
-  if [ -n "$hpctrain_nodes" ]; then hpctrain_launch+=(--nodelist="$hpctrain_nodes"); fi  # the gate's healthy nodes
+  if [ -n "$hpctrain_nodes" ]; then  # the gate's healthy nodes, by a file (srun reads a path's names)
+    hpctrain_list_file "$HPCTRAIN_RUN_DIR/preflight/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT/training.txt" "$hpctrain_nodes"
+    hpctrain_launch+=(--nodelist="$HPCTRAIN_RUN_DIR/preflight/$HPCTRAIN_JOB_ID-$HPCTRAIN_RESTART_COUNT/training.txt")
+  fi
   hpctrain_launch+=(--cpus-per-task=1)
   }
   export HPCTRAIN_IN_JOB_RESTART=0  # new steps in this job start (train_entry: an in-job restart)
