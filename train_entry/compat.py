@@ -19,12 +19,14 @@ a version gate or a public fallback where torch offers one. The compatibility la
     load_everything   a whole checkpoint into an empty dict, without a process group
     dcp_metadata_globals  every global a DCP `.metadata` pickle may name (checkpoint/safeload.py)
     GLOO_DESTROY_HANGS  gloo's destroy_process_group may hang a rank at the end (every version)
+    local_shape_and_offset  a DTensor's local shard shape and its offset in the whole tensor
+                      (torch's private compute_local_shape_and_global_offset: 2.7 to 2.14 have it)
 """
 
 from __future__ import annotations
 
 import pathlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
@@ -36,6 +38,7 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader as FileSyst
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from torch.distributed.checkpoint.storage import StorageReader
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from hpctrain.kernel.support import release
 
@@ -85,6 +88,14 @@ def stamp(metadata: md.Metadata) -> None:
     """Set the metadata's format version as this torch's own writer would (nothing on <= 2.8)."""
     if DCP_VERSION is not None:
         metadata.version = DCP_VERSION
+
+
+def local_shape_and_offset(t: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """A DTensor's local shard: its shape and its offset in the whole tensor (no public API)."""
+    # Any: a DTensor (its mesh and placements); typed loosely so callers need not import it
+    d: Any = t
+    shape, offset = compute_local_shape_and_global_offset(d.shape, d.device_mesh, d.placements)
+    return tuple(shape), tuple(offset)
 
 
 def local_tensor(t: torch.Tensor) -> torch.Tensor:

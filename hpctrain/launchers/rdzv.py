@@ -31,7 +31,7 @@ import os
 import sys
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch.distributed.elastic.rendezvous import (
     RendezvousHandler,
@@ -45,7 +45,6 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousBackend,
     Token,
-    _BackendRendezvousStateHolder,
     create_handler,
 )
 
@@ -60,8 +59,8 @@ if TYPE_CHECKING:
 # torch's private names this module uses (`quiet`, CACHE_S), the one place they are spelled (torch
 # 2.7 to 2.14: kernel/support.py). tests/test_scale_rdzv.py fails naming the one a release moved.
 PRIVATE = {
-    DynamicRendezvousHandler: ("_start_heartbeats", "_state_holder"),
-    _BackendRendezvousStateHolder: ("_sanitize", "_cache_duration"),
+    "handler": ("_start_heartbeats", "_state_holder"),  # DynamicRendezvousHandler's
+    "holder": ("_sanitize", "_cache_duration"),  # its _BackendRendezvousStateHolder's
 }
 WRITES_KEY = "hpctrain.rdzv.writes."  # + run id: the count of the state's writes (`Writes`)
 CACHE_S = 1.0  # the state holder serves a state this old (_cache_duration, checked by the test)
@@ -223,9 +222,11 @@ def quiet(handler: RendezvousHandler) -> RendezvousHandler:
     if not isinstance(handler, DynamicRendezvousHandler):
         return handler
     handler._start_heartbeats = _no_beats  # type: ignore[method-assign]  # torch's, private
-    holder = handler._state_holder
-    if isinstance(holder, _BackendRendezvousStateHolder):
-        holder._sanitize = _keeping(holder, holder._sanitize)  # type: ignore[method-assign]
+    # Any: torch's private state holder (PRIVATE["holder"]), reached through the handler
+    holder: Any = handler._state_holder
+    sanitize = getattr(holder, "_sanitize", None)
+    if callable(sanitize):
+        holder._sanitize = _keeping(holder, sanitize)
     return handler
 
 
@@ -233,9 +234,7 @@ def _no_beats() -> None:
     """Between rounds an agent writes nothing (this module's docstring)."""
 
 
-def _keeping(
-    holder: _BackendRendezvousStateHolder, sanitize: Callable[[], None]
-) -> Callable[[], None]:
+def _keeping(holder: Any, sanitize: Callable[[], None]) -> Callable[[], None]:  # Any: as in quiet
     def run() -> None:
         state = holder.state
         beats = state.last_heartbeats

@@ -2,7 +2,7 @@
 
 A plain parameter (DDP, DeepSpeed, a pipeline stage without FSDP) reads the whole tensor; a DTensor
 (FSDP2's dp shard, TP's Shard(0)/Shard(1), both on a 2D mesh) reads only its local block: torch's
-own `compute_local_shape_and_global_offset` says which rows and columns. Whole rows (FSDP2's
+own `compute_local_shape_and_global_offset` (through compat) says which rows and columns. Whole rows (FSDP2's
 shards, TP's column-wise ones, whole tensors) are read with one pread straight into the
 parameter's memory, or through one buffer of the stored dtype when it is cast (bf16 files into
 float32 master weights): no mapping of the file, so a rank's resident memory grows by its share
@@ -23,11 +23,11 @@ import torch
 from safetensors import safe_open
 from torch import nn
 from torch.distributed.tensor import DTensor
-from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from hpctrain.kernel import hffolder
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.errors import UserError
+from train_entry.compat import local_shape_and_offset
 from train_entry.config import TrainConfig
 from train_entry.parallel.dims import ParallelDims
 from train_entry.pretrained.build import folder_of
@@ -69,7 +69,7 @@ def _block(t: torch.Tensor) -> tuple[slice, ...] | None:
     """This rank's rows/columns of `t` in the full tensor; None when it holds all of it."""
     if not isinstance(t, DTensor):
         return None
-    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    shape, offset = local_shape_and_offset(t)
     return tuple(slice(o, o + s) for o, s in zip(offset, shape, strict=True))
 
 
