@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from click.testing import CliRunner
+from test_scale_runs import home as home  # the fixture: XDG folders and the cwd in tmp_path
 
 from hpctrain import dispatch
 from hpctrain.cli import main
@@ -23,14 +24,6 @@ from hpctrain.runs import folder, record
 from hpctrain.runs.folder import RunDir, all_runs
 from hpctrain.runs.record import BrokenRun
 from hpctrain.service import resume, status
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for var in ("XDG_STATE_HOME", "XDG_CONFIG_HOME", "XDG_CACHE_HOME"):
-        monkeypatch.setenv(var, str(tmp_path / var.lower()))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def _run(home: Path, name: str, extra: str = "") -> Path:
