@@ -163,7 +163,7 @@ class AsyncWriter:
         if not_staged or staged is None:  # the same: not_staged says whether any rank's is None
             written = Written(side, error or OtherRank("another rank could not stage its state"))
         else:
-            writer = HashingWriter(target.staging)
+            writer = HashingWriter(target.staging, tail=side.tail)
             failed, results = write_weights(
                 writer,
                 sd=staged,

@@ -203,7 +203,7 @@ class Checkpointer:
         if engine is not None:
             error = attempt(lambda: engine.save_engine(state.model, folder=target.staging)) or error
             return Written(side, error)
-        writer = HashingWriter(target.staging)
+        writer = HashingWriter(target.staging, tail=side.tail)
         failed, results = write_weights(
             writer, sd=sd, plan=plan, replan=replan, plans=self._plans, phases=phases
         )

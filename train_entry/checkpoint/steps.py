@@ -22,7 +22,7 @@ from hpctrain.kernel.strategies import engine_checkpoint
 from train_entry import state as st
 from train_entry.checkpoint.common import attempt
 from train_entry.checkpoint.statedict import PlanCache, StateDict, planner
-from train_entry.checkpoint.writer import HashingWriter, SyncedFiles, hand_tail
+from train_entry.checkpoint.writer import HashingWriter, SyncedFiles
 from train_entry.compat import dcp_save
 from train_entry.state import TrainState
 
@@ -127,11 +127,11 @@ def side_texts(state: TrainState, *, target: Target, strategy: str, later: bool 
 
 
 def write_texts(side: SyncedFiles, texts: Texts) -> None:
-    """The side files now; the generators' text goes to this thread's next HashingWriter."""
+    """The side files now; the generators' text is kept as `side.tail` for the weights file."""
     for rel, text in texts.items():
         data = text() if callable(text) else text
         if rel == RNG_TAIL:
-            hand_tail(data.encode())
+            side.tail = data.encode()
         else:
             side.write(rel, data)
 

@@ -77,10 +77,10 @@ class HashingWriter(WriterBase):
     """A DCP StorageWriter: one raw file per rank; `entries` holds {relative path: {"size",
     "sha256"}} of what this rank wrote, `phases` the seconds spent writing, hashing, syncing."""
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], tail: bytes | None = None) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True, overwrite=True)
         # this rank's generators (JSON), appended after its tensors: no RNG file per rank
-        self.tail = take_tail()
+        self.tail = tail
         self.entries: dict[str, dict[str, object]] = {}
         self.phases: dict[str, float] = {}
         self.final_plan: SavePlan | None = None
@@ -216,21 +216,6 @@ def _fsync_close(fd: int) -> float:
         os.close(fd)
 
 
-_TAIL = threading.local()
-
-
-def hand_tail(blob: bytes) -> None:
-    """This rank's generators for the HashingWriter this thread makes next (the sync save's
-    thread or the async writer's: each writes its side texts, then makes its writer)."""
-    _TAIL.blob = blob
-
-
-def take_tail() -> bytes | None:
-    blob: bytes | None = getattr(_TAIL, "blob", None)
-    _TAIL.blob = None
-    return blob
-
-
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
@@ -252,6 +237,7 @@ class SyncedFiles:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.entries: dict[str, dict[str, object]] = {}
+        self.tail: bytes | None = None  # this rank's generators, for its weights file's end
         self._pool = io_pool()
         self._futures: list[_CFuture[float]] = []
 
