@@ -16,18 +16,19 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import time
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
+from _demo import STEPS, demo_run
+from _preempted import preempted_run
 
 from hpctrain.kernel import fatal, jobenv, layout
 
 REPO = Path(__file__).resolve().parent.parent
-STEPS = 100  # ~20 ms a step: the kill lands at step 25+, long before the end
+# STEPS (60, the demo's, so its runs are the references): ~20 ms a step, the kill lands at step
+# 25+, every rank held still (Job.kill_one), long before the end
 TRAIN = ["--strategy", "ddp", f"--max-steps={STEPS}", "--checkpoint-every=10"]
 LIVE_S = 240  # one run measured 10-25 s from submit to its end under load: 3x and more
 NODES, GPUS = 2, 1
@@ -171,23 +172,13 @@ class Job:
 
 
 def reference_of(tmp_path_factory, strategy: str) -> str:
-    """The uninterrupted run of TRAIN under `strategy`, trained once per test session: under
-    pytest-xdist its folder and lock are shared by the workers (as test_parallel_layouts.
-    reference_run), so tests/test_in_job_slurm.py on the live worker does not train ddp's again."""
+    """The final hash of the uninterrupted run of TRAIN under `strategy`: the demo's run of as many
+    steps (tests/_demo.py, trained once per test session and shared by the workers, so neither
+    tests/test_in_job_slurm.py on the live worker nor test_train_e2e trains it again). TRAIN's
+    checkpoint cadence and the 2 nodes x 1 rank do not change it."""
     if strategy not in _references:
-        root = tmp_path_factory.getbasetemp()
-        if os.environ.get("PYTEST_XDIST_WORKER"):
-            root = root.parent  # the session's folder, above each worker's own
-        folder = root / f"in-job-ref-{strategy}"
-        final = folder / "runs" / "ref" / layout.FINAL_PARAMS
-        with FileLock(root / f"in-job-ref-{strategy}.lock"):
-            if not final.is_file():
-                shutil.rmtree(folder, ignore_errors=True)  # a half-built one of a failed try
-                folder.mkdir()
-                job = Job(folder, "ref")
-                job.submit(train=with_strategy(strategy), wait=True)
-                assert job.state() == "COMPLETED"
-            _references[strategy] = final.read_text()
+        run = demo_run(tmp_path_factory, strategy)
+        _references[strategy] = (run / layout.FINAL_PARAMS).read_text()
     return _references[strategy]
 
 
@@ -362,27 +353,19 @@ def test_no_in_job_restart_when_the_profile_says_0(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(LIVE_S * 2)
-def test_a_preempted_run_is_not_restarted_in_the_job(reference, tmp_path):
+def test_a_preempted_run_is_not_restarted_in_the_job(reference, tmp_path_factory):
     """Its workers leave 75 after their save. torchrun would restart them like any failed worker:
     the batch shell ends the step a second after the first rank left 75 (kernel/fatal.
     left_preempted; under load torchrun's 2 restarts cost 20 s of the grace time and a chain
     segment ended TIMEOUT), and a worker restarted meanwhile leaves at once (the STOP file) instead
     of training to the next step and saving again (seen live: a resumed run started at steps 13, 15
-    and 17, one save per in-job restart)."""
-    from _hold import held
-
-    job = Job(tmp_path, "pre")
-    job.submit()
-    deadline = time.monotonic() + LIVE_S
-    while not job.steps() or job.steps()[-1]["step"] < 3:
-        assert time.monotonic() < deadline and job.state() in ("PENDING", "RUNNING")
-        time.sleep(0.02)
-    with held(job.run):
-        job.home.hp("preempt", job.name)
-    assert job.wait() == "COMPLETED"  # the local profile starts the script again at once
-    log = (job.run / "train.log").read_text()
+    and 17, one save per in-job restart). The run: tests/_preempted.py (1 node x 2 ranks, the
+    profile's 2 in-job restarts; shared with test_preempt_cli)."""
+    pre = preempted_run(tmp_path_factory)
+    assert pre.final == "COMPLETED"  # the local profile starts the script again at once
+    log = (pre.run / "train.log").read_text()
     assert log.count("checkpoint saved, exit 75") == 1, log[-3000:]
-    batch = (job.run / "logs" / "batch.log").read_text()
+    batch = (pre.run / "logs" / "batch.log").read_text()
     assert "a rank left 75 after the stop's checkpoint: ending the step" in batch, batch[-3000:]
-    assert not job.events("in_job_restart")
-    assert (job.run / layout.FINAL_PARAMS).read_text() == reference
+    assert not [e for e in lines(pre.run / layout.EVENTS) if e["event"] == "in_job_restart"]
+    assert (pre.run / layout.FINAL_PARAMS).read_text() == reference

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
+from _demo import STEPS, demo_run
 from _events import flow
-from _hold import held
+from _preempted import NAME, SEED, last_step, preempted_run
 
 from hpctrain import dispatch
 from hpctrain.kernel import jobenv
@@ -24,55 +25,17 @@ from hpctrain.runs.folder import RunDir
 from train_entry.checkpoint import newest_verified, verify
 
 pytestmark = pytest.mark.slow
-SEED = int(os.environ.get(jobenv.TEST_SEED, time.time_ns() % 10_000))
 
 
-TRAIN = ["--max-steps", "60"]  # room for a signal or 10 kills to land before the end
-
-
-def hp_env(home: Path) -> dict:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in (jobenv.STOP_AT_STEP, jobenv.STOP_FILE, jobenv.RUN_DIR)
-    }
-    return env | {
-        "XDG_STATE_HOME": str(home / "state"),
-        "XDG_CONFIG_HOME": str(home / "config"),
-        "OMP_NUM_THREADS": "1",
-    }
+TRAIN = ["--max-steps", str(STEPS)]  # 60: room for a signal or 10 kills to land before the end
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> str:
-    """final_params.sha256 of one uninterrupted run (checkpoint cadence does not change it)."""
-    home = tmp_path_factory.mktemp("reference")
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hpctrain",
-            "submit",
-            "--profile",
-            "local",
-            "--nodes",
-            "1",
-            "--gpus",
-            "2",
-            "--name",
-            "ref",
-            "--wait",
-            "--",
-            *TRAIN,
-        ],
-        capture_output=True,
-        text=True,
-        env=hp_env(home),
-        cwd=home,
-        timeout=600,
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    return final_hash(home / "runs" / "ref")
+    """final_params.sha256 of one uninterrupted run: the demo's ddp run of as many steps
+    (tests/_demo.py, shared with other files; neither the checkpoint cadence nor the local
+    profile's launch changes it)."""
+    return final_hash(demo_run(tmp_path_factory, "ddp"))
 
 
 @pytest.fixture
@@ -97,19 +60,6 @@ def cli(tmp_path, monkeypatch):
         return out
 
     return run
-
-
-def last_step(run: Path) -> int:
-    try:
-        lines = (run / "metrics.jsonl").read_text().splitlines()
-    except OSError:
-        return 0
-    for line in reversed(lines):
-        try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError):
-            continue
-    return 0
 
 
 def wait_until(cond, timeout: float = 180, what: str = "") -> None:
@@ -153,19 +103,12 @@ def final_hash(run: Path) -> str:
     return (run / "final_params.sha256").read_text().strip()
 
 
-def test_preempt_requeue_resume_is_bit_identical(cli, tmp_path, reference):
-    train = [*TRAIN, "--checkpoint-every", "20"]
-    cli(
-        "submit", "--profile", "local", "--nodes", "1", "--gpus", "2", "--name", "pre", "--", *train
-    )
-    run = tmp_path / "runs" / "pre"
-    at = random.Random(SEED).randint(2, 12)
-    wait_until(lambda: last_step(run) >= at, what=f"step {at}")
-    with held(run):  # the preempt lands mid-run however slow it is under load
-        out = cli("preempt", "pre")
-    assert "SIGUSR2" in out.stdout
-    final = dispatch.wait(RunDir(run), poll_s=0.5)
-    assert final == "COMPLETED", (run / "logs" / "batch.log").read_text()[-3000:]
+def test_preempt_requeue_resume_is_bit_identical(tmp_path_factory, reference):
+    """The run: tests/_preempted.py (shared with test_in_job_restart)."""
+    pre = preempted_run(tmp_path_factory)
+    run, at = pre.run, pre.at
+    assert "SIGUSR2" in pre.said
+    assert pre.final == "COMPLETED", (run / "logs" / "batch.log").read_text()[-3000:]
 
     events = flow([json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()])
     names = [e["event"] for e in events]
@@ -181,8 +124,8 @@ def test_preempt_requeue_resume_is_bit_identical(cli, tmp_path, reference):
     steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
     after = steps[steps.index(stopped) + 1 :]
     assert after[0] == stopped + 1, "steps were redone after a signal preemption"
-    assert final_hash(run) == reference, f"seed {SEED}, preempted at {stopped}"
-    status = json.loads(cli("status", "pre", "--json").stdout)
+    assert final_hash(run) == reference, f"seed {pre.seed}, preempted at {stopped}"
+    status = json.loads(pre.hp("status", NAME, "--json").stdout)
     assert status["restarts"] == 1 and len(status["history"]) == 2
 
 

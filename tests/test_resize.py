@@ -1,8 +1,8 @@
 """A resume on another world size, per strategy, with the sample-id proof (data.record_ids): the
 ids every rank of every run read, merged in the job's order (train_entry/data.py `recorded`), equal
 an uninterrupted run's list, none skipped, none repeated. DeepSpeed goes through its universal
-checkpoint (train_entry/checkpoint/universal.py): ZeRO-2 and ZeRO-3, 2 -> 4 and 4 -> 2, in the main
-suite (the lane runs only the in-process tests here). Real torchrun + gloo on CPU, the smallest
+checkpoint (train_entry/checkpoint/universal.py): ZeRO-2 and ZeRO-3, each 2 -> 4 -> 2 in one job, in
+the main suite (the lane runs only the in-process tests here). Real torchrun + gloo on CPU, the smallest
 demo model, a global batch of 8 (accumulation 2 on 2 ranks, 1 on 4), 40 samples an epoch (5 steps).
 """
 
@@ -123,16 +123,6 @@ def reference(tmp_path_factory) -> Path:
     return run
 
 
-def resize(run: Path, strategy: tuple[str, ...], worlds: tuple[int, int], steps: int) -> str:
-    """Saved at step 2 on worlds[0] ranks, resumed on worlds[1] to `steps`; the second run's output.
-    The manifest of step 2 is kept in run/step-2.manifest (to show the original unchanged)."""
-    train(run, worlds[0], *strategy, f"--max-steps={steps}", stop_at=2)
-    assert len(ids(run)) == 2 * 8  # the stop came at a checkpoint: nothing read after it
-    manifest = run / "checkpoints" / "step-00000002" / "MANIFEST.json"
-    (run / "step-2.manifest").write_bytes(manifest.read_bytes())
-    return train(run, worlds[1], *strategy, f"--max-steps={steps}")
-
-
 def check(run: Path, reference: Path, steps: int) -> None:
     assert ids(run) == ids(reference)[: steps * 8]
     ref, got = losses(reference), losses(run)
@@ -155,32 +145,30 @@ def test_ddp_and_fsdp_resize_and_the_ids_prove_it(tmp_path, reference):
     check(run, reference, 6)
 
 
+# Main suite only (not `lane`): under the lane (torch 2.7.1, DeepSpeed 0.17.6) ZeRO-2 4 -> 2
+# completes but its step-4 loss was 2e-5 relative from the reference (session 17; not explained yet)
 @pytest.mark.slow  # starts torchrun
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize(
-    ("stage", "worlds"),
-    [
-        pytest.param(2, (2, 4), id="zero2-2to4"),
-        pytest.param(3, (4, 2), id="zero3-4to2"),
-        # Main suite only: under the lane (torch 2.7.1, DeepSpeed 0.17.6) ZeRO-2 4 -> 2 completes
-        # but its step-4 loss was 2e-5 relative from the reference (session 17; not explained yet)
-        pytest.param(2, (4, 2), id="zero2-4to2"),
-        pytest.param(3, (2, 4), id="zero3-2to4"),
-    ],
-)
-def test_deepspeed_resumes_on_another_world_size(tmp_path, reference, stage, worlds):
-    """Converted once to the universal form next to the original (which is left as it was),
-    verified by its manifest, loaded, and the run completes with the reference's samples."""
+@pytest.mark.timeout(450)
+@pytest.mark.parametrize("stage", [2, 3], ids=["zero2", "zero3"])
+def test_deepspeed_resumes_on_another_world_size(tmp_path, reference, stage):
+    """2 ranks, stopped at 2 -> 4 ranks, stopped at 4 -> 2 ranks to the end, across the epoch: one
+    job, both directions. Each resize converts once to the universal form next to its original
+    (which is left as it was), verified by its manifest, loaded, and the run completes with the
+    reference's samples."""
     from hpctrain.kernel import checkpoint as fmt
 
     run = tmp_path / "run"
-    strategy = ("--strategy=deepspeed", f"--deepspeed.zero_stage={stage}")
-    original = run / "checkpoints" / "step-00000002"
-    out = resize(run, strategy, worlds, 4)
-    assert f"saved by {worlds[0]} ranks, loaded by {worlds[1]}" in out
-    assert "to DeepSpeed's universal form" in out
-    converted, why = fmt.verify(run / "checkpoints" / "universal" / "step-00000002")
-    assert why is None and converted is not None and converted["universal"] is True
-    before = json.loads((run / "step-2.manifest").read_text())
-    assert fmt.verify(original) == (before, None)  # nothing lost: the original still verifies
-    check(run, reference, 4)
+    strategy = ("--strategy=deepspeed", f"--deepspeed.zero_stage={stage}", "--max-steps=6")
+    train(run, 2, *strategy, stop_at=2)
+    for saved, worlds, stop_at in ((2, (2, 4), 4), (4, (4, 2), None)):
+        assert len(ids(run)) == saved * 8  # the stop came at a checkpoint: nothing read after it
+        original = run / "checkpoints" / f"step-{saved:08d}"
+        before = json.loads((original / "MANIFEST.json").read_text())
+        out = train(run, worlds[1], *strategy, stop_at=stop_at)
+        assert f"saved by {worlds[0]} ranks, loaded by {worlds[1]}" in out
+        assert "to DeepSpeed's universal form" in out
+        converted, why = fmt.verify(run / "checkpoints" / "universal" / original.name)
+        assert why is None and converted is not None and converted["universal"] is True
+        # nothing lost: the original still verifies (checked before the next save prunes it)
+        assert fmt.verify(original) == (before, None)
+    check(run, reference, 6)

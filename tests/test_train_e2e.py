@@ -1,7 +1,8 @@
 """train_entry end to end: real torchrun, 2 processes, gloo, CPU, the demo model (tiny) and user code.
 
 Each run is a real `python -m train_entry` (or torchrun of it); results are shared between tests through
-the session-scoped `runs` cache so no configuration is trained twice.
+the session-scoped `runs` cache so no configuration is trained twice, and the demo's 60-step runs with
+other files (tests/_demo.py).
 
 Tolerances: DDP/FSDP vs a single-process reference and accumulation vs a larger batch are compared with
 SGD (sensitive to the gradient scale, unlike Adam) after 8 steps: |a - b| <= 1e-5 + 1e-4 |b| per
@@ -13,18 +14,12 @@ This module is also the user code of the factory test (`--model test_train_e2e:m
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _demo import demo_run, train
 
 from hpctrain.kernel import jobenv
-
-REPO = Path(__file__).resolve().parent.parent
-BIN = Path(sys.executable).parent
-TORCHRUN = str(BIN / "torchrun")
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -76,40 +71,6 @@ def stack(items):
 
 
 # ---------------------------------------------------------------- running
-def env(**extra: str) -> dict:
-    e = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith((jobenv.PREFIX, "RANK", "WORLD_SIZE", "MASTER_", "LOCAL_RANK"))
-    }
-    e.update(
-        OMP_NUM_THREADS="1",
-        DS_ACCELERATOR="cpu",
-        **{jobenv.DEVICE: "cpu"},
-        PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}",
-        **extra,
-    )
-    return e
-
-
-def train(
-    run_dir: Path, *args: str, nproc: int = 2, extra_env: dict | None = None, expect: int = 0
-) -> subprocess.CompletedProcess:
-    launcher = (
-        [TORCHRUN, "--standalone", "--nproc-per-node", str(nproc)]
-        if nproc > 1
-        else [sys.executable]
-    )
-    cmd = [*launcher, "-m", "train_entry", "--run-dir", str(run_dir), *args]
-    res = subprocess.run(
-        cmd, capture_output=True, text=True, env=env(**(extra_env or {})), timeout=240
-    )
-    assert res.returncode == expect, (
-        f"{' '.join(cmd)} -> {res.returncode}\n{res.stdout}\n{res.stderr[-4000:]}"
-    )
-    return res
-
-
 def metrics(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
@@ -153,9 +114,10 @@ def runs(tmp_path_factory) -> Runs:
 
 # ---------------------------------------------------------------- the demo learns, per strategy
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed"])
-def test_demo_loss_falls_60_steps(runs, strategy):
-    """The issue's command: torchrun ... -m train_entry --strategy S --run-dir D --max-steps 60."""
-    run = runs.get(f"demo-{strategy}", "--strategy", strategy, "--max-steps", "60")
+def test_demo_loss_falls_60_steps(tmp_path_factory, strategy):
+    """The issue's command: torchrun ... -m train_entry --strategy S --run-dir D --max-steps 60
+    (tests/_demo.py: trained once, shared with other files)."""
+    run = demo_run(tmp_path_factory, strategy)
     rows = metrics(run)
     assert [r["step"] for r in rows] == list(range(1, 61))
     fifth = len(rows) // 5
@@ -340,9 +302,9 @@ def test_stop_flag_file_exits_75_single_process(tmp_path):
 
 
 @pytest.mark.parametrize("strategy", ["fsdp", "deepspeed"])
-def test_preempt_and_resume_matches_the_60_step_run(runs, tmp_path, strategy):
+def test_preempt_and_resume_matches_the_60_step_run(tmp_path_factory, tmp_path, strategy):
     """FSDP2 and DeepSpeed through the same loop: stopped at 30 of 60, resumed, same final hash."""
-    full = runs.get(f"demo-{strategy}", "--strategy", strategy, "--max-steps", "60")
+    full = demo_run(tmp_path_factory, strategy)
     run = tmp_path / strategy
     res = train(
         run,
