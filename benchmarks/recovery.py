@@ -364,7 +364,7 @@ def run(quick: bool) -> list[common.Row]:
     steps = [s for s in range(CHECKPOINT_EVERY + 2, 2 * CHECKPOINT_EVERY) if s % CHECKPOINT_EVERY]
     rows: list[common.Row] = []
     try:
-        got = pairs(rng, steps, max(2, common.reps(2 if quick else 3)))
+        got = pairs(rng, steps, max(2, common.reps(2 if quick else 4)))  # 4: an IQR, not a range
         trials = [p[jobkey.RDZV_BACKEND] for p in got]
         each = [
             one_kill(rng.choice(steps), EVERY_STEP) for _ in range(common.reps(1 if quick else 2))

@@ -72,7 +72,7 @@ PLANNED_S = {
     "preflight": 120,
     "remote": 45,
     "parallel": 310,
-    "recovery": 135,
+    "recovery": 160,
     "snapshot_cost": 310,
 }
 
