@@ -127,9 +127,12 @@ cluster-up:
 cluster-down:
 	bash tests/slurm/cluster.sh down
 
+# Every benchmark, full repetitions: `benchmarks/run.py --list` gives each group's planned seconds
+# on a quiet 2-core machine; the results' Markdown gives each group's wall time beside its plan.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/run.py
 
+# The same rows with fewer repetitions (for iterating; spreads wider, verdicts less often settled).
 bench-quick: $(STAMP)
 	$(BIN)/python benchmarks/run.py --quick
 

@@ -2,7 +2,8 @@
 
 Every benchmark returns a list of `result(...)` dicts. A figure is always a ratio against a baseline
 measured in the same run (repetitions interleaved, medians taken); a piece that cannot be measured
-reports `not_measured(...)` with the reason instead of a number.
+reports `not_measured(...)` with the reason instead of a number. Each group also states its noise
+in one A/A row (`noise`): the same side twice, measured as its rows measure A against B.
 """
 
 from __future__ import annotations
@@ -127,6 +128,19 @@ def settle(name: str, per_rep: list[float], target: str, **details: object) -> R
         per_rep=rounded,
         **details,
     )
+
+
+def noise(name: str, per_rep: list[float], what: str, **details: object) -> Row:
+    """A group's A/A row: the same side measured twice the way the group's rows measure A against
+    B (`what` says how); stated, no target. Its spread is the noise the group's verdicts are read
+    against: a row nearer its target than that settles by luck, either way."""
+    return settle(name, per_rep, "-", summary=what, **details)
+
+
+def successive(values: Sequence[float]) -> list[float]:
+    """Each value over the one before it: the A/A of a side measured once per repetition, its two
+    sides one repetition apart (further apart than A and B in one: an upper bound)."""
+    return [b / a for a, b in zip(values, values[1:], strict=False)]
 
 
 def check(ratio: float, target: str) -> bool:
@@ -319,16 +333,45 @@ def kill_tree(proc: subprocess.Popen[bytes], sig: int) -> None:
             pass
 
 
+class Follow:
+    """The step of the newest row of a metrics.jsonl, reading only what was appended since the
+    last look (re-reading the whole file at every look costs the run being watched CPU, more as
+    the file grows)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset, self.step = path, 0, -1
+
+    def __call__(self) -> int:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return self.step
+        end = chunk.rfind(b"\n") + 1  # complete lines only
+        self.offset += end
+        for line in chunk[:end].splitlines():
+            try:
+                self.step = int(json.loads(line).get("step", self.step))
+            except (ValueError, AttributeError):  # not a JSON object
+                pass
+        return self.step
+
+
 def wait_for_step(
-    metrics: Path, step: int, proc: subprocess.Popen[bytes], timeout: float, skip_rows: int = 0
+    metrics: Path,
+    step: int,
+    proc: subprocess.Popen[bytes],
+    timeout: float,
+    follow: Follow | None = None,
 ) -> int:
-    """Poll metrics.jsonl until a row with step >= `step` appears (rows after `skip_rows`);
-    returns that step. NotMeasured if the run ends or the time runs out first."""
+    """Poll metrics.jsonl until a row with step >= `step` appears; returns that step. NotMeasured
+    if the run ends or the time runs out first. `follow`: carried over from an earlier call."""
+    follow = follow or Follow(metrics)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        rows = read_jsonl(metrics)[skip_rows:]
-        if rows and rows[-1].get("step", -1) >= step:
-            return int(rows[-1]["step"])
+        if (got := follow()) >= step:
+            return got
         if proc.poll() is not None:
             raise NotMeasured(f"the run exited ({proc.returncode}) before step {step}")
         time.sleep(0.05)

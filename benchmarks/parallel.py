@@ -15,7 +15,9 @@ global batch 16 = dp x micro 8 x accum; `--strategy fsdp`, so FSDP2 shards over 
     above 1: fixed costs per pass, such as the point-to-point sends, add to the bubble).
 Both sides of a row read the same overrides (the baseline through benchmarks/demo.py with
 train_entry's own config loader, so the batch arithmetic per dp rank is the same), interleaved by
-pausing (benchmarks/interleave.py), as the training rows are.
+pausing (benchmarks/interleave.py), as the training rows are: a repetition is 4 rounds (2 on 4
+ranks) of one 6-step segment per side. parallel_noise_same_launch (stated): each row's plain
+side, its odd rounds over its even ones per repetition, the four rows together.
 """
 
 from __future__ import annotations
@@ -87,19 +89,19 @@ def _sides(layout: list[str], procs: int, script: str, flag: str) -> list[Side]:
 
 
 def _row(
-    name: str, label: str, rates: dict[str, list[float]], base: str, setup: Mapping[str, object]
+    name: str, label: str, got: interleave.Measured, base: str, setup: Mapping[str, object]
 ) -> common.Row:
-    per_rep = [a / b for a, b in zip(rates["train_entry"], rates[base], strict=True)]
-    ma, mb = common.median(rates["train_entry"]), common.median(rates[base])
+    ra, rb = got.rates("train_entry"), got.rates(base)
     return common.settle(
         name,
-        per_rep,
+        got.ratios("train_entry", base),
         ">= 0.98",
         **setup,
-        steps_per_s_typical=rates,
+        steps_per_s_typical={"train_entry": ra, base: rb},
         sides={"train_entry": SIDES["train_entry"], base: SIDES[base]},
-        summary=f"{label}: {ma:.2f} vs {mb:.2f} steps/s (median over segments of 1 / median "
-        "step interval). Same model, data, batch per dp rank, optimizer, clip",
+        summary=f"{label}: {common.median(ra):.2f} vs {common.median(rb):.2f} steps/s (median "
+        "over repetitions of 1 / median step interval). Same model, data, batch per dp rank, "
+        "optimizer, clip",
     )
 
 
@@ -186,13 +188,16 @@ def _why(e: Exception, sides: list[Side]) -> str:
 
 
 def run(quick: bool) -> list[common.Row]:
-    # 24-step segments, 7 repetitions: with 6 x 5 (12 x 7) the 4-rank rows (4 processes on 2 cores)
-    # spread 0.92-1.02 (0.975-1.024) (IQR) on a quiet machine
-    reps, segment, warmup = (3, 6, 4) if quick else (7, 24, 5)
+    # one 24-step segment per side per repetition read tp 2 on 2 ranks 0.831-1.027 (IQR,
+    # 2026-12-06): now rounds of 6 steps, the ratio over their intervals across the repetition;
+    # 4 rounds on 2 ranks, 2 on 4 (4 processes on 2 cores: twice the step, half the spread,
+    # 0.985-0.997 and 0.982-1.004 from one 24-step segment on 2026-12-02)
+    reps, segment, warmup = (3, 4, 4) if quick else (5, 6, 5)
     reps = max(3, common.reps(reps))
-    rows = []
+    rows, same = [], {}
     for kind, flag, script in (("tp", "--tp", "plain_tp"), ("pp", "--pp", "plain_pp")):
         for procs in (2, 4):
+            block = 2 if quick or procs == 4 else 4
             name = f"parallel_{kind}2_{procs}ranks_vs_plain"
             layout = [f"--parallel.{kind}=2"]
             setup = {
@@ -201,19 +206,39 @@ def run(quick: bool) -> list[common.Row]:
                 "mesh": f"dp {procs // 2} x {kind} 2",
                 "backend": "gloo",
                 "reps": reps,
+                "rounds_per_rep": block,
                 "segment_steps": segment,
                 "warmup_steps_skipped": warmup,
                 "method": "one launch per side, interleaved segments (SIGSTOP/SIGCONT)",
             }
             sides = _sides(layout, procs, script, flag)
             try:
-                rates = interleave.run(
-                    list(sides), warmup=warmup, segment=segment, reps=reps, timeout=600
+                got = interleave.run(
+                    list(sides),
+                    warmup=warmup,
+                    segment=segment,
+                    reps=reps,
+                    block=block,
+                    timeout=600,
                 )
                 label = f"train_entry {kind} 2 vs plain {kind} 2 on {procs} ranks"
-                rows.append(_row(name, label, rates, script, setup))
+                rows.append(_row(name, label, got, script, setup))
+                same[name] = [round(x, 4) for x in got.same_launch(script)]
             except common.NotMeasured as e:
                 rows.append(common.not_measured(name, ">= 0.98", _why(e, sides)))
+    noise = "parallel_noise_same_launch"
+    if same:
+        rows.append(
+            common.noise(
+                noise,
+                [x for v in same.values() for x in v],
+                f"each row's plain side, its odd rounds over its even ones per repetition "
+                f"({len(same)} rows x {reps} repetitions)",
+                by_row=same,
+            )
+        )
+    else:
+        rows.append(common.not_measured(noise, "-", "no row was measured"))
     try:
         rows.append(bubble(quick))
     except common.NotMeasured as e:

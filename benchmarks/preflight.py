@@ -219,9 +219,22 @@ def _alloc_to_first_step(run: Path) -> float:
     return float(rows[0]["time"]) - _t(start)
 
 
+def phase_costs(run: Path) -> dict[str, list[tuple[float, float]]]:
+    """Each node's gate phases (node-<id>.json `phases`): {phase: [(CPU s, wall s) a node]}, each
+    the time since the phase before (the first, `start`: Python's start-up and the imports)."""
+    out: dict[str, list[tuple[float, float]]] = {}
+    for report in sorted(run.glob("preflight/*/node-*.json")):
+        cpu = at = 0.0
+        for ph in json.loads(report.read_text()).get("phases", []):
+            out.setdefault(ph["name"], []).append((ph["cpu_s"] - cpu, ph["at"] - at if at else 0.0))
+            cpu, at = ph["cpu_s"], ph["at"]
+    return out
+
+
 def gate_cost(root: Path, reps: int) -> common.Row:
     name, target = "preflight_gate_alloc_to_first_step_vs_off", "<= 1.3"
     off, on, ratios, gate_s = [], [], [], []
+    phases: dict[str, list[tuple[float, float]]] = {}
     for i in range(reps):
         times = {}
         for side in ("off", "on"):  # interleaved: one of each per repetition
@@ -237,6 +250,8 @@ def gate_cost(root: Path, reps: int) -> common.Row:
             times[side] = _alloc_to_first_step(run)
             if side == "on":  # the gate's own figure (preflight.json: the newest verdict)
                 gate_s.append(json.loads((run / "preflight.json").read_text())["seconds"])
+                for phase, costs in phase_costs(run).items():
+                    phases.setdefault(phase, []).extend(costs)
         off.append(times["off"])
         on.append(times["on"])
         ratios.append(times["on"] / times["off"])
@@ -247,6 +262,10 @@ def gate_cost(root: Path, reps: int) -> common.Row:
         off_s=[round(x, 2) for x in off],
         on_s=[round(x, 2) for x in on],
         gate_s=gate_s,
+        # where a node's gate time goes (medians over nodes and repetitions): CPU is what a loaded
+        # machine does not distort; wall includes the waits (`members`: for the other nodes)
+        gate_cpu_s={k: round(common.median([c for c, _ in v]), 3) for k, v in phases.items()},
+        gate_wall_s={k: round(common.median([w for _, w in v]), 3) for k, v in phases.items()},
         nodes=2,
         how="allocation (batch script start, 1 s resolution) to the first step's metrics row",
     )

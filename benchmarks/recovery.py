@@ -38,7 +38,10 @@ Rows:
   repetitions, killed at a step that is not a checkpoint step.
 - in_job_restart_signed_rendezvous_vs_c10d: the first row's kill, launched with hpctrain's signed
   rendezvous (`--rdzv-backend=hpctrain`, issue 33) and with torch's c10d in interleaved pairs:
-  the kill to the next new step, signed over c10d (the signature is an HMAC per state sync).
+  the kill to the next new step, signed over c10d (the signature is an HMAC per state sync). The
+  signed launches of these pairs are the first row's trials (the batch script's launch).
+- recovery_noise_c10d_twice (stated): the c10d kills' kill-to-next-step, each over the one
+  before it.
 """
 
 from __future__ import annotations
@@ -317,30 +320,41 @@ def kill_rows(trials: list[Kill], off: list[Kill], each: list[Kill]) -> list[com
     return rows
 
 
-def signed_row(rng: random.Random, steps: list[int], quick: bool) -> common.Row:
-    """The signed rendezvous (issue 33) against torch's c10d, in interleaved pairs of the same
-    kill: the kill to the next new step, signed over unsigned."""
-    pairs = []
-    for i in range(common.reps(2 if quick else 4)):
+def pairs(rng: random.Random, steps: list[int], n: int) -> list[dict[str, Kill]]:
+    """`n` pairs of the same kill, signed rendezvous and torch's c10d, the order alternating."""
+    out = []
+    for i in range(n):
         at = rng.choice(steps)
         order = ("c10d", jobkey.RDZV_BACKEND) if i % 2 else (jobkey.RDZV_BACKEND, "c10d")
-        got = {b: one_kill(at, backend=b) for b in order}
-        pairs.append(got)
-    ratios = [p[jobkey.RDZV_BACKEND]["recovery_s"] / p["c10d"]["recovery_s"] for p in pairs]
+        out.append({b: one_kill(at, backend=b) for b in order})
+    return out
+
+
+def signed_rows(got: list[dict[str, Kill]]) -> list[common.Row]:
+    """The signed rendezvous (issue 33) against torch's c10d: the kill to the next new step,
+    signed over unsigned; and the c10d kills against each other (the noise row)."""
+    signed, c10d = ([p[b]["recovery_s"] for p in got] for b in (jobkey.RDZV_BACKEND, "c10d"))
     starts = [
-        p[jobkey.RDZV_BACKEND]["fresh_first_step_s"] / p["c10d"]["fresh_first_step_s"]
-        for p in pairs
+        round(p[jobkey.RDZV_BACKEND]["fresh_first_step_s"] / p["c10d"]["fresh_first_step_s"], 3)
+        for p in got
     ]
-    return common.settle(
-        "in_job_restart_signed_rendezvous_vs_c10d",
-        ratios,
-        "<= 1.2",
-        fresh_start_ratio=[round(x, 3) for x in starts],
-        summary=f"SIGKILL of rank 1 to the next new step with --rdzv-backend="
-        f"{jobkey.RDZV_BACKEND} (state signed with the job key) over torch's c10d, "
-        f"{len(pairs)} interleaved pairs; launch to first step, same pairs: "
-        f"{[round(x, 3) for x in starts]}",
-    )
+    return [
+        common.settle(
+            "in_job_restart_signed_rendezvous_vs_c10d",
+            [a / b for a, b in zip(signed, c10d, strict=True)],
+            "<= 1.2",
+            fresh_start_ratio=starts,
+            summary=f"SIGKILL of rank 1 to the next new step with --rdzv-backend="
+            f"{jobkey.RDZV_BACKEND} (state signed with the job key) over torch's c10d, "
+            f"{len(got)} interleaved pairs; launch to first step, same pairs: {starts}",
+        ),
+        common.noise(
+            "recovery_noise_c10d_twice",
+            common.successive(c10d),
+            "the c10d launches' SIGKILL to the next new step, each over the one before it",
+            recovery_s=[round(x, 3) for x in c10d],
+        ),
+    ]
 
 
 def run(quick: bool) -> list[common.Row]:
@@ -350,13 +364,14 @@ def run(quick: bool) -> list[common.Row]:
     steps = [s for s in range(CHECKPOINT_EVERY + 2, 2 * CHECKPOINT_EVERY) if s % CHECKPOINT_EVERY]
     rows: list[common.Row] = []
     try:
-        trials = [one_kill(rng.choice(steps)) for _ in range(common.reps(2 if quick else 5))]
+        got = pairs(rng, steps, max(2, common.reps(2 if quick else 4)))  # 4: an IQR, not a range
+        trials = [p[jobkey.RDZV_BACKEND] for p in got]
         each = [
             one_kill(rng.choice(steps), EVERY_STEP) for _ in range(common.reps(1 if quick else 2))
         ]
-        off = [one_kill(rng.choice(steps), OFF) for _ in range(common.reps(1 if quick else 2))]
+        off = [one_kill(rng.choice(steps), OFF) for _ in range(common.reps(1))]
         rows += kill_rows(trials, off, each)
-        rows.append(signed_row(rng, steps, quick))
+        rows += signed_rows(got)
     except common.NotMeasured as e:
         for name, target in (
             ("recovery_after_rank_kill_vs_fresh_start_plus_load", "<= 1.5"),
@@ -364,6 +379,7 @@ def run(quick: bool) -> list[common.Row]:
             ("steps_redone_per_failure_snapshots_every_step", "<= 1"),
             ("steps_redone_per_failure_without_snapshots", f"<= {CHECKPOINT_EVERY}"),
             ("in_job_restart_signed_rendezvous_vs_c10d", "<= 1.2"),
+            ("recovery_noise_c10d_twice", "-"),
         ):
             rows.append(common.not_measured(name, target, str(e)))
     return rows

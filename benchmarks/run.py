@@ -1,15 +1,18 @@
 """Run hpctrain's benchmarks: every figure a ratio against a baseline measured beside it.
 
-    make bench                                   # everything (<= 15 min on 2 shared cores)
+    make bench                                   # everything (PLANNED_S: the seconds per group)
     make bench-quick                             # the same, fewer repetitions (for iterating)
     .venv/bin/python benchmarks/run.py --only cli --only collective --quick
     .venv/bin/python benchmarks/run.py --list
 
 Writes benchmarks/results/<YYYY-MM-DD>.json (a list of {"name", "ratio", "spread", "target",
-"verdict", "meets", "details"}) and benchmarks/results/<YYYY-MM-DD>.md (a Markdown table with the
-machine and its load), and prints each median, its spread and the verdict (met, missed, not
-settled, not measured, stated). Each benchmark runs its baseline in the same run, repetitions
-interleaved: never a comparison with numbers from another run.
+"verdict", "meets", "details"}; each row's details name its group and the group's seconds) and
+benchmarks/results/<YYYY-MM-DD>.md (a Markdown table with the machine and its load, and each
+group's wall time against its plan), and prints each median, its spread and the verdict (met,
+missed, not settled, not measured, stated). Each benchmark runs its baseline in the same run,
+repetitions interleaved: never a comparison with numbers from another run. Each group states its
+noise in a row of its own (`<group>_noise_...`: the same side twice, measured as its rows measure
+A against B), except preemption's (exact counts: no noise to state).
 """
 
 from __future__ import annotations
@@ -53,6 +56,36 @@ BENCHMARKS = {
     "recovery": "benchmarks.recovery",  # 10 in-job restart vs fresh start; steps redone
     "snapshot_cost": "benchmarks.snapshot_cost",  # 10 snapshot cost per step, in one process pair
 }
+# Seconds each group is planned to take in full mode on a quiet 2-core machine: the repetitions
+# of each were chosen for its rows to settle there, within this plan (the report shows each
+# group's wall time beside it). Under load a group takes longer; its spreads show the load.
+PLANNED_S = {
+    "training": 230,
+    "hf_trainer": 65,
+    "checkpoint": 150,
+    "restart": 35,
+    "preemption": 35,
+    "cli": 60,
+    "collective": 20,
+    "scale": 140,
+    "pretrained": 90,
+    "preflight": 120,
+    "remote": 45,
+    "parallel": 310,
+    "recovery": 160,
+    "snapshot_cost": 310,
+}
+
+
+class Group(TypedDict):
+    """One group's run: its wall time, its plan, the load after it."""
+
+    name: str
+    rows: int
+    seconds: float
+    cpu_s: float  # of the harness and the processes it waited for (a lower bound, as wall_s's)
+    planned_s: int | None  # full mode only
+    load_after: float
 
 
 class Info(TypedDict):
@@ -64,6 +97,13 @@ class Info(TypedDict):
     load_avg_1min: list[float]  # at the start, then after each benchmark
     wall_s: float
     cpu_s: float
+    groups: list[Group]
+
+
+def cpu_s() -> float:
+    """CPU seconds of this process and the children it waited for, so far."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
+    return sum(r.ru_utime + r.ru_stime for r in ru)
 
 
 def run_one(name: str, quick: bool) -> list[common.Row]:
@@ -123,7 +163,28 @@ def markdown(rows: list[common.Row], info: Info) -> str:
             f"| {r['name']} | {fmt_ratio(r)} | {fmt_spread(r)} | {r['target']} | "
             f"{fmt_verdict(r)} | {note} |"
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + groups_table(info)) + "\n"
+
+
+def groups_table(info: Info) -> list[str]:
+    """Each group's wall time, its plan (full mode) and the load average after it."""
+    groups = info["groups"]
+    planned = sum(g["planned_s"] or 0 for g in groups)
+    plan = f"; planned {planned} s on a quiet 2-core machine" if planned else ""
+    lines = [
+        "",
+        f"Wall time per group ({info['mode']} mode{plan}):",
+        "",
+        "| group | rows | seconds | planned | CPU seconds | load average after |",
+        "|---|---|---|---|---|---|",
+    ]
+    for g in groups:
+        cell = "-" if g["planned_s"] is None else str(g["planned_s"])
+        lines.append(
+            f"| {g['name']} | {g['rows']} | {g['seconds']:.0f} | {cell} | {g['cpu_s']:.0f} | "
+            f"{g['load_after']:.1f} |"
+        )
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="list the benchmarks and exit")
     args = ap.parse_args(argv)
     if args.list:
-        print("\n".join(BENCHMARKS))
+        print("\n".join(f"{n} ({PLANNED_S.get(n, '?')} s planned)" for n in BENCHMARKS))
+        print(f"planned in all: {sum(PLANNED_S.values())} s (full mode, quiet 2-core machine)")
         return 0
 
     names = args.only or list(BENCHMARKS)
@@ -167,14 +229,18 @@ def main(argv: list[str] | None = None) -> int:
         load_avg_1min=[os.getloadavg()[0]],
         wall_s=0.0,
         cpu_s=0.0,
+        groups=[],
     )
     t0 = time.perf_counter()
     rows: list[common.Row] = []
     for name in names:
         print(f"== {name}", flush=True)
-        t = time.perf_counter()
-        for row in run_one(name, args.quick):
+        t, cpu = time.perf_counter(), cpu_s()
+        got = run_one(name, args.quick)
+        seconds = time.perf_counter() - t
+        for row in got:
             row["details"].setdefault("mode", info["mode"])
+            row["details"]["group"], row["details"]["group_s"] = name, round(seconds, 1)
             rows.append(row)
             print(
                 f"  {row['name']}: {fmt_ratio(row)} [{fmt_spread(row)}] (target "
@@ -184,13 +250,24 @@ def main(argv: list[str] | None = None) -> int:
             if row["details"].get("not_measured"):
                 print("    " + str(row["details"]["not_measured"]).replace("\n", "\n    "))
         info["load_avg_1min"].append(os.getloadavg()[0])
+        planned = None if args.quick else PLANNED_S.get(name)
+        info["groups"].append(
+            Group(
+                name=name,
+                rows=len(got),
+                seconds=round(seconds, 1),
+                cpu_s=round(cpu_s() - cpu, 1),
+                planned_s=planned,
+                load_after=info["load_avg_1min"][-1],
+            )
+        )
+        plan = "" if planned is None else f" of {planned} s planned"
         print(
-            f"  ({time.perf_counter() - t:.0f} s, load average {info['load_avg_1min'][-1]:.1f})",
+            f"  ({seconds:.0f} s{plan}, load average {info['load_avg_1min'][-1]:.1f})",
             flush=True,
         )
     info["wall_s"] = time.perf_counter() - t0
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN), resource.getrusage(resource.RUSAGE_SELF)
-    info["cpu_s"] = sum(r.ru_utime + r.ru_stime for r in ru)
+    info["cpu_s"] = cpu_s()
     for row in rows:
         row["details"].setdefault("machine", info["machine"])
 

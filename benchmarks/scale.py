@@ -11,7 +11,7 @@ figures and what a site should set.
   scale_rdzv     rendezvous store bytes per keep-alive, bytes per look, longest argument
   scale_ckpt     rank 0's bytes read at resume, files per save (2 / 4 / 8 ranks), merge growth
   scale_gate     the gate's filesystem calls per node, status of a failed 1,000 x 8 run, heartbeat
-  scale_runs     `runs` CPU at 100 / 1,000 / 10,000 runs, `report` memory at 10^4-10^6 lines
+  scale_runs     `runs` CPU at 1,000 / 10,000 runs, `report` memory at 10^4-10^6 lines
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""Scale of the run-folder readers (issue 37): `hpctrain runs` over 100 / 1,000 / 10,000 run
-folders, and `hpctrain report` over a metrics.jsonl of 10^4 / 10^5 / 10^6 lines.
+"""Scale of the run-folder readers (issue 37): `hpctrain runs` over 1,000 / 10,000 run folders
+(--quick: 100 / 1,000), and `hpctrain report` over a metrics.jsonl of 10^4 / 10^5 / 10^6 lines.
 
 Runs: one real local run (`hpctrain submit --profile local --wait`, 2 steps, as benchmarks/scale.py
 makes it) copied (hard links) into N run folders; the figure is the child's CPU seconds (user +
 sys) of `hpctrain runs --runs-dir DIR --json` and of the table (`hpctrain runs`), median of the
-repetitions, and the growth exponent between the two largest sizes (1.0: linear; start-up makes
-it less). Budget: <= 3 s at 10,000 runs.
+repetitions, and the growth exponent between the two sizes (1.0: linear; start-up makes it
+less). Budget: <= 3 s at 10,000 runs. scale_noise_runs_cpu_twice (stated): the table's CPU
+seconds at the largest size, each repetition's over the one before it.
 
 Report: a run folder whose metrics.jsonl has N lines as train_entry writes them; the figure is
 the peak resident memory (ru_maxrss) of `hpctrain report RUN` as a child (plots included).
@@ -85,7 +86,7 @@ def fabricate(real: Path, where: Path, n: int) -> Path:
 
 
 def runs_rows(quick: bool) -> list[common.Row]:
-    sizes = RUN_SIZES[:2] if quick else RUN_SIZES
+    sizes = RUN_SIZES[:2] if quick else RUN_SIZES[1:]
     reps = common.reps(3)
     cwd = common.scratch("scale-runs-many-")
     real = real_run(cwd)
@@ -122,6 +123,12 @@ def runs_rows(quick: bool) -> list[common.Row]:
             growth_exponent=round(growth["table"], 3),
             growth_exponent_json=round(growth["json"], 3),
             summary=summary,
+        ),
+        common.noise(
+            "scale_noise_runs_cpu_twice",
+            common.successive(cpu[top]["table"]),
+            f"`hpctrain runs` over {top} runs, its CPU seconds, each repetition's over the one "
+            "before it",
         ),
         common.result(
             "scale_runs_cpu_growth_exponent",

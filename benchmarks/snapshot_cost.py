@@ -22,8 +22,10 @@ Rows:
   between and around them, the two ends at half weight so a steady drift cancels) the time of
   the "on" steps over the time of as many "off" steps, minus 1. It counts whatever snapshots
   cost anywhere in those steps: the loop's copy, the thread's write and exchange, and anything
-  they slow in the steps that hold none. The details give the ranks' CPU per step on and off
-  (sampled while the run goes, read at the segment edges).
+  they slow in the steps that hold none. A step interval counts at most CAP x the median one
+  (a stall another process caused, on either side; a snapshot costs ~1/50 of a step here); the
+  details give the uncapped figures too, and the ranks' CPU per step on and off (sampled while
+  the run goes, read at the segment edges).
 - snapshot_cost_noise_same_pair (stated): the same arithmetic between the "off" segments of two
   alternating sets (a, b, a, b, ...) of the same repetitions: what the method reads where
   nothing differs. Its two sides are two segments apart, the row above's one: the load changes
@@ -51,16 +53,26 @@ from benchmarks.training import _cpu_s
 TARGET = "<= 0.02"
 SEGMENT = 8  # steps at least (~2 s here): short, so a load change lands on both sides
 BLOCK = 12  # "on" segments per repetition (1-3 min with their "off" ones): even (the A/A row)
+QUICK = 2, 6  # --quick: repetitions, BLOCK (~2 min here, for iterating: not for a verdict)
+CAP = 3  # x the median step interval: the most one interval counts for (see the docstring)
 WORKER = "benchmarks.workers.toggled"
 
 
-def segments(times: dict[int, float], segment: int, start: int) -> list[float]:
+def segments(
+    times: dict[int, float], segment: int, start: int, cap: float | None = None
+) -> list[float]:
     """Seconds of each whole segment from `start` (segment j: the steps completed after the step
     boundaries start + j * segment ... + segment - 1; "on" when j is odd), while every step's
-    time is known."""
+    time is known; with `cap`, each step interval counted as at most `cap` seconds."""
     out = []
     while start in times and start + segment in times:
-        out.append(times[start + segment] - times[start])
+        if cap is None:
+            out.append(times[start + segment] - times[start])
+        elif all(k in times for k in range(start, start + segment)):
+            steps = range(start + 1, start + segment + 1)
+            out.append(sum(min(times[k] - times[k - 1], cap) for k in steps))
+        else:
+            break
         start += segment
     return out
 
@@ -135,9 +147,9 @@ class Measured(TypedDict):
     log: str  # train.log
 
 
-def measure(reps: int) -> Measured:
-    """One toggled launch, run until `reps` repetitions are done; its step times, segments, CPU
-    samples and train.log."""
+def measure(reps: int, block: int = BLOCK) -> Measured:
+    """One toggled launch, run until `reps` repetitions of `block` "on" segments are done; its
+    step times, segments, CPU samples and train.log."""
     d = common.scratch("snapcost-")
     metrics, toggle = d / "metrics.jsonl", d / "toggle.json"
     cmd = two_nodes(d)
@@ -151,14 +163,15 @@ def measure(reps: int) -> Measured:
             _alive(proc, d, deadline, "the auto rule set no interval")
             time.sleep(0.2)
         plan = json.loads(toggle.read_text())
-        last = plan["start"] + (2 * BLOCK * reps + 1) * plan["segment"]
+        last = plan["start"] + (2 * block * reps + 1) * plan["segment"]
         pids = list(ranks(proc, WORKER).values())
         deadline = time.monotonic() + 60 + 2 * (last - plan["start"])  # steps ~0.2 s here
-        while common.wait_for_step(metrics, 0, proc, timeout=60) < last:
+        follow = common.Follow(metrics)
+        while common.wait_for_step(metrics, 0, proc, timeout=60, follow=follow) < last:
             _alive(proc, d, deadline, f"step {last} not reached")
-            samples.append((time.time(), sum(_cpu_s(p) for p in pids)))
-            time.sleep(0.1)
-        samples.append((time.time(), sum(_cpu_s(p) for p in pids)))
+            samples.append((time.time(), _cpu_s(*pids)))
+            time.sleep(0.25)  # the watching costs the 2 cores little
+        samples.append((time.time(), _cpu_s(*pids)))
     finally:
         common.kill_tree(proc, signal.SIGKILL)
         proc.wait(timeout=60)
@@ -184,7 +197,8 @@ def run(quick: bool) -> list[common.Row]:
     name, noise = "snapshot_cost_per_step_vs_step_time", "snapshot_cost_noise_same_pair"
     paired, stated = "snapshot_cost_per_step_in_run", "snapshot_cost_per_step_trainer_figure"
     try:
-        got = measure(common.reps(3 if quick else 6))
+        count, block = QUICK if quick else (4, BLOCK)
+        got = measure(common.reps(count), block)
     except common.NotMeasured as e:
         return [common.not_measured(n, t, str(e)) for n, t in ((name, TARGET), (stated, "-"))]
     # the raw figures, for another look without another run
@@ -192,7 +206,11 @@ def run(quick: bool) -> list[common.Row]:
     plan, times = got["plan"], got["times"]
     seg, start = plan["segment"], plan["start"]
     d = segments(times, seg, start)
-    ab, aa = per_rep(d, BLOCK)
+    steps = range(start + 1, start + len(d) * seg + 1)
+    gaps = [times[k] - times[k - 1] for k in steps if k in times and k - 1 in times]
+    ab, aa = per_rep(
+        segments(times, seg, start, CAP * common.median(gaps) if gaps else None), block
+    )
     edges = [(times[start + j * seg], times[start + (j + 1) * seg]) for j in range(len(d))]
     cpu = [_cpu_at(got["cpu"], b) - _cpu_at(got["cpu"], a) for a, b in edges]
     cpu_on, cpu_off = (1e3 * sum(c) / (seg * len(c)) for c in (cpu[1::2], cpu[0::2]))
@@ -213,15 +231,17 @@ def run(quick: bool) -> list[common.Row]:
             TARGET,
             train_args=RECOVERY_ARGS,
             plan=plan,
-            block=BLOCK,
+            block=block,
+            cap_x_median_interval=CAP,
+            per_rep_uncapped=[round(v, 4) for v in per_rep(d, block)[0]],
             step_ms={k: round(v, 1) for k, v in step_ms.items()},
             cpu_ms_per_step={"on": round(cpu_on, 1), "off": round(cpu_off, 1)},
             cpu_cost_per_step=round(cpu_on / cpu_off - 1, 4),
-            cpu_cost_per_rep=[round(v, 4) for v in per_rep(cpu, BLOCK)[0]],
+            cpu_cost_per_rep=[round(v, 4) for v in per_rep(cpu, block)[0]],
             trainer_figure=fig,
             summary=f"one pair of processes, snapshots at the default interval (every "
             f"{plan['every']} step(s), the partner's copy every {plan['partner_every']}) on and "
-            f"off in alternating {seg}-step segments, {len(ab)} repetitions of {BLOCK}: mean "
+            f"off in alternating {seg}-step segments, {len(ab)} repetitions of {block}: mean "
             f"step {step_ms['on']:.1f} ms on vs {step_ms['off']:.1f} ms off; the ranks' CPU "
             f"per step {cpu_on:.0f} vs {cpu_off:.0f} ms ({cpu_on / cpu_off - 1:+.4f}); the "
             f"trainer's own figure: {own}",
@@ -229,15 +249,15 @@ def run(quick: bool) -> list[common.Row]:
     ]
     if aa:
         rows.append(
-            common.settle(
+            common.noise(
                 noise,
                 aa,
-                "-",
-                summary='the same repetitions, one set of "off" segments over the other '
-                "(a, b, a, b, ...): what the row above reads where nothing differs",
+                'the same repetitions, one set of "off" segments over the other (a, b, a, b, '
+                "...): what the row above reads where nothing differs",
+                per_rep_uncapped=[round(v, 4) for v in per_rep(d, block)[1]],
             )
         )
-    reps = in_run_per_rep(times, start, seg, plan["every"], BLOCK, len(ab))
+    reps = in_run_per_rep(times, start, seg, plan["every"], block, len(ab))
     rows.append(
         common.settle(
             paired,

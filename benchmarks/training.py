@@ -23,10 +23,18 @@ What each side does per optimizer step (TRAIN_ARGS: d_model 256, 4 layers, seq 6
     resume). No checkpoint is saved while measured (none is due).
 
 Interleaved by pausing (benchmarks/interleave.py): each side is launched once and warmed up, then
-the sides run in turn, one segment of K steps each per repetition, the others stopped. A
-repetition's ratio is train_entry's typical steps/s (1 / the median step interval inside its
-segment) over the baseline's in the same repetition; the row is the median of those ratios with
-their spread, "not settled" when the spread straddles the target.
+the sides run in turn, the others stopped: a repetition is 4 rounds of one 8-step
+segment per side. A repetition's ratio is train_entry's typical steps/s (1 / the median step
+interval over its segments) over the baseline's in the same repetition; the row is the median of
+those ratios with their spread, "not settled" when the spread straddles the target. One segment
+of 8 steps per side per repetition (through 2026-12-06) read DDP vs plain DDP 0.881-1.050 (IQR);
+the per-repetition ratio now rests on 4 segments of each side, ~4x as many intervals spread
+over the repetition, their median robust to a burst of load that hits one segment.
+
+training_noise_plain_ddp_twice (stated): plain DDP launched twice, both in the DDP rows'
+interleaving, one launch over the other per repetition: the noise of this method, launch to
+launch included (two launches of one configuration can differ for their whole lives). The
+details also give one launch's odd rounds over its even ones (no launch difference).
 
 Each row's details also give the CPU time per step of each side (user + system of torchrun and
 both ranks, summed over the measured segments): the machine's load moves it far less than the
@@ -80,10 +88,10 @@ SIDES = {  # what each side does per optimizer step (the module's docstring has 
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process and everything below it (0 for those gone)."""
+def _cpu_s(*pids: int) -> float:
+    """User + system CPU seconds of these processes (0 for those gone)."""
     total = 0
-    for p in [pid, *common.descendants(pid)]:
+    for p in pids:
         try:
             fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
@@ -107,13 +115,13 @@ class Side(interleave.Side):
             super().signal(sig)
             time.sleep(0.02)  # let the stop land
             cpu0, steps0 = self._since
-            self.cpu_s += _cpu_s(self.proc.pid) - cpu0
+            self.cpu_s += _cpu_s(*self.tree) - cpu0
             self.steps += self.poll() - steps0
             self._since = None
             return
         super().signal(sig)
         if sig == signal.SIGCONT and self.proc is not None and self.proc.poll() is None:
-            self._since = (_cpu_s(self.proc.pid), self.poll())
+            self._since = (_cpu_s(*self.tree), self.poll())
 
     def cpu_ms_per_step(self) -> float | None:
         return 1000 * self.cpu_s / self.steps if self.steps else None
@@ -165,86 +173,80 @@ def row(
     name: str,
     target: str,
     label: str,
-    rates: dict[str, list[float]],
+    got: interleave.Measured,
     sides: list[Side],
     a: str,
     b: str,
     setup: dict[str, object],
 ) -> common.Row:
-    per_rep = [x / y for x, y in zip(rates[a], rates[b], strict=True)]
-    ma, mb = common.median(rates[a]), common.median(rates[b])
+    ra, rb = got.rates(a), got.rates(b)
     cpu = {s.name: s.cpu_ms_per_step() for s in sides if s.name in (a, b)}
     ca, cb = cpu.get(a), cpu.get(b)
     cpu_text = f"; CPU {ca:.0f} vs {cb:.0f} ms/step (both ranks)" if ca and cb else ""
     return common.settle(
         name,
-        per_rep,
+        got.ratios(a, b),
         target,
         **setup,
-        steps_per_s_typical={a: rates[a], b: rates[b]},
+        steps_per_s_typical={a: ra, b: rb},
         cpu_ms_per_step=cpu,
         cpu_ratio_b_over_a=round(cb / ca, 4) if ca and cb else None,
         sides={a: SIDES[a], b: SIDES[b]},
-        summary=f"{label}: {ma:.2f} vs {mb:.2f} steps/s (median over segments of 1 / median "
-        f"step interval){cpu_text}. Same model, data, batch, optimizer, clip; train_entry also "
-        f"averages the loss over ranks with its stop votes (one async all-reduce), logs each step",
+        summary=f"{label}: {common.median(ra):.2f} vs {common.median(rb):.2f} steps/s (median "
+        f"over repetitions of 1 / median step interval){cpu_text}. Same model, data, batch, "
+        "optimizer, clip; train_entry also averages the loss over ranks with its stop votes "
+        "(one async all-reduce), logs each step",
+    )
+
+
+def noise_row(got: interleave.Measured, setup: dict[str, object]) -> common.Row:
+    again = got.ratios("plain_ddp_2", "plain_ddp")
+    return common.noise(
+        "training_noise_plain_ddp_twice",
+        again,
+        "plain DDP launched twice, both in the DDP rows' interleaving: the second launch over "
+        "the first per repetition, as the rows above read train_entry over a baseline",
+        same_launch_per_rep=[round(x, 4) for x in got.same_launch("plain_ddp")],
+        **setup,
     )
 
 
 def run(quick: bool) -> list[common.Row]:
-    reps, segment, warmup = (3, 8, 5) if quick else (7, 8, 6)
+    reps, block, segment, warmup = (3, 2, 6, 5) if quick else (5, 4, 8, 6)
     reps = max(3, common.reps(reps))
     setup = {
         "train_args": TRAIN_ARGS,
         "processes": 2,
         "backend": "gloo",
         "reps": reps,
+        "rounds_per_rep": block,
         "segment_steps": segment,
         "warmup_steps_skipped": warmup,
         "method": "one launch per side, interleaved segments (SIGSTOP/SIGCONT)",
     }
     rows = []
 
-    # DDP, plain DDP and Accelerate interleaved: the train_entry segments serve both ratios.
+    # DDP, plain DDP (launched twice: the noise row) and Accelerate interleaved: the train_entry
+    # segments serve both ratios.
+    ddp = {
+        "training_ddp_vs_plain_ddp": (">= 0.98", "plain_ddp", "plain DDP"),
+        "training_ddp_vs_accelerate": (">= 1.0", "accelerate", "Accelerate"),
+    }
     try:
         sides = [
             train_entry_side("ddp"),
             baseline_side("plain_ddp", "plain_ddp.py"),
             baseline_side("accelerate", "accelerate_loop.py"),
+            baseline_side("plain_ddp_2", "plain_ddp.py"),
         ]
-        rates = interleave.run(
-            list(sides),
-            warmup=warmup,
-            segment=segment,
-            reps=reps,
-        )
-        rows.append(
-            row(
-                "training_ddp_vs_plain_ddp",
-                ">= 0.98",
-                "train_entry DDP vs plain DDP",
-                rates,
-                sides,
-                "train_entry",
-                "plain_ddp",
-                setup,
-            )
-        )
-        rows.append(
-            row(
-                "training_ddp_vs_accelerate",
-                ">= 1.0",
-                "train_entry DDP vs Accelerate",
-                rates,
-                sides,
-                "train_entry",
-                "accelerate",
-                setup,
-            )
-        )
+        got = interleave.run(list(sides), warmup=warmup, segment=segment, reps=reps, block=block)
+        for name, (target, base, label) in ddp.items():
+            label = f"train_entry DDP vs {label}"
+            rows.append(row(name, target, label, got, sides, "train_entry", base, setup))
+        noise = noise_row(got, setup)
     except common.NotMeasured as e:
-        rows.append(common.not_measured("training_ddp_vs_plain_ddp", ">= 0.98", str(e)))
-        rows.append(common.not_measured("training_ddp_vs_accelerate", ">= 1.0", str(e)))
+        rows += [common.not_measured(name, t[0], str(e)) for name, t in ddp.items()]
+        noise = common.not_measured("training_noise_plain_ddp_twice", "-", str(e))
 
     for strategy, script, label in (
         ("fsdp", "plain_fsdp.py", "FSDP2"),
@@ -253,18 +255,15 @@ def run(quick: bool) -> list[common.Row]:
         name, base = f"training_{strategy}_vs_plain_{strategy}", f"plain_{strategy}"
         try:
             sides = [train_entry_side(strategy), baseline_side(base, script)]
-            rates = interleave.run(
-                list(sides),
-                warmup=warmup,
-                segment=segment,
-                reps=reps,
+            got = interleave.run(
+                list(sides), warmup=warmup, segment=segment, reps=reps, block=block
             )
             rows.append(
                 row(
                     name,
                     ">= 0.98",
                     f"train_entry {label} vs plain {label}",
-                    rates,
+                    got,
                     sides,
                     "train_entry",
                     base,
@@ -273,4 +272,4 @@ def run(quick: bool) -> list[common.Row]:
             )
         except common.NotMeasured as e:
             rows.append(common.not_measured(name, ">= 0.98", str(e)))
-    return rows
+    return [*rows, noise]

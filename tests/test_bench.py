@@ -64,26 +64,56 @@ def test_a_spread_that_straddles_the_target_is_not_settled():
 
 
 def test_a_segment_counts_only_intervals_inside_it():
-    from benchmarks.interleave import segment_rate
+    from benchmarks.interleave import typical_rate
 
     # 4 steps/s before a pause, 10 s paused, then 2 steps/s: only the second segment counts
     times = [0.25 * i for i in range(8)] + [12.0 + 0.5 * i for i in range(8)]
-    assert segment_rate(times, 11.9, 16.0) == pytest.approx(2.0)
-    assert segment_rate(times, 0.0, 2.0) == pytest.approx(4.0)
-    assert segment_rate(times, 11.9, 12.6) is None  # too few steps
+    assert typical_rate(times, [(11.9, 16.0)]) == pytest.approx(2.0)
+    assert typical_rate(times, [(0.0, 2.0)]) == pytest.approx(4.0)
+    assert typical_rate(times, [(11.9, 12.6)]) is None  # too few steps
+    # two segments together: their intervals pooled, never the one across the pause
+    assert typical_rate(times, [(0.0, 0.6), (11.9, 13.1)]) == pytest.approx(1 / 0.375)
 
 
-def test_a_mean_rate_counts_the_slow_snapshot_steps():
-    from benchmarks.interleave import segment_mean_rate, segment_rate
+def test_a_repetition_reads_its_rounds_together_and_states_the_same_side_twice():
+    from benchmarks.interleave import Measured
 
-    # 2 steps/s, every third step 0.5 s slower (a snapshot): the median skips it, the mean not
-    times, t = [], 0.0
-    for i in range(13):
-        t += 0.5 + (0.5 if i % 3 == 2 else 0.0)
-        times.append(t)
-    assert segment_rate(times, 0.0, t) == pytest.approx(2.0)
-    assert segment_mean_rate(times, 0.0, t) == pytest.approx(12 / (times[-1] - times[0]))
-    assert segment_mean_rate(times, 0.0, times[2]) is None  # too few steps
+    # side b: 2 steps/s in odd rounds, 1 step/s in even ones; side a: 4 steps/s throughout
+    times: dict[str, list[float]] = {"a": [], "b": []}
+    windows: dict[str, list[list[tuple[float, float]]]] = {"a": [[]], "b": [[]]}
+    t = 0.0
+    for r in range(4):
+        for name, dt in (("a", 0.25), ("b", 0.5 if r % 2 else 1.0)):
+            start = t
+            for _ in range(5):
+                t += dt
+                times[name].append(t)
+            windows[name][0].append((start, t))
+            t += 10.0  # paused
+    got = Measured(times, windows)
+    assert got.rates("a") == [pytest.approx(4.0)]
+    assert got.same_launch("a") == [pytest.approx(1.0)]
+    assert got.same_launch("b") == [pytest.approx(2.0)]  # odd rounds over even ones
+    assert len(got.ratios("a", "b")) == 1
+
+
+def test_a_noise_row_is_stated_from_the_same_side_twice():
+    assert common.successive([2.0, 4.0, 3.0]) == [2.0, 0.75]
+    row = common.noise("g_noise_x_twice", [1.0, 0.98, 1.03, 1.01], "x twice")
+    assert row["verdict"] == "stated" and row["target"] == "-" and row["meets"] is None
+    assert row["details"]["summary"] == "x twice" and row["spread"] is not None
+
+
+def test_follow_reads_only_what_was_appended(tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    follow = common.Follow(metrics)
+    assert follow() == -1  # no file yet
+    metrics.write_text('{"step": 1, "time": 1.0}\n{"step": 2, "time": 2.0}\n{"step": 3')
+    assert follow() == 2  # the cut line is not read
+    with metrics.open("a") as f:
+        f.write(', "time": 3.0}\n')
+    assert follow() == 3
+    assert follow.offset == metrics.stat().st_size
 
 
 def test_recovery_reads_the_trainers_snapshot_line():
@@ -145,6 +175,12 @@ def test_snapshot_cost_compares_on_segments_with_the_off_ones_around_them():
         tail[k] = t
     assert in_run_cost(tail, [0, 12, 24, 36], every=2, segment=12) == pytest.approx(0.0, abs=1e-9)
     assert segments({8: 0.0, 12: 1.0}, seg, start) == [1.0]  # a segment needs both ends
+    # capped: a stall counts as at most `cap` seconds, on either side
+    stalled = {s: float(s) for s in range(8, 17)}
+    stalled = {s: t + (5.0 if s >= 10 else 0.0) for s, t in stalled.items()}  # step 10 took 6 s
+    assert segments(stalled, seg, start) == [9.0, 4.0]
+    assert segments(stalled, seg, start, cap=2.0) == [5.0, 4.0]
+    assert segments({8: 0.0, 12: 1.0}, seg, start, cap=2.0) == []  # every step's time needed
 
 
 def test_a_missing_piece_is_reported_not_measured(monkeypatch):
@@ -210,8 +246,12 @@ def test_run_writes_json_and_markdown(tmp_path):
             )
             assert r["verdict"] == want
         assert f"{r['name']}:" in p.stdout and r["verdict"] in p.stdout
+    assert {r["details"]["group"] for r in rows} == {"cli"}
+    assert all(r["details"]["group_s"] > 0 for r in rows)
     text = md.read_text()
     assert "| benchmark | median | spread | target | verdict | note |" in text
+    assert "| group | rows | seconds | planned | CPU seconds | load average after |" in text
+    assert "| cli | 5 |" in text  # quick mode: no plan
     assert "cores" in text and "torch" in text
     assert all(r["name"] in text for r in rows)
 

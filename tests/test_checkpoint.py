@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import warnings
 
@@ -132,6 +133,46 @@ def test_damaged_newest_is_reported_and_skipped_never_deleted(tmp_path, damage):
     }[damage]
     assert reason in warning[0]
     assert sorted(p.as_posix() for p in (tmp_path / "checkpoints").rglob("*")) == before
+
+
+def test_damage_found_as_the_weights_are_copied_falls_back_over_them(tmp_path):
+    # A weights file's digest is taken as its tensors are copied (one pass over its bytes): a
+    # byte flipped after the last tensor is found once they are all in the model; the older
+    # checkpoint then loads over every one, and with none left the load refuses a fresh start.
+    run(tmp_path, 3)
+    ck = tmp_path / "checkpoints"
+    older = tmp_path / "older"
+    shutil.copytree(ck, older / "checkpoints")
+    shutil.rmtree(older / "checkpoints" / "step-00000003")
+    expected = make_state(seed=3)
+    assert Checkpointer(older, strategy="ddp", log=lambda m: None).load_latest(expected) == 2
+
+    def flip_before_rng(step: int) -> None:
+        folder = ck / f"step-{step:08d}"
+        at = json.loads((folder / "MANIFEST.json").read_text())["files"]["__0_0.raw"]["rng"]
+        with open(folder / "__0_0.raw", "r+b") as f:
+            f.seek(at["offset"] - 1)  # the padding after the last tensor, inside the digest
+            byte = f.read(1)
+            f.seek(at["offset"] - 1)
+            f.write(bytes([byte[0] ^ 0xFF]))
+
+    flip_before_rng(3)
+    logs: list[str] = []
+    state = make_state(seed=7)
+    assert Checkpointer(tmp_path, strategy="ddp", log=logs.append).load_latest(state) == 2
+    assert any("step-00000003 skipped" in m and "corrupted" in m for m in logs), logs
+    assert params_sha256(state.model) == params_sha256(expected.model)
+    assert all(
+        torch.equal(a, b)
+        for a, b in zip(
+            state.optimizer.state_dict()["state"][0].values(),
+            expected.optimizer.state_dict()["state"][0].values(),
+            strict=True,
+        )
+    )
+    flip_before_rng(2)
+    with pytest.raises(UserError, match="cannot start afresh"):
+        Checkpointer(tmp_path, strategy="ddp", log=lambda m: None).load_latest(make_state(seed=7))
 
 
 def test_resaving_a_step_that_did_not_verify_keeps_the_bad_copy(tmp_path):

@@ -98,6 +98,24 @@ def test_the_reduced_check_still_fails_a_node_that_lost_a_gpu(tmp_path, monkeypa
     assert rows["entry"] == ["skip"]
 
 
+@pytest.mark.parametrize("cuda", [False, True])
+def test_an_nccl_interface_that_fails_counts_only_where_nccl_runs(tmp_path, monkeypatch, cuda):
+    """doctor's checks run in a thread while torch imports, assuming NCCL when GPUs are asked for;
+    on a node whose torch then sees no CUDA (its workers run gloo) the NCCL interface only warns."""
+    import torch
+
+    monkeypatch.setenv(ENV_WANT_GPU, "1")
+    monkeypatch.setenv(ENV_GPUS_PER_NODE, "1")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "=no_such_if0")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(node, "check_compute", lambda torch, devices, n: ([], None))
+    me = node.local_report(0, "n1", _args(tmp_path, "training"))
+    assert _by_name(me)["interface (nccl)"] == ["fail" if cuda else "warn"], me
+    assert me["ok"] is not cuda and me["device"] == ("cuda" if cuda else "cpu"), me
+    assert ("gpu health" in _by_name(me)) is cuda  # nvidia-smi's counters: only for CUDA devices
+
+
 def test_the_gate_names_a_slow_link_from_reduced_reports(tmp_path, cpu_node):
     names = ["a", "b", "c"]
     for n, name in enumerate(names):
@@ -144,5 +162,12 @@ def test_two_reduced_node_processes_run_the_all_reduce(tmp_path):
         me = json.loads((tmp_path / f"node-{i}.json").read_text())
         assert me["ok"] and me["when"] == "training", me
         assert _by_name(me)["checkpoint"] == ["skip"]
+        # where the time went (benchmarks/preflight.py reads it): each part, in order
+        names = [p["name"] for p in me["phases"]]
+        assert names == [
+            "start", "torch", "node checks", "compute", "report", "members", "network"
+        ], names  # fmt: skip
+        cpu = [p["cpu_s"] for p in me["phases"]]
+        assert cpu == sorted(cpu) and cpu[-1] > 0, me["phases"]
     net = json.loads((tmp_path / "net.json").read_text())
     assert net["members"] == [0, 1] and net["correct"] and net["busbw_gbps"] > 0, net

@@ -6,23 +6,16 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import click
 
 from hpctrain.cli.complete import profile_names
 from hpctrain.cli.types import Count
 from hpctrain.jobs.options import JobOptions
-from hpctrain.kernel import states
 from hpctrain.kernel import strategies as strategy_names
-from hpctrain.runs.cause import root_cause
-from hpctrain.runs.progress import Follower, describe, snapshot
 from hpctrain.service import submit as service
 from hpctrain.service.prepare import Prepared, plan_args, resolve_profile  # noqa: F401  (sweep, tests)
-from hpctrain.service.submit import wait
-
-if TYPE_CHECKING:
-    from hpctrain.runs.folder import RunDir
 
 Command = TypeVar("Command", bound=Callable[..., None])
 
@@ -218,6 +211,9 @@ def submit(as_json: bool, **o: object) -> None:
         f"  follow: hpctrain status {rec.name}; hpctrain logs {rec.name} --follow"
     )
     if opts.wait:
+        # lazy: CLI start-up: the follower and the failure reader for --wait only
+        from hpctrain.cli.wait import wait_for
+
         wait_for(run, rec.name, total=rec.total_steps, record=rec if as_json else None)
     elif as_json:
         click.echo(json.dumps(rec.to_json(), indent=2))
@@ -245,40 +241,3 @@ def _dry_run(rec: service.Submitted, say: Callable[[str], None]) -> None:
         for line in rec.chain:
             say(f"    {line}")
     say("  nothing was written")
-
-
-def wait_for(
-    run: RunDir, name: str, *, total: int | None, record: service.Submitted | None = None
-) -> None:
-    """Follow the job to its end: state and training progress; on failure, why and where.
-    `record` (submit --json): print it with the final state, progress and cause as one object."""
-    follow = Follower(run, total=total, out=_stderr)
-    try:
-        final = wait(run, on_poll=follow)
-    except KeyboardInterrupt:
-        follow.close()
-        click.echo(
-            f"\nstopped waiting; {name} keeps running (`hpctrain cancel {name}` stops it)", err=True
-        )
-        sys.exit(130)
-    follow.close()
-    snap = snapshot(run, total)
-    cause = root_cause(run.path) if final != states.COMPLETED else None
-    if record is not None:
-        progress = snap.to_json() if snap else None
-        why = cause.to_json() if cause else None
-        click.echo(
-            json.dumps(
-                record.to_json() | {"state": final, "progress": progress, "why": why}, indent=2
-            )
-        )
-    else:
-        click.echo(f"{name}: {final}  {describe(snap)}")
-    if final != states.COMPLETED:
-        if cause:
-            click.echo(f"  why: {cause.line}\n  full log: {cause.log}", err=True)
-        else:
-            click.echo(
-                f"  no error line found; logs: {run.logs} (`hpctrain logs {name}`)", err=True
-            )
-        sys.exit(1)

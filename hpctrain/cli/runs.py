@@ -181,18 +181,17 @@ def _table(items: Sequence[Summary]) -> None:
 
 
 def _rich_table(rows: Sequence[Sequence[str]]) -> None:
-    from rich.console import Console  # lazy: CLI start-up: rich for the table only
-    from rich.table import Table  # lazy: CLI start-up: as above
+    from rich import console, table  # lazy: CLI start-up: rich for the table only
 
-    table = Table()
+    shown = table.Table()
     for column in COLUMNS:
-        table.add_column(column)
+        shown.add_column(column)
     for row in rows:
-        table.add_row(*(printable(c) for c in row))
-    console = Console(markup=False)  # a run's name or reason is never rich markup
-    if not console.is_terminal:
-        console = Console(width=200, markup=False)  # piped: no truncation
-    console.print(table)
+        shown.add_row(*(printable(c) for c in row))
+    out = console.Console(markup=False)  # a run's name or reason is never rich markup
+    if not out.is_terminal:
+        out = console.Console(width=200, markup=False)  # piped: no truncation
+    out.print(shown)
 
 
 @click.command()

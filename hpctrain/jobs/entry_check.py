@@ -15,7 +15,6 @@ code, so they are checked by `python -m train_entry --check` in a child process.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any, TypedDict, cast
@@ -184,16 +183,16 @@ def _check_train_entry(
 ) -> tuple[Resolved, bool | None]:
     """The check itself; with whether it needed the probe (None: not to be cached, it also
     asked whether the tracker's package is installed)."""
-    from train_entry.cli import NAMED, parser  # lazy: CLI start-up: a cache miss only
-    from train_entry.config import check_sizes, load_config  # lazy: as above (pydantic)
+    from train_entry import cli, config  # lazy: CLI start-up: a cache miss only (pydantic)
 
     world = nodes * gpus
-    ns, rest = parser().parse_known_args([*(["--strategy", strategy] if strategy else []), *args])
-    flags = {key: getattr(ns, name) for name, key in NAMED.items()}
+    given = [*(["--strategy", strategy] if strategy else []), *args]
+    ns, rest = cli.parser().parse_known_args(given)
+    flags = {key: getattr(ns, name) for name, key in cli.NAMED.items()}
     where = f"at {nodes} node(s) x {gpus} = world size {world}"
     try:
-        cfg = load_config(ns.config, rest, flags, world=world, gpus_per_node=gpus)
-        accum = check_sizes(cfg, world, gpus)
+        cfg = config.load_config(ns.config, rest, flags, world=world, gpus_per_node=gpus)
+        accum = config.check_sizes(cfg, world, gpus)
         _check_domain(cfg.parallel.tp, gpus, domain)
     except UserError as e:
         raise UserError(
@@ -267,6 +266,8 @@ def _probe(python: str, args: list[str], *, nodes: int, gpus: int, where: str) -
         ENV_NNODES: str(nodes),
         ENV_GPUS: str(gpus),
     }
+    import subprocess  # lazy: CLI start-up: the probe only (factories, DeepSpeed)
+
     try:
         res = subprocess.run(
             [python, "-m", "train_entry", "--check", *args],

@@ -4,12 +4,12 @@ variable, its `hpctrain_need` guard (hpctrain/jobs/envrefs.py); the per-task var
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hpctrain.jobs import envrefs
 from hpctrain.kernel.rundir import umask_of
 from hpctrain.kernel.shell import Sh, quote, shvalue
+from hpctrain.kernel.values import frozen
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 MODULE_OPS = ("load", "unload", "use", "purge", "reset")
 
 
-@dataclass(frozen=True)
+@frozen
 class Export:
     name: str
     value: str
@@ -29,14 +29,14 @@ class Export:
     """`hpctrain_need WHERE NAME...; ` for the variables the value needs from the node, or ""."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Module:
     words: Sh
     """The arguments of the script's hpctrain_module helper (`load cuda/12.4`)."""
     guard: Sh
 
 
-@dataclass(frozen=True)
+@frozen
 class Setup:
     """What the batch shell (and each task) runs before the launch, every word shell-safe."""
 

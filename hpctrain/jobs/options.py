@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
+
+from hpctrain.kernel.values import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class JobOptions:
     profile: str | None = None
     """--profile: a site profile name or YAML path (None: the default profile)."""

@@ -9,12 +9,13 @@ import os
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hpctrain.kernel import strategies as strategy_names
 from hpctrain.kernel.errors import Problem, ValidationError
+from hpctrain.kernel.values import frozen
 
 if TYPE_CHECKING:
     from hpctrain.profiles.resolved import ResolvedProfile
@@ -40,7 +41,7 @@ def local_limit() -> int:
     return max(8, 4 * (os.cpu_count() or 1))
 
 
-@dataclass(frozen=True)
+@frozen
 class Entry:
     """What torchrun runs on every node: the bundled train_entry, a user script or a user module."""
 
@@ -56,7 +57,7 @@ class Entry:
         return ["-m", TRAIN_ENTRY, "--run-dir", run_dir, "--strategy", strategy, *args]
 
 
-@dataclass(frozen=True)
+@frozen
 class JobRequest:
     name: str
     nodes: int

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from hpctrain import containers, launchers
@@ -25,6 +24,7 @@ from hpctrain.jobs.topology import Topology, topology
 from hpctrain.kernel import jobenv
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.shell import Sh, quote, shvalue
+from hpctrain.kernel.values import frozen
 
 if TYPE_CHECKING:
     from hpctrain.jobs.request import JobRequest
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from hpctrain.profiles.schema.launch import Preemption, Rendezvous
 
 
-@dataclass(frozen=True)
+@frozen
 class Launch:
     launcher: str
     """launch.launcher: its module (hpctrain/launchers/) and template (templates/launch/)."""
@@ -55,7 +55,7 @@ class Launch:
     gloo_words: Sh
 
 
-@dataclass(frozen=True)
+@frozen
 class ContainerPart:
     kind: str
     srun_options: tuple[Sh, ...]
@@ -66,7 +66,7 @@ class ContainerPart:
     """Its own #SBATCH lines (shifter's --image)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class Recovery:
     preemption: Preemption
     """The signal and its warning, requeues, in-job restarts, hot spares."""
@@ -76,7 +76,7 @@ class Recovery:
     """A segment of a chain (submit --chain, Slurm): it hands over to the next one."""
 
 
-@dataclass(frozen=True)
+@frozen
 class JobSpec:
     profile: ResolvedProfile
     """The profile, which a site template may read any key of."""

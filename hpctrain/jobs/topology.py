@@ -4,15 +4,16 @@ spares, the launcher's tasks per node and the CPUs of each task, and the #SBATCH
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from hpctrain.kernel.values import frozen
 
 if TYPE_CHECKING:
     from hpctrain.jobs.request import JobRequest
     from hpctrain.profiles.resolved import ResolvedProfile
 
 
-@dataclass(frozen=True)
+@frozen
 class Topology:
     nodes: int
     """Training nodes."""

@@ -18,7 +18,6 @@ the formats only a full unpickler reads (train_entry/checkpoint/safeload.py).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pwd
@@ -29,6 +28,11 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
+from hpctrain.kernel.digests import DIGESTS as DIGESTS  # the format's API, from its digests
+from hpctrain.kernel.digests import XXH3 as XXH3
+from hpctrain.kernel.digests import algo_of, digest_file
+from hpctrain.kernel.digests import sha256_file as sha256_file
+from hpctrain.kernel.digests import verify_files as verify_files
 from hpctrain.kernel.files import (  # noqa: F401  (the format's API)
     fsync_path,
     private_group,
@@ -76,34 +80,6 @@ def step_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-# A manifest entry names its digest: "sha256", or "xxh3_128" (the xxhash package; about 30x
-# faster than sha256 here) for the weights files train_entry writes since issue 13. Both detect a
-# truncated or corrupted file; neither is a signature (the manifest is not signed either).
-DIGESTS = ("sha256", "xxh3_128")
-XXH3 = "xxh3_128"
-
-
-def sha256_file(path: Path) -> str:
-    with open(path, "rb", buffering=0) as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def digest_file(path: Path, algo: str, blob: bytes | None = None) -> str:
-    """The hex digest of a file with one of DIGESTS (of `blob`, its bytes, when read already)."""
-    if algo == "sha256":
-        return hashlib.sha256(blob).hexdigest() if blob is not None else sha256_file(path)
-    import xxhash  # lazy: optional: without it, one line says install xxhash
-
-    h = xxhash.xxh3_128()
-    if blob is not None:
-        h.update(blob)
-        return h.hexdigest()
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def list_files(folder: Path) -> list[str]:
     """Every regular file under `folder` (relative POSIX paths, sorted), the manifest excluded."""
     out = []
@@ -137,7 +113,7 @@ def check_manifest(folder: Path) -> tuple[dict[str, object] | None, str | None]:
         if (
             not isinstance(entry, dict)
             or not isinstance(entry.get("size"), int)
-            or not _algo(entry)
+            or not algo_of(entry)
         ):
             return None, f"{MANIFEST}: the entry of {rel!r} has no size and digest (sha256)"
         path = folder / rel
@@ -161,32 +137,6 @@ def check_manifest(folder: Path) -> tuple[dict[str, object] | None, str | None]:
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
         return None, f"{MANIFEST} has no step (a step number is what a resume starts from)"
     return manifest, None
-
-
-def _algo(entry: Mapping[str, object]) -> str | None:
-    return next((a for a in DIGESTS if isinstance(entry.get(a), str)), None)
-
-
-def verify_files(folder: Path, manifest: Mapping[str, object], rels: Iterable[str]) -> str | None:
-    """Why one of the files `rels` (listed in the checked `manifest`) does not match its size
-    and digest, or None: the digests a rank checks of the files it will read."""
-    files = manifest["files"]
-    assert isinstance(files, dict)  # check_manifest
-    for rel in rels:
-        entry = files.get(rel)
-        if not isinstance(entry, dict):
-            return f"{rel} is not listed in {MANIFEST}"
-        algo = _algo(entry)
-        assert algo is not None  # check_manifest
-        try:
-            digest = digest_file(folder / rel, algo)
-        except ImportError:
-            return f"{rel} has an {algo} checksum: install xxhash to verify it"
-        except OSError as exc:
-            return f"{rel} cannot be read: {exc}"
-        if digest != entry[algo]:
-            return f"{rel} does not match its {algo} checksum (corrupted)"
-    return None
 
 
 def verify(folder: Path) -> tuple[dict[str, object] | None, str | None]:
@@ -214,7 +164,7 @@ def read_verified(folder: Path, manifest: Mapping[str, object], rel: str) -> byt
 
 
 def _checked(path: Path, offset: int, entry: Mapping[str, object], what: str) -> bytes:
-    size, algo = entry.get("size"), _algo(entry)
+    size, algo = entry.get("size"), algo_of(entry)
     if not isinstance(size, int) or algo is None:
         raise ValueError(f"{MANIFEST}: the entry of {what!r} has no size and digest")
     try:

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar, overload
+
+from hpctrain.kernel.values import frozen
 
 _F = TypeVar("_F", bound=Any)
 
@@ -25,7 +26,7 @@ CLI = "hpctrain CLI"
 TESTS = "tests"
 
 
-@dataclass(frozen=True)
+@frozen
 class Var:
     key: str  # the name without the prefix
     meaning: str

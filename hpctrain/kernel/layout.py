@@ -7,11 +7,12 @@ Paths are relative to the run folder. The batch script gets them from its render
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
+from hpctrain.kernel.values import frozen
 
-@dataclass(frozen=True)
+
+@frozen
 class Entry:
     path: str
     meaning: str

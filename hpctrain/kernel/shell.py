@@ -27,6 +27,19 @@ _DEFAULT = r"[A-Za-z0-9_./:,=+@%~^ -]*"
 ENV_REF = re.compile(rf"\$(?:\{{[A-Za-z_][A-Za-z0-9_]*(?::-{_DEFAULT})?\}}|[A-Za-z_][A-Za-z0-9_]*)")
 
 
+# Apptainer/Singularity set NAME inside the container from PREFIX + NAME on the host: such a name
+# is checked (hpctrain/profiles/schema/) and locked (hpctrain/profiles/locks.py) as NAME itself.
+CONTAINER_ENV_PREFIXES = ("APPTAINERENV_", "SINGULARITYENV_")
+
+
+def inner_name(name: str) -> str:
+    """The name a variable sets inside a container (`APPTAINERENV_X` -> `X`), else itself."""
+    for p in CONTAINER_ENV_PREFIXES:
+        if name.startswith(p) and len(name) > len(p):
+            return name[len(p) :]
+    return name
+
+
 class Sh(str):
     """Text that is already safe to put in the script as it is."""
 

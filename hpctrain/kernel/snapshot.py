@@ -29,7 +29,6 @@ import math
 import os
 import re
 import shutil
-import socket
 import stat
 import tempfile
 import time
@@ -73,10 +72,11 @@ def base() -> Path:
 
 def node_name() -> str:
     """This node under Slurm (SLURMD_NODENAME, stable across steps); a simulated node of the local
-    executor is its host plus its node index."""
+    executor is its host plus its node index (uname's: socket.gethostname()'s answer, without
+    importing socket in `submit --dry-run`, which reads the memory plan above)."""
     name = (
         os.environ.get("SLURMD_NODENAME")
-        or f"{socket.gethostname()}.{jobenv.get(jobenv.NODEID, '0')}"
+        or f"{os.uname().nodename}.{jobenv.get(jobenv.NODEID, '0')}"
     )
     return re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") or "node"
 

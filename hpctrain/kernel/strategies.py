@@ -7,13 +7,13 @@ never spell a name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from hpctrain.kernel.values import frozen
 
 # The parts of a rank's model state (what a strategy replicates or shards).
 PARAMS, GRADS, OPTIMIZER = "params", "grads", "optimizer"
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class StrategyInfo:
     name: str
     summary: str

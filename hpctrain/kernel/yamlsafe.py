@@ -11,7 +11,7 @@ Torch-free and cache-free (hpctrain.kernel): profiles pass their parse cache (hp
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Protocol, TypeAlias
 
@@ -21,6 +21,7 @@ from yaml.events import AliasEvent, CollectionStartEvent, Event, NodeEvent, Scal
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from hpctrain.kernel.errors import Problem
+from hpctrain.kernel.values import mutable
 
 MAX_BYTES = 256 * 1024
 MAX_DEPTH = 8
@@ -202,7 +203,7 @@ def _bad_text(value: str) -> str | None:
     return None
 
 
-@dataclass
+@mutable
 class Doc:
     """One YAML file: its data and the line of every key path."""
 
@@ -340,7 +341,7 @@ def _reader_line(err: yaml.YAMLError, text: str) -> int | None:
     return text[:position].count("\n") + 1 if isinstance(position, int) else None
 
 
-@dataclass
+@mutable
 class _Builder:
     """A mapping node's values, every key's line in `lines`, every bad key or value a problem."""
 

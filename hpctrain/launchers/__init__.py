@@ -9,17 +9,17 @@ rendezvous torchrun loads) run on the nodes.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, cast
 
 from hpctrain.kernel.plugins import LAUNCHERS
+from hpctrain.kernel.values import frozen
 
 if TYPE_CHECKING:
     from hpctrain.kernel.shell import Sh
     from hpctrain.profiles.resolved import ResolvedProfile
 
 
-@dataclass(frozen=True)
+@frozen
 class LaunchPart:
     """What a launcher adds to the batch script. Words are shell-safe (`Sh`) as they are."""
 

@@ -12,6 +12,7 @@ import sys
 from hpctrain.kernel import hffolder
 from hpctrain.kernel.errors import UserError
 from hpctrain.plan.model import GIB, Workload
+from hpctrain.plan.snapshots import meminfo_gib, node_memory_gib
 from hpctrain.profiles import resolve
 
 # Beyond these no real run goes (the largest models have ~2e12 parameters, ~130 layers); a typo's
@@ -181,45 +182,10 @@ def _profile_memory(
     slurm = resolve(name).slurm
     host = node_memory_gib(slurm.mem, gpu_mem_gib=slurm.gpu_mem_gib, gpus=slurm.gpus_per_node)
     if slurm.gpu_mem_gib is None and not (slurm.gpus_per_node or 0):
-        ram = _meminfo_gib()
+        ram = meminfo_gib()
         if ram:
             return ram / max(1, nodes * gpus), ram, slurm.gpus_per_domain
     return slurm.gpu_mem_gib, host, slurm.gpus_per_domain
-
-
-def node_memory_gib(
-    mem: str | None, *, gpu_mem_gib: float | None, gpus: int | None
-) -> float | None:
-    """A node's memory in GiB from a profile's slurm section: slurm.mem; a profile without GPUs
-    (local, CPU workers) runs on this machine: its RAM; else None (not known)."""
-    host = _parse_mem(mem)
-    if host is None and gpu_mem_gib is None and not gpus:
-        return _meminfo_gib()
-    return host
-
-
-def _parse_mem(text: str | None) -> float | None:
-    """Slurm --mem ("480G", "500000M", "0" = all) in GiB; None when unknown or "all"."""
-    if text in (None, "", "0"):
-        return None
-    s = str(text).strip().upper()
-    units = {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
-    try:
-        if s[-1] in units:
-            return float(s[:-1]) * units[s[-1]]
-        return float(s) / 1024  # Slurm's default unit is MiB
-    except ValueError:
-        return None
-
-
-def _meminfo_gib() -> float | None:
-    try:
-        for line in open("/proc/meminfo"):
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) / 1024**2
-    except OSError:
-        pass
-    return None
 
 
 def _folder_shape(spec: str) -> dict[str, int]:

@@ -21,11 +21,12 @@ the optimizer (and fp32 grads) or also the parameters to host memory or NVMe.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 from hpctrain.kernel import strategies
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.strategies import GRADS, OPTIMIZER, PARAMS
+from hpctrain.kernel.values import frozen, mutable
 
 GIB = 1024**3
 HEADROOM = 0.12  # allocator fragmentation, communication buckets, temporaries
@@ -41,7 +42,7 @@ DEFAULT_UNITS = (
 )
 
 
-@dataclass(frozen=True)
+@frozen
 class Layout:
     """One way to train: where the model state lives."""
 
@@ -100,7 +101,7 @@ ZERO_SHARDED = {1: (GRADS, OPTIMIZER), 2: (GRADS, OPTIMIZER), 3: (PARAMS, GRADS,
 LADDER = ("ddp", "fsdp", "zero3_offload", "zero3_offload_params", "zero3_nvme")
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class Workload:
     """What is trained and on what: everything the memory model needs."""
 
@@ -139,7 +140,7 @@ class Workload:
         return int(self.gpu_mem_bytes * (1 - HEADROOM)) - CUDA_CONTEXT_BYTES
 
 
-@dataclass(kw_only=True)
+@mutable(kw_only=True)
 class Estimate:
     """Bytes one rank holds under one layout (GPU side unless named host)."""
 

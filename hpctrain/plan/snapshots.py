@@ -13,10 +13,9 @@ the constants are hpctrain/kernel/snapshot.py's, shared by both. Pure Python, no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from hpctrain.kernel import jobenv, strategies
 from hpctrain.kernel import snapshot as store
+from hpctrain.kernel.values import frozen
 from hpctrain.plan.model import GIB, Layout, model_state
 
 FOLDER = "/dev/shm"  # where the plan assumes them (jobenv.SNAPSHOT_DIR moves them)
@@ -50,7 +49,7 @@ def rank_state_bytes(
     return p + o
 
 
-@dataclass(frozen=True, kw_only=True)
+@frozen(kw_only=True)
 class SnapshotPlan:
     """What snapshots will take on each node, and whether it fits."""
 
@@ -232,6 +231,41 @@ def plan_snapshots(
         budget=budget,
         gpu_mem_bytes=gpu_mem_bytes,
     )
+
+
+def node_memory_gib(
+    mem: str | None, *, gpu_mem_gib: float | None, gpus: int | None
+) -> float | None:
+    """A node's memory in GiB from a profile's slurm section: slurm.mem; a profile without GPUs
+    (local, CPU workers) runs on this machine: its RAM; else None (not known)."""
+    host = _parse_mem(mem)
+    if host is None and gpu_mem_gib is None and not gpus:
+        return meminfo_gib()
+    return host
+
+
+def _parse_mem(text: str | None) -> float | None:
+    """Slurm --mem ("480G", "500000M", "0" = all) in GiB; None when unknown or "all"."""
+    if text in (None, "", "0"):
+        return None
+    s = str(text).strip().upper()
+    units = {"K": 1 / 1024**2, "M": 1 / 1024, "G": 1.0, "T": 1024.0}
+    try:
+        if s[-1] in units:
+            return float(s[:-1]) * units[s[-1]]
+        return float(s) / 1024  # Slurm's default unit is MiB
+    except ValueError:
+        return None
+
+
+def meminfo_gib() -> float | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 1024**2
+    except OSError:
+        pass
+    return None
 
 
 def _gib(n: int | None) -> str:

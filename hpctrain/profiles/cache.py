@@ -6,8 +6,9 @@ chain, layers and locks still run every time (they are cheap); only the final
 `Profile.model_validate(merged)` is cached:
 
 - the key is a sha256 of the merged, layered input (plain JSON types only; anything else is not
-  cached) and of the schema's source (every `.py` under hpctrain/profiles/) and pydantic's version
-  file, so a schema change or a pydantic upgrade misses;
+  cached) and of the schema's source (every `.py` under hpctrain/profiles/: its size and
+  modification time) and pydantic's version file, so a schema change or a pydantic upgrade
+  misses;
 - the value is what the validation produced, as plain data: every field of every section, the
   values of the sections' properties (e.g. `network.gloo_ifname`, `warnings`), `model_dump()` in
   both modes;
@@ -85,13 +86,19 @@ def cache_dir() -> Path:
 
 
 def _fingerprint() -> str:
-    """The schema's identity: its source files and the installed pydantic."""
+    """The schema's identity: its source files (each one's path, size and modification time: a
+    change to one changes its time; reading and hashing them all cost more than the rest of a
+    cache hit) and the installed pydantic."""
     global _FINGERPRINT
     if _FINGERPRINT is None:
         h = hashlib.sha256(f"format {FORMAT}\n".encode())
-        here = Path(__file__).resolve().parent
-        for path in sorted(here.rglob("*.py")):
-            h.update(path.relative_to(here).as_posix().encode() + b"\0" + path.read_bytes())
+        here = os.path.dirname(os.path.realpath(__file__))
+        for folder, subdirs, files in os.walk(here):
+            subdirs[:] = sorted(d for d in subdirs if d != "__pycache__")
+            for name in sorted(f for f in files if f.endswith(".py")):
+                st = os.stat(os.path.join(folder, name))
+                where = os.path.relpath(os.path.join(folder, name), here)
+                h.update(f"{where}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
 
         spec = importlib.util.find_spec("pydantic")
         origin = spec.origin if spec else None

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.kernel import jobenv, resources
 from hpctrain.kernel.errors import Problem, UserError
+from hpctrain.kernel.values import mutable
 from hpctrain.profiles import trust as _trust
 from hpctrain.profiles.yamlsafe import read_yaml
 
@@ -24,7 +24,7 @@ def check_trust(path: Path, *, bundled: bool = False) -> Path:
     return _trust.check_trust(path, what=f"profile {path}", bundled=bundled)
 
 
-@dataclass
+@mutable
 class Entry:
     """One profile file found by discovery."""
 

@@ -8,10 +8,11 @@ import difflib
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING
 
 from hpctrain.kernel.errors import Problem
+from hpctrain.kernel.values import mutable
 from hpctrain.kernel.yamlsafe import MAX_INT, Path_, _bad_text, dotted
 from hpctrain.profiles import locks, schema
 from hpctrain.profiles.discovery import check_trust, config_home
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 # Layers
 
 
-@dataclass
+@mutable
 class _Layer:
     data: Mapping[str, object]
     lines: dict[Path_, int]
@@ -81,7 +82,7 @@ def _drop_nulls(data: Mapping[str, object], path: Path_ = ()) -> dict[str, objec
     return out
 
 
-@dataclass
+@mutable
 class Stack:
     """The layers merged in order, where each value came from, and what is locked."""
 

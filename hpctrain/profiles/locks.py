@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TypedDict
 
+from hpctrain.kernel.shell import inner_name
 from hpctrain.kernel.yamlsafe import Path_, dotted
 from hpctrain.profiles import cache, schema
-from hpctrain.profiles.schema.checks import inner_name
 
 
 def sets(path: Path_) -> list[str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import stat
+from functools import cache
 from pathlib import Path
 
 from hpctrain.kernel.errors import UserError
@@ -99,13 +100,19 @@ def check_trust(
 def _check_bundled(real: Path, what: str) -> None:
     """A bundled file is refused only when it is more writable than the package's own code (a
     checkout made with umask 002 is not refused for that)."""
-    allowed = Path(__file__).resolve().parent.parent.joinpath("__init__.py").stat().st_mode
     mode = real.stat().st_mode
-    if mode & (stat.S_IWGRP | stat.S_IWOTH) & ~allowed:
+    if mode & (stat.S_IWGRP | stat.S_IWOTH) & ~_package_mode():
         raise Untrusted(
             f"Bad permissions {stat.S_IMODE(mode):04o} on file {real}: more writable than "
             f"hpctrain's own code. Refusing {what}.\n  fix: chmod go-w {real}"
         )
+
+
+@cache
+def _package_mode() -> int:
+    """The mode of hpctrain's own code (its __init__.py), read once: every bundled template and
+    profile a command loads compares with it."""
+    return Path(__file__).resolve().parent.parent.joinpath("__init__.py").stat().st_mode
 
 
 def make_private_dirs(path: Path, mode: int = 0o755) -> None:

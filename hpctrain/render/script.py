@@ -122,7 +122,8 @@ def render(spec: JobSpec) -> str:
 
 
 def context(spec: JobSpec) -> dict[str, object]:
-    """The template's names, as plain data (hpctrain/render/templating.py's `plain`)."""
+    """The template's names; render_template makes them plain data (hpctrain/render/templating.py's
+    `plain`)."""
     profile, setup, launch, topo = spec.profile, spec.setup, spec.launch, spec.topology
     part, box, run_dir = launch.part, spec.container, spec.run_dir
     c = profile.environment.container
@@ -189,7 +190,7 @@ def context(spec: JobSpec) -> dict[str, object]:
         "watchdog": spec.recovery.watchdog,
         "chain": spec.recovery.chain,
     }
-    return {key: templating.plain(value) for key, value in ctx.items()}
+    return ctx  # made plain data once, by render_template
 
 
 def check_topology(text: str, spec: JobSpec) -> None:

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from hpctrain.kernel.errors import UserError
+from hpctrain.kernel.values import frozen
 from hpctrain.runs.record import Job
 
 if TYPE_CHECKING:
@@ -40,7 +40,7 @@ class Records(Protocol):
     def events(self) -> Sequence[dict[str, object]]: ...
 
 
-@dataclass(frozen=True)
+@frozen
 class Segment:
     index: int  # 1-based
     time_min: int

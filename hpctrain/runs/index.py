@@ -8,14 +8,14 @@ paths only, never what is in a folder.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.files import append_jsonl, read_jsonl, utc_now
+from hpctrain.kernel.values import frozen
 
 
-@dataclass(frozen=True)
+@frozen
 class Entry:
     name: str
     path: Path

@@ -14,13 +14,14 @@ import os
 import re
 import stat
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import cache, cached_property, lru_cache
 from pathlib import Path
 from typing import Generic, TypeVar
 
 from hpctrain.kernel.errors import UserError
 from hpctrain.kernel.files import jsonl_records
+from hpctrain.kernel.values import frozen
 
 T = TypeVar("T")
 FIX = "fix: restore run.yaml from a backup, or move the folder away"
@@ -32,7 +33,7 @@ class BrokenRun(UserError):
     """A run folder whose files cannot be read as a run (shown as a BROKEN row, not a crash)."""
 
 
-@dataclass(frozen=True)
+@frozen
 class RunRecord:
     """run.yaml as this hpctrain reads it. The fields are what `runs` and `status` show (read from
     the lines that hold them, shown()); `request`, `profile` and `document` parse the whole file
@@ -121,21 +122,34 @@ _SHOWN = {
     "profile": ("name", "scheduler", "preemption"),
     "request": ("args", "entry", "gpus", "nodes", "strategy", "time_min"),
 }
-# each pattern starts at a line's "\n" (a literal: re finds it fast); shown() reads "\n" + text
-_TOP = re.compile(r"\n([A-Za-z_][A-Za-z0-9_]*):(?: ([^\n]*))?(?=\n|\Z)")
-_NOT_TOP = re.compile(r"\n(?![A-Za-z_][A-Za-z0-9_]*:(?: |\n|\Z)|- | |\n|\Z)")
-_SUBS = {
-    top: re.compile(rf"\n  ({'|'.join(keys)}):(?: ([^\n]*))?(?=\n|\Z)")
-    for top, keys in _SHOWN.items()
-}
-_SUB_END = re.compile(r"\n(?!   |  - )")  # the next line as deep as a key of the section
-_NOT_SUB = re.compile(r"\n(?!  [A-Za-z_][A-Za-z0-9_]*:(?: |\n|\Z)|  - |   |\n|\Z)")
-_LEAF = re.compile(r"    ([A-Za-z_][A-Za-z0-9_]*): (.*)")
-_ITEM = re.compile(r"  - (.*)")
-_INT = re.compile(r"[-+]?(?:0|[1-9][0-9]{0,17})")
-_PLAIN = re.compile(r"(?:[A-Za-z0-9/_.~+=(]|-[^ ])[^#]*(?<!:)")  # no indicator first, no comment
-# what YAML's reader refuses, and \r (another line break): the whole file's parse says so
-_UNREAD = re.compile("[^\x09\x0a\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+class _Grammar:
+    """The lines shown() reads, compiled on first use: a dozen patterns cost more than the rest
+    of this module, and most commands that import it read no run.yaml (`submit`, `render`). Each
+    pattern starts at a line's "\n" (a literal: re finds it fast); shown() reads "\n" + text."""
+
+    def __init__(self) -> None:
+        self.top = re.compile(r"\n([A-Za-z_][A-Za-z0-9_]*):(?: ([^\n]*))?(?=\n|\Z)")
+        self.not_top = re.compile(r"\n(?![A-Za-z_][A-Za-z0-9_]*:(?: |\n|\Z)|- | |\n|\Z)")
+        self.subs = {
+            top: re.compile(rf"\n  ({'|'.join(keys)}):(?: ([^\n]*))?(?=\n|\Z)")
+            for top, keys in _SHOWN.items()
+        }
+        self.sub_end = re.compile(r"\n(?!   |  - )")  # the next line as deep as a section's key
+        self.not_sub = re.compile(r"\n(?!  [A-Za-z_][A-Za-z0-9_]*:(?: |\n|\Z)|  - |   |\n|\Z)")
+        self.leaf = re.compile(r"    ([A-Za-z_][A-Za-z0-9_]*): (.*)")
+        self.item = re.compile(r"  - (.*)")
+        self.integer = re.compile(r"[-+]?(?:0|[1-9][0-9]{0,17})")
+        # no indicator first, no comment
+        self.plain = re.compile(r"(?:[A-Za-z0-9/_.~+=(]|-[^ ])[^#]*(?<!:)")
+
+
+@cache
+def _grammar() -> _Grammar:
+    return _Grammar()
+
+
 _NAMED: dict[str, object] = {"null": None, "~": None, "true": True, "false": False}
 _EMPTY = {"[]": list, "{}": dict}  # how safe_dump writes an empty list or mapping
 
@@ -150,43 +164,53 @@ def shown(text: str) -> dict[str, object] | None:
     where the file is not in the shape hpctrain writes (flow style, quoted or double-quoted
     text, anchors, tags, a value over several lines): the caller parses the whole file with the
     safe loader. A value that is not plain text, a whole number, true/false or null is odd."""
+    g = _grammar()
     try:
         text = "\n" + text
-        if "\n\n" in text or _NOT_TOP.search(text) or _unread(text):
+        if "\n\n" in text or g.not_top.search(text) or _unread(text):
             return None
-        tops = list(_TOP.finditer(text))
+        tops = list(g.top.finditer(text))
         doc: dict[str, object] = {}
         for i, m in enumerate(tops):
             body = text[m.end() : tops[i + 1].start() if i + 1 < len(tops) else len(text)]
             key = m.group(1)
             if key in _TOP_SCALARS:
-                doc[key] = _block(m.group(2), body, _LEAF)
+                doc[key] = _block(m.group(2), body, g.leaf)
             elif key in _SHOWN:
-                if m.group(2) or _NOT_SUB.search(body):
+                if m.group(2) or g.not_sub.search(body):
                     return None
-                doc[key] = _section_of(body, _SUBS[key])
+                doc[key] = _section_of(body, g.subs[key])
         return doc
     except _Odd:
         return None
 
 
 def _unread(text: str) -> bool:
-    """_UNREAD's characters in `text`; ASCII text (run.yaml as written) without a regex scan: its
-    printable characters are exactly the ones YAML reads, but for a tab and a line break."""
+    """Characters YAML's reader refuses, or \r (another line break), in `text`: the whole file's
+    parse says so. ASCII text (run.yaml as written) without a regex scan: its printable
+    characters are exactly the ones YAML reads, but for a tab and a line break."""
     if text.isascii():
         return not text.replace("\n", "").replace("\t", "").isprintable()
-    return _UNREAD.search(text) is not None
+    return _unreadable().search(text) is not None
+
+
+@cache
+def _unreadable() -> re.Pattern[str]:
+    # compiled on first use: this set costs 50 M CPU instructions, more than any command that
+    # imports this module spends on its own (`submit --dry-run` reads no run.yaml)
+    return re.compile("[^\x09\x0a\x20-\x7e\x85\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
 def _section_of(body: str, keys: re.Pattern[str]) -> dict[str, object]:
+    g = _grammar()
     out: dict[str, object] = {}
     for m in keys.finditer(body):  # a key written twice: the last one, as YAML reads it
         at, inline = m.end(), m.group(2)
-        if inline is not None and (at == len(body) or _SUB_END.match(body, at)):
-            out[m.group(1)] = _block(inline, "", _LEAF)  # one line (most keys): no search
+        if inline is not None and (at == len(body) or g.sub_end.match(body, at)):
+            out[m.group(1)] = _block(inline, "", g.leaf)  # one line (most keys): no search
             continue
-        end = _SUB_END.search(body, at)
-        out[m.group(1)] = _block(inline, body[at : end.start() if end else None], _LEAF)
+        end = g.sub_end.search(body, at)
+        out[m.group(1)] = _block(inline, body[at : end.start() if end else None], g.leaf)
     return out
 
 
@@ -202,7 +226,8 @@ def _block(inline: str | None, body: str, leaf: re.Pattern[str]) -> object:
         return _EMPTY[inline]() if inline in _EMPTY else _scalar(inline)
     if not lines:
         return None
-    matches = [(_ITEM if lines[0].startswith("  - ") else leaf).fullmatch(line) for line in lines]
+    item = _grammar().item
+    matches = [(item if lines[0].startswith("  - ") else leaf).fullmatch(line) for line in lines]
     if None in matches:
         raise _Odd  # a line that is neither (a nested mapping, a flow value, ...)
     found = [m.groups() for m in matches if m is not None]
@@ -218,9 +243,10 @@ def _scalar(raw: str) -> object:
         return raw[1:-1].replace("''", "'")
     if raw in _NAMED:
         return _NAMED[raw]
-    if _INT.fullmatch(raw):
+    g = _grammar()
+    if g.integer.fullmatch(raw):
         return int(raw)
-    if not _PLAIN.fullmatch(raw) or raw != raw.strip() or ": " in raw or _resolved(raw):
+    if not g.plain.fullmatch(raw) or raw != raw.strip() or ": " in raw or _resolved(raw):
         raise _Odd
     return raw
 
@@ -260,7 +286,7 @@ def _broken(where: Path, key: str, value: object, want: str) -> BrokenRun:
     return BrokenRun(f"{where}: {key} is {str(value)[:60]!r}, not {want}: the run is broken; {FIX}")
 
 
-@dataclass(frozen=True)
+@frozen
 class Job:
     """One submission: a jobs.jsonl line whose job_id is a job id. A line without one is never a
     Job: it would reach scancel's argv as an option (`--user=me` cancels every job of yours)."""

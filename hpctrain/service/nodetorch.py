@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from importlib.util import find_spec
 from pathlib import Path
@@ -56,6 +55,8 @@ def node_torch_version(python: str) -> str | None:
         return local_torch_version()
     if not (os.path.isabs(python) and os.access(python, os.X_OK)):
         return None  # `python` resolved on the node (an activated env, a container)
+    import subprocess  # lazy: CLI start-up: only to ask another interpreter (dry runs ask none)
+
     try:
         res = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired):

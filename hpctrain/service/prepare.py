@@ -286,14 +286,12 @@ def planned(profile: ResolvedProfile, o: JobOptions) -> Plan:
     return result
 
 
-def snapshots(p: Prepared) -> SnapshotPlan | None:
+def snapshot_plan(p: Prepared) -> SnapshotPlan | None:
     """The run's in-memory snapshots and their node-local memory (hpctrain/plan/snapshots.py):
     the model's size from train_entry's config (the demo GPT), else from the plan of --strategy
     auto (--params/--model), else measured at the first snapshot. None without hpctrain.plan."""
     try:
-        from hpctrain.plan.inputs import node_memory_gib  # lazy: CLI start-up: dry runs only
-        from hpctrain.plan.model import GIB  # lazy: as above
-        from hpctrain.plan.snapshots import plan_snapshots  # lazy: as above
+        from hpctrain.plan import model, snapshots  # lazy: CLI start-up: dry runs only
     except ImportError:
         return None
     r, rec = p.resolved, p.plan
@@ -301,8 +299,10 @@ def snapshots(p: Prepared) -> SnapshotPlan | None:
     if params is None and p.planned is not None:
         params = p.planned.workload.params  # --params/--model of --strategy auto
     slurm = p.profile.slurm
-    mem = node_memory_gib(slurm.mem, gpu_mem_gib=slurm.gpu_mem_gib, gpus=slurm.gpus_per_node)
-    return plan_snapshots(
+    mem = snapshots.node_memory_gib(
+        slurm.mem, gpu_mem_gib=slurm.gpu_mem_gib, gpus=slurm.gpus_per_node
+    )
+    return snapshots.plan_snapshots(
         # a --script/--module holds what it hands hpctrain.runtime: its size is not known before
         strategy=p.request.strategy if p.resolved is not None or rec else "script",
         params=params,
@@ -311,8 +311,8 @@ def snapshots(p: Prepared) -> SnapshotPlan | None:
         optimizer=r["optimizer"] if r else "adamw",
         tp=r["tp"] if r else rec.tp if rec else 1,
         pp=r["pp"] if r else rec.pp if rec else 1,
-        node_mem_bytes=None if mem is None else int(mem * GIB),
-        gpu_mem_bytes=int(slurm.gpu_mem_gib * GIB) if slurm.gpu_mem_gib else None,
+        node_mem_bytes=None if mem is None else int(mem * model.GIB),
+        gpu_mem_bytes=int(slurm.gpu_mem_gib * model.GIB) if slurm.gpu_mem_gib else None,
         every_steps=r["snapshot_every"] if r else None,
         budget=r["snapshot_budget"] if r else DEFAULT_BUDGET,
     )

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpctrain import dispatch
 from hpctrain.jobs.options import JobOptions
 from hpctrain.kernel import layout
+from hpctrain.kernel.values import mutable
 from hpctrain.runs import chain
 from hpctrain.service import nodetorch
-from hpctrain.service.prepare import Prepared, entry_line, snapshots
+from hpctrain.service.prepare import Prepared, entry_line, snapshot_plan
 from hpctrain.service.upload import adopt, check_upload, install
 
 if TYPE_CHECKING:
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from hpctrain.runs.folder import RunDir
 
 
-@dataclass
+@mutable
 class Submitted:
     """What a submission did (or, dry_run, would do)."""
 
@@ -133,7 +134,7 @@ def submit(o: JobOptions, profile: ResolvedProfile) -> tuple[Submitted, RunDir]:
         rec.chain = chain.describe(segments)
         rec.chain_time_min = sum(x.time_min for x in segments)
     if dry_run:
-        planned = snapshots(p)
+        planned = snapshot_plan(p)
         rec.snapshots = planned.line(interval=True) if planned is not None else ""
         return rec, run
     rec.job_id = start(

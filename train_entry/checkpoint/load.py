@@ -44,11 +44,14 @@ def load_latest(
     """Restore `state` in place from the newest verified checkpoint of `folder` (the checkpoints
     folder); the step, or None if none. `engine`: the strategy whose engine reads its own files
     (None: DCP's). Rank 0 checks the manifest (names, sizes: no file's bytes); each rank checks
-    the digests of the files it reads, and the ranks agree (one all-reduce, and DCP's planning
-    collective for the weights): a damaged checkpoint is skipped on every rank, an older one
-    tried (issue 37: rank 0 alone hashing 1 TB outlived the collective timeout)."""
+    the digests of the files it reads, and the ranks agree (one all-reduce, and DCP's read
+    collective for the weights, whose digests are taken as they are copied: one pass over their
+    bytes): a damaged checkpoint is skipped on every rank, an older one tried (issue 37: rank 0
+    alone hashing 1 TB outlived the collective timeout), which overwrites every tensor; when none
+    loads after one whose tensors were partly copied, UserError (no fresh start from them)."""
     rank, world = ranks.rank, ranks.world
     below: int | None = None
+    written: str | None = None  # a damaged checkpoint found as its tensors were copied
     while True:
         choice = None
         if rank == 0:
@@ -59,6 +62,12 @@ def load_latest(
             choice = (str(found[0]), found[1], why) if found else None
         choice = ranks.broadcast(choice)
         if choice is None:
+            if written is not None:  # the model holds some of its bytes: no fresh start
+                raise UserError(
+                    f"{written}; no older checkpoint verifies, and the model already holds "
+                    "some of the damaged one's tensors, so this run cannot start afresh. Move "
+                    f"the damaged step-* folders out of {folder} to start from step 0."
+                )
             return None
         ckpt, manifest, why = Path(choice[0]), choice[1], choice[2]
         check_compatible(ckpt, manifest, strategy=strategy, world=world)
@@ -67,7 +76,9 @@ def load_latest(
         if damaged is None:
             break
         if rank == 0:
-            log(f"WARNING: checkpoint {ckpt} skipped: {damaged}; it is left in place")
+            log(f"WARNING: checkpoint {ckpt} skipped: {damaged[0]}; it is left in place")
+        if damaged[1]:
+            written = written or f"checkpoint {ckpt} did not verify ({damaged[0]})"
         below = int(str(manifest["step"]))
     if rank == 0:
         log(
@@ -100,9 +111,10 @@ def _load(
     private: str | None,
     ranks: Ranks,
     log: Callable[[str], None],
-) -> str | None:
-    """This rank's part of `ckpt` into `state`, each file verified before it is read; why the
-    ranks agreed it is damaged (nothing of it applied then), or None once loaded."""
+) -> tuple[str, bool] | None:
+    """This rank's part of `ckpt` into `state`, each file verified as it is read; None once
+    loaded, else why the ranks agreed it is damaged and whether that was found as a weights file
+    was copied (its tensors hold some of its bytes; nothing else of it applied)."""
     rank = ranks.rank
     reader = RawReader(str(ckpt), manifest=manifest)
     flat = False
@@ -118,7 +130,7 @@ def _load(
         bad = str(exc)
     if ranks.any_rank(bad is not None):
         whys = ranks.gather(bad)  # only on this path: the reason for rank 0's warning line
-        return next((f"rank {r}: {w}" for r, w in enumerate(whys) if w), "another rank")
+        return next((f"rank {r}: {w}" for r, w in enumerate(whys) if w), "another rank"), False
     if engine is not None:
         if private is not None:
             raise unpickle_refused(private)
@@ -144,12 +156,13 @@ def _load(
     return None
 
 
-def _damaged(exc: CheckpointException) -> str | None:
-    """'rank R: why' of the first rank whose files did not verify in DCP's planning, else None."""
+def _damaged(exc: CheckpointException) -> tuple[str, bool] | None:
+    """('rank R: why', found as it was copied) of the first rank whose files did not verify
+    (DCP's planning, or the read), else None."""
     for r, failure in sorted(exc.failures.items()):
         inner = failure[0] if isinstance(failure, tuple) else failure
         if isinstance(inner, Damaged):
-            return f"rank {r}: {inner}"
+            return f"rank {r}: {inner}", inner.written
     return None
 
 

@@ -26,6 +26,7 @@ weights-only (safeload.py); anything else is refused with one line.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import io
 import os
 import warnings
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import BinaryIO, cast
 
 import torch
+import xxhash
 from torch.distributed.checkpoint.metadata import (
     Metadata,
     MetadataIndex,
@@ -43,7 +45,8 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.futures import Future
 
-from hpctrain.kernel.checkpoint import read_verified, verify_files
+from hpctrain.kernel.checkpoint import read_verified
+from hpctrain.kernel.digests import XXH3, algo_of, verify_files
 from train_entry.checkpoint.safeload import load_metadata, metadata_from, refusals, safe_bytes
 from train_entry.compat import FileSystemReader, dcp_load
 
@@ -52,7 +55,12 @@ DENSE = 0.5  # map the whole file when at least this share of it is wanted
 
 
 class Damaged(Exception):
-    """A file this rank was to read does not match the manifest (a resume tries an older one)."""
+    """A file this rank was to read does not match the manifest (a resume tries an older one).
+    `written`: found as its tensors were copied (they hold some of its bytes)."""
+
+    def __init__(self, why: str, *, written: bool = False) -> None:
+        super().__init__(why)
+        self.written = written
 
 
 class RawReader(FileSystemReader):
@@ -101,11 +109,14 @@ class RawReader(FileSystemReader):
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         if self.manifest is not None:
-            rels = sorted({self.storage_data[r.storage_index].relative_path for r in plan.items})
-            why = verify_files(Path(self.path), self.manifest, rels)
+            rels = {self.storage_data[r.storage_index].relative_path for r in plan.items}
+            # DCP's own files (before the raw format) are checked whole before they are read;
+            # the weights files as they are read (read_data)
+            old = sorted(r for r in rels if not r.endswith(RAW_SUFFIX))
+            why = verify_files(Path(self.path), self.manifest, old)
             if why is not None:
                 raise Damaged(why)
-            self.verified = rels
+            self.verified = old
         return super().prepare_local_plan(plan)
 
     def _chunk(self, index: MetadataIndex) -> tuple[torch.dtype, torch.Size]:
@@ -131,15 +142,20 @@ class RawReader(FileSystemReader):
             safe = cast(LoadPlanner, _SafeBytes(planner, self.path))
             super().read_data(dataclasses.replace(plan, items=other), safe).wait()
         for rel, reqs in raw.items():
-            self._read_raw(Path(self.path) / rel, reqs, planner)
+            self._read_raw(rel, reqs, planner)
         fut: Future[None] = Future()
         fut.set_result(None)
         return fut
 
-    def _read_raw(self, path: Path, reqs: list[ReadItem], planner: LoadPlanner) -> None:
+    def _read_raw(self, rel: str, reqs: list[ReadItem], planner: LoadPlanner) -> None:
+        """`reqs` from the weights file `rel` (with a manifest: `_read_checked`)."""
+        path = Path(self.path) / rel
         infos = [self.storage_data[r.storage_index] for r in reqs]
         size = path.stat().st_size
         with open(path, "rb", buffering=0) as f:
+            if self.manifest is not None:
+                self._read_checked(rel, f, reqs, planner)
+                return
             # A resume reads (nearly) the whole file: mapped at once (torch.from_file, 3x faster
             # than reading it into a buffer). An export of a few tensors reads only theirs (the
             # file may be far larger than memory).
@@ -156,19 +172,119 @@ class RawReader(FileSystemReader):
                 if req.type == LoadItemType.BYTE_IO:
                     what = f"{path}: {req.storage_index.fqn}"
                     planner.load_bytes(req, safe_bytes(piece.numpy().tobytes(), what))
-                    continue
-                dtype, sizes = self._chunk(req.storage_index)
-                tensor = piece.view(dtype).reshape(sizes)
-                for dim, (off, n) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
-                    tensor = tensor.narrow(dim, off, n)
-                target = planner.resolve_tensor(req).detach()
-                if target.size() != tensor.size():
-                    raise AssertionError(
-                        f"{req.storage_index}: stored {tuple(tensor.size())}, "
-                        f"wanted {tuple(target.size())}"
-                    )
-                target.copy_(tensor)
+                else:
+                    self._copy(req, piece, planner)
+
+    def _read_checked(
+        self, rel: str, f: BinaryIO, reqs: list[ReadItem], planner: LoadPlanner
+    ) -> None:
+        """`reqs` from the weights file `rel` (open as `f`) in one pass over its bytes, in file
+        order, its digest taken as they come: a tensor that is all of a stored chunk is read
+        straight into its place, each step hashed there (in the cache); any other piece read into
+        a buffer, hashed, copied. Its bytes items are parsed, and the file counts as read, once
+        its digest matches; else Damaged: the tensors hold some of its bytes, and the ranks go on
+        to an older checkpoint, which overwrites them (load.py)."""
+        assert self.manifest is not None
+        digest = _Digest(self.manifest, rel, f)
+        later: list[tuple[ReadItem, torch.Tensor]] = []
+        for req in sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset):
+            info = self.storage_data[req.storage_index]
+            start, end = info.offset, info.offset + info.length
+            if req.type == LoadItemType.BYTE_IO:
+                later.append((req, digest.read(start, end)))
+                continue
+            target = planner.resolve_tensor(req).detach()
+            dtype, sizes = self._chunk(req.storage_index)
+            whole = (
+                target.dtype == dtype
+                and tuple(target.size()) == tuple(sizes)
+                and target.is_contiguous()
+                and target.numel() * target.element_size() == info.length
+            )
+            if whole and digest.into(start, target):
                 planner.commit_tensor(req, target)
+            else:
+                self._copy(req, digest.read(start, end), planner)
+        why = digest.finish()
+        if why is not None:
+            raise Damaged(why, written=True)
+        self.verified.append(rel)
+        for req, piece in later:
+            what = f"{Path(self.path) / rel}: {req.storage_index.fqn}"
+            planner.load_bytes(req, safe_bytes(piece.numpy().tobytes(), what))
+
+    def _copy(self, req: ReadItem, piece: torch.Tensor, planner: LoadPlanner) -> None:
+        """The stored chunk's bytes `piece` (uint8) into the tensor `req` names."""
+        dtype, sizes = self._chunk(req.storage_index)
+        tensor = piece.view(dtype).reshape(sizes)
+        for dim, (off, n) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
+            tensor = tensor.narrow(dim, off, n)
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != tensor.size():
+            raise AssertionError(
+                f"{req.storage_index}: stored {tuple(tensor.size())}, wanted {tuple(target.size())}"
+            )
+        target.copy_(tensor)
+        planner.commit_tensor(req, target)
+
+
+STEP = 4 << 20  # read into place, then hashed while still in the cache
+
+
+class _Digest:
+    """The digest of one weights file (open as `f`), taken as a load reads it in file order."""
+
+    def __init__(self, manifest: Mapping[str, object], rel: str, f: BinaryIO) -> None:
+        files = manifest["files"]
+        entry = files.get(rel) if isinstance(files, dict) else None
+        algo = algo_of(entry) if isinstance(entry, dict) else None
+        size = os.fstat(f.fileno()).st_size
+        # found in read_data: this rank may have read other files into its tensors already
+        if not isinstance(entry, dict) or algo is None:
+            raise Damaged(f"{rel} is not listed in the manifest", written=True)
+        if size != entry["size"]:
+            raise Damaged(f"{rel} is {size} bytes, the manifest says {entry['size']}", written=True)
+        self.rel, self.entry, self.algo, self.f, self.size = rel, entry, algo, f, size
+        self._hash = xxhash.xxh3_128() if algo == XXH3 else hashlib.sha256()
+        self.done = 0  # the bytes hashed: the file's first `done`
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a longer read ahead
+
+    def read(self, start: int, end: int) -> torch.Tensor:
+        """Bytes [start, end) as a uint8 tensor, hashed (the bytes before them too)."""
+        self._skip(start)
+        piece = _read(self.f, start, end - start)
+        if end > self.done:
+            self._hash.update(piece[self.done - start :].numpy().data)
+            self.done = end
+        return piece
+
+    def into(self, start: int, target: torch.Tensor) -> bool:
+        """The file's bytes from `start` read straight into the contiguous `target` (all of its
+        bytes), each step hashed once it is there; False (nothing read) if some of them were
+        hashed already (a chunk read twice)."""
+        if start < self.done:
+            return False
+        self._skip(start)
+        view = target.reshape(-1).view(torch.uint8).numpy().data
+        for a in range(0, len(view), STEP):
+            step = view[a : a + STEP]
+            _fill(self.f, step, start + a)
+            self._hash.update(step)
+        self.done = start + len(view)
+        return True
+
+    def _skip(self, start: int) -> None:
+        """Hash the bytes between the last read and `start` (padding)."""
+        if start > self.done:
+            self.read(self.done, start)
+
+    def finish(self) -> str | None:
+        """Why the file does not match its digest, or None; the rest of it hashed first."""
+        for a in range(self.done, self.size, STEP):
+            self.read(a, min(a + STEP, self.size))
+        if self._hash.hexdigest() != self.entry[self.algo]:
+            return f"{self.rel} does not match its {self.algo} checksum (corrupted)"
+        return None
 
 
 class _SafeBytes:
@@ -188,14 +304,18 @@ class _SafeBytes:
 def _read(f: BinaryIO, offset: int, length: int) -> torch.Tensor:
     """`length` bytes at `offset` as a uint8 tensor (64-byte aligned storage, so any dtype views)."""
     buf = torch.empty(length, dtype=torch.uint8)
-    view = buf.numpy().data
+    _fill(f, buf.numpy().data, offset)
+    return buf
+
+
+def _fill(f: BinaryIO, view: memoryview, offset: int) -> None:
+    """`view` filled with the bytes of `f` at `offset`."""
     got = 0
-    while got < length:
+    while got < len(view):
         n = os.preadv(f.fileno(), [view[got:]], offset + got)
         if n <= 0:
-            raise OSError(f"{f.name}: {length} bytes at {offset} wanted, the file ends first")
+            raise OSError(f"{f.name}: {len(view)} bytes at {offset} wanted, the file ends first")
         got += n
-    return buf
 
 
 def tensor_entries(

@@ -4,6 +4,7 @@
     poll.py   node.py's wait for the others: node 0 gathers the reports and publishes MEMBERS,
               the other nodes poll that one file (calls per node flat in the node count)
     allreduce.py  node.py's network part: the timed all-reduce between the nodes that passed
+    smi.py    node.py's GPU health counters (nvidia-smi, rocm-smi)
     gate.py   what the batch shell runs after them: names the failing or lagging nodes, and says
               whether the job continues on all nodes, on the healthy ones, or excludes and requeues
     bisect.py `hpctrain doctor --bisect`: the failing node among N by halving
@@ -15,6 +16,7 @@ names used here are defined once, below. What is checked and how to tune it: doc
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TypedDict
@@ -40,11 +42,32 @@ FOLDER = layout.PREFLIGHT  # under the run folder
 
 
 class Row(TypedDict):
-    """One check of a node report (node.check): status pass | fail | warn | skip."""
+    """One check of a node report (check, below): status pass | fail | warn | skip."""
 
     name: str
     status: str
     detail: str
+
+
+class Phase(TypedDict):
+    """When one part of a node's check ended (node.Phases): where the gate's time goes."""
+
+    name: str
+    at: float  # epoch seconds
+    cpu_s: float  # the node process's CPU seconds so far (Python's start-up included)
+
+
+class Phases:
+    """The end of each part of a node's check (node.py), so a gate's cost splits by part inside a
+    real job (benchmarks/preflight.py)."""
+
+    def __init__(self) -> None:
+        self.done: list[Phase] = []
+
+    def mark(self, name: str) -> None:
+        self.done.append(
+            {"name": name, "at": round(time.time(), 3), "cpu_s": round(time.process_time(), 3)}
+        )
 
 
 class NodeJson(TypedDict):
@@ -62,6 +85,7 @@ class NodeJson(TypedDict):
     addr: str
     port: int | None  # for the process group, should this node be its rank 0
     seconds: float
+    phases: list[Phase]  # rewritten with the network part's once that ends
 
 
 class Member(TypedDict):
@@ -111,6 +135,15 @@ class NetError(TypedDict):
     node: int
     name: str
     error: str
+
+
+def check(name: str, ok: bool | None, detail: str) -> Row:
+    """A check row like doctor's: status pass | fail | warn."""
+    return {
+        "name": name,
+        "status": "pass" if ok else ("warn" if ok is None else "fail"),
+        "detail": detail,
+    }
 
 
 def write_json(path: Path, data: Mapping[str, object]) -> None:

@@ -27,12 +27,11 @@ import argparse
 import importlib
 import importlib.util
 import os
-import shutil
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 from types import ModuleType
@@ -50,10 +49,13 @@ from hpctrain.checks.preflight import (
     Members,
     NetError,
     NodeJson,
+    Phases,
     Row,
+    check,
     write_json,
 )
 from hpctrain.checks.preflight.poll import gather, member, wait_members
+from hpctrain.checks.preflight.smi import check_gpu_health
 from hpctrain.kernel.support import torch_problem
 
 if TYPE_CHECKING:
@@ -84,29 +86,26 @@ SKIPPED_IN_TRAINING = {
 }
 
 
-def check(name: str, ok: bool | None, detail: str) -> Row:
-    """A check row like doctor's: status pass | fail | warn."""
-    return {
-        "name": name,
-        "status": "pass" if ok else ("warn" if ok is None else "fail"),
-        "detail": detail,
-    }
-
-
 # --- local checks ------------------------------------------------------------------------------
 
 
 def check_imports(
-    entry_kind: str, entry_target: str, scratch: Path | None = None, *, entry: bool = True
+    entry_kind: str,
+    entry_target: str,
+    scratch: Path | None = None,
+    *,
+    entry: bool = True,
+    mark: Callable[[str], None] = lambda _: None,
 ) -> tuple[list[Row], ModuleType | None]:
     """torch (its release within hpctrain's supported range), then, with `entry`, the entry
     (train_entry's trainer, and one tiny checkpoint save + verify + load in `scratch`; a user
-    module found; a script compiled)."""
+    module found; a script compiled). `mark(phase)` after each part (Phases.mark)."""
     t0 = time.perf_counter()
     try:
         import torch  # lazy: the check itself: does torch import here
     except Exception as e:  # noqa: BLE001 - any import failure is the finding
         return [check("imports", False, f"import torch failed: {type(e).__name__}: {e}")], None
+    mark("torch")
     rows = [
         check(
             "imports",
@@ -123,8 +122,10 @@ def check_imports(
         if entry_kind == "train_entry":
             importlib.import_module("train_entry.trainer")
             rows.append(check("entry", True, "train_entry.trainer imports"))
+            mark("entry")
             if scratch is not None:
                 rows.append(check_checkpoint(scratch))
+                mark("checkpoint")
         elif entry_kind == "module":
             if importlib.util.find_spec(entry_target) is None:
                 raise ImportError(f"no module named {entry_target!r} on this node's sys.path")
@@ -149,63 +150,6 @@ def check_checkpoint(scratch: Path) -> Row:
             raise
         why = getattr(e, "reason", None) or f"{type(e).__name__}: {e}".splitlines()[0]
         return check("checkpoint", False, f"a test save failed: {why}"[:600])
-
-
-def _smi(fields: str) -> list[list[str]] | None:
-    smi = shutil.which("nvidia-smi")
-    if not smi:
-        return None
-    try:
-        out = subprocess.run(
-            [smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if out.returncode != 0:
-        return None
-    return [
-        [c.strip() for c in row.split(",")]
-        for row in out.stdout.strip().splitlines()
-        if row.strip()
-    ]
-
-
-def check_gpu_health() -> Row:
-    """nvidia-smi's error counters: uncorrected volatile ECC errors, pages waiting for retirement,
-    row remaps pending or failed (A100 and later). A field the GPU does not report is skipped."""
-    problems, seen = [], []
-    queries: dict[str, Callable[[str], bool]] = {
-        "ecc.errors.uncorrected.volatile.total": lambda v: v.isdigit() and int(v) > 0,
-        "retired_pages.pending": lambda v: v.lower() == "yes",
-        "remapped_rows.pending": lambda v: v.lower() == "yes",
-        "remapped_rows.failure": lambda v: v.lower() == "yes",
-    }
-    for field, bad in queries.items():
-        rows = _smi(f"index,{field}")
-        if rows is None:
-            continue
-        seen.append(field)
-        for idx, value in rows:
-            if bad(value):
-                problems.append(f"GPU {idx} {field}={value}")
-    if shutil.which("rocm-smi") and not shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(
-                ["rocm-smi", "--showretiredpages"], capture_output=True, text=True, timeout=20
-            )
-            pending = [ln for ln in out.stdout.splitlines() if "pending" in ln.lower()]
-            seen.append("rocm-smi retired pages")
-            problems += [f"rocm-smi: {ln.strip()}" for ln in pending]
-        except (OSError, subprocess.TimeoutExpired) as e:
-            return check("gpu health", None, f"rocm-smi failed: {e}")
-    if problems:
-        return check("gpu health", False, "; ".join(problems))
-    return check(
-        "gpu health", True, "no error counters set (" + (", ".join(seen) or "none reported") + ")"
-    )
 
 
 def check_compute(
@@ -279,35 +223,66 @@ def skipped_rows() -> list[Row]:
     ]
 
 
-def local_report(node: int, name: str, args: argparse.Namespace) -> NodeJson:
+def node_rows(gpus: int, want_gpu: bool, uses_nccl: bool) -> list[Row]:
+    """doctor's node checks, as rows (those that do not apply here left out)."""
+    return [
+        {"name": c.name, "status": c.status, "detail": c.detail}
+        for c in node_checks(
+            env=dict(os.environ),
+            head=None,
+            rdzv_addr=None,
+            port=None,
+            is_head=False,
+            expect_gpus=gpus,
+            want_gpu=want_gpu,
+            slurm=os.environ.get(ENV_SCHEDULER) == "slurm",
+            bind_port=False,
+            uses_nccl=uses_nccl,
+        )
+        if c.status != "skip"
+    ]
+
+
+def address(name: str) -> str:
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return socket.gethostbyname(socket.gethostname())
+
+
+def local_report(
+    node: int, name: str, args: argparse.Namespace, phases: Phases | None = None
+) -> NodeJson:
     t0 = time.perf_counter()
+    phases = phases or Phases()
     want_gpu = os.environ.get(ENV_WANT_GPU) == "1"
     gpus = int(os.environ.get(ENV_GPUS_PER_NODE, "0") or 0)
     full = args.when == "start"
-    rows, torch = check_imports(
-        args.entry_kind, args.entry_target, args.out / f"checkpoint-{node}", entry=full
-    )
+    # What waits on other programs (scontrol, nvidia-smi: up to a second a call on a GPU node, five
+    # calls) or on DNS runs in a thread while this one imports torch, which holds the GIL only
+    # between those waits. NCCL is assumed to be used when GPUs are asked for; should torch then
+    # see none, a failed check is run again with the CPU's gloo in mind (doctor warns then)
+    with ThreadPoolExecutor(1) as pool:
+        waits = pool.submit(node_rows, gpus, want_gpu, want_gpu)
+        health = pool.submit(check_gpu_health) if want_gpu else None
+        addr = pool.submit(address, name)
+        scratch = args.out / f"checkpoint-{node}"
+        rows, torch = check_imports(
+            args.entry_kind, args.entry_target, scratch, entry=full, mark=phases.mark
+        )
+        cuda = bool(torch is not None and want_gpu and torch.cuda.is_available())
+        local, host = waits.result(), addr.result()
     if not full and torch is not None:
         rows += skipped_rows()
-    cuda = bool(torch is not None and want_gpu and torch.cuda.is_available())
-    for c in node_checks(
-        env=dict(os.environ),
-        head=None,
-        rdzv_addr=None,
-        port=None,
-        is_head=False,
-        expect_gpus=gpus,
-        want_gpu=want_gpu,
-        slurm=os.environ.get(ENV_SCHEDULER) == "slurm",
-        bind_port=False,
-        uses_nccl=cuda,
-    ):
-        if c.status != "skip":
-            rows.append({"name": c.name, "status": c.status, "detail": c.detail})
+    if cuda != want_gpu and any(r["status"] == "fail" for r in local):
+        local = node_rows(gpus, want_gpu, cuda)
+    rows += local
+    phases.mark("node checks")
     matmul_s = None
     if torch is not None:
         if cuda:
-            rows.append(check_gpu_health())
+            assert health is not None  # cuda implies want_gpu
+            rows.append(health.result())
             count = torch.cuda.device_count()
             rows.append(
                 check("devices", count >= gpus, f"{count} CUDA device(s) visible, {gpus} requested")
@@ -317,15 +292,12 @@ def local_report(node: int, name: str, args: argparse.Namespace) -> NodeJson:
             devices = [torch.device("cpu")]
         compute, matmul_s = check_compute(torch, devices, args.matmul_n)
         rows += compute
+        phases.mark("compute")
     ok = all(r["status"] != "fail" for r in rows)
-    try:
-        addr = socket.gethostbyname(name)
-    except OSError:
-        addr = socket.gethostbyname(socket.gethostname())
     port = None
     if ok:  # a port for the process group, should this node be its rank 0
         with socket.socket() as s:
-            s.bind((addr, 0))
+            s.bind((host, 0))
             port = s.getsockname()[1]
     return {
         "node": node,
@@ -337,13 +309,16 @@ def local_report(node: int, name: str, args: argparse.Namespace) -> NodeJson:
         "checks": rows,
         "matmul_s": matmul_s,
         "device": "cuda" if cuda else "cpu",
-        "addr": addr,
+        "addr": host,
         "port": port,
         "seconds": round(time.perf_counter() - t0, 3),
+        "phases": list(phases.done),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
+    phases = Phases()
+    phases.mark("start")  # Python's start-up and this module's imports
     ap = argparse.ArgumentParser(
         prog="python -m hpctrain.checks.preflight.node",
         description=__doc__,
@@ -381,8 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         else os.environ.get("SLURMD_NODENAME", socket.gethostname())
     )
     a.out.mkdir(parents=True, exist_ok=True)
-    me = local_report(node, name, a)
-    write_json(a.out / NODE_REPORT.format(node=node), me)
+    me = local_report(node, name, a, phases)
+    report = a.out / NODE_REPORT.format(node=node)
+    write_json(report, me)
+    phases.mark("report")
     if len(names) < 2:
         return 0
     # the network part: the nodes whose local checks passed. Node 0 gathers the reports (until all
@@ -412,8 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     # lazy: torch on a torch-free path (the local checks above report a broken torch)
     from hpctrain.checks.preflight.allreduce import network
 
+    phases.mark("members")
     deadline = start + a.budget_s * 0.9
     network(a.out, me=me, members=members, nbytes=a.allreduce_mib << 20, deadline=deadline)
+    phases.mark("network")
+    write_json(report, {**me, "phases": phases.done})
     return 0
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
 
-from hpctrain.kernel import jobenv
+from hpctrain.kernel import jobenv, shell
 from hpctrain.profiles.schema import checks
 
 
@@ -255,7 +255,7 @@ SHELL_ENV = {
 
 def env_name(name: str, *, task: bool = False) -> str:
     checks.check_env_name(name)
-    inner = checks.inner_name(name)
+    inner = shell.inner_name(name)
     if inner != name:  # what the container sees must pass the same checks
         try:
             env_name(inner, task=task)

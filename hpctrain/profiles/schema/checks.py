@@ -270,19 +270,6 @@ def check_env_value(value: str) -> str:
     return value
 
 
-# Apptainer/Singularity set NAME inside the container from PREFIX + NAME on the host: such a name
-# is checked (and locked) as NAME itself.
-CONTAINER_ENV_PREFIXES = ("APPTAINERENV_", "SINGULARITYENV_")
-
-
-def inner_name(name: str) -> str:
-    """The name a variable sets inside a container (`APPTAINERENV_X` -> `X`), else itself."""
-    for p in CONTAINER_ENV_PREFIXES:
-        if name.startswith(p) and len(name) > len(p):
-            return name[len(p) :]
-    return name
-
-
 def check_env_name(name: str) -> str:
     if not ENV_NAME.match(name):
         raise ValueError(
