@@ -23,7 +23,8 @@ def python_files() -> list[Path]:
         for d in SCANNED
         if (REPO / d).is_dir()
         for p in (REPO / d).rglob("*.py")
-        if ".venv" not in p.parts
+        # not .venv, nor benchmarks/.work (scratch a benchmark test writes and removes meanwhile)
+        if not any(part.startswith(".") for part in p.relative_to(REPO).parts)
     )
 
 

@@ -206,7 +206,7 @@ def test_the_gate_fails_a_node_whose_torch_is_outside_the_range(tmp_path, monkey
     from hpctrain.checks.preflight import gate, node
 
     monkeypatch.setattr(torch, "__version__", "2.6.0")
-    rows, _ = node.check_imports("train_entry", "train_entry", tmp_path / "ckpt")
+    rows, _ = node.check_imports("train_entry", "train_entry")
     failed = [r for r in rows if r["status"] == "fail"]
     assert [r["name"] for r in failed] == ["torch"]
     assert (
@@ -220,24 +220,25 @@ def test_the_gate_fails_a_node_whose_torch_is_outside_the_range(tmp_path, monkey
     assert action == "fail" and reason.count("outside hpctrain's supported range") == 1
 
 
-def test_the_gate_saves_verifies_and_loads_a_checkpoint_on_each_node(tmp_path) -> None:
-    from hpctrain.checks.preflight import node
+def test_each_node_saves_verifies_and_loads_a_checkpoint_before_the_ranks_meet(tmp_path) -> None:
+    from train_entry.checkpoint import roundtrip
 
-    rows, _ = node.check_imports("train_entry", "train_entry", tmp_path / "ckpt")
-    row = next(r for r in rows if r["name"] == "checkpoint")
-    assert row["status"] == "pass" and "save + verify + load" in row["detail"], row
+    assert roundtrip.problem(tmp_path / "ckpt") is None
     assert not (tmp_path / "ckpt").exists()
 
 
-def test_the_gate_names_a_broken_checkpoint_path(tmp_path, monkeypatch) -> None:
+def test_a_start_names_a_broken_checkpoint_path_before_training(tmp_path, monkeypatch) -> None:
     import torch.distributed.checkpoint.filesystem as fs
 
-    from hpctrain.checks.preflight import node
+    from train_entry.config import TrainConfig
+    from train_entry.trainer import RunFailed, Trainer
 
     monkeypatch.delattr(fs, "_StorageInfo")  # what a torch that moved the name does
-    row = node.check_checkpoint(tmp_path / "ckpt")
-    assert row["status"] == "fail", row
+    with pytest.raises(RunFailed) as e:
+        Trainer(TrainConfig(), run_dir=tmp_path / "run", grad_accum=1)._check_checkpoint_path()
+    line = str(e.value)
     # an ImportError where train_entry.checkpoint is imported after the name went, a pickling
-    # error of the name where it was imported before: either way the check names it
-    assert row["detail"].startswith("a test save failed: "), row
-    assert "_StorageInfo" in row["detail"], row
+    # error of the name where it was imported before: either way the line names it
+    assert line.startswith("a test save failed: ") and "_StorageInfo" in line, line
+    assert "before training" in line and "hpctrain resume run" in line, line
+    assert not any((tmp_path / "run" / "preflight").iterdir())  # the round trip's folder is gone

@@ -15,6 +15,8 @@ import contextlib
 import errno
 import json
 import logging
+import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,6 +32,7 @@ from hpctrain.kernel.support import TORCH
 from hpctrain.runtime import recovery
 from hpctrain.runtime.recovery import Snapshots
 from train_entry import perf, snapshot
+from train_entry.checkpoint import roundtrip
 from train_entry.checkpoint.checkpointer import Checkpointer
 from train_entry.checkpoint.common import FATAL, SPACE, TRANSIENT, SaveFailed
 from train_entry.config import TrainConfig
@@ -66,6 +69,8 @@ class Trainer:
 
     def run(self) -> int:
         """0 when max_steps are done, 75 when stopped by the preemption flag (after a verified save)."""
+        if os.environ.get("LOCAL_RANK", "0") == "0":  # one a node, before the ranks meet
+            self._check_checkpoint_path()
         info = init_distributed(
             timeout_min=pg_timeout_min(self.cfg.train.timeout_min), seed=self.cfg.train.seed
         )
@@ -83,6 +88,20 @@ class Trainer:
             raise RunFailed(self._fatal_line(where, "a write failed", SPACE, "")) from None
         finally:
             teardown()
+
+    def _check_checkpoint_path(self) -> None:
+        """A tiny save + verify + load here (checkpoint/roundtrip.py): a checkpoint path that cannot
+        work on this node ends the start before any step, not at the first save interval."""
+        folder = (
+            self.run_dir / layout.PREFLIGHT / f"round-trip-{socket.gethostname()}-{os.getpid()}"
+        )
+        bad = roundtrip.problem(folder)
+        if bad:
+            raise RunFailed(
+                f"{bad} in {folder.parent} on {socket.gethostname()}, before training; fix the "
+                f"cause (torch {torch.__version__} here; hpctrain supports torch {TORCH}), then "
+                f"`hpctrain resume {self.run_dir.name}`"
+            )
 
     def _newest(self) -> str:
         try:

@@ -138,6 +138,11 @@ ENTRIES: tuple[Entry, ...] = (
         "(hot spares, preemption.spare_nodes)",
         "preflight node checks, gate",
     ),
+    Entry(
+        "preflight/round-trip-<host>-<pid>/",
+        "each node's checkpoint round trip at a start, before the ranks meet (removed after)",
+        "train_entry",
+    ),
     Entry("preflight.json", "the newest preflight verdict (what `status` shows)", "preflight gate"),
     Entry(
         "STALLED",

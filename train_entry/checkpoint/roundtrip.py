@@ -1,7 +1,9 @@
-"""One tiny save + verify + load through the Checkpointer, in one process: the preflight gate runs it
-on every node (hpctrain/checks/preflight/node.py), so a checkpoint path that cannot work there (a torch
-whose private checkpoint names moved, a folder it cannot write) is found before training starts,
-not at the first save interval.
+"""One tiny save + verify + load through the Checkpointer, in one process: each node's first rank runs
+it at every start before the ranks meet (train_entry/trainer.py), so a checkpoint path that cannot
+work there (a torch whose private checkpoint names moved, a folder it cannot write) is found before
+training starts, not at the first save interval. It runs there, not in the preflight gate, because
+the trainer has already paid the imports it needs (torch.distributed.checkpoint, ~1 s of CPU a
+node), which the gate would pay again at every start (benchmarks/preflight.py).
 
     python -m train_entry.checkpoint.roundtrip DIR      # prints what it did, exit 1 on failure
 """
@@ -61,6 +63,18 @@ def round_trip(folder: Path) -> str:
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return f"save + verify + load of a tiny model in {time.perf_counter() - t0:.2f} s"
+
+
+def problem(folder: Path) -> str | None:
+    """None when `round_trip(folder)` passes, else one line saying what failed."""
+    try:
+        round_trip(folder)
+        return None
+    except BaseException as e:  # noqa: BLE001 - the failure is the finding (DCP's are Base)
+        if isinstance(e, KeyboardInterrupt | SystemExit):
+            raise
+        why = getattr(e, "reason", None) or f"{type(e).__name__}: {e}".splitlines()[0]
+        return f"a test save failed: {why}"[:600]
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
     srun --ntasks-per-node=1 python -m hpctrain.checks.preflight.node --out RUN/preflight/J-0 --nodes n1,n2
 
 1. Local checks, written to `node-<id>.json` before anything touches the network, so a node whose
-   network is broken still leaves its diagnosis: the software stack imports (torch, the entry),
+   network is broken still leaves its diagnosis: the software stack (torch imports, the entry is found),
    doctor's node checks (interface, InfiniBand, GPUs visible, scontrol, /dev/shm), GPU health
    counters (nvidia-smi: uncorrected ECC, pending retired pages / row remaps), a matmul whose
    product is checked exactly (integer-valued inputs, Freivalds' test) and timed, and a NaN check.
@@ -64,24 +64,17 @@ if TYPE_CHECKING:
 # The reduced check (`--when training`) skips these, and only these. The start gate of this job
 # start passed them on every node it now checks (the training nodes and the spares left: a node that
 # failed then was swapped out or dropped), and their answer depends on software that is fixed for
-# the job, not on the node's hardware, so a failed training step cannot have changed it. They are
-# also its slowest part after `import torch` (the trainer's imports, and the round trip's cold
-# torch.distributed.checkpoint / torch._dynamo imports: benchmarks/preflight.py). Kept: torch's
-# import and release (the matmul and all-reduce need torch; a node whose Python no longer runs is a
-# finding, fail-<id>.txt), doctor's node checks (an interface or InfiniBand port gone down, a GPU
-# fallen off the bus, /dev/shm filled by dead ranks' files), the GPU health counters (ECC
-# errors appear during training), devices, the exact matmul and NaN, lagging, and the all-reduce
-# with its ring pairs: whatever can confirm a node bad after a failure.
+# the job, not on the node's hardware, so a failed training step cannot have changed it. Kept:
+# torch's import and release (the matmul and all-reduce need torch; a node whose Python no longer
+# runs is a finding, fail-<id>.txt), doctor's node checks (an interface or InfiniBand port gone
+# down, a GPU fallen off the bus, /dev/shm filled by dead ranks' files), the GPU health counters
+# (ECC errors appear during training), devices, the exact matmul and NaN, lagging, and the
+# all-reduce with its ring pairs: whatever can confirm a node bad after a failure.
 SKIPPED_IN_TRAINING = {
     "entry": (
-        "the entry's import (or module lookup, or script compile) reads the job's code and Python "
+        "the entry's module lookup (or script compile) reads the job's code and Python "
         "environment, the same files as at the start gate; were they broken since, every node "
         "would fail alike (a software fault: no spare helps, the new step meets it at once)"
-    ),
-    "checkpoint": (
-        "the checkpoint round trip checks torch's checkpoint API (fixed for the job) and that the "
-        "node can write the run folder, which this check still does (node-<id>.json; a node "
-        "that cannot leaves no report and fails)"
     ),
 }
 
@@ -92,14 +85,16 @@ SKIPPED_IN_TRAINING = {
 def check_imports(
     entry_kind: str,
     entry_target: str,
-    scratch: Path | None = None,
     *,
     entry: bool = True,
     mark: Callable[[str], None] = lambda _: None,
 ) -> tuple[list[Row], ModuleType | None]:
-    """torch (its release within hpctrain's supported range), then, with `entry`, the entry
-    (train_entry's trainer, and one tiny checkpoint save + verify + load in `scratch`; a user
-    module found; a script compiled). `mark(phase)` after each part (Phases.mark)."""
+    """torch (its release within hpctrain's supported range), then, with `entry`, the entry: its
+    module found (train_entry's trainer, or a user module), or its script compiled. Not imported:
+    the trainer's imports (torch.distributed.checkpoint, ~1 s of CPU) would be paid again by the
+    training processes, which import it anyway and then run the checkpoint round trip, each node's
+    first rank before the ranks meet (train_entry/checkpoint/roundtrip.py). `mark(phase)` after each
+    part (Phases.mark)."""
     t0 = time.perf_counter()
     try:
         import torch  # lazy: the check itself: does torch import here
@@ -119,37 +114,18 @@ def check_imports(
     if not entry:
         return rows, torch
     try:
-        if entry_kind == "train_entry":
-            importlib.import_module("train_entry.trainer")
-            rows.append(check("entry", True, "train_entry.trainer imports"))
-            mark("entry")
-            if scratch is not None:
-                rows.append(check_checkpoint(scratch))
-                mark("checkpoint")
-        elif entry_kind == "module":
-            if importlib.util.find_spec(entry_target) is None:
-                raise ImportError(f"no module named {entry_target!r} on this node's sys.path")
-            rows.append(check("entry", True, f"module {entry_target} found"))
+        if entry_kind in ("train_entry", "module"):
+            target = "train_entry.trainer" if entry_kind == "train_entry" else entry_target
+            if importlib.util.find_spec(target) is None:
+                raise ImportError(f"no module named {target!r} on this node's sys.path")
+            rows.append(check("entry", True, f"module {target} found"))
         else:
             compile(Path(entry_target).read_bytes(), entry_target, "exec")
             rows.append(check("entry", True, f"script {entry_target} readable, compiles"))
+        mark("entry")
     except Exception as e:  # noqa: BLE001
         rows.append(check("entry", False, f"the entry {entry_target}: {type(e).__name__}: {e}"))
     return rows, torch
-
-
-def check_checkpoint(scratch: Path) -> Row:
-    """train_entry's checkpoint path end to end on this node (train_entry/checkpoint/roundtrip.py)."""
-    try:  # a torch that moved a name DCP's private parts use fails right at the import
-        # lazy: torch on a torch-free path (after the torch check)
-        from train_entry.checkpoint.roundtrip import round_trip
-
-        return check("checkpoint", True, round_trip(scratch))
-    except BaseException as e:  # noqa: BLE001 - the failure is the finding (DCP's are Base)
-        if isinstance(e, KeyboardInterrupt | SystemExit):
-            raise
-        why = getattr(e, "reason", None) or f"{type(e).__name__}: {e}".splitlines()[0]
-        return check("checkpoint", False, f"a test save failed: {why}"[:600])
 
 
 def check_compute(
@@ -266,9 +242,8 @@ def local_report(
         waits = pool.submit(node_rows, gpus, want_gpu, want_gpu)
         health = pool.submit(check_gpu_health) if want_gpu else None
         addr = pool.submit(address, name)
-        scratch = args.out / f"checkpoint-{node}"
         rows, torch = check_imports(
-            args.entry_kind, args.entry_target, scratch, entry=full, mark=phases.mark
+            args.entry_kind, args.entry_target, entry=full, mark=phases.mark
         )
         cuda = bool(torch is not None and want_gpu and torch.cuda.is_available())
         local, host = waits.result(), addr.result()
