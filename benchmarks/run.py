@@ -5,9 +5,9 @@
     .venv/bin/python benchmarks/run.py --only cli --only collective --quick
     .venv/bin/python benchmarks/run.py --list
 
-Writes benchmarks/results/<YYYY-MM-DD>.json (a list of {"name", "ratio", "spread", "target",
+Writes benchmarks/results/<YYYY-MM-DD>-<HHMM>[-quick].json (a list of {"name", "ratio", "spread", "target",
 "verdict", "meets", "details"}; each row's details name its group and the group's seconds) and
-benchmarks/results/<YYYY-MM-DD>.md (a Markdown table with the machine and its load, and each
+benchmarks/results/<YYYY-MM-DD>-<HHMM>[-quick].md (a Markdown table with the machine and its load, and each
 group's wall time against its plan), and prints each median, its spread and the verdict (met,
 missed, not settled, not measured, stated). Each benchmark runs its baseline in the same run,
 repetitions interleaved: never a comparison with numbers from another run. Each group states its
@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_s=0.0,
         groups=[],
     )
-    t0 = time.perf_counter()
+    t0, started = time.perf_counter(), dt.datetime.now(dt.UTC)
     rows: list[common.Row] = []
     for name in names:
         print(f"== {name}", flush=True)
@@ -272,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         row["details"].setdefault("machine", info["machine"])
 
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = args.out / info["date"]
+    # one file pair per run: two runs in a day keep both (the start's UTC time; quick says so)
+    stem = args.out / f"{info['date']}-{started:%H%M}{'-quick' if args.quick else ''}"
     stem.with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
     stem.with_suffix(".md").write_text(markdown(rows, info))
     if not args.keep_work:

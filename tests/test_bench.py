@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -224,7 +225,7 @@ def test_run_writes_json_and_markdown(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     (js,) = tmp_path.glob("*.json")
     (md,) = tmp_path.glob("*.md")
-    assert js.stem == md.stem and len(js.stem) == 10  # YYYY-MM-DD
+    assert js.stem == md.stem and re.fullmatch(r"\d{4}-\d\d-\d\d-\d{4}-quick", js.stem), js
     rows = json.loads(js.read_text())
     assert [r["name"] for r in rows] == [
         "cli_submit_dry_run_vs_bare_imports",
