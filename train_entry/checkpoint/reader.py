@@ -65,10 +65,10 @@ class Damaged(Exception):
 
 class RawReader(FileSystemReader):
     """A DCP StorageReader for hpctrain checkpoints (raw per-rank files, or DCP's own files).
-    With `manifest` (checked: kernel/checkpoint.check_manifest), this rank verifies what it reads
-    before reading it: the metadata's bytes in memory, and the digest of each file its load plan
-    names (`prepare_local_plan`, inside DCP's planning collective, so a Damaged file fails the
-    load on every rank before any tensor is touched); `verified` lists those files."""
+    With `manifest` (checked: kernel/checkpoint.check_manifest), this rank verifies what it reads:
+    the metadata's bytes in memory and DCP's own files before reading them (`prepare_local_plan`),
+    each weights file as it reads it into the tensors (`_read_checked`: Damaged(written=True) after
+    the fact; load.py then loads an older checkpoint over them); `verified` lists those files."""
 
     def __init__(
         self, path: str | os.PathLike[str], *, manifest: Mapping[str, object] | None = None
