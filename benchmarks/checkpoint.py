@@ -77,7 +77,7 @@ def _med(rows: list[Rep], key: str) -> float:
 def run(quick: bool) -> list[common.Row]:
     reps, steps = (4, 5) if quick else (6, 5)
     reps = max(2, common.reps(reps))  # the first one is a warm-up
-    big_reps = max(2, common.reps(3 if quick else 5))
+    big_reps = max(2, common.reps(3 if quick else 9))  # the cold load: this disk is noisy
     state_args = json.loads(os.environ.get("BENCH_CKPT_ARGS", "null")) or STATE_ARGS
     try:
         small, small_s = _job(TRAIN_ARGS, reps, ["--steps", str(steps)])

@@ -342,8 +342,8 @@ def run(quick: bool) -> list[common.Row]:
         ]
     rows: list[common.Row] = []
     live: list[Callable[[], common.Row]] = [
-        # live Slurm jobs queue behind others: make bench <= 15 min
-        lambda: gate_cost(root, common.reps(2)),
+        # each repetition is two live Slurm jobs (~25 s); the start's time has a 1 s resolution
+        lambda: gate_cost(root, common.reps(2 if quick else 4)),
         lambda: stall_to_resume(root),
     ]
     for fn in live:

@@ -247,7 +247,10 @@ class _Digest:
         self.rel, self.entry, self.algo, self.f, self.size = rel, entry, algo, f, size
         self._hash = xxhash.xxh3_128() if algo == XXH3 else hashlib.sha256()
         self.done = 0  # the bytes hashed: the file's first `done`
-        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)  # a longer read ahead
+        # every byte is read (the digest): the kernel reads the whole file ahead now, while this
+        # thread copies and hashes what has come in
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
 
     def read(self, start: int, end: int) -> torch.Tensor:
         """Bytes [start, end) as a uint8 tensor, hashed (the bytes before them too)."""
