@@ -89,19 +89,29 @@ def _sides(layout: list[str], procs: int, script: str, flag: str) -> list[Side]:
 
 
 def _row(
-    name: str, label: str, got: interleave.Measured, base: str, setup: Mapping[str, object]
+    name: str,
+    label: str,
+    got: interleave.Measured,
+    sides: list[Side],
+    base: str,
+    setup: Mapping[str, object],
 ) -> common.Row:
     ra, rb = got.rates("train_entry"), got.rates(base)
+    # the work each side does per step, which the machine's load barely moves (training.Side)
+    cpu = {s.name: s.cpu_ms_per_step() for s in sides}
+    ca, cb = cpu.get("train_entry"), cpu.get(base)
+    cpu_text = f"; CPU {ca:.0f} vs {cb:.0f} ms/step (all ranks)" if ca and cb else ""
     return common.settle(
         name,
         got.ratios("train_entry", base),
         ">= 0.98",
         **setup,
         steps_per_s_typical={"train_entry": ra, base: rb},
+        cpu_ms_per_step=cpu,
         sides={"train_entry": SIDES["train_entry"], base: SIDES[base]},
         summary=f"{label}: {common.median(ra):.2f} vs {common.median(rb):.2f} steps/s (median "
-        "over repetitions of 1 / median step interval). Same model, data, batch per dp rank, "
-        "optimizer, clip",
+        f"over repetitions of 1 / median step interval){cpu_text}. Same model, data, batch per "
+        "dp rank, optimizer, clip",
     )
 
 
@@ -222,7 +232,7 @@ def run(quick: bool) -> list[common.Row]:
                     timeout=600,
                 )
                 label = f"train_entry {kind} 2 vs plain {kind} 2 on {procs} ranks"
-                rows.append(_row(name, label, got, script, setup))
+                rows.append(_row(name, label, got, sides, script, setup))
                 same[name] = [round(x, 4) for x in got.same_launch(script)]
             except common.NotMeasured as e:
                 rows.append(common.not_measured(name, ">= 0.98", _why(e, sides)))
