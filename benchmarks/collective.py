@@ -1,6 +1,6 @@
 """6. Collective bandwidth: the bus bandwidth `hpctrain doctor`'s all-reduce sweep measures, over a
-bare gloo all-reduce timed as nccl-tests times it (benchmarks/baselines/gloo_allreduce.py's
-method: 5 warm-up calls, 20 timed ones, busbw = algbw * 2(n-1)/n) on the same sizes (target >=
+bare gloo all-reduce timed as nccl-tests times it (benchmarks/workers/allreduce.py's `bare`:
+5 warm-up calls, 20 timed ones, busbw = algbw * 2(n-1)/n) on the same sizes (target >=
 0.95); doctor times its sweep the same way, each size's time the slowest rank's.
 
 Both sides in one pair of processes (benchmarks/workers/allreduce.py, 2 gloo ranks under

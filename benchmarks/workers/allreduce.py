@@ -1,9 +1,9 @@
 """Both sides of the collective row (benchmarks/collective.py) in one pair of processes: the
 all-reduce sweep `hpctrain doctor` runs (hpctrain.checks.doctor.allreduce, size by size) and a
-bare all-reduce timed as benchmarks/baselines/gloo_allreduce.py times it (nccl-tests' method:
-5 warm-up calls, 20 timed ones between barriers), the bare one twice (the noise row). For each
-repetition and size the three run back to back, their order rotating, so a load change lands on
-all of them; rank 0 writes {"sizes", "busbw": {side: [[per size] per repetition]}}.
+bare all-reduce as nccl-tests times it (`bare`: 5 warm-up calls, 20 timed ones between
+barriers), the bare one twice (the noise row). For each repetition and size the three run back to
+back, their order rotating, so a load change lands on all of them; rank 0 writes {"sizes",
+"busbw": {side: [[per size] per repetition]}}.
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 \
         -m benchmarks.workers.allreduce OUT.json REPS MAX_BYTES
@@ -24,7 +24,7 @@ from hpctrain.checks.doctor.report import sweep_sizes
 
 
 def bare(nbytes: int, world: int, warmup: int = 5, iters: int = 20) -> float:
-    """gloo_allreduce.py's loop for one size: bus bandwidth, bytes/s."""
+    """The bare baseline for one size: bus bandwidth, bytes/s (busbw = algbw * 2 (n - 1) / n)."""
     x = torch.ones(max(1, nbytes // 4), dtype=torch.float32)
     for _ in range(warmup):
         dist.all_reduce(x)
