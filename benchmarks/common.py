@@ -161,6 +161,21 @@ def not_measured(name: str, target: str, reason: str) -> Row:
     return result(name, None, target, False, not_measured=reason)
 
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(*pids: int) -> float:
+    """User + system CPU seconds of these processes (0 for those gone)."""
+    total = 0
+    for p in pids:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return total / _TICK
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)
 

@@ -4,115 +4,50 @@ plain hand-written loops doing the same, and the pipeline bubble against (p-1)/(
 Rows (CPU, gloo; TRAIN_ARGS as benchmarks/training.py: the demo GPT, d_model 256, 4 layers, seq 64,
 global batch 16 = dp x micro 8 x accum; `--strategy fsdp`, so FSDP2 shards over dp):
   - tp 2 on 2 ranks (dp 1) and on 4 ranks (dp 2 x tp 2): train_entry against
-    benchmarks/baselines/plain_tp.py (a ("dp", "tp") DeviceMesh, Megatron's plan with
+    benchmarks/baselines/loops.py's plain_tp (a ("dp", "tp") DeviceMesh, Megatron's plan with
     parallelize_module and sequence parallel, loss_parallel, fully_shard over dp);
   - pp 2 on 2 ranks (dp 1) and on 4 ranks (dp 2 x pp 2): train_entry against
-    benchmarks/baselines/plain_pp.py (a ("pp", "dp") mesh, one PipelineStage per rank, 1F1B with
+    loops.py's plain_pp (a ("pp", "dp") mesh, one PipelineStage per rank, 1F1B with
     2 micro-batches per micro-step, fully_shard over dp, the clip's norm summed over pp);
-  - the bubble: plain_pp.py --bubble times one schedule pass over m = 2, 4, 8 micro-batches of a
+  - the bubble: benchmarks/baselines/pp_bubble.py times one schedule pass over m = 2, 4, 8 micro-batches of a
     fixed size on 2 stages, fits T(m) = a + s m, and states the measured idle share 1 - s m / T(m)
     at m = 2 over the formula's 1/3 (a ratio near 1: the schedule idles as the formula says;
     above 1: fixed costs per pass, such as the point-to-point sends, add to the bubble).
-Both sides of a row read the same overrides (the baseline through benchmarks/demo.py with
-train_entry's own config loader, so the batch arithmetic per dp rank is the same), interleaved by
-pausing (benchmarks/interleave.py), as the training rows are: a repetition is 4 rounds (2 on 4
-ranks) of one 6-step segment per side. parallel_noise_same_launch (stated): each row's plain
-side, its odd rounds over its even ones per repetition, the four rows together.
+Both sides of a row read the same overrides (the plain loop through benchmarks/demo.py with
+train_entry's own config loader, so the batch arithmetic per dp rank is the same) and run in the
+same processes, segments alternating (benchmarks/workers/paired.py, as the training rows): a
+repetition is 4 rounds (2 on 4 ranks) of one 6-step segment per side. parallel_noise_same_launch
+(stated): each row's plain loop, its odd rounds over all its rounds per repetition, the four
+rows together.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
-from benchmarks import common, interleave
-from benchmarks.training import MAX_STEPS, TRAIN_ARGS, Side
-
-SIDES = {
-    "train_entry": "train_entry --strategy fsdp with the layout: one async all-reduce of [loss "
-    "sum, stop votes] read at the next step, metrics.jsonl + train.log + stdout line on rank 0, "
-    "heartbeat and checkpoint trigger checks, mesh.json",
-    "plain_tp": "DeviceMesh (dp, tp), parallelize_module (colwise/rowwise, sequence parallel, "
-    "vocab-parallel embedding and head), loss_parallel, fully_shard over dp, clip, AdamW, LR "
-    "schedule; one progress line on rank 0",
-    "plain_pp": "DeviceMesh (pp, dp), PipelineStage + Schedule1F1B (pp micro-batches), "
-    "fully_shard over dp, clip with the norm summed over pp, AdamW, LR schedule; one progress "
-    "line on rank 0",
-}
+from benchmarks import common, training
+from benchmarks.training import MAX_STEPS, TRAIN_ARGS
 
 
-def _sides(layout: list[str], procs: int, script: str, flag: str) -> list[Side]:
-    args = [*TRAIN_ARGS, *layout]
-    te = common.scratch("par-train-")
-    base = common.scratch("par-base-")
-    size = layout[0].split("=")[1]
-    return [
-        Side(
-            name="train_entry",
-            progress=te / "metrics.jsonl",
-            log=te / "torchrun.log",
-            cmd=[
-                *common.torchrun(procs),
-                "-m",
-                "train_entry",
-                "--strategy",
-                "fsdp",
-                "--run-dir",
-                str(te),
-                "--max-steps",
-                str(MAX_STEPS),
-                *args,
-            ],
-        ),
-        Side(
-            name=script,
-            progress=base / "progress.txt",
-            log=base / "out.log",
-            cmd=[
-                *common.torchrun(procs),
-                str(common.BASELINES / f"{script}.py"),
-                flag,
-                size,
-                "--max-steps",
-                str(MAX_STEPS),
-                "--out",
-                str(base / "steps.json"),
-            ],
-            env={
-                "BENCH_TRAIN_ARGS": json.dumps(
-                    [*args, "--strategy=fsdp", f"--train.max_steps={MAX_STEPS}"]
-                ),
-                "BENCH_PROGRESS": str(base / "progress.txt"),
-            },
-        ),
-    ]
-
-
-def _row(
-    name: str,
-    label: str,
-    got: interleave.Measured,
-    sides: list[Side],
-    base: str,
-    setup: Mapping[str, object],
-) -> common.Row:
-    ra, rb = got.rates("train_entry"), got.rates(base)
-    # the work each side does per step, which the machine's load barely moves (training.Side)
-    cpu = {s.name: s.cpu_ms_per_step() for s in sides}
-    ca, cb = cpu.get("train_entry"), cpu.get(base)
-    cpu_text = f"; CPU {ca:.0f} vs {cb:.0f} ms/step (all ranks)" if ca and cb else ""
-    return common.settle(
-        name,
-        got.ratios("train_entry", base),
-        ">= 0.98",
-        **setup,
-        steps_per_s_typical={"train_entry": ra, base: rb},
-        cpu_ms_per_step=cpu,
-        sides={"train_entry": SIDES["train_entry"], base: SIDES[base]},
-        summary=f"{label}: {common.median(ra):.2f} vs {common.median(rb):.2f} steps/s (median "
-        f"over repetitions of 1 / median step interval){cpu_text}. Same model, data, batch per "
-        "dp rank, optimizer, clip",
-    )
+def _row(kind: str, procs: int, plan: dict[str, int]) -> tuple[common.Row, list[float]]:
+    """One row: train_entry --strategy fsdp with `kind` 2 on `procs` ranks and the plain loop,
+    in alternating segments of the same processes; and the plain loop's own A/A."""
+    layout = [f"--parallel.{kind}=2"]
+    setup = {
+        "train_args": [*TRAIN_ARGS, *layout],
+        "processes": procs,
+        "mesh": f"dp {procs // 2} x {kind} 2",
+        "backend": "gloo",
+        **plan,
+        "method": "one launch, train_entry and the plain loop in alternating segments "
+        "(benchmarks/workers/paired.py)",
+    }
+    base = f"plain_{kind}"
+    got = training.paired("fsdp", [base], plan, procs=procs, layout=layout)
+    label = f"train_entry {kind} 2 vs plain {kind} 2 on {procs} ranks"
+    name = f"parallel_{kind}2_{procs}ranks_vs_plain"
+    row = training.row(name, ">= 0.98", label, got, training.TE, base, setup)
+    return row, [round(x, 4) for x in training.same_launch(got[base])]
 
 
 def fit_bubble(passes: dict[int, float], p: int) -> tuple[float, dict[int, dict[str, float]]]:
@@ -141,15 +76,12 @@ def bubble(quick: bool) -> common.Row:
     common.run(
         [
             *common.torchrun(2),
-            str(common.BASELINES / "plain_pp.py"),
-            "--pp",
-            "2",
-            "--bubble",
-            ",".join(map(str, ms)),
-            "--max-steps",
+            str(common.BASELINES / "pp_bubble.py"),
+            "--passes",
             "6" if quick else "12",
             "--out",
             str(out),
+            ",".join(map(str, ms)),
         ],
         timeout=900,
         extra_env={
@@ -185,64 +117,28 @@ def bubble(quick: bool) -> common.Row:
     )
 
 
-def _why(e: Exception, sides: list[Side]) -> str:
-    """The error lines a side printed (train_entry's `error:` line, a traceback's last line)
-    before torchrun's own report, which is all the harness's tail would show."""
-    found = []
-    for s in sides:
-        lines = s.log.read_text(errors="replace").splitlines() if s.log.exists() else []
-        errs = [x.strip() for x in lines if "error:" in x.lower() and "ChildFailed" not in x]
-        if errs:
-            found.append(f"{s.name}: {errs[0][:400]}")
-    return "; ".join(found) if found else str(e)
-
-
 def run(quick: bool) -> list[common.Row]:
-    # one 24-step segment per side per repetition read tp 2 on 2 ranks 0.831-1.027 (IQR,
-    # 2026-12-06): now rounds of 6 steps, the ratio over their intervals across the repetition;
-    # 4 rounds on 2 ranks, 2 on 4 (4 processes on 2 cores: twice the step, half the spread,
-    # 0.985-0.997 and 0.982-1.004 from one 24-step segment on 2026-12-02)
+    # 4 processes on 2 cores take twice as long a step: 2 rounds per repetition there
     reps, segment, warmup = (3, 4, 4) if quick else (5, 6, 5)
     reps = max(3, common.reps(reps))
     rows, same = [], {}
-    for kind, flag, script in (("tp", "--tp", "plain_tp"), ("pp", "--pp", "plain_pp")):
+    for kind in ("tp", "pp"):
         for procs in (2, 4):
             block = 2 if quick or procs == 4 else 4
+            plan = {"reps": reps, "block": block, "segment": segment, "warmup": warmup}
             name = f"parallel_{kind}2_{procs}ranks_vs_plain"
-            layout = [f"--parallel.{kind}=2"]
-            setup = {
-                "train_args": [*TRAIN_ARGS, *layout],
-                "processes": procs,
-                "mesh": f"dp {procs // 2} x {kind} 2",
-                "backend": "gloo",
-                "reps": reps,
-                "rounds_per_rep": block,
-                "segment_steps": segment,
-                "warmup_steps_skipped": warmup,
-                "method": "one launch per side, interleaved segments (SIGSTOP/SIGCONT)",
-            }
-            sides = _sides(layout, procs, script, flag)
             try:
-                got = interleave.run(
-                    list(sides),
-                    warmup=warmup,
-                    segment=segment,
-                    reps=reps,
-                    block=block,
-                    timeout=600,
-                )
-                label = f"train_entry {kind} 2 vs plain {kind} 2 on {procs} ranks"
-                rows.append(_row(name, label, got, sides, script, setup))
-                same[name] = [round(x, 4) for x in got.same_launch(script)]
-            except common.NotMeasured as e:
-                rows.append(common.not_measured(name, ">= 0.98", _why(e, sides)))
+                row, same[name] = _row(kind, procs, plan)
+                rows.append(row)
+            except (common.NotMeasured, OSError, KeyError, ValueError) as e:
+                rows.append(common.not_measured(name, ">= 0.98", str(e)))
     noise = "parallel_noise_same_launch"
     if same:
         rows.append(
             common.noise(
                 noise,
                 [x for v in same.values() for x in v],
-                f"each row's plain side, its odd rounds over its even ones per repetition "
+                f"each row's plain loop, its odd rounds over all its rounds per repetition "
                 f"({len(same)} rows x {reps} repetitions)",
                 by_row=same,
             )

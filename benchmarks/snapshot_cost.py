@@ -48,7 +48,6 @@ from typing import Any, TypedDict
 
 from benchmarks import common
 from benchmarks.recovery import ENV, RECOVERY_ARGS, forget, ranks, trainer_figure, two_nodes
-from benchmarks.training import _cpu_s
 
 TARGET = "<= 0.02"
 SEGMENT = 8  # steps at least (~2 s here): short, so a load change lands on both sides
@@ -169,9 +168,9 @@ def measure(reps: int, block: int = BLOCK) -> Measured:
         follow = common.Follow(metrics)
         while common.wait_for_step(metrics, 0, proc, timeout=60, follow=follow) < last:
             _alive(proc, d, deadline, f"step {last} not reached")
-            samples.append((time.time(), _cpu_s(*pids)))
+            samples.append((time.time(), common.cpu_s(*pids)))
             time.sleep(0.25)  # the watching costs the 2 cores little
-        samples.append((time.time(), _cpu_s(*pids)))
+        samples.append((time.time(), common.cpu_s(*pids)))
     finally:
         common.kill_tree(proc, signal.SIGKILL)
         proc.wait(timeout=60)

@@ -1,7 +1,7 @@
 """1. Training overhead: steady-state steps/s of train_entry over plain loops of the same model.
 
 train_entry (DDP, FSDP2, DeepSpeed ZeRO; 2 processes, gloo, the demo GPT) against a plain
-hand-written loop of each kind (benchmarks/baselines/plain_*.py) and against Hugging Face Accelerate
+hand-written loop of each kind (benchmarks/baselines/loops.py) and against Hugging Face Accelerate
 driving the same model. Same model, data, batch and optimizer on both sides (benchmarks/demo.py
 builds them with train_entry's own config and factories).
 
@@ -13,8 +13,7 @@ What each side does per optimizer step (TRAIN_ARGS: d_model 256, 4 layers, seq 6
     backward with the gradient all-reduce (DDP, torch defaults: 25 MiB buckets; FSDP2:
     fully_shard per block then the root, reduce-scatter; DeepSpeed: ZeRO-2, torch AdamW as a
     client optimizer), the global grad-norm clip, the optimizer and LR schedule steps, zero_grad;
-  - the baselines: `loss.item()` of the rank's loss and one line with the completion time on rank 0
-    (the progress file this harness follows);
+  - the plain loops: `loss.item()` of the rank's loss;
   - train_entry: everything a run does at log_every=1: the loss averaged over ranks and the
     preemption stop votes in one all-reduce (launched without waiting, read at the next step,
     train_entry/stepsync.py), one metrics.jsonl line, one train.log line and one stdout line on
@@ -22,36 +21,37 @@ What each side does per optimizer step (TRAIN_ARGS: d_model 256, 4 layers, seq 6
     gradient_as_bucket_view (a train_entry default) and a bucket layout fixed at start (exact
     resume). No checkpoint is saved while measured (none is due).
 
-Interleaved by pausing (benchmarks/interleave.py): each side is launched once and warmed up, then
-the sides run in turn, the others stopped: a repetition is 4 rounds of one 8-step
-segment per side. A repetition's ratio is train_entry's typical steps/s (1 / the median step
-interval over its segments) over the baseline's in the same repetition; the row is the median of
-those ratios with their spread, "not settled" when the spread straddles the target. One segment
-of 8 steps per side per repetition (through 2026-12-06) read DDP vs plain DDP 0.881-1.050 (IQR);
-the per-repetition ratio now rests on 4 segments of each side, ~4x as many intervals spread
-over the repetition, their median robust to a burst of load that hits one segment.
+One launch per group, the sides in its processes (benchmarks/workers/paired.py): train_entry runs
+as a job runs it, and at the start of its step where the schedule says so the plain loops
+(benchmarks/baselines/loops.py, each with its own copy of the model, data and optimizer) run
+their segments first. After every side's warm-up and one uncounted round, a repetition is
+`block` rounds of one 8-step segment per side, the order rotating. A repetition's ratio is
+train_entry's typical steps/s (1 / the median step interval over its segments, rank 0's
+clock) over the plain loop's in the same repetition; the row is the median of those ratios with
+their spread, "not settled" when the spread straddles the target.
 
-training_noise_plain_ddp_twice (stated): plain DDP launched twice, both in the DDP rows'
-interleaving, one launch over the other per repetition: the noise of this method, launch to
-launch included (two launches of one configuration can differ for their whole lives). The
-details also give one launch's odd rounds over its even ones (no launch difference).
+Why one launch: two launches of the same loop run up to 5% apart here for their whole lives.
+With one launch per side, paused in turn (through 2026-12-07), the A/A of two plain DDP
+launches read 0.996 [0.991-1.003] at 21:19 and 1.048 [1.033-1.053] at 00:26 the next night,
+and the rows flipped between runs (TP 2 on 2 ranks: 0.966 missed, then 1.051 met); more
+repetitions in one launch do not average a launch's bias away. In one launch both sides share it.
 
-Each row's details also give the CPU time per step of each side (user + system of torchrun and
-both ranks, summed over the measured segments): the machine's load moves it far less than the
-steps/s, so it shows whether a side does more work even when the ratio cannot settle. It is a
-stated figure, not the verdict: waiting (a collective the other rank is late to) costs no CPU.
+training_noise_plain_ddp_twice (stated): a second plain DDP loop (its own model copy) in the DDP
+launch, its steps/s over the first's per repetition: the noise of this method where nothing
+differs.
+
+Each row's details also give the CPU time per step of each side (user + system of every rank's
+process, every thread, over its segments).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypedDict
 
-from benchmarks import common, interleave
+from benchmarks import common
 
 # A model big enough that a step is real work (the shared notes' measuring size), small enough for
 # 2 shared cores. Both sides get exactly these overrides.
@@ -65,6 +65,7 @@ TRAIN_ARGS = [
     "--train.log_every=1",
 ]
 MAX_STEPS = 100_000  # the sides are killed once measured
+TE = "train_entry"
 
 _COMMON = (
     "demo GPT, DataLoader + DistributedSampler(shuffle, seed), forward, backward with the "
@@ -75,201 +76,176 @@ SIDES = {  # what each side does per optimizer step (the module's docstring has 
     "step; metrics.jsonl + train.log + stdout line on rank 0; heartbeat and checkpoint trigger "
     "checks; DDP: gradient_as_bucket_view, fixed bucket layout",
     "plain_ddp": f"{_COMMON}; DDP(model) with torch defaults, no_sync on non-final micro-steps; "
-    "loss.item(); one progress line on rank 0",
+    "loss.item()",
     "accelerate": f"{_COMMON} (Accelerate's sharded loader); accelerator.prepare (DDP with torch "
-    "defaults), accumulate(), accelerator.backward/clip_grad_norm_; loss.item(); one progress line",
+    "defaults), accumulate(), accelerator.backward/clip_grad_norm_; loss.item()",
     "plain_fsdp": f"{_COMMON}; fully_shard per block then the root; set_requires_gradient_sync; "
-    "loss.item(); one progress line",
+    "loss.item()",
     "plain_deepspeed": f"{_COMMON}; deepspeed.initialize (ZeRO-2, torch AdamW client optimizer, "
-    "gradient_clipping 1.0), engine.backward/step; loss.item(); one progress line",
+    "gradient_clipping 1.0), engine.backward/step; loss.item()",
+    "plain_tp": "DeviceMesh (dp, tp), parallelize_module (colwise/rowwise, sequence parallel, "
+    "vocab-parallel embedding and head), loss_parallel, fully_shard over dp, clip, AdamW, LR "
+    "schedule; loss.item()",
+    "plain_pp": "DeviceMesh (pp, dp), PipelineStage + Schedule1F1B (pp micro-batches), "
+    "fully_shard over dp, clip with the norm summed over pp, AdamW, LR schedule",
 }
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
+def schedule(sides: list[str], warmup: int, reps: int, block: int) -> list[tuple[str, int, int]]:
+    """(side, repetition, round) per segment, in the order they run: every side's warm-up
+    (repetition and round -2), round -1 (repetition -1: not counted), then `reps` repetitions
+    of `block` rounds, one segment per side and round, the order rotating by one each round."""
+    out = [(s, -2, -2) for s in sides]
+    for i in range(-1, reps * block):
+        k = i % len(sides)
+        out += [(s, i // block if i >= 0 else -1, i) for s in sides[k:] + sides[:k]]
+    return out
 
 
-def _cpu_s(*pids: int) -> float:
-    """User + system CPU seconds of these processes (0 for those gone)."""
-    total = 0
-    for p in pids:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    return total / _TICK
+class Rep(TypedDict):
+    """One side's repetition on one rank (benchmarks/workers/paired.py)."""
+
+    gaps: list[float]  # step intervals, seconds
+    odd: list[float]  # those of its odd rounds
+    cpu: float  # process CPU seconds over its segments
+    steps: int
 
 
-@dataclass
-class Side(interleave.Side):
-    """A side that also counts the CPU time its processes (torchrun and both ranks) spend inside
-    the measured segments: a figure the machine's load barely moves, unlike steps/s. Summed
-    over every segment, a step cut by a pause is counted once (its parts fall in two segments)."""
-
-    cpu_s: float = 0.0
-    steps: int = 0
-    _since: tuple[float, int] | None = None
-
-    def signal(self, sig: int) -> None:
-        if sig == signal.SIGSTOP and self._since is not None and self.proc is not None:
-            super().signal(sig)
-            time.sleep(0.02)  # let the stop land
-            cpu0, steps0 = self._since
-            self.cpu_s += _cpu_s(*self.tree) - cpu0
-            self.steps += self.poll() - steps0
-            self._since = None
-            return
-        super().signal(sig)
-        if sig == signal.SIGCONT and self.proc is not None and self.proc.poll() is None:
-            self._since = (_cpu_s(*self.tree), self.poll())
-
-    def cpu_ms_per_step(self) -> float | None:
-        return 1000 * self.cpu_s / self.steps if self.steps else None
+Reps = list[Rep]
 
 
-def train_entry_side(strategy: str) -> Side:
-    d = common.scratch(f"train-{strategy}-")
-    return Side(
-        name="train_entry",
-        progress=d / "metrics.jsonl",
-        log=d / "torchrun.log",
-        cmd=[
-            *common.torchrun(2),
+def paired(
+    strategy: str,
+    loops: list[str],
+    plan: dict[str, int],
+    *,
+    procs: int = 2,
+    layout: Sequence[str] = (),
+) -> dict[str, list[Reps]]:
+    """One launch of benchmarks/workers/paired.py: train_entry with `strategy` (and the parallel
+    `layout` flags) and the plain `loops` in alternating segments of the same processes. Side ->
+    each rank's measured repetitions."""
+    d = common.scratch(f"paired-{strategy}-")
+    args = [*TRAIN_ARGS, *layout]
+    total = plan["warmup"] + (plan["reps"] * plan["block"] + 1) * plan["segment"]
+    out = d / "paired"
+    common.run(
+        [
+            *common.torchrun(procs),
             "-m",
-            "train_entry",
+            "benchmarks.workers.paired",
             "--strategy",
             strategy,
             "--run-dir",
-            str(d),
+            str(d / "run"),
             "--max-steps",
-            str(MAX_STEPS),
-            *TRAIN_ARGS,
+            str(total),
+            *args,
         ],
-    )
-
-
-def baseline_side(name: str, script: str) -> Side:
-    d = common.scratch(f"base-{name}-")
-    return Side(
-        name=name,
-        progress=d / "progress.txt",
-        log=d / "out.log",
-        cmd=[
-            *common.torchrun(2),
-            str(common.BASELINES / script),
-            "--max-steps",
-            str(MAX_STEPS),
-            "--out",
-            str(d / "steps.json"),
-        ],
-        env={
-            "BENCH_TRAIN_ARGS": json.dumps([*TRAIN_ARGS, f"--train.max_steps={MAX_STEPS}"]),
-            "BENCH_PROGRESS": str(d / "progress.txt"),
+        timeout=1200,
+        extra_env={
+            "BENCH_PAIRED": json.dumps({**plan, "out": str(out), "loops": loops}),
+            "BENCH_TRAIN_ARGS": json.dumps(
+                [*args, f"--strategy={strategy}", f"--train.max_steps={total}"]
+            ),
         },
     )
+    by_rank = [json.loads(Path(f"{out}.{r}.json").read_text()) for r in range(procs)]
+    reps = [str(i) for i in range(plan["reps"])]
+    return {side: [[rank[side][i] for i in reps] for rank in by_rank] for side in by_rank[0]}
+
+
+def rates(got: list[Reps], part: str = "gaps") -> list[float]:
+    """Steps/s per repetition: 1 / rank 0's median step interval (robust to a stall another
+    process causes); part "odd": the odd rounds' alone."""
+    return [1.0 / common.median(r["odd" if part == "odd" else "gaps"]) for r in got[0]]
+
+
+def same_launch(got: list[Reps]) -> list[float]:
+    """The side's odd rounds over all its rounds, per repetition: the A/A of one loop."""
+    return [x / y for x, y in zip(rates(got, "odd"), rates(got), strict=True)]
+
+
+def cpu_ms(got: list[Reps]) -> float:
+    """CPU per step of all ranks (their processes, every thread), over the whole run."""
+    cpu = sum(r["cpu"] for rank in got for r in rank)
+    return 1000 * cpu / sum(r["steps"] for r in got[0])
 
 
 def row(
     name: str,
     target: str,
     label: str,
-    got: interleave.Measured,
-    sides: list[Side],
+    got: dict[str, list[Reps]],
     a: str,
     b: str,
     setup: dict[str, object],
 ) -> common.Row:
-    ra, rb = got.rates(a), got.rates(b)
-    cpu = {s.name: s.cpu_ms_per_step() for s in sides if s.name in (a, b)}
-    ca, cb = cpu.get(a), cpu.get(b)
-    cpu_text = f"; CPU {ca:.0f} vs {cb:.0f} ms/step (both ranks)" if ca and cb else ""
+    ra, rb = rates(got[a]), rates(got[b])
+    ca, cb = cpu_ms(got[a]), cpu_ms(got[b])
     return common.settle(
         name,
-        got.ratios(a, b),
+        [x / y for x, y in zip(ra, rb, strict=True)],
         target,
         **setup,
-        steps_per_s_typical={a: ra, b: rb},
-        cpu_ms_per_step=cpu,
-        cpu_ratio_b_over_a=round(cb / ca, 4) if ca and cb else None,
+        steps_per_s_typical={a: [round(x, 3) for x in ra], b: [round(x, 3) for x in rb]},
+        cpu_ms_per_step={a: round(ca, 1), b: round(cb, 1)},
         sides={a: SIDES[a], b: SIDES[b]},
         summary=f"{label}: {common.median(ra):.2f} vs {common.median(rb):.2f} steps/s (median "
-        f"over repetitions of 1 / median step interval){cpu_text}. Same model, data, batch, "
-        "optimizer, clip; train_entry also averages the loss over ranks with its stop votes "
-        "(one async all-reduce), logs each step",
-    )
-
-
-def noise_row(got: interleave.Measured, setup: dict[str, object]) -> common.Row:
-    again = got.ratios("plain_ddp_2", "plain_ddp")
-    return common.noise(
-        "training_noise_plain_ddp_twice",
-        again,
-        "plain DDP launched twice, both in the DDP rows' interleaving: the second launch over "
-        "the first per repetition, as the rows above read train_entry over a baseline",
-        same_launch_per_rep=[round(x, 4) for x in got.same_launch("plain_ddp")],
-        **setup,
+        f"over repetitions of 1 / median step interval); CPU {ca:.0f} vs {cb:.0f} ms/step (all "
+        "ranks). The same processes, segments alternating. Same model, data, batch, optimizer, "
+        "clip; train_entry also averages the loss over ranks with its stop votes (one async "
+        "all-reduce), logs each step",
     )
 
 
 def run(quick: bool) -> list[common.Row]:
-    reps, block, segment, warmup = (3, 2, 6, 5) if quick else (5, 4, 8, 6)
-    reps = max(3, common.reps(reps))
-    setup = {
+    reps, block, segment, warmup = (3, 2, 6, 5) if quick else (7, 4, 8, 6)
+    plan = {"reps": max(3, common.reps(reps)), "block": block, "segment": segment, "warmup": warmup}
+    setup: dict[str, object] = {
         "train_args": TRAIN_ARGS,
         "processes": 2,
         "backend": "gloo",
-        "reps": reps,
-        "rounds_per_rep": block,
-        "segment_steps": segment,
-        "warmup_steps_skipped": warmup,
-        "method": "one launch per side, interleaved segments (SIGSTOP/SIGCONT)",
+        **plan,
+        "method": "one process pair, train_entry and the plain loops in alternating segments "
+        "(benchmarks/workers/paired.py)",
     }
     rows = []
 
-    # DDP, plain DDP (launched twice: the noise row) and Accelerate interleaved: the train_entry
-    # segments serve both ratios.
+    # DDP against plain DDP, Accelerate and a second plain DDP (the noise row), in one launch
     ddp = {
         "training_ddp_vs_plain_ddp": (">= 0.98", "plain_ddp", "plain DDP"),
-        "training_ddp_vs_accelerate": (">= 1.0", "accelerate", "Accelerate"),
+        "training_ddp_vs_accelerate": (">= 0.98", "accelerate", "Accelerate"),
     }
+    noise = "training_noise_plain_ddp_twice"
     try:
-        sides = [
-            train_entry_side("ddp"),
-            baseline_side("plain_ddp", "plain_ddp.py"),
-            baseline_side("accelerate", "accelerate_loop.py"),
-            baseline_side("plain_ddp_2", "plain_ddp.py"),
-        ]
-        got = interleave.run(list(sides), warmup=warmup, segment=segment, reps=reps, block=block)
+        got = paired("ddp", ["plain_ddp", "accelerate", "plain_ddp_2"], plan)
         for name, (target, base, label) in ddp.items():
-            label = f"train_entry DDP vs {label}"
-            rows.append(row(name, target, label, got, sides, "train_entry", base, setup))
-        noise = noise_row(got, setup)
-    except common.NotMeasured as e:
+            rows.append(row(name, target, f"train_entry DDP vs {label}", got, TE, base, setup))
+        again = [
+            b / a for a, b in zip(rates(got["plain_ddp"]), rates(got["plain_ddp_2"]), strict=True)
+        ]
+        rows.append(
+            common.noise(
+                noise,
+                again,
+                "a second plain DDP loop (its own model copy) in the same segments: its steps/s "
+                "over the first's per repetition, as the rows above read train_entry over a plain "
+                "loop",
+                **setup,
+            )
+        )
+    except (common.NotMeasured, OSError, KeyError, ValueError) as e:
         rows += [common.not_measured(name, t[0], str(e)) for name, t in ddp.items()]
-        noise = common.not_measured("training_noise_plain_ddp_twice", "-", str(e))
+        rows.append(common.not_measured(noise, "-", str(e)))
 
-    for strategy, script, label in (
-        ("fsdp", "plain_fsdp.py", "FSDP2"),
-        ("deepspeed", "plain_deepspeed.py", "DeepSpeed"),
-    ):
+    for strategy, label in (("fsdp", "FSDP2"), ("deepspeed", "DeepSpeed")):
         name, base = f"training_{strategy}_vs_plain_{strategy}", f"plain_{strategy}"
         try:
-            sides = [train_entry_side(strategy), baseline_side(base, script)]
-            got = interleave.run(
-                list(sides), warmup=warmup, segment=segment, reps=reps, block=block
-            )
+            got = paired(strategy, [base], plan)
             rows.append(
-                row(
-                    name,
-                    ">= 0.98",
-                    f"train_entry {label} vs plain {label}",
-                    got,
-                    sides,
-                    "train_entry",
-                    base,
-                    setup,
-                )
+                row(name, ">= 0.98", f"train_entry {label} vs plain {label}", got, TE, base, setup)
             )
-        except common.NotMeasured as e:
+        except (common.NotMeasured, OSError, KeyError, ValueError) as e:
             rows.append(common.not_measured(name, ">= 0.98", str(e)))
-    return [*rows, noise]
+    return rows

@@ -64,38 +64,54 @@ def test_a_spread_that_straddles_the_target_is_not_settled():
     assert stated["spread"] == noisy["spread"] and stated["details"]["per_rep"][1] == 1.05
 
 
-def test_a_segment_counts_only_intervals_inside_it():
-    from benchmarks.interleave import typical_rate
+def test_the_paired_schedule_warms_every_side_then_rotates_the_rounds():
+    from benchmarks.training import schedule
 
-    # 4 steps/s before a pause, 10 s paused, then 2 steps/s: only the second segment counts
-    times = [0.25 * i for i in range(8)] + [12.0 + 0.5 * i for i in range(8)]
-    assert typical_rate(times, [(11.9, 16.0)]) == pytest.approx(2.0)
-    assert typical_rate(times, [(0.0, 2.0)]) == pytest.approx(4.0)
-    assert typical_rate(times, [(11.9, 12.6)]) is None  # too few steps
-    # two segments together: their intervals pooled, never the one across the pause
-    assert typical_rate(times, [(0.0, 0.6), (11.9, 13.1)]) == pytest.approx(1 / 0.375)
+    got = schedule(["te", "a", "b"], warmup=6, reps=2, block=2)
+    assert got[:3] == [("te", -2, -2), ("a", -2, -2), ("b", -2, -2)]  # warm-ups first
+    assert got[3:6] == [("b", -1, -1), ("te", -1, -1), ("a", -1, -1)]  # round -1: not counted
+    rounds = [got[k : k + 3] for k in range(6, len(got), 3)]
+    assert len(rounds) == 4  # reps x block
+    assert [[s for s, _, _ in r] for r in rounds] == [
+        ["te", "a", "b"],
+        ["a", "b", "te"],
+        ["b", "te", "a"],
+        ["te", "a", "b"],
+    ]
+    assert [{rep for _, rep, _ in r} for r in rounds] == [{0}, {0}, {1}, {1}]
 
 
-def test_a_repetition_reads_its_rounds_together_and_states_the_same_side_twice():
-    from benchmarks.interleave import Measured
+def test_paired_rates_read_rank_0_and_the_odd_rounds_alone():
+    from benchmarks import training
 
-    # side b: 2 steps/s in odd rounds, 1 step/s in even ones; side a: 4 steps/s throughout
-    times: dict[str, list[float]] = {"a": [], "b": []}
-    windows: dict[str, list[list[tuple[float, float]]]] = {"a": [[]], "b": [[]]}
-    t = 0.0
-    for r in range(4):
-        for name, dt in (("a", 0.25), ("b", 0.5 if r % 2 else 1.0)):
-            start = t
-            for _ in range(5):
-                t += dt
-                times[name].append(t)
-            windows[name][0].append((start, t))
-            t += 10.0  # paused
-    got = Measured(times, windows)
-    assert got.rates("a") == [pytest.approx(4.0)]
-    assert got.same_launch("a") == [pytest.approx(1.0)]
-    assert got.same_launch("b") == [pytest.approx(2.0)]  # odd rounds over even ones
-    assert len(got.ratios("a", "b")) == 1
+    # rank 0: 0.5 s steps in repetition 0 (0.25 s in its odd rounds), 0.25 s in repetition 1
+    side = [
+        [
+            {"gaps": [0.5, 0.5, 0.5, 0.25, 0.25], "odd": [0.25, 0.25], "cpu": 2.0, "steps": 5},
+            {"gaps": [0.25] * 4, "odd": [0.25, 0.25], "cpu": 1.0, "steps": 4},
+        ],
+        [{"gaps": [9.0], "odd": [9.0], "cpu": 3.0, "steps": 5}] * 2,  # rank 1: only its CPU
+    ]
+    assert training.rates(side) == [pytest.approx(2.0), pytest.approx(4.0)]
+    assert training.same_launch(side) == [pytest.approx(2.0), pytest.approx(1.0)]
+    assert training.cpu_ms(side) == pytest.approx(1000 * (2 + 1 + 3 + 3) / 9)
+
+
+def test_the_callback_segments_alternate_abba_and_skip_each_first_interval():
+    from benchmarks import hf_trainer
+
+    assert [hf_trainer.on(j) for j in range(8)] == [True, False, False, True] * 2
+    # 2 warm-up steps, then segments of 3 steps: "on" ones at 1 s a step, "off" ones at 0.5 s,
+    # and 100 s between segments (never an interval: each segment's first is left out)
+    times, t = [0.0, 1.0], 1.0
+    for j in range(8):
+        t += 100.0
+        for _ in range(3):
+            t += 1.0 if hf_trainer.on(j) else 0.5
+            times.append(t)
+    got = hf_trainer.rates(times, warmup=2, segment=3, pairs=2)
+    assert got["on"] == [pytest.approx(1.0)] * 2 and got["off"] == [pytest.approx(2.0)] * 2
+    assert got["off_open"] == got["off_close"] == [pytest.approx(2.0)] * 2
 
 
 def test_a_noise_row_is_stated_from_the_same_side_twice():
