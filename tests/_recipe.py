@@ -4,11 +4,15 @@ live: its uninterrupted reference, when a preempted start came back, what `hpctr
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import time
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+from filelock import FileLock
 from test_parallel_layouts import Home
 
 from hpctrain.kernel import layout
@@ -52,13 +56,24 @@ def final_hash(run: Path) -> str:
     return found[-1][1]
 
 
-def reference(home: Home) -> str:
-    """The uninterrupted run, local profile, the same 4 ranks."""
-    home.hp(
-        "submit", "--profile", "local", "--nodes", str(NODES), "--gpus", str(GPUS),
-        "--name", "ref", "--script", str(RECIPE), "--wait", "--", *TRAIN,
-    )  # fmt: skip
-    return final_hash(home.root / "runs" / "ref")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The uninterrupted run, local profile, the same 4 ranks, trained once per test session:
+    tests/test_recipe.py and tests/test_recipe_slurm.py compare with it, and under pytest-xdist its
+    folder and lock are in the session's folder above each worker's own (as tests/_demo.py)."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    home = Home(root / "recipe-ref")
+    run = home.root / "runs" / "ref"
+    with FileLock(root / "recipe-ref.lock"):
+        if state(run) != "COMPLETED":
+            shutil.rmtree(home.root, ignore_errors=True)  # a half-built one of a failed try
+            home.root.mkdir()
+            home.hp(
+                "submit", "--profile", "local", "--nodes", str(NODES), "--gpus", str(GPUS),
+                "--name", "ref", "--script", str(RECIPE), "--wait", "--", *TRAIN,
+            )  # fmt: skip
+    return final_hash(run)
 
 
 def wait_step(run: Path, step: int, timeout: float = 240) -> None:

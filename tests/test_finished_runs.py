@@ -30,8 +30,6 @@ def test_exit_0_after_a_stop_request_is_completed_for_every_entry(runs):
     out = runs.root / "out"
     # train_entry: one step, so the stop it sees lands at its last step (found complete: exit 0)
     runs.submit("entry", gpus=1, train=[*TRAIN, "--max-steps=1", "--model.n_layers=1"])
-    script = [str(out / "script"), "12", "0.5"]
-    runs.submit("script", "--script", str(SCRIPTS / "ignores_stop.py"), train=script)
     runs.submit(
         "module",
         "--module",
@@ -41,12 +39,16 @@ def test_exit_0_after_a_stop_request_is_completed_for_every_entry(runs):
         gpus=1,
         train=[str(out / "module"), "12", "0.5"],
     )
+    script = [str(out / "script"), "12", "0.5"]
+    runs.submit("script", "--script", str(SCRIPTS / "ignores_stop.py"), train=script)
     ready = {
         "entry": lambda: _started(runs, "entry"),
-        "script": lambda: (out / "script" / "started").is_file(),
         "module": lambda: (out / "module" / "started").is_file(),
+        "script": lambda: (out / "script" / "started").is_file(),
     }
-    for name, cond in ready.items():  # jobs queue behind each other on 2 nodes x 2 slots
+    # the two 2 x 1 jobs run at once on 2 nodes x 2 GPUs, the 2 x 2 one queues behind them
+    # (submitted between them, it held the second back: 3 starts one after another)
+    for name, cond in ready.items():
         runs.until(f"{name} started", cond, 240)
         runs.hp("preempt", name)
     for name in ready:

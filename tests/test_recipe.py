@@ -197,7 +197,7 @@ def test_resume_of_a_finished_run_names_its_last_step_not_its_newest_checkpoint(
 
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory) -> str:
-    return reference(Home(tmp_path_factory.mktemp("recipe-ref")))
+    return reference(tmp_path_factory)
 
 
 def _submit(home: Home, name: str) -> Path:

@@ -29,7 +29,6 @@ from _recipe import (
 )
 from _recipe import reference as reference_run
 from _recipe import steps as steps_of
-from test_parallel_layouts import Home
 from test_slurm_e2e import ENDED, lines
 from test_slurm_e2e import runs as runs  # the fixture: one Runs per test, nothing left queued
 
@@ -40,7 +39,7 @@ SLURM_HOLD_S = 6  # a requeued job's EligibleTime after the requeue, on the test
 
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory) -> str:
-    return reference_run(Home(tmp_path_factory.mktemp("recipe-ref")))
+    return reference_run(tmp_path_factory)
 
 
 @pytest.mark.slurm

@@ -127,22 +127,25 @@ from hpctrain.kernel import jobenv, snapshot as store
 from hpctrain.runtime.recovery import Exchange
 dist.init_process_group("gloo")
 rank = dist.get_rank()
-ex = Exchange(sys.argv[1])
-for step in (3, 6):
-    ex.put(step, memoryview(bytearray(bytes([rank, step]) * (1000 + rank))))
-dist.barrier()
-lose = sys.argv[2]
-if lose == "node1" and os.environ[jobenv.NODEID] == "1" and os.environ["LOCAL_RANK"] == "0":
-    shutil.rmtree(ex.folder)  # node 1's memory is gone (a spare in its place)
-if lose == "damage" and rank == 0:
-    p = ex.folder / "rank-3" / "step-00000006.bin"  # node 0's copy of rank 3
-    p.write_bytes(b"\0" * p.stat().st_size)
-    shutil.rmtree(store.node_folder(sys.argv[1]).parent / sys.argv[3] / "rank-3")
-dist.barrier()
-old = ex.get(newer_than=6)  # the disk has step 6 already: nothing newer in memory
-got = ex.get(newer_than=0)  # (step, this rank's data)
-mine = (6, bytes([rank, 6]) * (1000 + rank))
-print(json.dumps({"rank": rank, "ok": got == mine, "none": got is None, "old": old}), flush=True)
+root, node1 = sys.argv[1:3]
+for lose in sys.argv[3:]:  # one case after another, each in a run folder of its own
+    run = os.path.join(root, lose, "run")
+    ex = Exchange(run)
+    for step in (3, 6):
+        ex.put(step, memoryview(bytearray(bytes([rank, step]) * (1000 + rank))))
+    dist.barrier()
+    if lose == "node1" and os.environ[jobenv.NODEID] == "1" and os.environ["LOCAL_RANK"] == "0":
+        shutil.rmtree(ex.folder)  # node 1's memory is gone (a spare in its place)
+    if lose == "damage" and rank == 0:
+        p = ex.folder / "rank-3" / "step-00000006.bin"  # node 0's copy of rank 3
+        p.write_bytes(b"\0" * p.stat().st_size)
+        shutil.rmtree(store.node_folder(run).parent / node1 / "rank-3")
+    dist.barrier()
+    old = ex.get(newer_than=6)  # the disk has step 6 already: nothing newer in memory
+    got = ex.get(newer_than=0)  # (step, this rank's data)
+    mine = (6, bytes([rank, 6]) * (1000 + rank))
+    row = {"case": lose, "rank": rank, "ok": got == mine, "none": got is None, "old": old}
+    print(json.dumps(row), flush=True)
 # no rank leaves while another may still read the last reduction: a socket closed with unread data
 # sends a reset, and the peer loses what it had not read yet (seen once in CI: node 1's ranks died
 # in the last all-reduce and their agent waited out node 0's store, 240 s)
@@ -153,8 +156,9 @@ finally:
 """
 
 
-def exchange(tmp_path: Path, lose: str) -> list[dict]:
-    """Two simulated nodes x 2 gloo ranks (two torchrun agents, as the local executor runs them)."""
+def exchange(tmp_path: Path, *cases: str) -> dict[str, list[dict]]:
+    """Two simulated nodes x 2 gloo ranks (two torchrun agents, as the local executor runs them),
+    one launch for every case (each a run of its own): case -> every rank's row."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     (tmp_path / "w.py").write_text(WORKER)
     env = {**os.environ, jobenv.SNAPSHOT_DIR: str(tmp_path / "shm"), jobenv.JOB_ID: "9"}
@@ -178,9 +182,9 @@ def exchange(tmp_path: Path, lose: str) -> list[dict]:
                 "--master-addr=127.0.0.1",
                 f"--master-port={port}",
                 str(tmp_path / "w.py"),
-                str(tmp_path / "run"),
-                lose,
+                str(tmp_path),
                 node1,
+                *cases,
             ],
             env={**env, jobenv.NODEID: str(n), "OMP_NUM_THREADS": "1"},
             stdout=subprocess.PIPE,
@@ -195,18 +199,19 @@ def exchange(tmp_path: Path, lose: str) -> list[dict]:
         assert p.returncode == 0, err[-3000:]
     # two ranks of a node share one pipe: their lines may run together
     rows = [json.loads(m) for out, _ in outs for m in re.findall(r"\{[^{}]*\}", out)]
-    return sorted(rows, key=lambda r: r["rank"])
+    return {c: sorted((r for r in rows if r["case"] == c), key=lambda r: r["rank"]) for c in cases}
 
 
 @pytest.mark.timeout(600)
 def test_ranks_restore_their_own_and_a_lost_node_fetches_from_partners(tmp_path):
-    rows = exchange(tmp_path, "nothing")
+    cases = exchange(tmp_path, "nothing", "node1", "damage")
+    rows = cases["nothing"]
     assert [r["ok"] for r in rows] == [True] * 4, rows
     assert [r["old"] for r in rows] == [None] * 4, rows
-    rows = exchange(tmp_path / "lost", "node1")  # ranks 2, 3 get theirs from node 0's copies
+    rows = cases["node1"]  # ranks 2, 3 get theirs from node 0's copies
     assert [r["ok"] for r in rows] == [True] * 4, rows
     # a damaged copy where it is the only one left: every rank falls back (to the disk)
-    rows = exchange(tmp_path / "bad", "damage")
+    rows = cases["damage"]
     assert [r["none"] for r in rows] == [True] * 4, rows
 
 
