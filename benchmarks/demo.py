@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
@@ -124,28 +123,3 @@ def forever(
             sampler.set_epoch(epoch)
         yield from loader
         epoch += 1
-
-
-class StepClock:
-    """Rank 0 records the wall-clock completion time of every optimizer step; with
-    $BENCH_PROGRESS set it also appends each one to that file as it happens (one line per step),
-    which benchmarks/interleave.py follows."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-        path = os.environ.get("BENCH_PROGRESS")
-        self._progress = (
-            open(path, "a", buffering=1)  # noqa: SIM115 - open for the run
-            if path and os.environ.get("RANK", "0") == "0"
-            else None
-        )
-
-    def tick(self) -> None:
-        self.times.append(time.time())
-        if self._progress is not None:
-            self._progress.write(f"{self.times[-1]!r}\n")
-
-    def write(self, path: str) -> None:
-        if os.environ.get("RANK", "0") == "0":
-            with open(path, "w") as f:
-                json.dump({"step_times": self.times}, f)

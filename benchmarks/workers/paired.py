@@ -12,7 +12,7 @@ one launch do not average it away. In one process pair both sides share that bia
 
 train_entry runs as it always does (its trainer, its loop, its logging, its stop votes); its
 `Trainer.train_step` is wrapped so that, at the start of the step where the schedule says so, the
-plain loops run their segments first. The schedule is interleave.py's: after `warmup` steps of
+plain loops run their segments first. The schedule (benchmarks/training.schedule): after `warmup` steps of
 every side, round -1 (not counted), then `reps` repetitions of `block` rounds, one segment of
 `segment` steps per side and round, the order rotating by one each round. Every side's
 segment is timed as the start of each of its steps and the end of its last one, so a step's
