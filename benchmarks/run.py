@@ -60,20 +60,20 @@ BENCHMARKS = {
 # of 2026-12-07 21:19 (1,814 s in all; checkpoint with its 9 repetitions since). The report shows
 # each group's wall time beside it; under load a group takes longer, and its spreads show the load.
 PLANNED_S = {
-    "training": 300,
-    "hf_trainer": 70,
+    "training": 410,
+    "hf_trainer": 75,
     "checkpoint": 80,
-    "restart": 45,
+    "restart": 50,
     "preemption": 40,
     "cli": 40,
-    "collective": 35,
-    "scale": 130,
-    "pretrained": 90,
-    "preflight": 160,
+    "collective": 40,
+    "scale": 150,
+    "pretrained": 95,
+    "preflight": 170,
     "remote": 20,
-    "parallel": 440,
-    "recovery": 200,
-    "snapshot_cost": 250,
+    "parallel": 340,
+    "recovery": 160,
+    "snapshot_cost": 430,
 }
 
 
