@@ -27,8 +27,9 @@ as a job runs it, and at the start of its step where the schedule says so the pl
 their segments first. After every side's warm-up and one uncounted round, a repetition is
 `block` rounds of one 8-step segment per side, the order rotating. A repetition's ratio is
 train_entry's typical steps/s (1 / the median step interval over its segments, rank 0's
-clock) over the plain loop's in the same repetition; the row is the median of those ratios with
-their spread, "not settled" when the spread straddles the target.
+clock; each segment's first step, after the switch, left out) over the plain loop's in the same
+repetition; the row is the median of those ratios with their spread, "not settled" when the
+spread straddles the target.
 
 Why one launch: two launches of the same loop run up to 5% apart here for their whole lives.
 With one launch per side, paused in turn (through 2026-12-07), the A/A of two plain DDP

@@ -15,9 +15,10 @@ train_entry runs as it always does (its trainer, its loop, its logging, its stop
 plain loops run their segments first. The schedule (benchmarks/training.schedule): after `warmup` steps of
 every side, round -1 (not counted), then `reps` repetitions of `block` rounds, one segment of
 `segment` steps per side and round, the order rotating by one each round. Every side's
-segment is timed as the start of each of its steps and the end of its last one, so a step's
-interval holds all of it (train_entry's: its step boundary too: the metrics line, the
-reduction of the loss and stop votes, the checkpoint and heartbeat checks). Each rank writes
+segment is timed as the start of each of its steps and the end of its last one (its first
+step, after the switch, is left out), so a step's interval holds all of it (train_entry's: its
+step boundary too: the metrics line, the reduction of the loss and stop votes, the checkpoint
+and heartbeat checks). Each rank writes
 `out.<rank>.json`: per side and repetition the step intervals and the process CPU seconds.
 """
 
@@ -50,12 +51,14 @@ te_rep = te_round = -2
 
 def _record(side: str, rep: int, round_: int, marks: list[float], cpu: float) -> None:
     r = got[side].setdefault(rep, {"gaps": [], "odd": [], "cpu": 0.0, "steps": 0})
-    gaps = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    # the segment's first step left out: it follows the switch (the other side's memory in the
+    # caches, FSDP2's buffers to gather again), a cost of switching, not of either side
+    gaps = [b - a for a, b in zip(marks[1:], marks[2:], strict=False)]
     r["gaps"] += gaps
     if round_ % 2:  # the odd rounds' alone: the same side's A/A (odd over all)
         r["odd"] += gaps
     r["cpu"] += cpu
-    r["steps"] += len(marks) - 1
+    r["steps"] += len(marks) - 1  # CPU: every step of the segment
 
 
 def _plain_segments() -> None:
