@@ -253,6 +253,8 @@ def test_no_python_file_is_over_450_lines() -> None:
         f"{p.relative_to(REPO)}: {n} lines"
         for top in ("hpctrain", "train_entry", "benchmarks", "tests", "examples")
         for p in sorted((REPO / top).rglob("*.py"))
+        # not scratch: a bench's runs (benchmarks/.work) hold DeepSpeed's own zero_to_fp32.py
+        if not any(part.startswith(".") for part in p.relative_to(REPO).parts)
         if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     ]
     assert not long, f"split these by job (at most {MAX_LINES} lines a file):\n" + "\n".join(long)
