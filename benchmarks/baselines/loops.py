@@ -338,6 +338,7 @@ LOOPS: dict[str, Callable[[], Step]] = {
     "plain_ddp": plain_ddp,
     "plain_ddp_2": plain_ddp,  # a second copy: the A/A of the method
     "plain_fsdp": plain_fsdp,
+    "plain_fsdp_2": plain_fsdp,  # a second copy: FSDP2's own A/A
     "plain_deepspeed": plain_deepspeed,
     "accelerate": accelerate,
     "plain_tp": plain_tp,
