@@ -232,24 +232,6 @@ def torchrun(nproc: int = 2) -> list[str]:
     return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
 
 
-def steady_steps_per_s(times: list[float], warmup: int) -> float:
-    """Steps/s from per-step completion timestamps, skipping the first `warmup` steps so that
-    start-up (imports, rendezvous, first-step allocation) is excluded."""
-    if len(times) < warmup + 2:
-        raise NotMeasured(f"only {len(times)} step timestamps, need more than {warmup + 1}")
-    t = times[warmup:]
-    return (len(t) - 1) / (t[-1] - t[0])
-
-
-def typical_steps_per_s(times: list[float], warmup: int) -> float:
-    """1 / the median step time after warm-up: robust to the stalls other processes cause on a
-    shared machine (a step that waits for a descheduled peer), which the mean rate is not."""
-    if len(times) < warmup + 2:
-        raise NotMeasured(f"only {len(times)} step timestamps, need more than {warmup + 1}")
-    t = times[warmup:]
-    return 1.0 / median([b - a for a, b in zip(t, t[1:], strict=False)])
-
-
 def read_jsonl(path: Path) -> list[dict[str, Any]]:  # Any: whatever json.loads read
     if not path.exists():
         return []

@@ -32,23 +32,6 @@ def test_check_reads_every_target_form():
     assert common.check(0, "<= 0") and not common.check(1, "<= 0")
 
 
-def test_steady_state_skips_warmup_steps():
-    # 5 slow start-up steps (1 s each), then 10 steps at 4 steps/s
-    times = [float(i) for i in range(5)] + [4 + 0.25 * i for i in range(1, 11)]
-    assert common.steady_steps_per_s(times, warmup=5) == pytest.approx(4.0)
-    assert common.steady_steps_per_s(times, warmup=0) < 4.0
-    with pytest.raises(common.NotMeasured):
-        common.steady_steps_per_s(times[:3], warmup=5)
-
-
-def test_typical_rate_ignores_a_stall():
-    # 4 steps/s, but one step waited 3 s for a descheduled peer
-    times = [0.25 * i for i in range(12)]
-    times = times[:6] + [t + 3.0 for t in times[6:]]
-    assert common.typical_steps_per_s(times, warmup=1) == pytest.approx(4.0)
-    assert common.steady_steps_per_s(times, warmup=1) < 2.0
-
-
 def test_a_spread_that_straddles_the_target_is_not_settled():
     met = common.settle("x", [1.00, 1.01, 0.99, 1.02, 1.00], ">= 0.98")
     assert met["verdict"] == "met" and met["meets"] is True and met["ratio"] == 1.0
